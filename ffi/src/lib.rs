@@ -1,1 +1,20 @@
-//! Kernel ABI.
+//! Kernel ABI of ib_uverbs and the mlx5 provider, mirrored by hand, plus the uverbs
+//! "syscall surface" trait that the driver talks through.
+//!
+//! - [`uverbs`]: `<rdma/ib_user_verbs.h>` (write() commands, event descriptors, shared enums)
+//! - [`ioctl`]: `<rdma/rdma_user_ioctl_cmds.h>`, `<rdma/ib_user_ioctl_cmds.h>`,
+//!   `<rdma/ib_user_ioctl_verbs.h>` (RDMA_VERBS_IOCTL, ids, attribute walking)
+//! - [`mlx5`]: `<rdma/mlx5-abi.h>`, `<rdma/mlx5_user_ioctl_cmds.h>` (driver data, mmap offsets)
+//! - [`cmd`]: builders and parsers of write() command buffers
+//! - [`surface`]: [`surface::UverbsSurface`], [`surface::Errno`], [`surface::UverbsFd`]
+//! - [`sysfs`]: discovery of real uverbs devices
+//!
+//! `tests/header_check.rs` proves every struct size, field offset and constant against the
+//! installed kernel headers.
+
+pub mod cmd;
+pub mod ioctl;
+pub mod mlx5;
+pub mod surface;
+pub mod sysfs;
+pub mod uverbs;
