@@ -1,1 +1,120 @@
-//! Driver.
+//! A user-space kernel-bypass provider driver for NVIDIA ConnectX (mlx5) NICs.
+//!
+//! The kernel is used only to create objects through ib_uverbs; the data path is ours: WQE
+//! segments built straight into the send-queue ring, doorbell records, BlueFlame or 8-byte
+//! doorbell MMIO writes with barriers named by intent, and CQEs parsed from the completion ring.
+//!
+//! ```text
+//!  objects   Context  Pd/Mr  Cq  Qp(SendQueue, RecvQueue)  Srq  Ah  CompChannel   (safe)
+//!     |         \______ control path: uverbs commands (src/uverbs) ______/
+//!  queues    qp::sq (WQE builder, doorbell)  qp::rq  cq (poll, arm)              (safe policy)
+//!     |
+//!  memory    mem: DmaBuf, WqRing, CqBuf, DbRec, UarPage                         (unsafe allowed)
+//!  MMIO      mmio: barrier::{to_device, from_device, wc_start, wc_flush}, access (unsafe allowed)
+//!     |
+//!  kernel    mlx5_ffi::surface::UverbsSurface: /dev/infiniband/uverbsN or the emulator
+//! ```
+//!
+//! Two API levels: the ibverbs-shaped one ([`SendWr`], [`RecvWr`], [`Sge`],
+//! [`WorkCompletion`], chains as slices) and beneath it the zero-overhead one
+//! ([`SendQueue::start`] → segments → [`WqeBuilder::finish`] → [`SendQueue::ring`];
+//! [`Cq::next_cqe`] / [`Cq::publish_ci`]). Neither allocates or locks on the fast path; posting
+//! takes `&mut self`.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use mlx5::{Access, Cq, CqInit, DmaBuf, Pd, Qp, QpInitAttr, QpType, RemoteQp, SendFlags, SendWr};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let dev = mlx5::devices()?.into_iter().next().ok_or("no mlx5 device")?;
+//! let ctx = dev.open()?;                       // or Context::open(any UverbsSurface)
+//! let pd = Pd::new(&ctx)?;
+//! let mut cq = Cq::new(&ctx, CqInit::default(), None)?;
+//! let mut qp = Qp::new(&pd, &QpInitAttr::new(QpType::Rc, &cq, &cq))?;
+//! let buf = Arc::new(DmaBuf::new(4096)?);
+//! let mr = pd.reg_mr(&buf, Access::LOCAL_WRITE)?;
+//! let lid = ctx.query_port(1)?.lid;
+//! qp.to_init(1, Access::LOCAL_WRITE, 0)?;
+//! qp.to_rtr(&RemoteQp { qpn: qp.qpn(), psn: 0, lid, gid: None }, 3, 0)?; // loopback
+//! qp.to_rts(0, 7)?;
+//! buf.write(0, b"hello");
+//! let sge = [mr.sge(0, 5)];
+//! qp.post_send(&[SendWr::send(1, &sge, SendFlags::SIGNALED)]).map_err(|(_, e)| e)?;
+//! let mut wcs = [mlx5::WorkCompletion::default(); 8];
+//! while cq.poll(&mut wcs) == 0 {}
+//! # Ok(())
+//! # }
+//! ```
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+#[cfg(not(all(
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64")
+)))]
+compile_error!("mlx5 supports Linux on x86_64 and aarch64 only (64-bit single-store doorbells)");
+
+pub mod ah;
+pub mod context;
+pub mod cq;
+pub mod device;
+pub mod error;
+pub mod mem;
+pub mod mmio;
+pub mod pd;
+pub mod qp;
+pub mod ring;
+pub mod srq;
+mod uverbs;
+pub mod wr;
+
+pub use ah::{Ah, AhAttr, GlobalRoute};
+pub use context::{AsyncEvent, CompChannel, Context, ContextConfig, DeviceAttr, PortAttr, UarMode};
+pub use cq::{Cq, CqInit};
+pub use device::{Device, devices};
+pub use error::{Error, Result};
+pub use mem::dma_buf::UserMemory;
+pub use mem::{Backing, DmaBuf, HugePolicy};
+pub use pd::{Access, Mr, Pd};
+pub use qp::rq::RecvQueue;
+pub use qp::sq::{BfPolicy, BfregInfo, SendQueue, SqStats, WqeBuilder};
+pub use qp::{Qp, QpAttr, QpCap, QpInitAttr, QpState, QpType, RemoteQp};
+pub use srq::Srq;
+pub use wr::{
+    PostError, RecvWr, SendFlags, SendWr, Sge, Syndrome, UdDest, VendorSyndrome, WcFlags, WcOpcode,
+    WcStatus, WorkCompletion, WrOp,
+};
+
+/// Re-exports of the ABI crates, for users of the low-level API.
+pub use mlx5_ffi as ffi;
+pub use mlx5_hw as hw;
+
+#[cfg(test)]
+mod thread_safety {
+    //! Queues are `Send` (move them to the polling thread) but not `Sync` (one user at a time;
+    //! share one behind a mutex if you must).
+
+    fn assert_send<T: Send>() {}
+
+    trait AmbiguousIfSync<A> {
+        fn check() {}
+    }
+    impl<T: ?Sized> AmbiguousIfSync<()> for T {}
+    impl<T: ?Sized + Sync> AmbiguousIfSync<u8> for T {}
+
+    #[test]
+    fn queues_are_send_not_sync() {
+        assert_send::<crate::Qp>();
+        assert_send::<crate::Cq>();
+        assert_send::<crate::Srq>();
+        assert_send::<crate::SendQueue>();
+        assert_send::<crate::RecvQueue>();
+        assert_send::<crate::Context>();
+        // Each line fails to compile (ambiguous impl) if the type were `Sync`.
+        <crate::Qp as AmbiguousIfSync<_>>::check();
+        <crate::Cq as AmbiguousIfSync<_>>::check();
+        <crate::Srq as AmbiguousIfSync<_>>::check();
+        <crate::SendQueue as AmbiguousIfSync<_>>::check();
+        <crate::RecvQueue as AmbiguousIfSync<_>>::check();
+    }
+}

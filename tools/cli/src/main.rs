@@ -1,1 +1,11 @@
-fn main() { eprintln!("mlx5: the command-line tool is being built"); std::process::exit(2); }
+//! `mlx5`: devices, info, lat, bw, pingpong and emu subcommands.
+
+use clap::Parser;
+
+fn main() {
+    let cli = mlx5_tools::cli::Cli::parse();
+    if let Err(e) = mlx5_tools::app::run(cli.cmd) {
+        eprintln!("mlx5: {e}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,866 @@
+//! The device context: the ucontext opened through a [`UverbsSurface`] with the mlx5 driver data,
+//! device/port/GID queries, UAR mapping and doorbell-register (bfreg) assignment, doorbell-record
+//! and user-index allocation, completion channels and async events.
+
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::{Arc, Mutex};
+
+use mlx5_ffi::ioctl::{
+    IbUverbsGidEntry, UVERBS_ATTR_QUERY_GID_ENTRY_FLAGS, UVERBS_ATTR_QUERY_GID_ENTRY_GID_INDEX,
+    UVERBS_ATTR_QUERY_GID_ENTRY_PORT, UVERBS_ATTR_QUERY_GID_ENTRY_RESP_ENTRY,
+    UVERBS_METHOD_QUERY_GID_ENTRY, UVERBS_OBJECT_DEVICE,
+};
+use mlx5_ffi::mlx5::{
+    MLX5_IB_ATTR_UAR_OBJ_ALLOC_HANDLE, MLX5_IB_ATTR_UAR_OBJ_ALLOC_MMAP_LENGTH,
+    MLX5_IB_ATTR_UAR_OBJ_ALLOC_MMAP_OFFSET, MLX5_IB_ATTR_UAR_OBJ_ALLOC_PAGE_ID,
+    MLX5_IB_ATTR_UAR_OBJ_ALLOC_TYPE, MLX5_IB_ATTR_UAR_OBJ_DESTROY_HANDLE,
+    MLX5_IB_METHOD_UAR_OBJ_ALLOC, MLX5_IB_METHOD_UAR_OBJ_DESTROY, MLX5_IB_MMAP_REGULAR_PAGE,
+    MLX5_IB_OBJECT_UAR, MLX5_IB_UAPI_UAR_ALLOC_TYPE_BF, MLX5_IB_UAPI_UAR_ALLOC_TYPE_NC,
+    MLX5_LIB_CAP_4K_UAR, MLX5_LIB_CAP_DYN_UAR, Mlx5IbAllocUcontextReqV2, Mlx5IbAllocUcontextResp,
+    mmap_offset,
+};
+use mlx5_ffi::surface::UverbsSurface;
+use mlx5_ffi::uverbs::{
+    IB_USER_VERBS_CMD_CREATE_COMP_CHANNEL, IB_USER_VERBS_CMD_GET_CONTEXT,
+    IB_USER_VERBS_CMD_QUERY_DEVICE, IB_USER_VERBS_CMD_QUERY_PORT, IbUverbsAsyncEventDesc,
+    IbUverbsCompEventDesc, IbUverbsCreateCompChannel, IbUverbsCreateCompChannelResp,
+    IbUverbsGetContext, IbUverbsGetContextResp, IbUverbsQueryDevice, IbUverbsQueryDeviceResp,
+    IbUverbsQueryPort, IbUverbsQueryPortResp,
+};
+use mlx5_hw::doorbell::UAR_SIZE;
+use zerocopy::{FromBytes, IntoBytes};
+
+use crate::error::{Errno, Error, Result};
+use crate::mem::DbRecPool;
+use crate::mem::uar::{UarPage, UarReg};
+use crate::uverbs::{Ioctl, RespBuf, own_fd, write_cmd};
+
+/// How to open a context (the knobs libmlx5 takes from its environment variables).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ContextConfig {
+    /// Static bfregs to ask for (`MLX5_TOTAL_UUARS`, default 16).
+    pub total_bfregs: u32,
+    /// Of those, dedicated low-latency ones (`MLX5_NUM_LOW_LAT_UUARS`, default 4). In dynamic-UAR
+    /// mode: how many QPs get a dedicated BlueFlame register before the rest share one.
+    pub low_latency_bfregs: u32,
+    /// Ask for dynamic UARs (`MLX5_LIB_CAP_DYN_UAR`); used if the kernel agrees.
+    pub dynamic_uar: bool,
+    /// Highest CQE version to ask for (1 = user index in CQEs).
+    pub max_cqe_version: u8,
+    /// Never use BlueFlame (`MLX5_SHUT_UP_BF`).
+    pub no_bf: bool,
+}
+
+impl ContextConfig {
+    /// The defaults, adjusted by libmlx5's environment variables where they apply:
+    /// `MLX5_SHUT_UP_BF` (non-"0": no BlueFlame), `MLX5_TOTAL_UUARS`, `MLX5_NUM_LOW_LAT_UUARS`.
+    /// Unparsable values are ignored.
+    pub fn from_env() -> Self {
+        let mut c = Self::default();
+        let var = |k: &str| std::env::var(k).ok();
+        if let Some(v) = var("MLX5_SHUT_UP_BF") {
+            c.no_bf = v.trim() != "0";
+        }
+        if let Some(n) = var("MLX5_TOTAL_UUARS").and_then(|v| v.trim().parse().ok()) {
+            c.total_bfregs = n;
+        }
+        if let Some(n) = var("MLX5_NUM_LOW_LAT_UUARS").and_then(|v| v.trim().parse().ok()) {
+            c.low_latency_bfregs = n;
+        }
+        c
+    }
+}
+
+impl Default for ContextConfig {
+    fn default() -> Self {
+        Self {
+            total_bfregs: 16,
+            low_latency_bfregs: 4,
+            dynamic_uar: true,
+            max_cqe_version: 1,
+            no_bf: false,
+        }
+    }
+}
+
+/// Device attributes (`ibv_device_attr`), from QUERY_DEVICE.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceAttr {
+    /// Firmware version, raw (major << 32 | minor << 16 | subminor).
+    pub fw_ver: u64,
+    /// Node GUID (network byte order bytes).
+    pub node_guid: [u8; 8],
+    /// The whole kernel answer, for everything else.
+    pub raw: IbUverbsQueryDeviceResp,
+}
+
+impl DeviceAttr {
+    /// Firmware version as `major.minor.subminor`.
+    pub fn fw_version(&self) -> String {
+        format!(
+            "{}.{}.{}",
+            self.fw_ver >> 32,
+            (self.fw_ver >> 16) & 0xFFFF,
+            self.fw_ver & 0xFFFF
+        )
+    }
+}
+
+/// Port attributes (`ibv_port_attr`), from QUERY_PORT.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PortAttr {
+    /// `IB_PORT_*` state (4 = ACTIVE).
+    pub state: u8,
+    /// Active MTU (`IB_MTU_*`).
+    pub active_mtu: u8,
+    /// Base LID (IB).
+    pub lid: u16,
+    /// GID table length.
+    pub gid_tbl_len: u32,
+    /// 1 = InfiniBand, 2 = Ethernet (RoCE).
+    pub link_layer: u8,
+    /// The whole kernel answer.
+    pub raw: IbUverbsQueryPortResp,
+}
+
+impl PortAttr {
+    /// RoCE port (Ethernet link layer): addressing needs a GRH.
+    pub fn is_roce(&self) -> bool {
+        self.link_layer == mlx5_ffi::uverbs::IB_LINK_LAYER_ETHERNET
+    }
+}
+
+/// How UARs are provided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UarMode {
+    /// Static UARs mapped at open; the kernel assigns a bfreg per QP.
+    Static,
+    /// UARs allocated on demand through the mlx5 UAR ioctl object.
+    Dynamic,
+}
+
+/// A doorbell register handed to a QP.
+#[derive(Debug)]
+pub(crate) struct BfregGrant {
+    pub reg: UarReg,
+    pub half: usize,
+    pub dedicated: bool,
+    pub id: u32,
+    /// Value for `mlx5_ib_create_qp.bfreg_index` and whether it is a UAR page id.
+    pub create_index: Option<u32>,
+}
+
+#[derive(Debug)]
+struct DynUar {
+    page: Arc<UarPage>,
+    handle: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn sysfs_gid_parses() {
+        let g = super::parse_gid("fe80:0000:0000:0000:0002:c903:00ab:cdef").unwrap();
+        assert_eq!(g[0..2], [0xfe, 0x80]);
+        assert_eq!(g[8..16], [0x00, 0x02, 0xc9, 0x03, 0x00, 0xab, 0xcd, 0xef]);
+        assert!(super::parse_gid("fe80::1").is_none());
+    }
+}
+
+#[derive(Debug, Default)]
+struct UidxState {
+    next: u32,
+    used: std::collections::BTreeSet<u32>,
+}
+
+#[derive(Debug, Default)]
+struct UarState {
+    /// Static pages by index, mapped lazily.
+    static_pages: Vec<Option<Arc<UarPage>>>,
+    /// Dynamic BF UARs and how many of their 2 registers are handed out.
+    dyn_bf: Vec<(DynUar, u32)>,
+    dyn_dedicated_given: u32,
+    /// Users of each register id.
+    users: std::collections::BTreeMap<u32, u32>,
+}
+
+pub(crate) struct ContextInner {
+    pub(crate) surface: Arc<dyn UverbsSurface>,
+    pub(crate) ucx: Mlx5IbAllocUcontextResp,
+    pub(crate) config: ContextConfig,
+    pub(crate) async_fd: OwnedFd,
+    pub(crate) num_comp_vectors: u32,
+    pub(crate) attr: DeviceAttr,
+    pub(crate) mode: UarMode,
+    pub(crate) dbrecs: Arc<DbRecPool>,
+    /// The page CQs are armed through (static page 0, or the dynamic NC UAR).
+    pub(crate) cq_uar: Arc<UarPage>,
+    nc_uar: Option<DynUar>,
+    uars: Mutex<UarState>,
+    uidx: Mutex<UidxState>,
+    /// `/sys/class/infiniband/<dev>` for real devices (GID fallback), if known.
+    sysfs_dev: Mutex<Option<std::path::PathBuf>>,
+}
+
+impl core::fmt::Debug for ContextInner {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Context")
+            .field("device", &self.surface.describe())
+            .field("mode", &self.mode)
+            .field("cqe_version", &self.ucx.cqe_version)
+            .field("bf_reg_size", &self.ucx.bf_reg_size)
+            .finish_non_exhaustive()
+    }
+}
+
+/// An open device context. Cheap to clone (an `Arc`); every object created from it keeps it
+/// alive, so it is closed after its last object.
+#[derive(Clone, Debug)]
+pub struct Context {
+    pub(crate) inner: Arc<ContextInner>,
+}
+
+use crate::mem::dma_buf::page_size;
+
+impl Context {
+    /// Open a context on `surface` with the default configuration.
+    ///
+    /// # Errors
+    /// The first failing step: GET_CONTEXT, QUERY_DEVICE, UAR allocation or mapping.
+    pub fn open(surface: Arc<dyn UverbsSurface>) -> Result<Self> {
+        Self::open_with(surface, ContextConfig::default())
+    }
+
+    /// Open a context with explicit configuration.
+    ///
+    /// # Errors
+    /// As [`open`](Self::open); [`Error::Limit`] if the bfreg numbers are out of range.
+    pub fn open_with(surface: Arc<dyn UverbsSurface>, config: ContextConfig) -> Result<Self> {
+        Error::check_limit(
+            "total_bfregs",
+            config.total_bfregs.into(),
+            512,
+            "of the static UAR scheme",
+        )?;
+        Error::check_limit(
+            "low_latency_bfregs",
+            config.low_latency_bfregs.into(),
+            u64::from(config.total_bfregs.saturating_sub(1)),
+            "(total_bfregs - 1)",
+        )?;
+        let total = config.total_bfregs.max(2).next_multiple_of(2);
+        let req = Mlx5IbAllocUcontextReqV2 {
+            total_num_bfregs: total,
+            num_low_latency_bfregs: config.low_latency_bfregs,
+            flags: 0,
+            comp_mask: 0,
+            max_cqe_version: config.max_cqe_version,
+            reserved0: 0,
+            reserved1: 0,
+            reserved2: 0,
+            lib_caps: MLX5_LIB_CAP_4K_UAR
+                | if config.dynamic_uar {
+                    MLX5_LIB_CAP_DYN_UAR
+                } else {
+                    0
+                },
+        };
+        let core_len = size_of::<IbUverbsGetContextResp>();
+        let mut resp = RespBuf::new(core_len + size_of::<Mlx5IbAllocUcontextResp>());
+        let cmd = IbUverbsGetContext {
+            response: resp.addr(),
+        };
+        write_cmd(
+            &*surface,
+            "GET_CONTEXT",
+            IB_USER_VERBS_CMD_GET_CONTEXT,
+            cmd.as_bytes(),
+            req.as_bytes(),
+            Some(&mut resp),
+        )?;
+        let core: IbUverbsGetContextResp = resp.get(0);
+        let ucx: Mlx5IbAllocUcontextResp = resp.get(core_len);
+        let async_fd = own_fd("GET_CONTEXT", core.async_fd)?;
+        if ucx.cqe_version > config.max_cqe_version {
+            return Err(Error::BadResponse {
+                cmd: "GET_CONTEXT",
+                what: "cqe_version above the one asked for",
+            });
+        }
+        if ucx.max_sq_desc_sz < 64 || ucx.max_send_wqebb == 0 {
+            return Err(Error::BadResponse {
+                cmd: "GET_CONTEXT",
+                what: "max_sq_desc_sz/max_send_wqebb missing",
+            });
+        }
+        let attr = query_device(&*surface)?;
+        let mode = if ucx.tot_bfregs == 0 {
+            UarMode::Dynamic
+        } else {
+            UarMode::Static
+        };
+        let (cq_uar, nc_uar, static_pages) = match mode {
+            UarMode::Static => {
+                if ucx.tot_bfregs > 4096 {
+                    return Err(Error::BadResponse {
+                        cmd: "GET_CONTEXT",
+                        what: "tot_bfregs out of range",
+                    });
+                }
+                let npages = (ucx.tot_bfregs as usize).div_ceil(2);
+                let p0 = map_static(&surface, 0)?;
+                let mut pages = vec![None; npages];
+                pages[0] = Some(p0.clone());
+                (p0, None, pages)
+            }
+            UarMode::Dynamic => {
+                let nc = alloc_dyn_uar(&surface, MLX5_IB_UAPI_UAR_ALLOC_TYPE_NC)?;
+                (nc.page.clone(), Some(nc), Vec::new())
+            }
+        };
+        let cache_line = if ucx.cache_line_size == 0 {
+            64
+        } else {
+            ucx.cache_line_size as usize
+        };
+        let inner = ContextInner {
+            surface,
+            ucx,
+            config,
+            async_fd,
+            num_comp_vectors: core.num_comp_vectors,
+            attr,
+            mode,
+            dbrecs: DbRecPool::new(cache_line),
+            cq_uar,
+            nc_uar,
+            uars: Mutex::new(UarState {
+                static_pages,
+                ..UarState::default()
+            }),
+            uidx: Mutex::new(UidxState::default()),
+            sysfs_dev: Mutex::new(None),
+        };
+        Ok(Self {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// The device attributes queried at open.
+    pub fn device_attr(&self) -> &DeviceAttr {
+        &self.inner.attr
+    }
+
+    /// The mlx5 ucontext answer (bf_reg_size, tot_bfregs, cqe_version, limits...).
+    pub fn ucontext(&self) -> &Mlx5IbAllocUcontextResp {
+        &self.inner.ucx
+    }
+
+    /// Static or dynamic UARs.
+    pub fn uar_mode(&self) -> UarMode {
+        self.inner.mode
+    }
+
+    /// CQE version in use (0 or 1).
+    pub fn cqe_version(&self) -> u8 {
+        self.inner.ucx.cqe_version
+    }
+
+    /// Number of completion vectors.
+    pub fn num_comp_vectors(&self) -> u32 {
+        self.inner.num_comp_vectors
+    }
+
+    /// A label of the underlying device.
+    pub fn describe(&self) -> String {
+        self.inner.surface.describe()
+    }
+
+    /// QUERY_PORT for `port` (1-based).
+    ///
+    /// # Errors
+    /// [`Error::Uverbs`] naming QUERY_PORT.
+    pub fn query_port(&self, port: u8) -> Result<PortAttr> {
+        let mut resp = RespBuf::new(size_of::<IbUverbsQueryPortResp>());
+        let cmd = IbUverbsQueryPort {
+            response: resp.addr(),
+            port_num: port,
+            reserved: [0; 7],
+        };
+        write_cmd(
+            &*self.inner.surface,
+            "QUERY_PORT",
+            IB_USER_VERBS_CMD_QUERY_PORT,
+            cmd.as_bytes(),
+            &[],
+            Some(&mut resp),
+        )?;
+        let raw: IbUverbsQueryPortResp = resp.get(0);
+        Ok(PortAttr {
+            state: raw.state,
+            active_mtu: raw.active_mtu,
+            lid: raw.lid,
+            gid_tbl_len: raw.gid_tbl_len,
+            link_layer: raw.link_layer,
+            raw,
+        })
+    }
+
+    /// Remember the sysfs directory of the device (`/sys/class/infiniband/<dev>`), used by
+    /// [`query_gid`](Self::query_gid) on kernels without the GID ioctl. [`Device::open`]
+    /// sets it.
+    ///
+    /// [`Device::open`]: crate::Device::open
+    pub fn set_sysfs_dir(&self, dir: std::path::PathBuf) {
+        *self
+            .inner
+            .sysfs_dev
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(dir);
+    }
+
+    /// The GID at `index` of `port`: the QUERY_GID_ENTRY ioctl, or, where the kernel lacks it
+    /// and the device's sysfs directory is known, `ports/<port>/gids/<index>`.
+    ///
+    /// # Errors
+    /// [`Error::Uverbs`] naming QUERY_GID_ENTRY (`EPROTONOSUPPORT`/`ENOTTY`/`EOPNOTSUPP` on
+    /// kernels without the ioctl and no sysfs directory); [`Error::BadResponse`] for an
+    /// unparsable sysfs GID.
+    pub fn query_gid(&self, port: u8, index: u32) -> Result<[u8; 16]> {
+        match self.query_gid_ioctl(port, index) {
+            Err(Error::Uverbs {
+                errno: Errno::EPROTONOSUPPORT | Errno::ENOTTY | Errno::EOPNOTSUPP,
+                ..
+            }) if self
+                .inner
+                .sysfs_dev
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_some() =>
+            {
+                let dir = self
+                    .inner
+                    .sysfs_dev
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clone();
+                let path = dir
+                    .unwrap_or_default()
+                    .join(format!("ports/{port}/gids/{index}"));
+                let text = std::fs::read_to_string(&path).map_err(|e| Error::Os {
+                    op: "read(sysfs gid)",
+                    errno: Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
+                })?;
+                parse_gid(text.trim()).ok_or(Error::BadResponse {
+                    cmd: "sysfs gid",
+                    what: "not 8 groups of 4 hex digits",
+                })
+            }
+            r => r,
+        }
+    }
+
+    fn query_gid_ioctl(&self, port: u8, index: u32) -> Result<[u8; 16]> {
+        let mut out = RespBuf::new(size_of::<IbUverbsGidEntry>());
+        let mut c = Ioctl::new(UVERBS_OBJECT_DEVICE, UVERBS_METHOD_QUERY_GID_ENTRY);
+        c.inline_in(
+            UVERBS_ATTR_QUERY_GID_ENTRY_PORT,
+            &u32::from(port).to_ne_bytes(),
+        );
+        c.inline_in(UVERBS_ATTR_QUERY_GID_ENTRY_GID_INDEX, &index.to_ne_bytes());
+        c.inline_in(UVERBS_ATTR_QUERY_GID_ENTRY_FLAGS, &0u32.to_ne_bytes());
+        c.ptr_out(UVERBS_ATTR_QUERY_GID_ENTRY_RESP_ENTRY, &mut out);
+        c.execute(&*self.inner.surface, "QUERY_GID_ENTRY")?;
+        let e: IbUverbsGidEntry = out.get(0);
+        let mut gid = [0u8; 16];
+        gid.copy_from_slice(e.gid.as_bytes());
+        Ok(gid)
+    }
+
+    /// Create a completion channel (an fd that becomes readable when an armed CQ fires).
+    ///
+    /// # Errors
+    /// [`Error::Uverbs`] naming CREATE_COMP_CHANNEL.
+    pub fn create_comp_channel(&self) -> Result<CompChannel> {
+        let mut resp = RespBuf::new(size_of::<IbUverbsCreateCompChannelResp>().next_multiple_of(4));
+        let cmd = IbUverbsCreateCompChannel {
+            response: resp.addr(),
+        };
+        write_cmd(
+            &*self.inner.surface,
+            "CREATE_COMP_CHANNEL",
+            IB_USER_VERBS_CMD_CREATE_COMP_CHANNEL,
+            cmd.as_bytes(),
+            &[],
+            Some(&mut resp),
+        )?;
+        let r: IbUverbsCreateCompChannelResp = resp.get(0);
+        Ok(CompChannel {
+            fd: own_fd("CREATE_COMP_CHANNEL", r.fd)?,
+            ctx: self.clone(),
+        })
+    }
+
+    /// Read one async event, waiting up to `timeout_ms` (-1: forever). `None` on timeout.
+    ///
+    /// # Errors
+    /// [`Error::Os`] if poll or read fails.
+    pub fn get_async_event(&self, timeout_ms: i32) -> Result<Option<AsyncEvent>> {
+        let mut buf = [0u8; 16];
+        if !read_event(&self.inner.async_fd, &mut buf, timeout_ms)? {
+            return Ok(None);
+        }
+        let d = IbUverbsAsyncEventDesc::read_from_bytes(&buf).map_err(|_| Error::BadResponse {
+            cmd: "async event",
+            what: "short record",
+        })?;
+        Ok(Some(AsyncEvent {
+            element: d.element,
+            event_type: d.event_type,
+        }))
+    }
+
+    /// Allocate a CQE-v1 user index (24 bits, never 0xFFFFFF). Indices are handed out
+    /// round-robin, so a destroyed QP's index is not reused until 2^24 - 1 others were: stale
+    /// CQEs of a destroyed QP still in a shared CQ can never be taken for a new QP's.
+    pub(crate) fn alloc_uidx(&self) -> Result<u32> {
+        const SPACE: u32 = 0xFF_FFFF; // valid indices 0..SPACE
+        let mut t = self.inner.uidx.lock().unwrap_or_else(|p| p.into_inner());
+        if t.used.len() >= SPACE as usize {
+            return Err(Error::Limit {
+                attr: "QPs",
+                value: u64::from(SPACE) + 1,
+                limit: u64::from(SPACE),
+                context: "(24-bit CQE user index)",
+            });
+        }
+        loop {
+            let i = t.next;
+            t.next = (t.next + 1) % SPACE;
+            if t.used.insert(i) {
+                return Ok(i);
+            }
+        }
+    }
+
+    pub(crate) fn free_uidx(&self, i: u32) {
+        let mut t = self.inner.uidx.lock().unwrap_or_else(|p| p.into_inner());
+        t.used.remove(&i);
+    }
+
+    fn bf_half(&self) -> usize {
+        if self.inner.config.no_bf {
+            0
+        } else {
+            self.inner.ucx.bf_reg_size as usize / 2
+        }
+    }
+
+    /// Choose a doorbell register for a new QP (dynamic mode), before CREATE_QP.
+    pub(crate) fn grant_bfreg_dynamic(&self) -> Result<BfregGrant> {
+        let inner = &self.inner;
+        let mut st = inner.uars.lock().unwrap_or_else(|p| p.into_inner());
+        let bf_size = inner.ucx.bf_reg_size as usize;
+        if self.bf_half() != 0 && st.dyn_dedicated_given < inner.config.low_latency_bfregs {
+            // A dedicated BlueFlame register: two per BF UAR.
+            let need_new = st.dyn_bf.last().is_none_or(|(_, used)| *used >= 2);
+            if need_new {
+                match alloc_dyn_uar(&inner.surface, MLX5_IB_UAPI_UAR_ALLOC_TYPE_BF) {
+                    Ok(u) => st.dyn_bf.push((u, 0)),
+                    // No write combining: BF UARs are refused; fall back to the shared NC one.
+                    Err(Error::Uverbs {
+                        errno: Errno::EOPNOTSUPP,
+                        ..
+                    }) => {
+                        return Ok(self.shared_nc_grant(&mut st));
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            let Some((u, used)) = st.dyn_bf.last_mut() else {
+                unreachable!("pushed above")
+            };
+            let reg = u.page.bf_reg(*used as usize, bf_size);
+            let id = (u.page.page_id << 1) | *used;
+            let page_id = u.page.page_id;
+            *used += 1;
+            st.dyn_dedicated_given += 1;
+            *st.users.entry(id).or_insert(0) += 1;
+            return Ok(BfregGrant {
+                reg,
+                half: bf_size / 2,
+                dedicated: true,
+                id,
+                create_index: Some(page_id),
+            });
+        }
+        Ok(self.shared_nc_grant(&mut st))
+    }
+
+    fn shared_nc_grant(&self, st: &mut UarState) -> BfregGrant {
+        let page = self.inner.cq_uar.clone();
+        let id = page.page_id << 1;
+        *st.users.entry(id).or_insert(0) += 1;
+        BfregGrant {
+            reg: page.bf_reg(0, 0),
+            half: 0,
+            dedicated: false,
+            id,
+            create_index: Some(page.page_id),
+        }
+    }
+
+    /// Map the register the kernel chose in static mode (`bfreg_index` from CREATE_QP).
+    pub(crate) fn grant_bfreg_static(&self, table_index: u32) -> Result<BfregGrant> {
+        let inner = &self.inner;
+        // The kernel reports bfregn / 2 * 4 + bfregn % 2 (4 table entries per UAR, 2 usable).
+        let uar = (table_index / 4) as usize;
+        let within = table_index % 4;
+        if within >= 2 {
+            return Err(Error::BadResponse {
+                cmd: "CREATE_QP",
+                what: "bfreg_index names a fast-path register",
+            });
+        }
+        let bfregn = uar as u32 * 2 + within;
+        let mut st = inner.uars.lock().unwrap_or_else(|p| p.into_inner());
+        if uar >= st.static_pages.len() {
+            return Err(Error::BadResponse {
+                cmd: "CREATE_QP",
+                what: "bfreg_index beyond tot_bfregs",
+            });
+        }
+        let page = match &st.static_pages[uar] {
+            Some(p) => p.clone(),
+            None => {
+                let p = map_static(&inner.surface, uar as u32)?;
+                st.static_pages[uar] = Some(p.clone());
+                p
+            }
+        };
+        let tot = inner.ucx.tot_bfregs;
+        let low_lat = inner.config.low_latency_bfregs.min(tot);
+        // The last `low_lat` bfregs are the kernel's high class, handed to one QP each.
+        // bfreg 0 is doorbell-only (no BlueFlame, no lock); the rest are shared.
+        let dedicated = bfregn != 0 && bfregn >= tot - low_lat;
+        let half = if dedicated { self.bf_half() } else { 0 };
+        let reg = page.bf_reg(within as usize, inner.ucx.bf_reg_size.max(0x100) as usize);
+        *st.users.entry(bfregn).or_insert(0) += 1;
+        Ok(BfregGrant {
+            reg,
+            half,
+            dedicated,
+            id: bfregn,
+            create_index: None,
+        })
+    }
+
+    pub(crate) fn release_bfreg(&self, id: u32) {
+        let mut st = self.inner.uars.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = st.users.get_mut(&id) {
+            *n = n.saturating_sub(1);
+        }
+    }
+
+    /// How many live QPs use each doorbell register (register id -> QPs). A count above 1 means
+    /// those QPs share the register (8-byte doorbells only, no BlueFlame).
+    pub fn bfreg_users(&self) -> Vec<(u32, u32)> {
+        let st = self.inner.uars.lock().unwrap_or_else(|p| p.into_inner());
+        st.users
+            .iter()
+            .filter(|(_, n)| **n > 0)
+            .map(|(k, v)| (*k, *v))
+            .collect()
+    }
+}
+
+impl Drop for ContextInner {
+    fn drop(&mut self) {
+        let st = self.uars.get_mut().unwrap_or_else(|p| p.into_inner());
+        for (u, _) in st.dyn_bf.drain(..) {
+            destroy_dyn_uar(&self.surface, u);
+        }
+        if let Some(nc) = self.nc_uar.take() {
+            destroy_dyn_uar(&self.surface, nc);
+        }
+    }
+}
+
+fn destroy_dyn_uar(surface: &Arc<dyn UverbsSurface>, u: DynUar) {
+    let DynUar { page, handle } = u;
+    drop(page);
+    let mut c = Ioctl::new(MLX5_IB_OBJECT_UAR, MLX5_IB_METHOD_UAR_OBJ_DESTROY);
+    c.idr_in(MLX5_IB_ATTR_UAR_OBJ_DESTROY_HANDLE, handle);
+    let _ = c.execute(&**surface, "UAR_OBJ_DESTROY");
+}
+
+fn query_device(surface: &dyn UverbsSurface) -> Result<DeviceAttr> {
+    let mut resp = RespBuf::new(size_of::<IbUverbsQueryDeviceResp>());
+    let cmd = IbUverbsQueryDevice {
+        response: resp.addr(),
+    };
+    write_cmd(
+        surface,
+        "QUERY_DEVICE",
+        IB_USER_VERBS_CMD_QUERY_DEVICE,
+        cmd.as_bytes(),
+        &[],
+        Some(&mut resp),
+    )?;
+    let raw: IbUverbsQueryDeviceResp = resp.get(0);
+    Ok(DeviceAttr {
+        fw_ver: raw.fw_ver,
+        node_guid: raw.node_guid.to_ne_bytes(),
+        raw,
+    })
+}
+
+fn map_static(surface: &Arc<dyn UverbsSurface>, index: u32) -> Result<Arc<UarPage>> {
+    let ps = page_size();
+    let offset = mmap_offset(MLX5_IB_MMAP_REGULAR_PAGE, index) * ps as u64;
+    UarPage::map(surface, offset, ps.max(UAR_SIZE), index, true)
+}
+
+fn alloc_dyn_uar(surface: &Arc<dyn UverbsSurface>, ty: u32) -> Result<DynUar> {
+    let mut off = RespBuf::new(8);
+    let mut len = RespBuf::new(4);
+    let mut id = RespBuf::new(4);
+    let mut c = Ioctl::new(MLX5_IB_OBJECT_UAR, MLX5_IB_METHOD_UAR_OBJ_ALLOC);
+    let h = c.idr_new(MLX5_IB_ATTR_UAR_OBJ_ALLOC_HANDLE);
+    c.inline_in(MLX5_IB_ATTR_UAR_OBJ_ALLOC_TYPE, &ty.to_ne_bytes());
+    c.ptr_out(MLX5_IB_ATTR_UAR_OBJ_ALLOC_MMAP_OFFSET, &mut off);
+    c.ptr_out(MLX5_IB_ATTR_UAR_OBJ_ALLOC_MMAP_LENGTH, &mut len);
+    c.ptr_out(MLX5_IB_ATTR_UAR_OBJ_ALLOC_PAGE_ID, &mut id);
+    let attrs = c.execute(&**surface, "UAR_OBJ_ALLOC")?;
+    let handle = attrs.get(h).map(|a| a.data as u32).unwrap_or(0);
+    let offset: u64 = off.get(0);
+    let length: u32 = len.get(0);
+    let page_id: u32 = id.get(0);
+    let length = (length as usize).max(UAR_SIZE);
+    match UarPage::map(
+        surface,
+        offset,
+        length,
+        page_id,
+        ty == MLX5_IB_UAPI_UAR_ALLOC_TYPE_BF,
+    ) {
+        Ok(page) => Ok(DynUar { page, handle }),
+        Err(e) => {
+            let mut d = Ioctl::new(MLX5_IB_OBJECT_UAR, MLX5_IB_METHOD_UAR_OBJ_DESTROY);
+            d.idr_in(MLX5_IB_ATTR_UAR_OBJ_DESTROY_HANDLE, handle);
+            let _ = d.execute(&**surface, "UAR_OBJ_DESTROY");
+            Err(e)
+        }
+    }
+}
+
+/// Parse a GID as sysfs prints it: `fe80:0000:0000:0000:0002:c903:00ab:cdef`.
+fn parse_gid(s: &str) -> Option<[u8; 16]> {
+    let mut gid = [0u8; 16];
+    let mut n = 0;
+    for (i, g) in s.split(':').enumerate() {
+        if i >= 8 || g.len() != 4 {
+            return None;
+        }
+        let v = u16::from_str_radix(g, 16).ok()?;
+        gid[i * 2..i * 2 + 2].copy_from_slice(&v.to_be_bytes());
+        n += 1;
+    }
+    (n == 8).then_some(gid)
+}
+
+/// Wait until `fd` is readable (or `timeout_ms` passes; -1 = forever) and read one record.
+/// Returns false on timeout.
+pub(crate) fn read_event(fd: &OwnedFd, buf: &mut [u8], timeout_ms: i32) -> Result<bool> {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    loop {
+        let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
+        let t = if timeout_ms < 0 {
+            PollTimeout::NONE
+        } else {
+            PollTimeout::try_from(timeout_ms).unwrap_or(PollTimeout::MAX)
+        };
+        match poll(&mut fds, t) {
+            Ok(0) => return Ok(false),
+            Ok(_) => {}
+            Err(Errno::EINTR) => continue,
+            Err(errno) => {
+                return Err(Error::Os {
+                    op: "poll(event fd)",
+                    errno,
+                });
+            }
+        }
+        match nix::unistd::read(fd.as_raw_fd(), buf) {
+            Ok(n) if n == buf.len() => return Ok(true),
+            Ok(_) => {
+                return Err(Error::BadResponse {
+                    cmd: "read(event fd)",
+                    what: "short event record",
+                });
+            }
+            Err(Errno::EAGAIN | Errno::EINTR) => continue,
+            Err(errno) => {
+                return Err(Error::Os {
+                    op: "read(event fd)",
+                    errno,
+                });
+            }
+        }
+    }
+}
+
+static NEXT_USER_HANDLE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// A process-unique `user_handle` for a new CQ/QP/SRQ (what events report back).
+pub(crate) fn next_user_handle() -> u64 {
+    NEXT_USER_HANDLE.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// An async event (`struct ibv_async_event`): the element's user handle and `IB_EVENT_*` type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AsyncEvent {
+    /// User handle of the CQ/QP/SRQ (`Cq::user_handle`, `Qp::user_handle`), or the port number.
+    pub element: u64,
+    /// `IB_EVENT_*` (see `mlx5_ffi::uverbs`).
+    pub event_type: u32,
+}
+
+/// A completion channel: CQs created on it signal their armed events through its fd.
+#[derive(Debug)]
+pub struct CompChannel {
+    pub(crate) fd: OwnedFd,
+    ctx: Context,
+}
+
+impl CompChannel {
+    /// The context the channel belongs to.
+    pub fn context(&self) -> &Context {
+        &self.ctx
+    }
+
+    /// The file descriptor (for epoll integration).
+    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// Block (poll(2), no spinning) until an event arrives or `timeout_ms` passes (-1: forever);
+    /// returns the CQ handle of the event. Acknowledge by calling [`Cq::event_received`]
+    /// (which also bumps the arm sequence number).
+    ///
+    /// [`Cq::event_received`]: crate::Cq::event_received
+    ///
+    /// # Errors
+    /// [`Error::Os`] if poll or read fails.
+    pub fn get_event(&self, timeout_ms: i32) -> Result<Option<u64>> {
+        let mut buf = [0u8; 8];
+        if !read_event(&self.fd, &mut buf, timeout_ms)? {
+            return Ok(None);
+        }
+        let d = IbUverbsCompEventDesc::read_from_bytes(&buf).map_err(|_| Error::BadResponse {
+            cmd: "completion event",
+            what: "short record",
+        })?;
+        Ok(Some(d.cq_handle))
+    }
+}

@@ -1,0 +1,508 @@
+//! Completion queues: creation, polling into caller-provided work completions, consumer-index
+//! publication, arming and blocking waits on a completion channel.
+//!
+//! # Ownership rule
+//! The CQE at consumer index `ci` belongs to software once its opcode is not INVALID and its
+//! owner bit equals `(ci >> log2(ncqe)) & 1`; until the consumer index is published in the CQ
+//! doorbell record, the device will not overwrite consumed entries.
+//!
+//! # Ordering rule
+//! Read `op_own` once; if owned, `from_device()`, then copy the whole descriptor out; after the
+//! batch, `loads_before_release()` and publish CI (record word 0). Arming writes record word 1,
+//! then `wc_start()`, one 64-bit MMIO store to UAR + 0x20, `wc_flush()`.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use mlx5_ffi::mlx5::{MLX5_IB_CREATE_CQ_FLAGS_UAR_PAGE_INDEX, Mlx5IbCreateCq, Mlx5IbCreateCqResp};
+use mlx5_ffi::uverbs::{
+    IB_USER_VERBS_CMD_CREATE_CQ, IB_USER_VERBS_CMD_DESTROY_CQ, IbUverbsCreateCq,
+    IbUverbsCreateCqResp, IbUverbsDestroyCq,
+};
+use mlx5_hw::cqe::{CQE_FLAGS_GRH_MASK, Cqe64, ErrCqe, sw_owns};
+use mlx5_hw::doorbell::{cq_arm_doorbell, cq_arm_word};
+use mlx5_hw::opcodes::{CqeOpcode, SendOpcode, Syndrome, WcStatus};
+use zerocopy::{FromBytes, IntoBytes};
+
+use crate::context::{CompChannel, Context, UarMode};
+use crate::error::{Error, Result};
+use crate::mem::uar::UarReg;
+use crate::mem::{CqBuf, DbRec};
+use crate::mmio::barrier;
+use crate::qp::rq::RqShared;
+use crate::qp::sq::{SqShared, wc_opcode_of};
+use crate::srq::SrqShared;
+use crate::uverbs::{RespBuf, write_cmd};
+use crate::wr::{WcFlags, WcOpcode, WorkCompletion};
+
+/// CQ creation attributes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CqInit {
+    /// Minimum number of CQEs (rounded up to a power of two minus one, as libmlx5).
+    pub cqe: u32,
+    /// 64 or 128-byte CQEs.
+    pub cqe_size: u32,
+    /// Completion vector.
+    pub comp_vector: u32,
+}
+
+impl Default for CqInit {
+    fn default() -> Self {
+        Self {
+            cqe: 256,
+            cqe_size: 64,
+            comp_vector: 0,
+        }
+    }
+}
+
+/// One QP (or SRQ) whose completions land in a CQ.
+#[derive(Clone, Debug)]
+pub(crate) struct CqUser {
+    pub qpn: u32,
+    pub uidx: u32,
+    pub sq: Option<Arc<SqShared>>,
+    pub rq: Option<Arc<RqShared>>,
+    pub srq: Option<Arc<SrqShared>>,
+}
+
+pub(crate) struct CqShared {
+    pub(crate) ctx: Context,
+    handle: u32,
+    pub(crate) cqn: u32,
+    user_handle: u64,
+    buf: CqBuf,
+    dbrec: DbRec,
+    arm_reg: UarReg,
+    users: Mutex<Vec<CqUser>>,
+    generation: AtomicU64,
+    events_acked: AtomicU32,
+    _channel: Option<Arc<CompChannel>>,
+}
+
+impl core::fmt::Debug for CqShared {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("CqShared")
+            .field("cqn", &self.cqn)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CqShared {
+    /// The kernel's handle of this CQ.
+    pub(crate) fn handle_id(&self) -> u32 {
+        self.handle
+    }
+
+    pub(crate) fn attach(&self, user: CqUser) {
+        let mut u = self.users.lock().unwrap_or_else(|p| p.into_inner());
+        u.retain(|x| !(x.qpn == user.qpn && x.uidx == user.uidx));
+        u.push(user);
+        self.generation.fetch_add(1, Ordering::Release);
+    }
+
+    pub(crate) fn detach(&self, qpn: u32) {
+        let mut u = self.users.lock().unwrap_or_else(|p| p.into_inner());
+        u.retain(|x| x.qpn != qpn);
+        self.generation.fetch_add(1, Ordering::Release);
+    }
+}
+
+impl Drop for CqShared {
+    fn drop(&mut self) {
+        let mut resp = RespBuf::new(8);
+        let cmd = IbUverbsDestroyCq {
+            response: resp.addr(),
+            cq_handle: self.handle,
+            reserved: 0,
+        };
+        let r = write_cmd(
+            &*self.ctx.inner.surface,
+            "DESTROY_CQ",
+            IB_USER_VERBS_CMD_DESTROY_CQ,
+            cmd.as_bytes(),
+            &[],
+            Some(&mut resp),
+        );
+        debug_assert!(r.is_ok(), "DESTROY_CQ failed: {r:?}");
+    }
+}
+
+#[derive(Debug)]
+struct Pending {
+    sq: Arc<SqShared>,
+    next: u32,
+    end: u32,
+    last: WorkCompletion,
+}
+
+/// A completion queue. Polling takes `&mut self`: one poller per CQ; `Send`, not `Sync`.
+#[derive(Debug)]
+pub struct Cq {
+    shared: Arc<CqShared>,
+    log_n: u8,
+    ci: u32,
+    arm_sn: u32,
+    seen_gen: u64,
+    local: Vec<CqUser>,
+    by_uidx: bool,
+    pending: Option<Pending>,
+    cqe_count: u32,
+    /// One poller per CQ: `Send`, not `Sync`.
+    _not_sync: core::marker::PhantomData<core::cell::Cell<()>>,
+}
+
+impl Cq {
+    /// Create a CQ, optionally bound to a completion channel.
+    ///
+    /// # Errors
+    /// [`Error::Limit`] naming `cqe` or [`Error::InvalidArgument`] naming `cqe_size` before any
+    /// syscall; [`Error::Uverbs`] naming CREATE_CQ.
+    pub fn new(ctx: &Context, init: CqInit, channel: Option<&Arc<CompChannel>>) -> Result<Self> {
+        if init.cqe_size != 64 && init.cqe_size != 128 {
+            return Err(Error::InvalidArgument {
+                attr: "cqe_size",
+                reason: "must be 64 or 128",
+            });
+        }
+        let max = ctx.inner.attr.raw.max_cqe.min((1 << 24) - 1);
+        Error::check_limit(
+            "cqe",
+            init.cqe.into(),
+            max.into(),
+            "of the device (max_cqe)",
+        )?;
+        if init.comp_vector >= ctx.num_comp_vectors().max(1) {
+            return Err(Error::Limit {
+                attr: "comp_vector",
+                value: init.comp_vector.into(),
+                limit: u64::from(ctx.num_comp_vectors().max(1) - 1),
+                context: "of the device",
+            });
+        }
+        let ncqe = (init.cqe + 1).next_power_of_two();
+        let buf = CqBuf::new(ncqe, init.cqe_size as usize)?;
+        let dbrec = ctx.inner.dbrecs.alloc()?;
+        let mut drv = Mlx5IbCreateCq {
+            buf_addr: buf.addr(),
+            db_addr: dbrec.addr(),
+            cqe_size: init.cqe_size,
+            ..Mlx5IbCreateCq::default()
+        };
+        if ctx.inner.mode == UarMode::Dynamic {
+            let id = u16::try_from(ctx.inner.cq_uar.page_id).map_err(|_| Error::Unsupported {
+                what: "UAR page ids above 65535 for CQs",
+            })?;
+            drv.flags |= MLX5_IB_CREATE_CQ_FLAGS_UAR_PAGE_INDEX;
+            drv.uar_page_index = id;
+        }
+        let user_handle = crate::context::next_user_handle();
+        let core_len = size_of::<IbUverbsCreateCqResp>();
+        let mut resp = RespBuf::new(core_len + size_of::<Mlx5IbCreateCqResp>());
+        let cmd = IbUverbsCreateCq {
+            response: resp.addr(),
+            user_handle,
+            cqe: ncqe - 1,
+            comp_vector: init.comp_vector,
+            comp_channel: channel.map_or(-1, |c| std::os::fd::AsRawFd::as_raw_fd(&c.fd)),
+            reserved: 0,
+        };
+        write_cmd(
+            &*ctx.inner.surface,
+            "CREATE_CQ",
+            IB_USER_VERBS_CMD_CREATE_CQ,
+            cmd.as_bytes(),
+            drv.as_bytes(),
+            Some(&mut resp),
+        )?;
+        let core: IbUverbsCreateCqResp = resp.get(0);
+        let m: Mlx5IbCreateCqResp = resp.get(core_len);
+        let shared = Arc::new(CqShared {
+            ctx: ctx.clone(),
+            handle: core.cq_handle,
+            cqn: m.cqn,
+            user_handle,
+            buf,
+            dbrec,
+            arm_reg: ctx.inner.cq_uar.cq_doorbell(),
+            users: Mutex::new(Vec::new()),
+            generation: AtomicU64::new(0),
+            events_acked: AtomicU32::new(0),
+            _channel: channel.cloned(),
+        });
+        Ok(Self {
+            shared,
+            log_n: ncqe.trailing_zeros() as u8,
+            ci: 0,
+            arm_sn: 0,
+            seen_gen: u64::MAX,
+            local: Vec::new(),
+            by_uidx: ctx.cqe_version() == 1,
+            pending: None,
+            cqe_count: ncqe,
+            _not_sync: core::marker::PhantomData,
+        })
+    }
+
+    pub(crate) fn shared(&self) -> &Arc<CqShared> {
+        &self.shared
+    }
+
+    /// CQ number.
+    pub fn cqn(&self) -> u32 {
+        self.shared.cqn
+    }
+
+    /// Number of CQEs the ring holds (a power of two; `ibv_cq.cqe` is this minus one).
+    pub fn capacity(&self) -> u32 {
+        self.cqe_count
+    }
+
+    /// The handle completion events carry for this CQ.
+    pub fn user_handle(&self) -> u64 {
+        self.shared.user_handle
+    }
+
+    /// The free-running consumer index.
+    pub fn consumer_index(&self) -> u32 {
+        self.ci
+    }
+
+    fn refresh(&mut self) {
+        let g = self.shared.generation.load(Ordering::Acquire);
+        if g != self.seen_gen {
+            let u = self.shared.users.lock().unwrap_or_else(|p| p.into_inner());
+            self.local.clone_from(&u);
+            self.seen_gen = g;
+        }
+    }
+
+    /// Low-level: take the next software-owned CQE (ownership test, read barrier, copy), or
+    /// `None`. The consumer index is not published until [`publish_ci`](Self::publish_ci).
+    #[inline]
+    pub fn next_cqe(&mut self) -> Option<Cqe64> {
+        let ring = self.shared.buf.ring();
+        let op_own = ring.op_own(self.ci);
+        if !sw_owns(op_own, self.ci, self.log_n) {
+            return None;
+        }
+        barrier::from_device();
+        let raw = ring.load(self.ci);
+        self.ci = self.ci.wrapping_add(1);
+        Some(zerocopy::transmute!(raw))
+    }
+
+    /// Low-level: publish the consumer index in the CQ doorbell record.
+    #[inline]
+    pub fn publish_ci(&mut self) {
+        barrier::loads_before_release();
+        self.shared.dbrec.word0().store_be32(self.ci & 0xFF_FFFF);
+    }
+
+    /// Poll up to `wcs.len()` completions into `wcs`; returns how many were written. Publishes
+    /// the consumer index once. No allocation, no locks (except once after a QP was created or
+    /// destroyed on this CQ).
+    #[inline]
+    pub fn poll(&mut self, wcs: &mut [WorkCompletion]) -> usize {
+        self.refresh();
+        let mut n = 0;
+        n += self.drain_pending(&mut wcs[n..]);
+        while n < wcs.len() {
+            let Some(cqe) = self.next_cqe() else { break };
+            if let Some(wc) = self.decode(&cqe) {
+                wcs[n] = wc;
+                n += 1;
+            }
+            n += self.drain_pending(&mut wcs[n..]);
+        }
+        self.publish_ci();
+        n
+    }
+
+    fn drain_pending(&mut self, out: &mut [WorkCompletion]) -> usize {
+        let Some(p) = self.pending.as_mut() else {
+            return 0;
+        };
+        let mut n = 0;
+        while n < out.len() {
+            if p.next != p.end {
+                let ord = p.next;
+                out[n] = WorkCompletion {
+                    wr_id: p.sq.wr_id(ord),
+                    opcode: p.sq.wr_op(ord),
+                    qp_num: p.sq.qpn,
+                    wc_flags: WcFlags::UNSIGNALED,
+                    ..WorkCompletion::default()
+                };
+                p.next = ord.wrapping_add(1);
+                p.sq.tail.store(p.next, Ordering::Release);
+                n += 1;
+            } else {
+                out[n] = p.last;
+                p.sq.tail.store(p.end.wrapping_add(1), Ordering::Release);
+                n += 1;
+                self.pending = None;
+                break;
+            }
+        }
+        n
+    }
+
+    /// Decode one CQE into a work completion, doing the queue bookkeeping (retire send WRs,
+    /// advance the receive tail, free SRQ WQEs). `None` for CQEs that carry no completion
+    /// (resize marker, unknown QP) or when unsignaled WRs are being reported first.
+    fn decode(&mut self, cqe: &Cqe64) -> Option<WorkCompletion> {
+        let op = cqe.opcode();
+        let user = if self.by_uidx {
+            let u = cqe.user_index();
+            self.local.iter().find(|x| x.uidx == u)?
+        } else {
+            let q = cqe.qpn();
+            self.local.iter().find(|x| x.qpn == q)?
+        };
+        let mut wc = WorkCompletion {
+            qp_num: user.qpn,
+            timestamp: cqe.timestamp(),
+            ..WorkCompletion::default()
+        };
+        if cqe.solicited() {
+            wc.wc_flags.0 |= WcFlags::SOLICITED.0;
+        }
+        match op {
+            CqeOpcode::REQ | CqeOpcode::REQ_ERR => {
+                let sq = user.sq.as_ref()?;
+                let ord = sq.ordinal_at(cqe.wqe_counter());
+                if op == CqeOpcode::REQ {
+                    let sop = cqe.send_opcode();
+                    wc.opcode = wc_opcode_of(sop);
+                    wc.byte_len = match sop {
+                        SendOpcode::RDMA_READ => cqe.byte_cnt(),
+                        SendOpcode::ATOMIC_CS | SendOpcode::ATOMIC_FA => 8,
+                        _ => 0,
+                    };
+                } else {
+                    set_error(&mut wc, cqe);
+                    wc.opcode = sq.wr_op(ord);
+                }
+                wc.wr_id = sq.wr_id(ord);
+                let tail = sq.tail.load(Ordering::Relaxed);
+                let skipped = ord.wrapping_sub(tail);
+                if sq.report_unsignaled && skipped != 0 && skipped <= sq.wr_mask {
+                    self.pending = Some(Pending {
+                        sq: sq.clone(),
+                        next: tail,
+                        end: ord,
+                        last: wc,
+                    });
+                    return None;
+                }
+                sq.tail.store(ord.wrapping_add(1), Ordering::Release);
+                Some(wc)
+            }
+            CqeOpcode::RESP_RDMA_WRITE_IMM
+            | CqeOpcode::RESP_SEND
+            | CqeOpcode::RESP_SEND_IMM
+            | CqeOpcode::RESP_SEND_INV
+            | CqeOpcode::RESP_ERR => {
+                let counter = cqe.wqe_counter();
+                if let Some(srq) = &user.srq {
+                    wc.wr_id = srq.complete(counter);
+                } else {
+                    let rq = user.rq.as_ref()?;
+                    wc.wr_id = rq.complete(counter);
+                }
+                if op == CqeOpcode::RESP_ERR {
+                    set_error(&mut wc, cqe);
+                    wc.opcode = WcOpcode::RECV;
+                    return Some(wc);
+                }
+                wc.byte_len = cqe.byte_cnt();
+                wc.src_qp = cqe.src_qp();
+                wc.sl = cqe.sl();
+                wc.slid = cqe.slid();
+                wc.dlid_path_bits = cqe.dlid_path_bits();
+                if cqe.has_grh() || cqe.flags_rqpn.get() & CQE_FLAGS_GRH_MASK != 0 {
+                    wc.wc_flags.0 |= WcFlags::GRH.0;
+                }
+                let iip = cqe.imm_inval_pkey.to_bytes();
+                match op {
+                    CqeOpcode::RESP_RDMA_WRITE_IMM => {
+                        wc.opcode = WcOpcode::RECV_RDMA_WITH_IMM;
+                        wc.imm_data = iip;
+                        wc.wc_flags.0 |= WcFlags::WITH_IMM.0;
+                    }
+                    CqeOpcode::RESP_SEND_IMM => {
+                        wc.opcode = WcOpcode::RECV;
+                        wc.imm_data = iip;
+                        wc.wc_flags.0 |= WcFlags::WITH_IMM.0;
+                    }
+                    CqeOpcode::RESP_SEND_INV => {
+                        wc.opcode = WcOpcode::RECV;
+                        wc.invalidated_rkey = u32::from_be_bytes(iip);
+                        wc.wc_flags.0 |= WcFlags::WITH_INV.0;
+                    }
+                    _ => {
+                        wc.opcode = WcOpcode::RECV;
+                        wc.pkey_index = (u32::from_be_bytes(iip) & 0xFFFF) as u16;
+                    }
+                }
+                Some(wc)
+            }
+            _ => None,
+        }
+    }
+
+    /// Arm the CQ: the next completion (or, with `solicited_only`, the next solicited one)
+    /// produces an event on the completion channel. Poll once more after arming to close the
+    /// race with completions that arrived before the arm.
+    pub fn req_notify(&mut self, solicited_only: bool) {
+        let word = cq_arm_word((self.arm_sn & 3) as u8, solicited_only, self.ci & 0xFF_FFFF);
+        self.shared.dbrec.word1().store_be32(word);
+        barrier::wc_start();
+        self.shared
+            .arm_reg
+            .mmio()
+            .store_raw64(0, cq_arm_doorbell(word, self.shared.cqn));
+        barrier::wc_flush();
+    }
+
+    /// Account for one completion event read for this CQ (libibverbs' `cq_event` hook plus
+    /// `ibv_ack_cq_events`): bumps the arm sequence number.
+    pub fn event_received(&mut self) {
+        self.arm_sn = self.arm_sn.wrapping_add(1);
+        self.shared.events_acked.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Block on `channel` until this CQ's event arrives (poll(2) on the fd, no spinning) or
+    /// `timeout_ms` passes; acknowledges it. Returns whether an event arrived.
+    ///
+    /// # Errors
+    /// [`Error::Os`] if waiting fails; [`Error::BadResponse`] if an event for another CQ arrives.
+    pub fn wait(&mut self, channel: &CompChannel, timeout_ms: i32) -> Result<bool> {
+        match channel.get_event(timeout_ms)? {
+            None => Ok(false),
+            Some(h) if h == self.shared.user_handle => {
+                self.event_received();
+                Ok(true)
+            }
+            Some(_) => Err(Error::BadResponse {
+                cmd: "completion event",
+                what: "event for another CQ",
+            }),
+        }
+    }
+}
+
+/// Fill the error fields from the error-CQE view of `cqe` (syndrome @55, vendor syndrome @54).
+fn set_error(wc: &mut WorkCompletion, cqe: &Cqe64) {
+    let Ok(err) = ErrCqe::read_from_bytes(cqe.as_bytes()) else {
+        return;
+    };
+    let s: Syndrome = err.syndrome();
+    wc.syndrome = s;
+    wc.vendor_err = err.vendor_syndrome();
+    wc.status = s.wc_status();
+    if wc.status == WcStatus::SUCCESS {
+        wc.status = WcStatus::GENERAL_ERR;
+    }
+}

@@ -1,0 +1,158 @@
+//! The control-path error type. Fast-path errors are small `Copy` enums next to their operation
+//! ([`PostError`](crate::PostError)); error completions are data, not errors.
+
+use core::fmt;
+
+pub use nix::errno::Errno;
+
+/// Everything that can go wrong on the control path (open, create, modify, query, destroy).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Error {
+    /// The kernel (or the emulated kernel) rejected a uverbs command.
+    Uverbs {
+        /// The command, e.g. `"CREATE_QP"`.
+        cmd: &'static str,
+        /// The errno it returned.
+        errno: Errno,
+    },
+    /// An OS call outside uverbs failed (open, mmap, madvise, sysfs read, poll, read).
+    Os {
+        /// What was being done, e.g. `"mmap(MAP_HUGETLB)"`.
+        op: &'static str,
+        /// The errno.
+        errno: Errno,
+    },
+    /// A request exceeds a device or ABI limit; detected before any syscall.
+    Limit {
+        /// The attribute, named as in verbs (`max_inline_data`, `max_send_wr`, ...).
+        attr: &'static str,
+        /// The requested value.
+        value: u64,
+        /// The largest allowed value.
+        limit: u64,
+        /// Where the limit comes from, e.g. `"for RC"`, `"of the device"`.
+        context: &'static str,
+    },
+    /// An argument is invalid for a reason other than a numeric limit.
+    InvalidArgument {
+        /// The attribute.
+        attr: &'static str,
+        /// Why it is invalid.
+        reason: &'static str,
+    },
+    /// The device, kernel or this driver lacks something needed.
+    Unsupported {
+        /// What is missing.
+        what: &'static str,
+    },
+    /// The kernel answered something this driver cannot use.
+    BadResponse {
+        /// The command whose answer was bad.
+        cmd: &'static str,
+        /// What was wrong with it.
+        what: &'static str,
+    },
+    /// An ABI version in sysfs is outside the supported range.
+    AbiVersion {
+        /// Which ABI (`"uverbs"` or `"mlx5 provider"`).
+        what: &'static str,
+        /// Version found.
+        found: u32,
+        /// Lowest supported.
+        min: u32,
+        /// Highest supported.
+        max: u32,
+    },
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Uverbs { cmd, errno } => {
+                write!(
+                    f,
+                    "uverbs command {cmd} failed: {errno:?} ({})",
+                    errno.desc()
+                )
+            }
+            Error::Os { op, errno } => write!(f, "{op} failed: {errno:?} ({})", errno.desc()),
+            Error::Limit {
+                attr,
+                value,
+                limit,
+                context,
+            } => {
+                write!(
+                    f,
+                    "{attr} {value} exceeds the device limit {limit} {context}"
+                )
+            }
+            Error::InvalidArgument { attr, reason } => write!(f, "invalid {attr}: {reason}"),
+            Error::Unsupported { what } => write!(f, "unsupported: {what}"),
+            Error::BadResponse { cmd, what } => write!(f, "bad response to {cmd}: {what}"),
+            Error::AbiVersion {
+                what,
+                found,
+                min,
+                max,
+            } => {
+                write!(
+                    f,
+                    "{what} ABI version {found} is not supported (need {min}..={max})"
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// Result with the control-path [`Error`].
+pub type Result<T, E = Error> = core::result::Result<T, E>;
+
+impl Error {
+    /// A failed uverbs command from a raw errno value.
+    pub(crate) fn uverbs(cmd: &'static str, errno: i32) -> Self {
+        Error::Uverbs {
+            cmd,
+            errno: Errno::from_raw(errno),
+        }
+    }
+
+    /// Check `value <= limit`.
+    pub(crate) fn check_limit(
+        attr: &'static str,
+        value: u64,
+        limit: u64,
+        context: &'static str,
+    ) -> Result<()> {
+        if value > limit {
+            Err(Error::Limit {
+                attr,
+                value,
+                limit,
+                context,
+            })
+        } else {
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limit_message_names_attribute_value_and_limit() {
+        let e = Error::check_limit("max_inline_data", 1100, 944, "for RC").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "max_inline_data 1100 exceeds the device limit 944 for RC"
+        );
+        let e = Error::uverbs("CREATE_QP", libc::EINVAL);
+        assert!(e.to_string().contains("CREATE_QP"));
+        assert!(e.to_string().contains("EINVAL"));
+    }
+}

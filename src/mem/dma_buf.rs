@@ -1,0 +1,316 @@
+//! Page-aligned anonymous buffers for queues and for application data, optionally on huge pages,
+//! always excluded from fork (`MADV_DONTFORK`) so a child's copy-on-write cannot move pages the
+//! device has pinned.
+
+use core::ptr::NonNull;
+
+use memmap2::{Advice, MmapOptions, MmapRaw};
+
+use crate::error::{Errno, Error, Result};
+
+/// Size of a 2 MiB huge page.
+pub const HUGE_PAGE_SIZE: usize = 2 << 20;
+
+/// How to back a buffer with huge pages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HugePolicy {
+    /// Ordinary pages only.
+    None,
+    /// `MAP_HUGETLB` (2 MiB pages from the hugetlbfs pool); fail if none are reserved.
+    Hugetlb,
+    /// Transparent huge pages: `madvise(MADV_HUGEPAGE)` on an ordinary mapping.
+    Transparent,
+    /// Try `MAP_HUGETLB`, then transparent huge pages, then ordinary pages; the buffer's
+    /// [`DmaBuf::note`] says what happened.
+    Auto,
+}
+
+/// What actually backs a [`DmaBuf`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backing {
+    /// Ordinary (4 KiB) pages.
+    Pages,
+    /// hugetlbfs pages via `MAP_HUGETLB`.
+    Hugetlb,
+    /// Ordinary mapping advised `MADV_HUGEPAGE` (the kernel may or may not collapse it).
+    Transparent,
+}
+
+/// A zero-filled, page-aligned private anonymous mapping the device may DMA to or from.
+///
+/// # Invariants
+/// - `[ptr, ptr + len)` is a live private mapping owned by `self`; `len` is a page multiple.
+/// - Rust code reaches the bytes only through raw pointers (`read`/`write` copies, or the
+///   queue types in `mem/`), never through a long-lived reference, because the device may write
+///   them at any time once they are registered.
+#[derive(Debug)]
+pub struct DmaBuf {
+    map: MmapRaw,
+    backing: Backing,
+    note: Option<String>,
+}
+
+/// The system page size.
+pub(crate) fn page_size() -> usize {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p <= 0 { 4096 } else { p as usize }
+}
+
+fn errno_of(e: &std::io::Error) -> Errno {
+    Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO))
+}
+
+impl DmaBuf {
+    /// `len` bytes (rounded up to whole pages) of zeroed, page-aligned memory with
+    /// `MADV_DONTFORK`.
+    ///
+    /// # Errors
+    /// [`Error::Os`] if `mmap` or `madvise` fails; [`Error::InvalidArgument`] if `len` is 0.
+    pub fn new(len: usize) -> Result<Self> {
+        Self::with_policy(len, HugePolicy::None)
+    }
+
+    /// Like [`new`](Self::new), backed as `policy` asks. With [`HugePolicy::Auto`] a failure to
+    /// get huge pages is not an error: the buffer falls back and [`note`](Self::note) explains.
+    ///
+    /// # Errors
+    /// [`Error::Os`] naming `mmap(MAP_HUGETLB)` when `Hugetlb` was demanded and no huge pages
+    /// are available (see `/proc/sys/vm/nr_hugepages`).
+    pub fn with_policy(len: usize, policy: HugePolicy) -> Result<Self> {
+        if len == 0 {
+            return Err(Error::InvalidArgument {
+                attr: "length",
+                reason: "must not be 0",
+            });
+        }
+        let buf = match policy {
+            HugePolicy::None => Self::map(len, Backing::Pages)?,
+            HugePolicy::Hugetlb => Self::map(len, Backing::Hugetlb)?,
+            HugePolicy::Transparent => Self::map(len, Backing::Transparent)?,
+            HugePolicy::Auto => match Self::map(len, Backing::Hugetlb) {
+                Ok(b) => b,
+                Err(e) => {
+                    let first = format!(
+                        "MAP_HUGETLB unavailable ({e}; reserve pages in /proc/sys/vm/nr_hugepages)"
+                    );
+                    match Self::map(len, Backing::Transparent) {
+                        Ok(mut b) => {
+                            b.note =
+                                Some(format!("{first}; using transparent huge pages (madvise)"));
+                            b
+                        }
+                        Err(e2) => {
+                            let mut b = Self::map(len, Backing::Pages)?;
+                            b.note =
+                                Some(format!("{first}; THP failed too ({e2}); using 4 KiB pages"));
+                            b
+                        }
+                    }
+                }
+            },
+        };
+        Ok(buf)
+    }
+
+    fn map(len: usize, backing: Backing) -> Result<Self> {
+        let align = if backing == Backing::Pages {
+            page_size()
+        } else {
+            HUGE_PAGE_SIZE
+        };
+        let len = len.div_ceil(align) * align;
+        let mut opts = MmapOptions::new();
+        opts.len(len);
+        if backing == Backing::Hugetlb {
+            opts.huge(Some(21));
+        }
+        let map = opts.map_anon().map_err(|e| Error::Os {
+            op: if backing == Backing::Hugetlb {
+                "mmap(MAP_HUGETLB)"
+            } else {
+                "mmap(anonymous)"
+            },
+            errno: errno_of(&e),
+        })?;
+        let map = MmapRaw::from(map);
+        if backing == Backing::Transparent {
+            map.advise(Advice::HugePage).map_err(|e| Error::Os {
+                op: "madvise(MADV_HUGEPAGE)",
+                errno: errno_of(&e),
+            })?;
+        }
+        map.advise(Advice::DontFork).map_err(|e| Error::Os {
+            op: "madvise(MADV_DONTFORK)",
+            errno: errno_of(&e),
+        })?;
+        Ok(Self {
+            map,
+            backing,
+            note: None,
+        })
+    }
+
+    /// Length in bytes (a page multiple).
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Always false (a buffer has at least one page).
+    pub fn is_empty(&self) -> bool {
+        self.map.len() == 0
+    }
+
+    /// What backs the buffer.
+    pub fn backing(&self) -> Backing {
+        self.backing
+    }
+
+    /// Why the buffer is not backed as asked (only for [`HugePolicy::Auto`] fallbacks).
+    pub fn note(&self) -> Option<&str> {
+        self.note.as_deref()
+    }
+
+    /// Virtual address of the first byte (what the kernel and the device are told).
+    pub fn addr(&self) -> u64 {
+        self.map.as_ptr() as u64
+    }
+
+    /// Raw pointer to the first byte.
+    pub fn as_ptr(&self) -> NonNull<u8> {
+        // PANIC: never; a successful mmap does not return NULL.
+        NonNull::new(self.map.as_mut_ptr()).expect("mmap returned NULL")
+    }
+
+    fn check(&self, offset: usize, len: usize) {
+        assert!(
+            offset.checked_add(len).is_some_and(|end| end <= self.len()),
+            "DmaBuf access {offset}+{len} out of bounds (len {})",
+            self.len()
+        );
+    }
+
+    /// Copy `src` into the buffer at `offset`.
+    ///
+    /// # Panics
+    /// If `offset + src.len()` exceeds the buffer.
+    pub fn write(&self, offset: usize, src: &[u8]) {
+        self.check(offset, src.len());
+        // SAFETY: the range is inside the live mapping (checked above); `src` is a Rust slice
+        // that cannot overlap an mmap this type owns exclusively; raw copy, no reference formed.
+        unsafe {
+            core::ptr::copy_nonoverlapping(
+                src.as_ptr(),
+                self.map.as_mut_ptr().wrapping_add(offset),
+                src.len(),
+            )
+        };
+    }
+
+    /// Copy bytes at `offset` out into `dst`.
+    ///
+    /// # Panics
+    /// If `offset + dst.len()` exceeds the buffer.
+    pub fn read(&self, offset: usize, dst: &mut [u8]) {
+        self.check(offset, dst.len());
+        // SAFETY: as in `write`, in the other direction.
+        unsafe {
+            core::ptr::copy_nonoverlapping(
+                self.map.as_ptr().wrapping_add(offset),
+                dst.as_mut_ptr(),
+                dst.len(),
+            )
+        };
+    }
+
+    /// Fill `len` bytes at `offset` with `byte`.
+    ///
+    /// # Panics
+    /// If the range exceeds the buffer.
+    pub fn fill(&self, offset: usize, len: usize, byte: u8) {
+        self.check(offset, len);
+        // SAFETY: the range is inside the live mapping (checked above).
+        unsafe { core::ptr::write_bytes(self.map.as_mut_ptr().wrapping_add(offset), byte, len) };
+    }
+
+    /// Read a native-endian u64 at `offset` (e.g. an atomic's result).
+    ///
+    /// # Panics
+    /// If the range exceeds the buffer.
+    pub fn read_u64(&self, offset: usize) -> u64 {
+        let mut b = [0u8; 8];
+        self.read(offset, &mut b);
+        u64::from_ne_bytes(b)
+    }
+}
+
+/// Memory described by address and length that the caller promises stays mapped while a memory
+/// region registered over it exists (for buffers this crate did not allocate).
+///
+/// # Invariants
+/// `[addr, addr + len)` stays mapped and is not unmapped or remapped while any `Mr` created from
+/// this value exists.
+#[derive(Debug, Clone, Copy)]
+pub struct UserMemory {
+    addr: u64,
+    len: usize,
+}
+
+impl UserMemory {
+    /// # Safety
+    /// `[addr, addr + len)` must be mapped memory that stays mapped (and is not handed to the
+    /// device through another path that would alias Rust references) for as long as any memory
+    /// region registered over it exists. The device will read and write it behind Rust's back.
+    pub unsafe fn from_raw_parts(addr: *mut u8, len: usize) -> Self {
+        Self {
+            addr: addr as u64,
+            len,
+        }
+    }
+
+    /// Start address.
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the length is 0.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zeroed_page_aligned_and_copyable() {
+        let b = DmaBuf::new(100).unwrap();
+        assert_eq!(b.len() % 4096, 0);
+        assert_eq!(b.addr() % 4096, 0);
+        let mut out = [1u8; 16];
+        b.read(50, &mut out);
+        assert_eq!(out, [0u8; 16]);
+        b.write(50, b"hello");
+        b.read(50, &mut out[..5]);
+        assert_eq!(&out[..5], b"hello");
+        assert_eq!(b.backing(), Backing::Pages);
+    }
+
+    #[test]
+    fn auto_hugepages_fall_back_with_a_note_or_succeed() {
+        let b = DmaBuf::with_policy(4096, HugePolicy::Auto).unwrap();
+        match b.backing() {
+            Backing::Hugetlb => assert!(b.note().is_none()),
+            _ => assert!(b.note().unwrap().contains("MAP_HUGETLB")),
+        }
+        if b.backing() != Backing::Pages {
+            assert_eq!(b.len() % HUGE_PAGE_SIZE, 0);
+        }
+    }
+}

@@ -1,0 +1,205 @@
+//! Width-exact accessors for device-shared words: doorbell records (host memory the device
+//! reads), CQE slots (host memory the device writes) and UAR registers (MMIO).
+//!
+//! None of these types ever hands out a Rust reference to the memory it names. Their
+//! constructors are `unsafe`: the caller promises the pointer stays valid for as long as the
+//! accessor exists, which the owning types in `mem/` guarantee by holding the mapping next to
+//! the accessor (their `# Invariants` say so).
+
+use core::ptr::NonNull;
+use core::sync::atomic::{AtomicU32, Ordering};
+
+/// A 32-bit big-endian word in a doorbell record (host memory that the device reads by DMA).
+///
+/// # Invariants
+/// `ptr` is 4-byte aligned and points into a mapping that outlives `self`; Rust code touches the
+/// word only through this type (atomic stores and loads), the device only reads it.
+#[derive(Debug)]
+pub struct DbWord {
+    ptr: NonNull<u32>,
+}
+
+// SAFETY: the word is only accessed atomically through `&self` methods; the mapping outlives
+// `self` (type invariant), so using it from another thread is sound.
+unsafe impl Send for DbWord {}
+// SAFETY: as above: all access is single atomic operations.
+unsafe impl Sync for DbWord {}
+
+impl DbWord {
+    /// # Safety
+    /// `ptr` must be 4-byte aligned, valid for reads and writes, and stay valid for the whole
+    /// life of the returned value; nothing else may access it non-atomically.
+    pub unsafe fn from_raw(ptr: NonNull<u32>) -> Self {
+        Self { ptr }
+    }
+
+    /// Store `v` as one big-endian 32-bit store (untorn).
+    #[inline(always)]
+    pub fn store_be32(&self, v: u32) {
+        // SAFETY: aligned, live and only accessed atomically (type invariant).
+        let a = unsafe { AtomicU32::from_ptr(self.ptr.as_ptr()) };
+        a.store(v.to_be(), Ordering::Relaxed);
+    }
+
+    /// Load the word and convert from big-endian.
+    #[inline(always)]
+    pub fn load_be32(&self) -> u32 {
+        // SAFETY: aligned, live and only accessed atomically (type invariant).
+        let a = unsafe { AtomicU32::from_ptr(self.ptr.as_ptr()) };
+        u32::from_be(a.load(Ordering::Relaxed))
+    }
+}
+
+/// A ring of completion-queue descriptors written by the device.
+///
+/// # Invariants
+/// `base` is 64-byte aligned and points to `count * stride` bytes that stay mapped for the life
+/// of `self`; `count` is a power of two; `stride` is 64 or 128.
+#[derive(Debug)]
+pub struct CqeRing {
+    base: NonNull<u8>,
+    mask: u32,
+    stride: usize,
+    desc_offset: usize,
+}
+
+// SAFETY: the ring is only read with volatile loads and written with volatile stores through
+// `&mut self` or `&self` methods that take no references into it; the mapping outlives `self`.
+unsafe impl Send for CqeRing {}
+// SAFETY: `&self` methods only perform volatile loads of device-written memory; concurrent loads
+// are harmless. The only store (`init_invalid`) takes `&mut self`.
+unsafe impl Sync for CqeRing {}
+
+impl CqeRing {
+    /// # Safety
+    /// `base` must be 64-byte aligned and valid for `count * stride` bytes for the life of the
+    /// returned value; `count` must be a power of two and `stride` 64 or 128.
+    pub unsafe fn from_raw(base: NonNull<u8>, count: u32, stride: usize) -> Self {
+        debug_assert!(count.is_power_of_two() && (stride == 64 || stride == 128));
+        Self {
+            base,
+            mask: count - 1,
+            stride,
+            desc_offset: stride - 64,
+        }
+    }
+
+    #[inline(always)]
+    fn desc(&self, ci: u32) -> *mut u8 {
+        let slot = (ci & self.mask) as usize;
+        // `slot < count`, so the descriptor lies inside the ring (type invariant).
+        self.base
+            .as_ptr()
+            .wrapping_add(slot * self.stride + self.desc_offset)
+    }
+
+    /// The `op_own` byte (offset 63) of the descriptor for consumer index `ci`: one 1-byte load.
+    #[inline(always)]
+    pub fn op_own(&self, ci: u32) -> u8 {
+        // SAFETY: byte 63 of a live descriptor (see `desc`); volatile because the device writes it.
+        unsafe { self.desc(ci).wrapping_add(63).read_volatile() }
+    }
+
+    /// Copy the 64-byte descriptor out with eight native-width volatile loads (the words hold
+    /// the bytes in memory order; reinterpret, don't byte-swap). Call only after
+    /// the ownership test and [`from_device`](super::barrier::from_device).
+    #[inline(always)]
+    pub fn load(&self, ci: u32) -> [u64; 8] {
+        #[expect(
+            clippy::cast_ptr_alignment,
+            reason = "descriptors are 64-byte aligned (type invariant)"
+        )]
+        let p = self.desc(ci).cast::<u64>();
+        let mut words = [0u64; 8];
+        for (i, w) in words.iter_mut().enumerate() {
+            // SAFETY: the descriptor is 64-byte aligned (stride and base are) and live; word i is
+            // inside it.
+            *w = unsafe { p.wrapping_add(i).read_volatile() };
+        }
+        words
+    }
+
+    /// Mark every descriptor invalid (`op_own = 0xF0`: opcode INVALID, owner 0), as the ring must
+    /// be before the device writes its first CQE.
+    pub fn init_invalid(&mut self) {
+        for ci in 0..=self.mask {
+            // SAFETY: byte 63 of a live descriptor; the CQ is not yet known to the device.
+            unsafe { self.desc(ci).wrapping_add(63).write_volatile(0xF0) };
+        }
+    }
+}
+
+/// One 64-bit doorbell register in a mapped UAR page (MMIO). Used for the 8-byte send doorbell,
+/// the CQ arm doorbell and, for BlueFlame, as the destination of the WQE copy.
+///
+/// # Invariants
+/// `ptr` is 8-byte aligned, inside a UAR mapping that outlives `self`, and `ptr .. ptr + len`
+/// bytes are writable MMIO space (`len` is a multiple of 64 for BlueFlame registers).
+#[derive(Debug)]
+pub struct MmioReg {
+    ptr: NonNull<u64>,
+    len: usize,
+}
+
+// SAFETY: an MMIO register has no Rust-visible contents; stores are single volatile stores and
+// the mapping outlives `self`. Whether two holders may store concurrently is decided by the
+// owner (a dedicated BlueFlame register is used by one QP only).
+unsafe impl Send for MmioReg {}
+// SAFETY: concurrent 8-byte doorbell stores are each one untorn 64-bit store; shared BlueFlame
+// registers are never used for multi-word copies (see `mem::uar`).
+unsafe impl Sync for MmioReg {}
+
+impl MmioReg {
+    /// # Safety
+    /// `ptr` must be 8-byte aligned and valid for `len` bytes of writes for the life of the
+    /// returned value.
+    pub unsafe fn from_raw(ptr: NonNull<u8>, len: usize) -> Self {
+        debug_assert!(ptr.as_ptr() as usize % 8 == 0);
+        Self {
+            ptr: ptr.cast(),
+            len,
+        }
+    }
+
+    /// Size of the register window in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the window is empty (never for a real register).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// One 64-bit store of `bytes` exactly as they sit in memory (no byte swap), at byte
+    /// `offset` of the window.
+    #[inline(always)]
+    pub fn store_raw64(&self, offset: usize, bytes: [u8; 8]) {
+        debug_assert!(offset % 8 == 0 && offset + 8 <= self.len);
+        // SAFETY: offset is inside the window and 8-byte aligned (checked by callers in
+        // `mem::uar`; debug-asserted); one volatile u64 store to MMIO.
+        unsafe {
+            self.ptr
+                .as_ptr()
+                .wrapping_add(offset / 8)
+                .write_volatile(u64::from_ne_bytes(bytes))
+        };
+    }
+
+    /// Store one 64-byte chunk (a WQE basic block) at byte `offset` of the window as eight
+    /// ascending native-width 8-byte stores; never `memcpy` (BlueFlame copy).
+    #[inline(always)]
+    pub fn store_chunk64(&self, offset: usize, chunk: &[u64; 8]) {
+        debug_assert!(offset % 64 == 0 && offset + 64 <= self.len);
+        for (i, w) in chunk.iter().enumerate() {
+            // SAFETY: `offset + 64 <= len` (the caller limits the copy to the BlueFlame half;
+            // debug-asserted) and 8-byte aligned; one volatile u64 store to MMIO.
+            unsafe {
+                self.ptr
+                    .as_ptr()
+                    .wrapping_add(offset / 8 + i)
+                    .write_volatile(*w)
+            };
+        }
+    }
+}

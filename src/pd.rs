@@ -1,0 +1,264 @@
+//! Protection domains and memory regions.
+
+use std::sync::Arc;
+
+use mlx5_ffi::uverbs::{
+    IB_USER_VERBS_CMD_ALLOC_PD, IB_USER_VERBS_CMD_DEALLOC_PD, IB_USER_VERBS_CMD_DEREG_MR,
+    IB_USER_VERBS_CMD_REG_MR, IbUverbsAllocPd, IbUverbsAllocPdResp, IbUverbsDeallocPd,
+    IbUverbsDeregMr, IbUverbsRegMr, IbUverbsRegMrResp,
+};
+use zerocopy::IntoBytes;
+
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::mem::DmaBuf;
+use crate::mem::dma_buf::UserMemory;
+use crate::uverbs::{RespBuf, write_cmd};
+use crate::wr::Sge;
+
+#[derive(Debug)]
+pub(crate) struct PdInner {
+    pub(crate) ctx: Context,
+    pub(crate) handle: u32,
+}
+
+impl Drop for PdInner {
+    fn drop(&mut self) {
+        let cmd = IbUverbsDeallocPd {
+            pd_handle: self.handle,
+        };
+        let r = write_cmd(
+            &*self.ctx.inner.surface,
+            "DEALLOC_PD",
+            IB_USER_VERBS_CMD_DEALLOC_PD,
+            cmd.as_bytes(),
+            &[],
+            None,
+        );
+        debug_assert!(r.is_ok(), "DEALLOC_PD failed: {r:?}");
+    }
+}
+
+/// A protection domain. Cloning shares it; it is deallocated after its last user (MRs, QPs,
+/// SRQs and AHs hold it).
+#[derive(Clone, Debug)]
+pub struct Pd {
+    pub(crate) inner: Arc<PdInner>,
+}
+
+/// Memory-region access flags (`enum ibv_access_flags`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Access(pub u32);
+
+impl Access {
+    /// Local read only.
+    pub const LOCAL_READ: Self = Self(0);
+    /// The device may write locally (receives, READ results, atomic results).
+    pub const LOCAL_WRITE: Self = Self(1);
+    /// Remote peers may RDMA WRITE.
+    pub const REMOTE_WRITE: Self = Self(2);
+    /// Remote peers may RDMA READ.
+    pub const REMOTE_READ: Self = Self(4);
+    /// Remote peers may perform atomics.
+    pub const REMOTE_ATOMIC: Self = Self(8);
+    /// Everything above.
+    pub const ALL: Self = Self(1 | 2 | 4 | 8);
+
+    /// Whether every bit of `other` is set.
+    pub const fn contains(self, other: Self) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+impl core::ops::BitOr for Access {
+    type Output = Self;
+    fn bitor(self, rhs: Self) -> Self {
+        Self(self.0 | rhs.0)
+    }
+}
+
+impl Pd {
+    /// Allocate a protection domain.
+    ///
+    /// # Errors
+    /// [`Error::Uverbs`] naming ALLOC_PD.
+    pub fn new(ctx: &Context) -> Result<Self> {
+        let mut resp = RespBuf::new(8); // core {pd_handle} + mlx5 {pdn}
+        let cmd = IbUverbsAllocPd {
+            response: resp.addr(),
+        };
+        write_cmd(
+            &*ctx.inner.surface,
+            "ALLOC_PD",
+            IB_USER_VERBS_CMD_ALLOC_PD,
+            cmd.as_bytes(),
+            &[],
+            Some(&mut resp),
+        )?;
+        let r: IbUverbsAllocPdResp = resp.get(0);
+        Ok(Self {
+            inner: Arc::new(PdInner {
+                ctx: ctx.clone(),
+                handle: r.pd_handle,
+            }),
+        })
+    }
+
+    /// The context.
+    pub fn context(&self) -> &Context {
+        &self.inner.ctx
+    }
+
+    /// Register all of `buf` with `access`. The region keeps the buffer alive.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for remote write/atomic access without local write (the verbs
+    /// rule); [`Error::Uverbs`] naming REG_MR.
+    pub fn reg_mr(&self, buf: &Arc<DmaBuf>, access: Access) -> Result<Mr> {
+        self.register(
+            buf.addr(),
+            buf.len() as u64,
+            access,
+            MrMemory::Buf(buf.clone()),
+        )
+    }
+
+    /// Register caller memory described by `mem` (see [`UserMemory::from_raw_parts`]).
+    ///
+    /// # Errors
+    /// As [`reg_mr`](Self::reg_mr).
+    pub fn reg_user_mr(&self, mem: UserMemory, access: Access) -> Result<Mr> {
+        self.register(mem.addr(), mem.len() as u64, access, MrMemory::User)
+    }
+
+    fn register(&self, addr: u64, len: u64, access: Access, mem: MrMemory) -> Result<Mr> {
+        if len == 0 {
+            return Err(Error::InvalidArgument {
+                attr: "length",
+                reason: "a memory region cannot be empty",
+            });
+        }
+        let needs_local_write = Access(Access::REMOTE_WRITE.0 | Access::REMOTE_ATOMIC.0);
+        if access.0 & needs_local_write.0 != 0 && !access.contains(Access::LOCAL_WRITE) {
+            return Err(Error::InvalidArgument {
+                attr: "access",
+                reason: "REMOTE_WRITE and REMOTE_ATOMIC need LOCAL_WRITE",
+            });
+        }
+        let max = self.inner.ctx.inner.attr.raw.max_mr_size;
+        if max != 0 {
+            Error::check_limit("length", len, max, "(max_mr_size)")?;
+        }
+        let mut resp = RespBuf::new(size_of::<IbUverbsRegMrResp>());
+        let cmd = IbUverbsRegMr {
+            response: resp.addr(),
+            start: addr,
+            length: len,
+            hca_va: addr,
+            pd_handle: self.inner.handle,
+            access_flags: access.0,
+        };
+        write_cmd(
+            &*self.inner.ctx.inner.surface,
+            "REG_MR",
+            IB_USER_VERBS_CMD_REG_MR,
+            cmd.as_bytes(),
+            &[],
+            Some(&mut resp),
+        )?;
+        let r: IbUverbsRegMrResp = resp.get(0);
+        Ok(Mr {
+            pd: self.clone(),
+            handle: r.mr_handle,
+            lkey: r.lkey,
+            rkey: r.rkey,
+            addr,
+            len,
+            access,
+            _mem: mem,
+        })
+    }
+}
+
+#[derive(Debug)]
+enum MrMemory {
+    Buf(#[allow(dead_code)] Arc<DmaBuf>),
+    User,
+}
+
+/// A registered memory region. Deregistered on drop; keeps its PD (and buffer) alive.
+#[derive(Debug)]
+pub struct Mr {
+    pd: Pd,
+    handle: u32,
+    lkey: u32,
+    rkey: u32,
+    addr: u64,
+    len: u64,
+    access: Access,
+    _mem: MrMemory,
+}
+
+impl Mr {
+    /// Local key.
+    pub fn lkey(&self) -> u32 {
+        self.lkey
+    }
+    /// Remote key.
+    pub fn rkey(&self) -> u32 {
+        self.rkey
+    }
+    /// Start address.
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+    /// Length in bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+    /// Whether the length is 0 (never).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// Access flags.
+    pub fn access(&self) -> Access {
+        self.access
+    }
+    /// The PD.
+    pub fn pd(&self) -> &Pd {
+        &self.pd
+    }
+
+    /// An SGE for `len` bytes at `offset` into the region.
+    ///
+    /// # Panics
+    /// If the range is outside the region.
+    pub fn sge(&self, offset: u64, len: u32) -> Sge {
+        assert!(
+            offset + u64::from(len) <= self.len,
+            "SGE outside the memory region"
+        );
+        Sge {
+            addr: self.addr + offset,
+            length: len,
+            lkey: self.lkey,
+        }
+    }
+}
+
+impl Drop for Mr {
+    fn drop(&mut self) {
+        let cmd = IbUverbsDeregMr {
+            mr_handle: self.handle,
+        };
+        let r = write_cmd(
+            &*self.pd.inner.ctx.inner.surface,
+            "DEREG_MR",
+            IB_USER_VERBS_CMD_DEREG_MR,
+            cmd.as_bytes(),
+            &[],
+            None,
+        );
+        debug_assert!(r.is_ok(), "DEREG_MR failed: {r:?}");
+    }
+}

@@ -1,0 +1,931 @@
+//! Queue pairs (RC, UC, UD): creation with checked capabilities, the state machine, query,
+//! destroy, and the send/receive queues they own.
+
+pub mod rq;
+pub mod sq;
+
+use std::sync::Arc;
+
+use mlx5_ffi::mlx5::{MLX5_QP_FLAG_UAR_PAGE_INDEX, Mlx5IbCreateQp, Mlx5IbCreateQpResp};
+use mlx5_ffi::uverbs::{
+    IB_QP_ACCESS_FLAGS, IB_QP_AV, IB_QP_DEST_QPN, IB_QP_MAX_DEST_RD_ATOMIC, IB_QP_MAX_QP_RD_ATOMIC,
+    IB_QP_MIN_RNR_TIMER, IB_QP_PATH_MTU, IB_QP_PKEY_INDEX, IB_QP_PORT, IB_QP_QKEY, IB_QP_RETRY_CNT,
+    IB_QP_RNR_RETRY, IB_QP_RQ_PSN, IB_QP_SQ_PSN, IB_QP_STATE, IB_QP_TIMEOUT,
+    IB_USER_VERBS_CMD_CREATE_QP, IB_USER_VERBS_CMD_DESTROY_QP, IB_USER_VERBS_CMD_MODIFY_QP,
+    IB_USER_VERBS_CMD_QUERY_QP, IbUverbsCreateQp, IbUverbsCreateQpResp, IbUverbsDestroyQp,
+    IbUverbsModifyQp, IbUverbsQpDest, IbUverbsQueryQp, IbUverbsQueryQpResp,
+};
+use zerocopy::IntoBytes;
+
+use crate::ah::{AhAttr, GlobalRoute};
+use crate::context::{Context, UarMode};
+use crate::cq::{Cq, CqShared, CqUser};
+use crate::error::{Error, Result};
+use crate::mem::DmaBuf;
+use crate::mem::wq::WqRing;
+use crate::pd::{Access, Pd};
+use crate::srq::{Srq, SrqHandle};
+use crate::uverbs::{RespBuf, write_cmd};
+use crate::wr::{PostError, RecvWr, SendWr};
+use rq::{RecvQueue, rq_geometry};
+use sq::{BfPolicy, Bfreg, SendQueue, sq_geometry};
+
+/// QP transport type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QpType {
+    /// Reliable connected.
+    Rc,
+    /// Unreliable connected.
+    Uc,
+    /// Unreliable datagram.
+    Ud,
+}
+
+impl QpType {
+    fn ib_value(self) -> u8 {
+        match self {
+            QpType::Rc => 2,
+            QpType::Uc => 3,
+            QpType::Ud => 4,
+        }
+    }
+
+    pub(crate) fn limit_context(self) -> &'static str {
+        match self {
+            QpType::Rc => "for RC",
+            QpType::Uc => "for UC",
+            QpType::Ud => "for UD",
+        }
+    }
+}
+
+/// QP state (`enum ibv_qp_state`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QpState {
+    /// Reset.
+    Reset,
+    /// Initialized: receives may be posted.
+    Init,
+    /// Ready to receive.
+    Rtr,
+    /// Ready to send.
+    Rts,
+    /// Send queue drain.
+    Sqd,
+    /// Send queue error.
+    Sqe,
+    /// Error: everything outstanding is flushed.
+    Err,
+}
+
+impl QpState {
+    fn to_u8(self) -> u8 {
+        match self {
+            QpState::Reset => 0,
+            QpState::Init => 1,
+            QpState::Rtr => 2,
+            QpState::Rts => 3,
+            QpState::Sqd => 4,
+            QpState::Sqe => 5,
+            QpState::Err => 6,
+        }
+    }
+
+    fn from_u8(v: u8) -> Option<Self> {
+        Some(match v {
+            0 => QpState::Reset,
+            1 => QpState::Init,
+            2 => QpState::Rtr,
+            3 => QpState::Rts,
+            4 => QpState::Sqd,
+            5 => QpState::Sqe,
+            6 => QpState::Err,
+            _ => return None,
+        })
+    }
+}
+
+/// QP capabilities (`struct ibv_qp_cap`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QpCap {
+    /// Send WRs that may be outstanding.
+    pub max_send_wr: u32,
+    /// Receive WRs that may be outstanding.
+    pub max_recv_wr: u32,
+    /// SGEs per send WR.
+    pub max_send_sge: u32,
+    /// SGEs per receive WR.
+    pub max_recv_sge: u32,
+    /// Inline bytes per send WR.
+    pub max_inline_data: u32,
+}
+
+/// QP creation attributes (`struct ibv_qp_init_attr`).
+#[derive(Clone, Copy, Debug)]
+pub struct QpInitAttr<'a> {
+    /// Transport.
+    pub qp_type: QpType,
+    /// Send CQ.
+    pub send_cq: &'a Cq,
+    /// Receive CQ.
+    pub recv_cq: &'a Cq,
+    /// SRQ, if receives come from one.
+    pub srq: Option<&'a Srq>,
+    /// Requested capabilities (the created QP reports the real ones).
+    pub cap: QpCap,
+    /// Every send WR generates a completion.
+    pub sq_sig_all: bool,
+    /// Report unsignaled send WRs as completions (flag [`WcFlags::UNSIGNALED`]) when a later
+    /// CQE retires them, so every WR id is seen exactly once.
+    ///
+    /// [`WcFlags::UNSIGNALED`]: crate::WcFlags::UNSIGNALED
+    pub report_unsignaled: bool,
+    /// BlueFlame policy for this QP.
+    pub bf_policy: BfPolicy,
+}
+
+impl<'a> QpInitAttr<'a> {
+    /// Defaults: RC-style caps of 64 WRs, 1 SGE, no inline, no SRQ.
+    pub fn new(qp_type: QpType, send_cq: &'a Cq, recv_cq: &'a Cq) -> Self {
+        Self {
+            qp_type,
+            send_cq,
+            recv_cq,
+            srq: None,
+            cap: QpCap {
+                max_send_wr: 64,
+                max_recv_wr: 64,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            },
+            sq_sig_all: false,
+            report_unsignaled: false,
+            bf_policy: BfPolicy::default(),
+        }
+    }
+}
+
+/// Attributes for [`Qp::modify`] (`struct ibv_qp_attr`); only fields named in the mask are sent.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QpAttr {
+    /// Target state.
+    pub qp_state: Option<QpState>,
+    /// Path MTU (`IB_MTU_*`: 1 = 256 ... 5 = 4096).
+    pub path_mtu: u8,
+    /// Q_Key (UD).
+    pub qkey: u32,
+    /// Receive PSN.
+    pub rq_psn: u32,
+    /// Send PSN.
+    pub sq_psn: u32,
+    /// Destination QPN.
+    pub dest_qp_num: u32,
+    /// Remote access allowed (`Access` bits).
+    pub qp_access_flags: Access,
+    /// P_Key index.
+    pub pkey_index: u16,
+    /// Port (1-based).
+    pub port_num: u8,
+    /// Outstanding RDMA READ/atomics as initiator.
+    pub max_rd_atomic: u8,
+    /// Outstanding RDMA READ/atomics as responder.
+    pub max_dest_rd_atomic: u8,
+    /// Minimum RNR NAK timer code.
+    pub min_rnr_timer: u8,
+    /// Local ACK timeout code.
+    pub timeout: u8,
+    /// Transport retry count.
+    pub retry_cnt: u8,
+    /// RNR retry count (7 = infinite).
+    pub rnr_retry: u8,
+    /// Path to the remote QP (RC/UC INIT->RTR).
+    pub ah_attr: AhAttr,
+}
+
+/// What the remote side of an RC/UC connection tells us.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RemoteQp {
+    /// Remote QP number.
+    pub qpn: u32,
+    /// Remote initial PSN (our RQ PSN... the PSN it will send with).
+    pub psn: u32,
+    /// Remote LID (IB).
+    pub lid: u16,
+    /// Remote GID; required on RoCE.
+    pub gid: Option<[u8; 16]>,
+}
+
+#[derive(Debug)]
+struct QpHandle {
+    ctx: Context,
+    handle: u32,
+    user_handle: u64,
+    qpn: u32,
+    uidx: Option<u32>,
+    bfreg_id: u32,
+    send_cq: Arc<CqShared>,
+    recv_cq: Arc<CqShared>,
+    _srq: Option<Arc<SrqHandle>>,
+    _pd: Pd,
+    /// The queue buffer and doorbell record outlive the kernel object (destroyed in `drop`).
+    _buf: Arc<DmaBuf>,
+    _dbrec: Arc<crate::mem::DbRec>,
+}
+
+impl Drop for QpHandle {
+    fn drop(&mut self) {
+        let mut resp = RespBuf::new(4);
+        let cmd = IbUverbsDestroyQp {
+            response: resp.addr(),
+            qp_handle: self.handle,
+            reserved: 0,
+        };
+        let r = write_cmd(
+            &*self.ctx.inner.surface,
+            "DESTROY_QP",
+            IB_USER_VERBS_CMD_DESTROY_QP,
+            cmd.as_bytes(),
+            &[],
+            Some(&mut resp),
+        );
+        debug_assert!(r.is_ok(), "DESTROY_QP failed: {r:?}");
+        self.send_cq.detach(self.qpn);
+        self.recv_cq.detach(self.qpn);
+        if let Some(u) = self.uidx {
+            self.ctx.free_uidx(u);
+        }
+        self.ctx.release_bfreg(self.bfreg_id);
+    }
+}
+
+/// A queue pair. Posting and modifying take `&mut self`; `Send`, not `Sync`.
+/// Destroyed on drop, before the CQs, SRQ and PD it holds.
+#[derive(Debug)]
+pub struct Qp {
+    sq: SendQueue,
+    rq: Option<RecvQueue>,
+    qp_type: QpType,
+    state: QpState,
+    cap: QpCap,
+    port: u8,
+    handle: QpHandle,
+}
+
+impl Qp {
+    /// Create a QP. Capabilities are checked against the device and the WQE geometry before the
+    /// syscall; the created QP's [`cap`](Self::cap) reports what was really granted (usually
+    /// more inline data than asked, as libmlx5).
+    ///
+    /// # Errors
+    /// [`Error::Limit`] naming the attribute, value and limit; [`Error::Uverbs`] naming
+    /// CREATE_QP.
+    pub fn new(pd: &Pd, init: &QpInitAttr<'_>) -> Result<Self> {
+        let ctx = pd.context().clone();
+        let ucx = ctx.inner.ucx;
+        let dev = ctx.inner.attr.raw;
+        let tctx = init.qp_type.limit_context();
+        let cap = init.cap;
+        Error::check_limit(
+            "max_send_wr",
+            cap.max_send_wr.into(),
+            dev.max_qp_wr.into(),
+            tctx,
+        )?;
+        Error::check_limit(
+            "max_send_sge",
+            cap.max_send_sge.into(),
+            dev.max_sge.into(),
+            tctx,
+        )?;
+        Error::check_limit(
+            "max_recv_sge",
+            cap.max_recv_sge.into(),
+            dev.max_sge.into(),
+            tctx,
+        )?;
+        let sgeo = sq_geometry(
+            init.qp_type,
+            cap.max_send_wr,
+            cap.max_send_sge,
+            cap.max_inline_data,
+            ucx.max_sq_desc_sz.into(),
+            ucx.max_send_wqebb,
+        )?;
+        let has_rq = init.srq.is_none() && cap.max_recv_wr > 0;
+        let rlimit = if ucx.max_recv_wr != 0 {
+            ucx.max_recv_wr.min(dev.max_qp_wr)
+        } else {
+            dev.max_qp_wr
+        };
+        let rgeo = if has_rq {
+            Some(rq_geometry(
+                cap.max_recv_wr,
+                cap.max_recv_sge,
+                ucx.max_rq_desc_sz.into(),
+                rlimit,
+                tctx,
+            )?)
+        } else {
+            None
+        };
+        let rq_bytes = rgeo.map_or(0, |g| g.stride * g.wqe_cnt) as usize;
+        let sq_bytes = sgeo.wqe_cnt as usize * 64;
+        let buf = Arc::new(DmaBuf::new(rq_bytes + sq_bytes)?);
+        let dbrec = Arc::new(ctx.inner.dbrecs.alloc()?);
+        let uidx = if ctx.cqe_version() == 1 {
+            Some(ctx.alloc_uidx()?)
+        } else {
+            None
+        };
+        let grant = match ctx.inner.mode {
+            UarMode::Dynamic => Some(ctx.grant_bfreg_dynamic()?),
+            UarMode::Static => None,
+        };
+        let mut drv = Mlx5IbCreateQp {
+            buf_addr: buf.addr(),
+            db_addr: dbrec.addr(),
+            sq_wqe_count: sgeo.wqe_cnt,
+            rq_wqe_count: rgeo.map_or(0, |g| g.wqe_cnt),
+            rq_wqe_shift: rgeo.map_or(0, |g| g.stride.trailing_zeros()),
+            flags: 0,
+            uidx: uidx.unwrap_or(0xFF_FFFF),
+            ..Mlx5IbCreateQp::default()
+        };
+        if let Some(g) = &grant {
+            if let Some(idx) = g.create_index {
+                drv.flags |= MLX5_QP_FLAG_UAR_PAGE_INDEX;
+                drv.bfreg_index = idx;
+            }
+        }
+        let core_len = size_of::<IbUverbsCreateQpResp>();
+        let mut resp = RespBuf::new(core_len + size_of::<Mlx5IbCreateQpResp>());
+        let user_handle = crate::context::next_user_handle();
+        let cmd = IbUverbsCreateQp {
+            response: resp.addr(),
+            user_handle,
+            pd_handle: pd.inner.handle,
+            send_cq_handle: init.send_cq.shared().handle_id(),
+            recv_cq_handle: init.recv_cq.shared().handle_id(),
+            srq_handle: init.srq.map_or(0, |s| s.handle.handle_id()),
+            max_send_wr: sgeo.max_post,
+            max_recv_wr: rgeo.map_or(0, |g| g.wqe_cnt),
+            max_send_sge: sgeo.max_gs,
+            max_recv_sge: rgeo.map_or(0, |g| g.max_gs),
+            max_inline_data: sgeo.max_inline,
+            sq_sig_all: u8::from(init.sq_sig_all),
+            qp_type: init.qp_type.ib_value(),
+            is_srq: u8::from(init.srq.is_some()),
+            reserved: 0,
+        };
+        let created = write_cmd(
+            &*ctx.inner.surface,
+            "CREATE_QP",
+            IB_USER_VERBS_CMD_CREATE_QP,
+            cmd.as_bytes(),
+            drv.as_bytes(),
+            Some(&mut resp),
+        );
+        if let Err(e) = created {
+            if let Some(u) = uidx {
+                ctx.free_uidx(u);
+            }
+            if let Some(g) = &grant {
+                ctx.release_bfreg(g.id);
+            }
+            return Err(e);
+        }
+        let core: IbUverbsCreateQpResp = resp.get(0);
+        let m: Mlx5IbCreateQpResp = resp.get(core_len);
+        let grant = match grant {
+            Some(g) => g,
+            None => ctx.grant_bfreg_static(m.bfreg_index)?,
+        };
+        let handle = QpHandle {
+            ctx: ctx.clone(),
+            handle: core.qp_handle,
+            user_handle,
+            qpn: core.qpn,
+            uidx,
+            bfreg_id: grant.id,
+            send_cq: init.send_cq.shared().clone(),
+            recv_cq: init.recv_cq.shared().clone(),
+            _srq: init.srq.map(|s| s.handle.clone()),
+            _pd: pd.clone(),
+            _buf: buf.clone(),
+            _dbrec: dbrec.clone(),
+        };
+        let sq_ring = WqRing::new(buf.clone(), rq_bytes, sq_bytes);
+        let bf = Bfreg::new(grant.reg, grant.half, grant.dedicated, grant.id);
+        let sq = SendQueue::new(
+            sq_ring,
+            core.qpn,
+            init.qp_type,
+            sgeo,
+            init.sq_sig_all,
+            init.report_unsignaled,
+            dbrec.clone(),
+            bf,
+            if ctx.inner.config.no_bf {
+                BfPolicy::AlwaysDoorbell
+            } else {
+                init.bf_policy
+            },
+        );
+        let rq =
+            rgeo.map(|g| RecvQueue::new(WqRing::new(buf.clone(), 0, rq_bytes), g, dbrec.clone()));
+        let uidx_v = uidx.unwrap_or(0xFF_FFFF);
+        init.send_cq.shared().attach(CqUser {
+            qpn: core.qpn,
+            uidx: uidx_v,
+            sq: Some(sq.shared().clone()),
+            rq: if std::ptr::eq(
+                init.send_cq.shared().as_ref(),
+                init.recv_cq.shared().as_ref(),
+            ) {
+                rq.as_ref().map(|r| r.shared().clone())
+            } else {
+                None
+            },
+            srq: if std::ptr::eq(
+                init.send_cq.shared().as_ref(),
+                init.recv_cq.shared().as_ref(),
+            ) {
+                init.srq.map(|s| s.shared.clone())
+            } else {
+                None
+            },
+        });
+        if !std::ptr::eq(
+            init.send_cq.shared().as_ref(),
+            init.recv_cq.shared().as_ref(),
+        ) {
+            init.recv_cq.shared().attach(CqUser {
+                qpn: core.qpn,
+                uidx: uidx_v,
+                sq: None,
+                rq: rq.as_ref().map(|r| r.shared().clone()),
+                srq: init.srq.map(|s| s.shared.clone()),
+            });
+        }
+        let granted = QpCap {
+            max_send_wr: sgeo.max_post,
+            max_recv_wr: rgeo.map_or(0, |g| g.wqe_cnt),
+            max_send_sge: sgeo.max_gs,
+            max_recv_sge: rgeo.map_or(0, |g| g.max_gs),
+            max_inline_data: sgeo.max_inline,
+        };
+        Ok(Self {
+            sq,
+            rq,
+            qp_type: init.qp_type,
+            state: QpState::Reset,
+            cap: granted,
+            port: 1,
+            handle,
+        })
+    }
+
+    /// QP number.
+    pub fn qpn(&self) -> u32 {
+        self.handle.qpn
+    }
+
+    /// The handle async events carry for this QP.
+    pub fn user_handle(&self) -> u64 {
+        self.handle.user_handle
+    }
+
+    /// Transport.
+    pub fn qp_type(&self) -> QpType {
+        self.qp_type
+    }
+
+    /// The capabilities granted.
+    pub fn cap(&self) -> QpCap {
+        self.cap
+    }
+
+    /// The state as last set by [`modify`](Self::modify).
+    pub fn state(&self) -> QpState {
+        self.state
+    }
+
+    /// The send queue (low-level API: `start` / `finish` / `ring`).
+    pub fn sq(&mut self) -> &mut SendQueue {
+        &mut self.sq
+    }
+
+    /// The send queue, read-only (geometry, stats, bfreg).
+    pub fn sq_ref(&self) -> &SendQueue {
+        &self.sq
+    }
+
+    /// The receive queue (absent with an SRQ or `max_recv_wr == 0`).
+    pub fn rq(&mut self) -> Option<&mut RecvQueue> {
+        self.rq.as_mut()
+    }
+
+    /// Post a chain of send WRs; one doorbell for the chain.
+    ///
+    /// # Errors
+    /// The index of the first refused WR and why; the WRs before it are posted and rung.
+    #[inline]
+    pub fn post_send(&mut self, wrs: &[SendWr<'_>]) -> Result<(), (usize, PostError)> {
+        self.sq.post_send(wrs)
+    }
+
+    /// Post receive WRs (QP in INIT or later).
+    ///
+    /// # Errors
+    /// The index of the first refused WR and why.
+    #[inline]
+    pub fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> Result<(), (usize, PostError)> {
+        match self.rq.as_mut() {
+            Some(rq) => rq.post_recv(wrs),
+            None => Err((0, PostError::BadState { state: self.state })),
+        }
+    }
+
+    /// Modify the QP with the attributes named in `mask` (`IB_QP_*` bits).
+    ///
+    /// Moving to RESET zeroes the queue indices and doorbell records. Poll the QP's CQs empty
+    /// first: unlike libmlx5's "CQ clean", this driver never rewrites a CQ ring behind its
+    /// poller's back (the poller owns it, lock-free), so CQEs left from before the reset would be
+    /// attributed to the QP's new life.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming a missing required attribute of the transition or a
+    /// value over a device limit ([`Error::Limit`]); [`Error::Uverbs`] naming MODIFY_QP.
+    pub fn modify(&mut self, attr: &QpAttr, mask: u32) -> Result<()> {
+        let dev = self.handle.ctx.inner.attr.raw;
+        if mask & IB_QP_MAX_QP_RD_ATOMIC != 0 {
+            Error::check_limit(
+                "max_rd_atomic",
+                attr.max_rd_atomic.into(),
+                dev.max_qp_init_rd_atom.into(),
+                "of the device",
+            )?;
+        }
+        if mask & IB_QP_MAX_DEST_RD_ATOMIC != 0 {
+            Error::check_limit(
+                "max_dest_rd_atomic",
+                attr.max_dest_rd_atomic.into(),
+                dev.max_qp_rd_atom.into(),
+                "of the device",
+            )?;
+        }
+        if mask & IB_QP_PORT != 0 {
+            if attr.port_num == 0 {
+                return Err(Error::InvalidArgument {
+                    attr: "port_num",
+                    reason: "ports are numbered from 1",
+                });
+            }
+            Error::check_limit(
+                "port_num",
+                attr.port_num.into(),
+                dev.phys_port_cnt.max(1).into(),
+                "of the device",
+            )?;
+        }
+        let next = if mask & IB_QP_STATE != 0 {
+            attr.qp_state
+        } else {
+            None
+        };
+        if let Some(next) = next {
+            let need = required_mask(self.qp_type, self.state, next);
+            if mask & need != need {
+                return Err(Error::InvalidArgument {
+                    attr: missing_attr(need & !mask),
+                    reason: "required for this QP state transition",
+                });
+            }
+        }
+        let dest = qp_dest(&attr.ah_attr);
+        let cmd = IbUverbsModifyQp {
+            dest,
+            alt_dest: IbUverbsQpDest::default(),
+            qp_handle: self.handle.handle,
+            attr_mask: mask,
+            qkey: attr.qkey,
+            rq_psn: attr.rq_psn,
+            sq_psn: attr.sq_psn,
+            dest_qp_num: attr.dest_qp_num,
+            qp_access_flags: attr.qp_access_flags.0,
+            pkey_index: attr.pkey_index,
+            alt_pkey_index: 0,
+            qp_state: next.map_or(0, QpState::to_u8),
+            cur_qp_state: 0,
+            path_mtu: attr.path_mtu,
+            path_mig_state: 0,
+            en_sqd_async_notify: 0,
+            max_rd_atomic: attr.max_rd_atomic,
+            max_dest_rd_atomic: attr.max_dest_rd_atomic,
+            min_rnr_timer: attr.min_rnr_timer,
+            port_num: attr.port_num,
+            timeout: attr.timeout,
+            retry_cnt: attr.retry_cnt,
+            rnr_retry: attr.rnr_retry,
+            alt_port_num: 0,
+            alt_timeout: 0,
+            reserved: [0; 2],
+        };
+        write_cmd(
+            &*self.handle.ctx.inner.surface,
+            "MODIFY_QP",
+            IB_USER_VERBS_CMD_MODIFY_QP,
+            cmd.as_bytes(),
+            &[],
+            None,
+        )?;
+        if mask & IB_QP_PORT != 0 {
+            self.port = attr.port_num;
+        }
+        if let Some(next) = next {
+            self.apply_state(next);
+        }
+        Ok(())
+    }
+
+    fn apply_state(&mut self, next: QpState) {
+        self.state = next;
+        match next {
+            QpState::Reset => {
+                self.sq.enabled = false;
+                self.sq.reset();
+                if let Some(rq) = self.rq.as_mut() {
+                    rq.enabled = false;
+                    rq.reset();
+                }
+                // The records are shared by SQ and RQ; zero them once both are reset.
+                self.sq_dbrec_clear();
+            }
+            QpState::Init | QpState::Rtr => {
+                if let Some(rq) = self.rq.as_mut() {
+                    rq.enabled = true;
+                }
+            }
+            QpState::Rts | QpState::Sqd | QpState::Sqe | QpState::Err => {
+                self.sq.enabled = true;
+                if let Some(rq) = self.rq.as_mut() {
+                    rq.enabled = true;
+                }
+            }
+        }
+    }
+
+    fn sq_dbrec_clear(&mut self) {
+        self.sq.clear_dbrec();
+    }
+
+    /// RESET -> INIT with the given port and remote access (P_Key index 0; UD: Q_Key `qkey`).
+    ///
+    /// # Errors
+    /// As [`modify`](Self::modify).
+    pub fn to_init(&mut self, port: u8, access: Access, qkey: u32) -> Result<()> {
+        let attr = QpAttr {
+            qp_state: Some(QpState::Init),
+            port_num: port,
+            qp_access_flags: access,
+            qkey,
+            ..QpAttr::default()
+        };
+        let mask = IB_QP_STATE
+            | IB_QP_PKEY_INDEX
+            | IB_QP_PORT
+            | if self.qp_type == QpType::Ud {
+                IB_QP_QKEY
+            } else {
+                IB_QP_ACCESS_FLAGS
+            };
+        self.modify(&attr, mask)
+    }
+
+    /// INIT -> RTR towards `remote` (RC/UC); UD needs no address. With `remote.gid` set (RoCE,
+    /// or global IB) the path carries a GRH with source GID index `sgid_index`.
+    ///
+    /// # Errors
+    /// As [`modify`](Self::modify).
+    pub fn to_rtr(&mut self, remote: &RemoteQp, mtu: u8, sgid_index: u8) -> Result<()> {
+        let mut attr = QpAttr {
+            qp_state: Some(QpState::Rtr),
+            ..QpAttr::default()
+        };
+        let mut mask = IB_QP_STATE;
+        if self.qp_type != QpType::Ud {
+            attr.path_mtu = mtu;
+            attr.dest_qp_num = remote.qpn;
+            attr.rq_psn = remote.psn;
+            attr.ah_attr = AhAttr {
+                dlid: remote.lid,
+                port_num: self.port,
+                grh: remote.gid.map(|g| GlobalRoute {
+                    dgid: g,
+                    sgid_index,
+                    hop_limit: 64,
+                    ..GlobalRoute::default()
+                }),
+                ..AhAttr::default()
+            };
+            mask |= IB_QP_AV | IB_QP_PATH_MTU | IB_QP_DEST_QPN | IB_QP_RQ_PSN;
+            if self.qp_type == QpType::Rc {
+                attr.max_dest_rd_atomic =
+                    1u8.max(self.handle.ctx.inner.attr.raw.max_qp_rd_atom.min(16) as u8);
+                attr.min_rnr_timer = 12;
+                mask |= IB_QP_MAX_DEST_RD_ATOMIC | IB_QP_MIN_RNR_TIMER;
+            }
+        }
+        self.modify(&attr, mask)
+    }
+
+    /// RTR -> RTS with send PSN `psn` (RC: timeout 14, retry 7, RNR retry `rnr_retry`).
+    ///
+    /// # Errors
+    /// As [`modify`](Self::modify).
+    pub fn to_rts(&mut self, psn: u32, rnr_retry: u8) -> Result<()> {
+        let mut attr = QpAttr {
+            qp_state: Some(QpState::Rts),
+            sq_psn: psn,
+            ..QpAttr::default()
+        };
+        let mut mask = IB_QP_STATE | IB_QP_SQ_PSN;
+        if self.qp_type == QpType::Rc {
+            attr.timeout = 14;
+            attr.retry_cnt = 7;
+            attr.rnr_retry = rnr_retry;
+            attr.max_rd_atomic =
+                1u8.max(self.handle.ctx.inner.attr.raw.max_qp_init_rd_atom.min(16) as u8);
+            mask |= IB_QP_TIMEOUT | IB_QP_RETRY_CNT | IB_QP_RNR_RETRY | IB_QP_MAX_QP_RD_ATOMIC;
+        }
+        self.modify(&attr, mask)
+    }
+
+    /// Move to ERR: everything outstanding completes with a flush error.
+    ///
+    /// # Errors
+    /// As [`modify`](Self::modify).
+    pub fn to_error(&mut self) -> Result<()> {
+        self.modify(
+            &QpAttr {
+                qp_state: Some(QpState::Err),
+                ..QpAttr::default()
+            },
+            IB_QP_STATE,
+        )
+    }
+
+    /// QUERY_QP: the kernel's view of the state and attributes.
+    ///
+    /// # Errors
+    /// [`Error::Uverbs`] naming QUERY_QP; [`Error::BadResponse`] for an unknown state.
+    pub fn query(&self) -> Result<(QpState, IbUverbsQueryQpResp)> {
+        let mut resp = RespBuf::new(size_of::<IbUverbsQueryQpResp>());
+        let cmd = IbUverbsQueryQp {
+            response: resp.addr(),
+            qp_handle: self.handle.handle,
+            attr_mask: 0xFF_FFFF,
+        };
+        write_cmd(
+            &*self.handle.ctx.inner.surface,
+            "QUERY_QP",
+            IB_USER_VERBS_CMD_QUERY_QP,
+            cmd.as_bytes(),
+            &[],
+            Some(&mut resp),
+        )?;
+        let r: IbUverbsQueryQpResp = resp.get(0);
+        let st = QpState::from_u8(r.qp_state).ok_or(Error::BadResponse {
+            cmd: "QUERY_QP",
+            what: "unknown qp_state",
+        })?;
+        Ok((st, r))
+    }
+
+    /// QUERY_QP decoded: the state, the attributes (as [`modify`](Self::modify) takes them)
+    /// and the capabilities the kernel reports.
+    ///
+    /// # Errors
+    /// As [`query`](Self::query).
+    pub fn query_attr(&self) -> Result<(QpState, QpAttr, QpCap)> {
+        let (st, r) = self.query()?;
+        let d = r.dest;
+        let attr = QpAttr {
+            qp_state: Some(st),
+            path_mtu: r.path_mtu,
+            qkey: r.qkey,
+            rq_psn: r.rq_psn,
+            sq_psn: r.sq_psn,
+            dest_qp_num: r.dest_qp_num,
+            qp_access_flags: Access(r.qp_access_flags),
+            pkey_index: r.pkey_index,
+            port_num: r.port_num,
+            max_rd_atomic: r.max_rd_atomic,
+            max_dest_rd_atomic: r.max_dest_rd_atomic,
+            min_rnr_timer: r.min_rnr_timer,
+            timeout: r.timeout,
+            retry_cnt: r.retry_cnt,
+            rnr_retry: r.rnr_retry,
+            ah_attr: AhAttr {
+                dlid: d.dlid,
+                sl: d.sl,
+                src_path_bits: d.src_path_bits,
+                static_rate: d.static_rate,
+                port_num: d.port_num,
+                grh: (d.is_global != 0).then_some(GlobalRoute {
+                    dgid: d.dgid,
+                    flow_label: d.flow_label,
+                    sgid_index: d.sgid_index,
+                    hop_limit: d.hop_limit,
+                    traffic_class: d.traffic_class,
+                }),
+            },
+        };
+        let cap = QpCap {
+            max_send_wr: r.max_send_wr,
+            max_recv_wr: r.max_recv_wr,
+            max_send_sge: r.max_send_sge,
+            max_recv_sge: r.max_recv_sge,
+            max_inline_data: r.max_inline_data,
+        };
+        Ok((st, attr, cap))
+    }
+}
+
+fn qp_dest(a: &AhAttr) -> IbUverbsQpDest {
+    let g = a.grh.unwrap_or_default();
+    IbUverbsQpDest {
+        dgid: g.dgid,
+        flow_label: g.flow_label,
+        dlid: a.dlid,
+        reserved: 0,
+        sgid_index: g.sgid_index,
+        hop_limit: g.hop_limit,
+        traffic_class: g.traffic_class,
+        sl: a.sl,
+        src_path_bits: a.src_path_bits,
+        static_rate: a.static_rate,
+        is_global: u8::from(a.grh.is_some()),
+        port_num: a.port_num,
+    }
+}
+
+/// Attribute mask the kernel requires for `from -> to` (mlx5-datapath.md §9.3).
+fn required_mask(t: QpType, from: QpState, to: QpState) -> u32 {
+    match (from, to) {
+        (QpState::Reset, QpState::Init) => match t {
+            QpType::Ud => IB_QP_STATE | IB_QP_PKEY_INDEX | IB_QP_PORT | IB_QP_QKEY,
+            _ => IB_QP_STATE | IB_QP_PKEY_INDEX | IB_QP_PORT | IB_QP_ACCESS_FLAGS,
+        },
+        (QpState::Init, QpState::Rtr) => match t {
+            QpType::Rc => {
+                IB_QP_STATE
+                    | IB_QP_AV
+                    | IB_QP_PATH_MTU
+                    | IB_QP_DEST_QPN
+                    | IB_QP_RQ_PSN
+                    | IB_QP_MAX_DEST_RD_ATOMIC
+                    | IB_QP_MIN_RNR_TIMER
+            }
+            QpType::Uc => IB_QP_STATE | IB_QP_AV | IB_QP_PATH_MTU | IB_QP_DEST_QPN | IB_QP_RQ_PSN,
+            QpType::Ud => IB_QP_STATE,
+        },
+        (QpState::Rtr, QpState::Rts) => match t {
+            QpType::Rc => {
+                IB_QP_STATE
+                    | IB_QP_SQ_PSN
+                    | IB_QP_TIMEOUT
+                    | IB_QP_RETRY_CNT
+                    | IB_QP_RNR_RETRY
+                    | IB_QP_MAX_QP_RD_ATOMIC
+            }
+            _ => IB_QP_STATE | IB_QP_SQ_PSN,
+        },
+        _ => IB_QP_STATE,
+    }
+}
+
+fn missing_attr(bits: u32) -> &'static str {
+    const NAMES: &[(u32, &str)] = &[
+        (IB_QP_PKEY_INDEX, "pkey_index"),
+        (IB_QP_PORT, "port_num"),
+        (IB_QP_QKEY, "qkey"),
+        (IB_QP_ACCESS_FLAGS, "qp_access_flags"),
+        (IB_QP_AV, "ah_attr"),
+        (IB_QP_PATH_MTU, "path_mtu"),
+        (IB_QP_DEST_QPN, "dest_qp_num"),
+        (IB_QP_RQ_PSN, "rq_psn"),
+        (IB_QP_MAX_DEST_RD_ATOMIC, "max_dest_rd_atomic"),
+        (IB_QP_MIN_RNR_TIMER, "min_rnr_timer"),
+        (IB_QP_SQ_PSN, "sq_psn"),
+        (IB_QP_TIMEOUT, "timeout"),
+        (IB_QP_RETRY_CNT, "retry_cnt"),
+        (IB_QP_RNR_RETRY, "rnr_retry"),
+        (IB_QP_MAX_QP_RD_ATOMIC, "max_rd_atomic"),
+    ];
+    NAMES
+        .iter()
+        .find(|(b, _)| bits & b != 0)
+        .map_or("attr_mask", |(_, n)| n)
+}

@@ -1,0 +1,271 @@
+//! Shared receive queues: a linked list of WQEs through their "next" segments, a 16-bit posted
+//! counter in the doorbell record, completions identified by WQE index (in any order).
+//!
+//! # Ownership rule
+//! WQEs on the list from `head` up to the sentinel `tail` are device-owned once posted; a WQE
+//! returns to the driver when its completion is polled (the poller marks it free; the poster
+//! re-links freed WQEs behind the sentinel when it runs out).
+//!
+//! # Ordering rule
+//! WQE stores, `to_device()`, then record word 0 = posted counter.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use mlx5_ffi::mlx5::{Mlx5IbCreateSrq, Mlx5IbCreateSrqResp};
+use mlx5_ffi::uverbs::{
+    IB_USER_VERBS_CMD_CREATE_SRQ, IB_USER_VERBS_CMD_DESTROY_SRQ, IbUverbsCreateSrq,
+    IbUverbsCreateSrqResp, IbUverbsDestroySrq,
+};
+use mlx5_hw::wqe::{DataSeg, SrqNextSeg};
+use zerocopy::IntoBytes;
+
+use crate::error::{Error, Result};
+use crate::mem::wq::WqRing;
+use crate::mem::{DbRec, DmaBuf};
+use crate::mmio::barrier;
+use crate::pd::Pd;
+use crate::uverbs::{RespBuf, write_cmd};
+use crate::wr::{PostError, RecvWr};
+
+#[derive(Debug)]
+pub(crate) struct SrqShared {
+    wr_ids: Box<[AtomicU64]>,
+    freed: Box<[AtomicBool]>,
+}
+
+impl SrqShared {
+    /// A receive CQE for SRQ WQE `index`: its wr_id; the WQE becomes free.
+    pub(crate) fn complete(&self, index: u16) -> u64 {
+        let i = usize::from(index) % self.wr_ids.len();
+        let id = self.wr_ids[i].load(Ordering::Relaxed);
+        self.freed[i].store(true, Ordering::Release);
+        id
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct SrqHandle {
+    pd: Pd,
+    handle: u32,
+    pub(crate) srqn: u32,
+    /// The ring and record outlive the kernel SRQ (QPs attached to it hold this handle).
+    _buf: Arc<DmaBuf>,
+    _dbrec: Arc<DbRec>,
+}
+
+impl SrqHandle {
+    pub(crate) fn handle_id(&self) -> u32 {
+        self.handle
+    }
+}
+
+impl Drop for SrqHandle {
+    fn drop(&mut self) {
+        let mut resp = RespBuf::new(4);
+        let cmd = IbUverbsDestroySrq {
+            response: resp.addr(),
+            srq_handle: self.handle,
+            reserved: 0,
+        };
+        let r = write_cmd(
+            &*self.pd.inner.ctx.inner.surface,
+            "DESTROY_SRQ",
+            IB_USER_VERBS_CMD_DESTROY_SRQ,
+            cmd.as_bytes(),
+            &[],
+            Some(&mut resp),
+        );
+        debug_assert!(r.is_ok(), "DESTROY_SRQ failed: {r:?}");
+    }
+}
+
+/// A shared receive queue. Posting takes `&mut self`.
+#[derive(Debug)]
+pub struct Srq {
+    pub(crate) handle: Arc<SrqHandle>,
+    pub(crate) shared: Arc<SrqShared>,
+    ring: WqRing,
+    stride: u32,
+    max_gs: u32,
+    n: u32,
+    head: u32,
+    tail: u32,
+    counter: u32,
+    dbrec: Arc<DbRec>,
+}
+
+impl Srq {
+    /// Create an SRQ for at least `max_wr` receives of up to `max_sge` SGEs.
+    ///
+    /// # Errors
+    /// [`Error::Limit`] naming `max_wr` or `max_sge`; [`Error::Uverbs`] naming CREATE_SRQ.
+    pub fn new(pd: &Pd, max_wr: u32, max_sge: u32) -> Result<Self> {
+        let ctx = &pd.inner.ctx;
+        let a = &ctx.inner.attr.raw;
+        Error::check_limit(
+            "max_wr",
+            max_wr.into(),
+            a.max_srq_wr.into(),
+            "of the device for SRQs",
+        )?;
+        Error::check_limit(
+            "max_sge",
+            max_sge.into(),
+            a.max_srq_sge.into(),
+            "of the device for SRQs",
+        )?;
+        let stride = (16 + 16 * max_sge.max(1)).max(32).next_power_of_two();
+        Error::check_limit(
+            "max_sge",
+            max_sge.into(),
+            u64::from(ctx.inner.ucx.max_rq_desc_sz.saturating_sub(16) / 16),
+            "of the device for SRQs",
+        )?;
+        // SRQ WQE indices and the posted counter are 16 bits wide.
+        Error::check_limit("max_wr", max_wr.into(), (1 << 15) - 1, "of SRQ WQE indices")?;
+        let n = (max_wr + 1).next_power_of_two().max(2);
+        let buf = Arc::new(DmaBuf::new((n * stride) as usize)?);
+        let mut ring = WqRing::new(buf.clone(), 0, (n * stride) as usize);
+        for i in 0..n - 1 {
+            ring.write(
+                (i * stride) as usize,
+                SrqNextSeg::new((i + 1) as u16).as_bytes(),
+            );
+        }
+        let dbrec = Arc::new(ctx.inner.dbrecs.alloc()?);
+        let drv = Mlx5IbCreateSrq {
+            buf_addr: buf.addr(),
+            db_addr: dbrec.addr(),
+            ..Mlx5IbCreateSrq::default()
+        };
+        let core_len = size_of::<IbUverbsCreateSrqResp>();
+        let mut resp = RespBuf::new(core_len + size_of::<Mlx5IbCreateSrqResp>());
+        let cmd = IbUverbsCreateSrq {
+            response: resp.addr(),
+            user_handle: crate::context::next_user_handle(),
+            pd_handle: pd.inner.handle,
+            max_wr: n - 1,
+            max_sge,
+            srq_limit: 0,
+        };
+        write_cmd(
+            &*ctx.inner.surface,
+            "CREATE_SRQ",
+            IB_USER_VERBS_CMD_CREATE_SRQ,
+            cmd.as_bytes(),
+            drv.as_bytes(),
+            Some(&mut resp),
+        )?;
+        let core: IbUverbsCreateSrqResp = resp.get(0);
+        let m: Mlx5IbCreateSrqResp = resp.get(core_len);
+        let shared = Arc::new(SrqShared {
+            wr_ids: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            freed: (0..n).map(|_| AtomicBool::new(false)).collect(),
+        });
+        Ok(Self {
+            handle: Arc::new(SrqHandle {
+                pd: pd.clone(),
+                handle: core.srq_handle,
+                srqn: m.srqn,
+                _buf: buf.clone(),
+                _dbrec: dbrec.clone(),
+            }),
+            shared,
+            ring,
+            stride,
+            max_gs: (stride - 16) / 16,
+            n,
+            head: 0,
+            tail: n - 1,
+            counter: 0,
+            dbrec,
+        })
+    }
+
+    /// SRQ number.
+    pub fn srqn(&self) -> u32 {
+        self.handle.srqn
+    }
+
+    /// Usable capacity in WRs (ring size minus the sentinel).
+    pub fn capacity(&self) -> u32 {
+        self.n - 1
+    }
+
+    fn next_of(&self, i: u32) -> u32 {
+        let mut b = [0u8; 4];
+        self.ring.read((i * self.stride) as usize, &mut b);
+        u32::from(u16::from_be_bytes([b[2], b[3]])) % self.n
+    }
+
+    fn reclaim(&mut self) {
+        for i in 0..self.n {
+            if self.shared.freed[i as usize].swap(false, Ordering::Acquire) {
+                let t = self.tail;
+                self.ring.write(
+                    (t * self.stride) as usize,
+                    SrqNextSeg::new(i as u16).as_bytes(),
+                );
+                self.tail = i;
+            }
+        }
+    }
+
+    /// Post receives to the SRQ; updates the doorbell record once.
+    ///
+    /// # Errors
+    /// The index of the first bad WR and why; WRs before it are posted.
+    pub fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> Result<(), (usize, PostError)> {
+        let mut res = Ok(());
+        let mut posted = 0;
+        for (i, wr) in wrs.iter().enumerate() {
+            if wr.sg_list.len() > self.max_gs as usize {
+                res = Err((
+                    i,
+                    PostError::TooManySges {
+                        n: wr.sg_list.len(),
+                        max: self.max_gs,
+                    },
+                ));
+                break;
+            }
+            if self.head == self.tail {
+                self.reclaim();
+                if self.head == self.tail {
+                    res = Err((
+                        i,
+                        PostError::Full {
+                            outstanding: self.n - 1,
+                            capacity: self.n - 1,
+                        },
+                    ));
+                    break;
+                }
+            }
+            let idx = self.head;
+            let base = (idx * self.stride) as usize + 16;
+            let mut k = 0usize;
+            for s in wr.sg_list.iter().filter(|s| s.length != 0) {
+                self.ring.write(
+                    base + k * 16,
+                    DataSeg::new(s.length, s.lkey, s.addr).as_bytes(),
+                );
+                k += 1;
+            }
+            if k < self.max_gs as usize {
+                self.ring
+                    .write(base + k * 16, DataSeg::terminator().as_bytes());
+            }
+            self.shared.wr_ids[idx as usize].store(wr.wr_id, Ordering::Relaxed);
+            self.head = self.next_of(idx);
+            self.counter = self.counter.wrapping_add(1);
+            posted += 1;
+        }
+        if posted > 0 {
+            barrier::to_device();
+            self.dbrec.word0().store_be32(self.counter & 0xFFFF);
+        }
+        res
+    }
+}

@@ -1,0 +1,458 @@
+//! Data-path details: WQEs and inline payloads that wrap at the SQ end (and the BlueFlame copy
+//! of them), the low-level reserve/push/ring API, SRQs, 128-byte CQEs with hugepage buffers,
+//! and QP reuse through RESET.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{PairOpts, QKEY, Rig, pair, poll_n, side};
+use mlx5::hw::cqe::Cqe64;
+use mlx5::hw::opcodes::{CqeOpcode, SendOpcode};
+use mlx5::{
+    Access, Cq, CqInit, DmaBuf, HugePolicy, Qp, QpCap, QpInitAttr, QpType, RecvWr, RemoteQp,
+    SendFlags, SendWr, Srq, WcOpcode, WcStatus, WrOp,
+};
+
+fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed))
+        .collect()
+}
+
+/// A small SQ (16 WQEBBs) with WQEs of 1 to 4 WQEBBs: WQEs, inline payloads split across parts
+/// and data segments all cross the ring end many times; every payload arrives intact.
+fn wqes_wrap_at_the_ring_end(rig: &dyn Rig) {
+    let mut o = PairOpts::new(QpType::Rc);
+    o.cap = QpCap {
+        max_send_wr: 4,
+        max_recv_wr: 256,
+        max_send_sge: 8,
+        max_recv_sge: 1,
+        max_inline_data: 200,
+    };
+    let (mut a, mut b) = pair(rig, o);
+    let geo = a.qp.sq_ref().geometry();
+    assert_eq!((geo.wqe_size, geo.wqe_cnt), (256, 16), "{geo:?}");
+    assert!(geo.max_inline >= 200);
+    let before = rig.counters(0);
+    for i in 0..300usize {
+        let len = 1 + (i * 37) % 200;
+        let data = pattern(len, i as u8);
+        let rsge = [b.mr.sge(0, 4096)];
+        b.qp.post_recv(&[RecvWr {
+            wr_id: i as u64,
+            sg_list: &rsge,
+        }])
+        .unwrap();
+        if i % 3 == 2 {
+            // Gathered from up to 8 SGEs.
+            a.buf.write(8192, &data);
+            let n = 1 + i % 8;
+            let step = len.div_ceil(n);
+            let sges: Vec<_> = (0..n)
+                .map(|k| (k * step, ((k + 1) * step).min(len)))
+                .filter(|(s, e)| s < e)
+                .map(|(s, e)| a.mr.sge(8192 + s as u64, (e - s) as u32))
+                .collect();
+            a.qp.post_send(&[SendWr::send(i as u64, &sges, SendFlags::SIGNALED)])
+                .unwrap();
+        } else {
+            let cut = len / 3;
+            let parts: [&[u8]; 3] = [&data[..cut], &[], &data[cut..]];
+            a.qp.post_send(&[SendWr::send_inline(i as u64, &parts, SendFlags::SIGNALED)])
+                .unwrap();
+        }
+        let s = poll_n(rig, &mut a.cq, 1);
+        assert_eq!(
+            (s[0].wr_id, s[0].status),
+            (i as u64, WcStatus::SUCCESS),
+            "{:?}",
+            s[0]
+        );
+        let r = poll_n(rig, &mut b.cq, 1);
+        assert_eq!(
+            (r[0].wr_id, r[0].status, r[0].byte_len),
+            (i as u64, WcStatus::SUCCESS, len as u32)
+        );
+        let mut got = vec![0u8; len];
+        b.buf.read(0, &mut got);
+        assert_eq!(got, data, "message {i}");
+    }
+    assert!(
+        a.qp.sq_ref().producer() > 16 * 20,
+        "the ring wrapped many times"
+    );
+    if let (Some(c0), Some(c1)) = (before, rig.counters(0)) {
+        assert!(
+            c1.bf_writes - c0.bf_writes > 0,
+            "single small posts use BlueFlame"
+        );
+        assert_eq!(
+            c1.bf_mismatches, 0,
+            "every BlueFlame copy (source wrapped) matches the ring"
+        );
+    }
+}
+
+/// The low-level API: build three WQEs segment by segment, ring once; read raw CQEs.
+fn low_level_reserve_push_ring(rig: &dyn Rig) {
+    let (mut a, mut b) = pair(rig, PairOpts::new(QpType::Rc));
+    let r1 = [b.mr.sge(0, 1024)];
+    let r2 = [b.mr.sge(4096, 1024)];
+    b.qp.post_recv(&[
+        RecvWr {
+            wr_id: 1,
+            sg_list: &r1,
+        },
+        RecvWr {
+            wr_id: 2,
+            sg_list: &r2,
+        },
+    ])
+    .unwrap();
+    a.buf.write(0, b"gathered!");
+    let stats0 = a.qp.sq_ref().stats();
+    let raddr = b.mr.addr() + 2048;
+    let rkey = b.mr.rkey();
+    {
+        let sq = a.qp.sq();
+        let mut w = sq
+            .start(SendOpcode::SEND, SendFlags::SIGNALED, [0; 4])
+            .unwrap();
+        w.inline(b"hello ").unwrap().inline(b"world").unwrap();
+        w.finish(100);
+        let mut w = sq
+            .start(SendOpcode::RDMA_WRITE, SendFlags::NONE, [0; 4])
+            .unwrap();
+        w.raddr(raddr, rkey).sge(&a.mr.sge(0, 9)).unwrap();
+        w.finish(101);
+        let mut w = sq
+            .start(
+                SendOpcode::SEND_IMM,
+                SendFlags::SIGNALED,
+                [0xde, 0xad, 0xbe, 0xef],
+            )
+            .unwrap();
+        w.sge(&a.mr.sge(0, 9)).unwrap();
+        w.finish(102);
+        sq.ring();
+        sq.ring(); // nothing pending: no second doorbell
+    }
+    let stats1 = a.qp.sq_ref().stats();
+    assert_eq!(
+        (
+            stats1.wqes - stats0.wqes,
+            stats1.doorbells - stats0.doorbells + stats1.bf_copies - stats0.bf_copies
+        ),
+        (3, 1)
+    );
+    // Raw CQEs on the receiver.
+    let mut cqes: Vec<Cqe64> = Vec::new();
+    for _ in 0..100_000 {
+        if let Some(c) = b.cq.next_cqe() {
+            cqes.push(c);
+            if cqes.len() == 2 {
+                break;
+            }
+        } else {
+            rig.progress();
+        }
+    }
+    b.cq.publish_ci();
+    assert_eq!(cqes.len(), 2);
+    // Typed retirement on the low level: the receive queue hands back the wr_ids.
+    let rq = b.qp.rq().unwrap();
+    assert_eq!(rq.retire(cqes[0].wqe_counter()), 1);
+    assert_eq!(rq.retire(cqes[1].wqe_counter()), 2);
+    assert_eq!(rq.outstanding(), 0);
+    assert_eq!(
+        (cqes[0].opcode(), cqes[0].byte_cnt()),
+        (CqeOpcode::RESP_SEND, 11)
+    );
+    assert_eq!(
+        (cqes[1].opcode(), cqes[1].byte_cnt()),
+        (CqeOpcode::RESP_SEND_IMM, 9)
+    );
+    assert_eq!(cqes[1].imm_inval_pkey.to_bytes(), [0xde, 0xad, 0xbe, 0xef]);
+    assert_eq!(b.cq.consumer_index(), 2);
+    let mut got = [0u8; 11];
+    b.buf.read(0, &mut got);
+    assert_eq!(&got, b"hello world" as &[u8]);
+    let mut got = [0u8; 9];
+    b.buf.read(2048, &mut got);
+    assert_eq!(&got, b"gathered!");
+    b.buf.read(4096, &mut got);
+    assert_eq!(&got, b"gathered!");
+    // Requester: two signaled CQEs; the unsignaled WRITE retired silently by the third.
+    let s = poll_n(rig, &mut a.cq, 2);
+    assert_eq!((s[0].wr_id, s[1].wr_id), (100, 102));
+    assert_eq!(a.qp.sq_ref().outstanding(), 0);
+}
+
+/// An SRQ shared by two QPs; more receives than its capacity over time (WQEs are recycled).
+fn srq_shared_by_two_qps(rig: &dyn Rig) {
+    let o = PairOpts::new(QpType::Rc);
+    let mut a1 = side(rig, 0, &o);
+    let mut a2 = side(rig, 0, &o);
+    let bctx = rig.open(1);
+    let bpd = mlx5::Pd::new(&bctx).unwrap();
+    let mut bcq = Cq::new(&bctx, CqInit::default(), None).unwrap();
+    let mut srq = Srq::new(&bpd, 15, 1).unwrap();
+    assert_eq!(srq.capacity(), 15);
+    let bbuf = Arc::new(DmaBuf::new(16 * 4096).unwrap());
+    let bmr = bpd.reg_mr(&bbuf, Access::ALL).unwrap();
+    let mk = || {
+        let mut init = QpInitAttr::new(QpType::Rc, &bcq, &bcq);
+        init.srq = Some(&srq);
+        init.cap.max_recv_wr = 0;
+        Qp::new(&bpd, &init).unwrap()
+    };
+    let mut b1 = mk();
+    let mut b2 = mk();
+    let lid_a = a1.ctx.query_port(1).unwrap().lid;
+    let lid_b = bctx.query_port(1).unwrap().lid;
+    for (aq, bq) in [(&mut a1.qp, &mut b1), (&mut a2.qp, &mut b2)] {
+        aq.to_init(1, Access::ALL, QKEY).unwrap();
+        bq.to_init(1, Access::ALL, QKEY).unwrap();
+        aq.to_rtr(
+            &RemoteQp {
+                qpn: bq.qpn(),
+                psn: 7,
+                lid: lid_b,
+                gid: None,
+            },
+            3,
+            0,
+        )
+        .unwrap();
+        bq.to_rtr(
+            &RemoteQp {
+                qpn: aq.qpn(),
+                psn: 9,
+                lid: lid_a,
+                gid: None,
+            },
+            3,
+            0,
+        )
+        .unwrap();
+        aq.to_rts(9, 7).unwrap();
+        bq.to_rts(7, 7).unwrap();
+    }
+    let mut next_id = 0u64;
+    let mut post = |srq: &mut Srq, n: usize| {
+        for _ in 0..n {
+            let slot = next_id % 16;
+            let sge = [bmr.sge(slot * 4096, 4096)];
+            srq.post_recv(&[RecvWr {
+                wr_id: 1000 + next_id,
+                sg_list: &sge,
+            }])
+            .unwrap();
+            next_id += 1;
+        }
+    };
+    post(&mut srq, 15);
+    let sge = [bmr.sge(0, 1)];
+    assert!(matches!(
+        srq.post_recv(&[RecvWr {
+            wr_id: 0,
+            sg_list: &sge
+        }]),
+        Err((0, mlx5::PostError::Full { .. }))
+    ));
+    let mut seen = std::collections::BTreeSet::new();
+    for round in 0..6 {
+        for k in 0..10u64 {
+            let (side, id) = if k % 2 == 0 {
+                (&mut a1, round * 10 + k)
+            } else {
+                (&mut a2, round * 10 + k)
+            };
+            side.buf.write(0, &id.to_le_bytes());
+            let s = [side.mr.sge(0, 8)];
+            side.qp
+                .post_send(&[SendWr::send(id, &s, SendFlags::SIGNALED)])
+                .unwrap();
+        }
+        poll_n(rig, &mut a1.cq, 5);
+        poll_n(rig, &mut a2.cq, 5);
+        let r = poll_n(rig, &mut bcq, 10);
+        for wc in &r {
+            assert_eq!(wc.status, WcStatus::SUCCESS, "{wc:?}");
+            assert!(wc.qp_num == b1.qpn() || wc.qp_num == b2.qpn());
+            assert!(seen.insert(wc.wr_id), "wr_id {} reported twice", wc.wr_id);
+        }
+        post(&mut srq, 10);
+    }
+    assert_eq!(seen.len(), 60);
+    assert_eq!(*seen.iter().next().unwrap(), 1000);
+}
+
+/// 128-byte CQEs, and buffers on huge pages (or the documented fallback) registered as MRs.
+fn cqe128_and_hugepage_buffers(rig: &dyn Rig) {
+    let o = PairOpts::new(QpType::Rc);
+    let mut a = side(rig, 0, &o);
+    let bctx = rig.open(1);
+    let bpd = mlx5::Pd::new(&bctx).unwrap();
+    let mut bcq = Cq::new(
+        &bctx,
+        CqInit {
+            cqe: 63,
+            cqe_size: 128,
+            comp_vector: 0,
+        },
+        None,
+    )
+    .unwrap();
+    assert_eq!(bcq.capacity(), 64);
+    let mut bqp = Qp::new(&bpd, &QpInitAttr::new(QpType::Rc, &bcq, &bcq)).unwrap();
+    let huge = Arc::new(DmaBuf::with_policy(4 << 20, HugePolicy::Auto).unwrap());
+    if let Some(n) = huge.note() {
+        eprintln!("hugepage fallback: {n}");
+    }
+    let bmr = bpd.reg_mr(&huge, Access::ALL).unwrap();
+    let lid_a = a.ctx.query_port(1).unwrap().lid;
+    let lid_b = bctx.query_port(1).unwrap().lid;
+    a.qp.to_init(1, Access::ALL, QKEY).unwrap();
+    bqp.to_init(1, Access::ALL, QKEY).unwrap();
+    a.qp.to_rtr(
+        &RemoteQp {
+            qpn: bqp.qpn(),
+            psn: 3,
+            lid: lid_b,
+            gid: None,
+        },
+        3,
+        0,
+    )
+    .unwrap();
+    bqp.to_rtr(
+        &RemoteQp {
+            qpn: a.qp.qpn(),
+            psn: 4,
+            lid: lid_a,
+            gid: None,
+        },
+        3,
+        0,
+    )
+    .unwrap();
+    a.qp.to_rts(4, 7).unwrap();
+    bqp.to_rts(3, 7).unwrap();
+    // More completions than the CQ has entries, to cross the owner-bit flip twice.
+    for i in 0..150u64 {
+        let off = (i * 8192) % (4 << 20);
+        let sge = [bmr.sge(off, 64)];
+        bqp.post_recv(&[RecvWr {
+            wr_id: i,
+            sg_list: &sge,
+        }])
+        .unwrap();
+        a.buf.write(0, &i.to_le_bytes());
+        let s = [a.mr.sge(0, 8)];
+        a.qp.post_send(&[SendWr::send(i, &s, SendFlags::NONE)])
+            .unwrap();
+        let r = poll_n(rig, &mut bcq, 1);
+        assert_eq!(
+            (r[0].wr_id, r[0].byte_len, r[0].opcode),
+            (i, 8, WcOpcode::RECV)
+        );
+        assert_eq!(huge.read_u64(off as usize), i);
+        if i % 32 == 31 {
+            // Unsignaled sends still need a CQE now and then to retire them.
+            let s = [a.mr.sge(0, 8)];
+            let op = WrOp::Write {
+                raddr: bmr.addr() + (4 << 20) - 8,
+                rkey: bmr.rkey(),
+            };
+            a.qp.post_send(&[SendWr::new(9999, op, &s, SendFlags::SIGNALED)])
+                .unwrap();
+            assert_eq!(poll_n(rig, &mut a.cq, 1)[0].wr_id, 9999);
+        }
+    }
+}
+
+/// ERR -> RESET -> INIT -> RTR -> RTS on both sides, and the pair works again.
+fn qp_reuse_after_reset(rig: &dyn Rig) {
+    let (mut a, mut b) = pair(rig, PairOpts::new(QpType::Rc));
+    let s = [a.mr.sge(0, 8)];
+    let rsge = [b.mr.sge(0, 64)];
+    b.qp.post_recv(&[RecvWr {
+        wr_id: 1,
+        sg_list: &rsge,
+    }])
+    .unwrap();
+    a.qp.post_send(&[SendWr::send(1, &s, SendFlags::SIGNALED)])
+        .unwrap();
+    poll_n(rig, &mut a.cq, 1);
+    poll_n(rig, &mut b.cq, 1);
+    let lid_a = a.ctx.query_port(1).unwrap().lid;
+    let lid_b = b.ctx.query_port(1).unwrap().lid;
+    for q in [&mut a.qp, &mut b.qp] {
+        q.to_error().unwrap();
+        q.modify(
+            &mlx5::QpAttr {
+                qp_state: Some(mlx5::QpState::Reset),
+                ..Default::default()
+            },
+            1,
+        )
+        .unwrap();
+        assert_eq!(q.query().unwrap().0, mlx5::QpState::Reset);
+        assert_eq!(q.sq_ref().producer(), 0);
+        q.to_init(1, Access::ALL, QKEY).unwrap();
+    }
+    a.qp.to_rtr(
+        &RemoteQp {
+            qpn: b.qp.qpn(),
+            psn: 50,
+            lid: lid_b,
+            gid: None,
+        },
+        3,
+        0,
+    )
+    .unwrap();
+    b.qp.to_rtr(
+        &RemoteQp {
+            qpn: a.qp.qpn(),
+            psn: 60,
+            lid: lid_a,
+            gid: None,
+        },
+        3,
+        0,
+    )
+    .unwrap();
+    a.qp.to_rts(60, 7).unwrap();
+    b.qp.to_rts(50, 7).unwrap();
+    b.qp.post_recv(&[RecvWr {
+        wr_id: 2,
+        sg_list: &rsge,
+    }])
+    .unwrap();
+    a.qp.post_send(&[SendWr::send(2, &s, SendFlags::SIGNALED)])
+        .unwrap();
+    let sc = poll_n(rig, &mut a.cq, 1);
+    assert_eq!(
+        (sc[0].wr_id, sc[0].status),
+        (2, WcStatus::SUCCESS),
+        "{sc:?}"
+    );
+    let rc = poll_n(rig, &mut b.cq, 1);
+    assert_eq!(
+        (rc[0].wr_id, rc[0].status),
+        (2, WcStatus::SUCCESS),
+        "{rc:?}"
+    );
+}
+
+scenarios!(
+    wqes_wrap_at_the_ring_end,
+    low_level_reserve_push_ring,
+    srq_shared_by_two_qps,
+    cqe128_and_hugepage_buffers,
+    qp_reuse_after_reset
+);

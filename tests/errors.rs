@@ -1,0 +1,255 @@
+//! One test per error class, each followed by the flush: every outstanding WR is reported
+//! exactly once, the failing one with the real status and syndrome, the rest as flushed.
+
+mod common;
+
+use common::{PairOpts, Rig, Side, drain, pair, poll_n};
+use mlx5::{
+    Access, QpType, RecvWr, SendFlags, SendWr, Sge, Syndrome, WcOpcode, WcStatus, WorkCompletion,
+    WrOp,
+};
+
+/// After a failure on `s`'s send queue: post `n` more WRs (half unsignaled) and check that
+/// each comes back once as a flush error, and nothing else arrives.
+fn expect_send_flush(rig: &dyn Rig, s: &mut Side, first_id: u64, n: u64) {
+    let sge = [s.mr.sge(0, 8)];
+    let wrs: Vec<_> = (0..n)
+        .map(|i| {
+            let f = if i % 2 == 0 {
+                SendFlags::SIGNALED
+            } else {
+                SendFlags::NONE
+            };
+            SendWr::send(first_id + i, &sge, f)
+        })
+        .collect();
+    s.qp.post_send(&wrs)
+        .expect("posting in ERR is allowed (flushed)");
+    let wcs = poll_n(rig, &mut s.cq, n as usize);
+    for (i, wc) in wcs.iter().enumerate() {
+        assert_eq!(wc.wr_id, first_id + i as u64, "{wcs:?}");
+        assert_eq!(wc.status, WcStatus::WR_FLUSH_ERR, "{wc:?}");
+        assert_eq!(wc.syndrome, Syndrome::WR_FLUSH);
+    }
+    assert!(
+        drain(rig, &mut s.cq, 50).is_empty(),
+        "each WR is reported exactly once"
+    );
+}
+
+fn check_err(wc: &WorkCompletion, id: u64, status: WcStatus, syndrome: Syndrome) {
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.syndrome),
+        (id, status, syndrome),
+        "{wc:?}"
+    );
+    assert_eq!(syndrome.wc_status(), status);
+}
+
+/// A local SGE with a wrong lkey: LOC_PROT_ERR (syndrome 0x04); the chain's next WRs flush.
+fn bad_lkey(rig: &dyn Rig) {
+    let (mut a, _b) = pair(rig, PairOpts::new(QpType::Rc));
+    let bad = [Sge {
+        lkey: a.mr.lkey() ^ 0x00ff_ff00,
+        ..a.mr.sge(0, 64)
+    }];
+    let good = [a.mr.sge(0, 64)];
+    let wrs = [
+        SendWr::send(1, &bad, SendFlags::SIGNALED),
+        SendWr::send(2, &good, SendFlags::NONE),
+        SendWr::send(3, &good, SendFlags::SIGNALED),
+    ];
+    a.qp.post_send(&wrs).unwrap();
+    let wcs = poll_n(rig, &mut a.cq, 3);
+    check_err(&wcs[0], 1, WcStatus::LOC_PROT_ERR, Syndrome::LOCAL_PROT);
+    assert_eq!(
+        wcs[0].opcode,
+        WcOpcode::SEND,
+        "error completions carry the WR's opcode"
+    );
+    check_err(&wcs[1], 2, WcStatus::WR_FLUSH_ERR, Syndrome::WR_FLUSH);
+    check_err(&wcs[2], 3, WcStatus::WR_FLUSH_ERR, Syndrome::WR_FLUSH);
+    expect_send_flush(rig, &mut a, 10, 4);
+    assert_eq!(a.qp.query().unwrap().0, mlx5::QpState::Err);
+    // The QP error is also an async event on the context, naming the QP.
+    let ev = a
+        .ctx
+        .get_async_event(5000)
+        .unwrap()
+        .expect("an async event");
+    assert_eq!(ev.element, a.qp.user_handle());
+    assert_eq!(
+        ev.event_type,
+        mlx5::ffi::uverbs::IB_EVENT_QP_FATAL,
+        "{ev:?}"
+    );
+}
+
+/// RDMA WRITE with a wrong rkey: REM_ACCESS_ERR (0x13), then flush.
+fn bad_rkey(rig: &dyn Rig) {
+    let (mut a, b) = pair(rig, PairOpts::new(QpType::Rc));
+    let sge = [a.mr.sge(0, 64)];
+    let op = WrOp::Write {
+        raddr: b.mr.addr(),
+        rkey: b.mr.rkey() ^ 0x0010_0000,
+    };
+    a.qp.post_send(&[SendWr::new(1, op, &sge, SendFlags::SIGNALED)])
+        .unwrap();
+    let wcs = poll_n(rig, &mut a.cq, 1);
+    check_err(
+        &wcs[0],
+        1,
+        WcStatus::REM_ACCESS_ERR,
+        Syndrome::REMOTE_ACCESS,
+    );
+    assert_eq!(wcs[0].opcode, WcOpcode::RDMA_WRITE);
+    expect_send_flush(rig, &mut a, 10, 3);
+}
+
+/// RDMA READ of a region registered without REMOTE_READ: REM_ACCESS_ERR, then flush.
+fn read_without_remote_read(rig: &dyn Rig) {
+    let mut o = PairOpts::new(QpType::Rc);
+    o.access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+    let (mut a, b) = pair(rig, o);
+    let sge = [a.mr.sge(0, 64)];
+    let op = WrOp::Read {
+        raddr: b.mr.addr(),
+        rkey: b.mr.rkey(),
+    };
+    a.qp.post_send(&[SendWr::new(7, op, &sge, SendFlags::SIGNALED)])
+        .unwrap();
+    let wcs = poll_n(rig, &mut a.cq, 1);
+    check_err(
+        &wcs[0],
+        7,
+        WcStatus::REM_ACCESS_ERR,
+        Syndrome::REMOTE_ACCESS,
+    );
+    assert_eq!(wcs[0].opcode, WcOpcode::RDMA_READ);
+    expect_send_flush(rig, &mut a, 10, 2);
+}
+
+/// A SEND larger than the receive buffer: the responder gets LOC_LEN_ERR (0x01) and its other
+/// receives flush; the requester gets REM_INV_REQ_ERR (0x12).
+fn receive_buffer_too_small(rig: &dyn Rig) {
+    let (mut a, mut b) = pair(rig, PairOpts::new(QpType::Rc));
+    let small = [b.mr.sge(0, 16)];
+    let big = [b.mr.sge(1024, 1024)];
+    b.qp.post_recv(&[
+        RecvWr {
+            wr_id: 100,
+            sg_list: &small,
+        },
+        RecvWr {
+            wr_id: 101,
+            sg_list: &big,
+        },
+        RecvWr {
+            wr_id: 102,
+            sg_list: &big,
+        },
+    ])
+    .unwrap();
+    let sge = [a.mr.sge(0, 100)];
+    a.qp.post_send(&[SendWr::send(1, &sge, SendFlags::SIGNALED)])
+        .unwrap();
+    let r = poll_n(rig, &mut b.cq, 3);
+    check_err(&r[0], 100, WcStatus::LOC_LEN_ERR, Syndrome::LOCAL_LENGTH);
+    assert_eq!(r[0].opcode, WcOpcode::RECV);
+    check_err(&r[1], 101, WcStatus::WR_FLUSH_ERR, Syndrome::WR_FLUSH);
+    check_err(&r[2], 102, WcStatus::WR_FLUSH_ERR, Syndrome::WR_FLUSH);
+    let s = poll_n(rig, &mut a.cq, 1);
+    check_err(
+        &s[0],
+        1,
+        WcStatus::REM_INV_REQ_ERR,
+        Syndrome::REMOTE_INVAL_REQ,
+    );
+    expect_send_flush(rig, &mut a, 10, 2);
+    assert!(drain(rig, &mut b.cq, 50).is_empty());
+}
+
+/// A SEND with no receive posted and rnr_retry 0: RNR_RETRY_EXC_ERR (0x16), then flush.
+fn rnr_retry_exceeded(rig: &dyn Rig) {
+    let mut o = PairOpts::new(QpType::Rc);
+    o.rnr_retry = 0;
+    let (mut a, _b) = pair(rig, o);
+    let sge = [a.mr.sge(0, 32)];
+    a.qp.post_send(&[
+        SendWr::send(5, &sge, SendFlags::SIGNALED),
+        SendWr::send(6, &sge, SendFlags::NONE),
+    ])
+    .unwrap();
+    let wcs = poll_n(rig, &mut a.cq, 2);
+    check_err(
+        &wcs[0],
+        5,
+        WcStatus::RNR_RETRY_EXC_ERR,
+        Syndrome::RNR_RETRY_EXC,
+    );
+    check_err(&wcs[1], 6, WcStatus::WR_FLUSH_ERR, Syndrome::WR_FLUSH);
+    expect_send_flush(rig, &mut a, 10, 2);
+}
+
+/// Moving a healthy QP to ERR flushes every posted receive and send exactly once.
+fn modify_to_error_flushes_everything(rig: &dyn Rig) {
+    let (mut a, _b) = pair(rig, PairOpts::new(QpType::Rc));
+    let r = [a.mr.sge(4096, 64)];
+    let recvs: Vec<_> = (0..5)
+        .map(|i| RecvWr {
+            wr_id: 200 + i,
+            sg_list: &r,
+        })
+        .collect();
+    a.qp.post_recv(&recvs).unwrap();
+    a.qp.to_error().unwrap();
+    let wcs = poll_n(rig, &mut a.cq, 5);
+    for (i, wc) in wcs.iter().enumerate() {
+        check_err(
+            wc,
+            200 + i as u64,
+            WcStatus::WR_FLUSH_ERR,
+            Syndrome::WR_FLUSH,
+        );
+    }
+    expect_send_flush(rig, &mut a, 300, 3);
+}
+
+/// A CQ too small for the completions it gets overruns: the CQ error async event names it.
+/// (The consumer index is published only by polling, so the device sees the ring full.)
+fn cq_overrun_raises_async_event(rig: &dyn Rig) {
+    let mut o = PairOpts::new(QpType::Rc);
+    o.cqe = 3;
+    let (mut a, b) = pair(rig, o);
+    assert_eq!(a.cq.capacity(), 4);
+    let sge = [a.mr.sge(0, 8)];
+    let op = WrOp::Write {
+        raddr: b.mr.addr(),
+        rkey: b.mr.rkey(),
+    };
+    let wrs: Vec<_> = (0..8)
+        .map(|i| SendWr::new(i, op, &sge, SendFlags::SIGNALED))
+        .collect();
+    a.qp.post_send(&wrs).unwrap();
+    let mut ev = None;
+    for _ in 0..10_000 {
+        rig.progress();
+        if let Some(e) = a.ctx.get_async_event(0).unwrap() {
+            ev = Some(e);
+            break;
+        }
+    }
+    let ev = ev.expect("a CQ error event");
+    assert_eq!(ev.event_type, mlx5::ffi::uverbs::IB_EVENT_CQ_ERR, "{ev:?}");
+    assert_eq!(ev.element, a.cq.user_handle());
+}
+
+scenarios!(
+    bad_lkey,
+    bad_rkey,
+    read_without_remote_read,
+    receive_buffer_too_small,
+    rnr_retry_exceeded,
+    modify_to_error_flushes_everything,
+    cq_overrun_raises_async_event
+);

@@ -1,0 +1,664 @@
+//! Running the subcommands: resolve perftest's defaults, open a testbed, run the measurement
+//! loops, print the perftest report, write JSON and the histogram.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::bench::{self, Op, RunParams, Side};
+use crate::cli::{AtomicType, BwOp, Command, LatOp, OnOff, PingpongArgs, PollMode, TestArgs};
+use crate::report::{self, Endpoint, Header, LatencyBasis};
+use crate::stats::{BwStats, LatencyStats};
+
+/// Default iterations of a latency test on the emulator and on hardware (perftest: 1000).
+pub const DEFAULT_LAT_ITERS: u64 = 1000;
+/// Default iterations of a bandwidth test (perftest: 5000).
+pub const DEFAULT_BW_ITERS: u64 = 5000;
+/// perftest's default inline sizes: RC SEND 236, WRITE 220.
+pub const DEFAULT_INLINE_SEND: u32 = 236;
+/// See [`DEFAULT_INLINE_SEND`].
+pub const DEFAULT_INLINE_WRITE: u32 = 220;
+
+/// What a testbed must be created with.
+#[derive(Debug, Clone)]
+pub struct TestbedConfig {
+    /// Device name to use, if given.
+    pub dev: Option<String>,
+    /// Use the emulator even if real devices exist.
+    pub force_emu: bool,
+    /// Largest message (buffer size per side).
+    pub max_size: u64,
+    /// Send queue depth.
+    pub sq_depth: u32,
+    /// Receive queue depth.
+    pub rq_depth: u32,
+    /// Inline data the QPs must accept.
+    pub max_inline: u32,
+    /// BlueFlame policy: `None` = the device's default.
+    pub bf: Option<bool>,
+    /// Create completion channels (event mode).
+    pub events: bool,
+    /// Back buffers with huge pages.
+    pub hugepages: bool,
+    /// Path MTU in bytes.
+    pub mtu: u32,
+    /// Outstanding RDMA reads/atomics.
+    pub max_rd_atomic: u8,
+    /// The peer is another process: an emulated HCA must join the cross-process (UDP) fabric.
+    pub cross_process: bool,
+    /// Emulator: packet capture file.
+    pub pcap: Option<PathBuf>,
+}
+
+/// A connected pair of RC QPs, both ends in this process.
+pub trait Testbed {
+    /// Device name as printed (e.g. "mlx5_0 (emulated)").
+    fn device(&self) -> String;
+    /// Whether this is the emulator.
+    fn emulated(&self) -> bool;
+    /// Whether sends ring the doorbell through BlueFlame.
+    fn bf(&self) -> bool;
+    /// Inline data the QPs were created with.
+    fn max_inline(&self) -> u32;
+    /// What backs the data buffers (and why, if huge pages were asked for and not had).
+    fn buffers(&self) -> String;
+    /// The two endpoints (initiator, responder) for the address lines.
+    fn endpoints(&self) -> (Endpoint, Endpoint);
+    /// Both sides, to hand to the measurement loops.
+    fn sides(&mut self) -> (&mut dyn Side, &mut dyn Side);
+    /// Device counters (emulator), as a JSON object; `None` on hardware.
+    fn counters(&self) -> Option<serde_json::Value>;
+    /// What the driver did, summed over both QPs (`wqes`, `doorbells` = 8-byte stores,
+    /// `bf_copies`, `rings` = both kinds), as a JSON object.
+    fn driver_counters(&self) -> serde_json::Value;
+}
+
+/// Runs a parsed command line.
+pub fn run(cmd: Command) -> Result<(), String> {
+    match cmd {
+        Command::Lat(a) => {
+            let op = match (a.op, a.atomic_type) {
+                (LatOp::Send, _) => Op::Send,
+                (LatOp::Write, _) => Op::Write,
+                (LatOp::Read, _) => Op::Read,
+                (LatOp::Atomic, AtomicType::FETCH_AND_ADD) => Op::FetchAdd,
+                (LatOp::Atomic, AtomicType::CMP_AND_SWAP) => Op::CmpSwap,
+            };
+            run_test(op, true, &a)
+        }
+        Command::Bw(a) => {
+            let op = match a.op {
+                BwOp::Send => Op::Send,
+                BwOp::Write => Op::Write,
+                BwOp::Read => Op::Read,
+            };
+            run_test(op, false, &a)
+        }
+        Command::Devices(a) => crate::devinfo::list_devices(a.emu),
+        Command::Info(a) => crate::devinfo::info(a.dev.as_deref(), a.verbose, a.emu),
+        Command::Pingpong(a) => pingpong(&a),
+        Command::Emu { .. } => Err("emu run: not implemented yet".into()),
+    }
+}
+
+/// perftest's title of a test.
+pub fn title(op: Op, lat: bool) -> &'static str {
+    match (op, lat) {
+        (Op::Send, true) => "Send Latency Test",
+        (Op::Write, true) => "RDMA_Write Latency Test",
+        (Op::Read, true) => "RDMA_Read Latency Test",
+        (Op::FetchAdd, true) => "Atomic FETCH_AND_ADD Latency Test",
+        (Op::CmpSwap, true) => "Atomic CMP_AND_SWAP Latency Test",
+        (Op::Send, false) => "Send BW Test",
+        (Op::Write, false) => "RDMA_Write BW Test",
+        (Op::Read | Op::FetchAdd | Op::CmpSwap, false) => "RDMA_Read BW Test",
+    }
+}
+
+/// The run parameters after perftest's defaults are applied.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// Operation.
+    pub op: Op,
+    /// Latency (true) or bandwidth test.
+    pub lat: bool,
+    /// Message sizes to run.
+    pub sizes: Vec<u64>,
+    /// Parameters common to every size (the size field is set per run).
+    pub params: RunParams,
+    /// Testbed to create.
+    pub testbed: TestbedConfig,
+}
+
+fn mtu_ok(m: u32) -> bool {
+    matches!(m, 256 | 512 | 1024 | 2048 | 4096)
+}
+
+/// Applies perftest's defaults and checks the options.
+pub fn plan<O>(op: Op, lat: bool, a: &TestArgs<O>) -> Result<Plan, String>
+where
+    O: clap::ValueEnum + Clone + Send + Sync + 'static,
+{
+    let atomic = matches!(op, Op::FetchAdd | Op::CmpSwap);
+    let sizes: Vec<u64> = if atomic {
+        if a.size.is_some_and(|s| s != 8) || a.all {
+            return Err("atomic operations are 8 bytes: -s/-a do not apply".into());
+        }
+        vec![8]
+    } else if a.all {
+        crate::cli::all_sizes().collect()
+    } else {
+        vec![a.size.unwrap_or(if lat { 2 } else { 65536 })]
+    };
+    let max_size = *sizes.iter().max().unwrap_or(&2);
+    if max_size == 0 || max_size > 1 << 31 {
+        return Err(format!("message size {max_size} out of 1..=2^31"));
+    }
+    let iters = a.iters.unwrap_or(if lat {
+        DEFAULT_LAT_ITERS
+    } else {
+        DEFAULT_BW_ITERS
+    });
+    if iters == 0 {
+        return Err("-n must be at least 1".into());
+    }
+    let duration = match a.duration {
+        Some(d) if !(d > 0.0 && d < 1e6) => return Err(format!("-D {d}: must be positive")),
+        Some(d) => Some(Duration::from_secs_f64(d)),
+        None => None,
+    };
+    // perftest inlines by default in latency tests only
+    let default_inline = match (op, lat) {
+        (Op::Send, true) => DEFAULT_INLINE_SEND,
+        (Op::Write, true) => DEFAULT_INLINE_WRITE,
+        _ => 0,
+    };
+    let inline_max = a.inline_size.unwrap_or(default_inline);
+    if inline_max > 0 && matches!(op, Op::Read | Op::FetchAdd | Op::CmpSwap) {
+        return Err("-I: READ and atomic requests carry no payload to inline".into());
+    }
+    let tx_depth = a.tx_depth.unwrap_or(if lat { 1 } else { 128 });
+    if tx_depth == 0 || a.post_list == 0 {
+        return Err("-t and -l must be at least 1".into());
+    }
+    let cq_mod = a.cq_mod.unwrap_or(if lat { 1 } else { 100 });
+    if cq_mod == 0 {
+        return Err("-Q must be at least 1".into());
+    }
+    let cq_mod = if lat { cq_mod } else { cq_mod.min(tx_depth) };
+    let mtu = a.mtu.unwrap_or(4096);
+    if !mtu_ok(mtu) {
+        return Err(format!("-m {mtu}: one of 256, 512, 1024, 2048, 4096"));
+    }
+    // Unsignaled WRs hold their send-queue slot until a later CQE retires them.
+    let sq_depth = tx_depth.max(cq_mod).max(a.post_list).max(2);
+    let params = RunParams {
+        size: 0,
+        iters,
+        duration,
+        inline_max,
+        tx_depth,
+        post_list: a.post_list,
+        cq_mod,
+        poll: a.poll,
+        warm_up: if a.perform_warm_up {
+            (iters / 10).clamp(10, 1000)
+        } else {
+            0
+        },
+    };
+    let testbed = TestbedConfig {
+        dev: a.dev.clone(),
+        force_emu: a.emu,
+        max_size,
+        sq_depth,
+        rq_depth: tx_depth.max(2),
+        max_inline: inline_max,
+        bf: a.bf.map(|b| b == OnOff::On),
+        events: a.poll == PollMode::Event,
+        hugepages: a.use_hugepages,
+        mtu,
+        max_rd_atomic: 16,
+        cross_process: a.host.is_some() || a.server,
+        pcap: a.pcap.clone(),
+    };
+    Ok(Plan {
+        op,
+        lat,
+        sizes,
+        params,
+        testbed,
+    })
+}
+
+fn run_test<O>(op: Op, lat: bool, a: &TestArgs<O>) -> Result<(), String>
+where
+    O: clap::ValueEnum + Clone + Send + Sync + 'static,
+{
+    let plan = plan(op, lat, a)?;
+    if a.host.is_some() || a.server {
+        return crate::remote::run(&plan, a);
+    }
+    if a.connect_only {
+        return Err("--connect_only needs a peer (HOST or --server)".into());
+    }
+    let mut tb = crate::backend::open(&plan.testbed)?;
+    let (local, remote) = tb.endpoints();
+    let mut rep = Reporter::new(&plan, a);
+    let header = rep.header(
+        &plan,
+        tb.device(),
+        tb.bf(),
+        tb.max_inline(),
+        tb.buffers(),
+        "loopback (both QPs in this process)",
+        local,
+        remote,
+    );
+    rep.begin(tb.emulated(), &header)?;
+    for &size in &plan.sizes {
+        let mut p = plan.params;
+        p.size = size as u32;
+        let label = format!("{} {size} B", title(op, lat));
+        let (a_side, b_side) = tb.sides();
+        if lat {
+            let run = match op {
+                Op::Send | Op::Write => bench::lat_pingpong(op, a_side, b_side, &p, &label)?,
+                _ => bench::lat_rtt(op, a_side, &p, &label)?,
+            };
+            rep.lat_result(size, &run.samples_us)?;
+        } else {
+            let run = bench::bw_stream(op, a_side, Some(b_side), &p, &label)?;
+            rep.bw_result(size, &run)?;
+        }
+    }
+    rep.finish(&header, tb.emulated(), tb.counters(), tb.driver_counters())
+}
+
+/// Prints the perftest report as results come in, and writes JSON and histograms at the end.
+pub struct Reporter {
+    out: Box<dyn Write>,
+    op: Op,
+    lat: bool,
+    basis: LatencyBasis,
+    many_sizes: bool,
+    histogram: Option<PathBuf>,
+    json: Option<Option<PathBuf>>,
+    counters: bool,
+    cq_mod: u32,
+    forced_emu: bool,
+    json_rows: Vec<serde_json::Value>,
+    lat_rows: Vec<(u64, LatencyStats)>,
+}
+
+impl std::fmt::Debug for Reporter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reporter")
+            .field("op", &self.op)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Reporter {
+    /// A reporter for `plan` with the output options of `a`. With `--json` and no file, stdout
+    /// carries only the JSON and the table goes to stderr.
+    pub fn new<O>(plan: &Plan, a: &TestArgs<O>) -> Self
+    where
+        O: clap::ValueEnum + Clone + Send + Sync + 'static,
+    {
+        let json_to_stdout = matches!(a.json, Some(None));
+        Self {
+            out: if json_to_stdout {
+                Box::new(std::io::stderr())
+            } else {
+                Box::new(std::io::stdout())
+            },
+            op: plan.op,
+            lat: plan.lat,
+            basis: match plan.op {
+                Op::Send | Op::Write => LatencyBasis::HalfRtt,
+                _ => LatencyBasis::Rtt,
+            },
+            many_sizes: plan.sizes.len() > 1,
+            histogram: a.histogram.clone(),
+            json: a.json.clone(),
+            counters: a.counters,
+            cq_mod: plan.params.cq_mod,
+            forced_emu: plan.testbed.force_emu,
+            json_rows: Vec::new(),
+            lat_rows: Vec::new(),
+        }
+    }
+
+    /// The header block for this run.
+    #[allow(clippy::too_many_arguments)]
+    pub fn header(
+        &self,
+        plan: &Plan,
+        device: String,
+        bf: bool,
+        max_inline: u32,
+        buffers: String,
+        data_ex: &str,
+        local: Endpoint,
+        remote: Endpoint,
+    ) -> Header {
+        let op = plan.op;
+        Header {
+            title: title(op, plan.lat).to_owned(),
+            device,
+            connection: "RC",
+            tx_depth: plan.params.tx_depth,
+            cq_mod: (!plan.lat).then_some(plan.params.cq_mod),
+            mtu: plan.testbed.mtu,
+            max_inline: max_inline.min(plan.params.inline_max),
+            outstand_reads: matches!(op, Op::Read | Op::FetchAdd | Op::CmpSwap)
+                .then_some(u32::from(plan.testbed.max_rd_atomic)),
+            data_ex: data_ex.to_owned(),
+            doorbell: if bf {
+                "BlueFlame (64-byte WQE copy)".into()
+            } else {
+                "8-byte doorbell".into()
+            },
+            post_list: plan.params.post_list,
+            poll: plan.params.poll.to_string(),
+            buffers,
+            local,
+            remote,
+        }
+    }
+
+    fn w(&mut self, s: &str) -> Result<(), String> {
+        self.out
+            .write_all(s.as_bytes())
+            .map_err(|e| format!("write: {e}"))
+    }
+
+    /// Prints the emulator line, the header block and the table header.
+    pub fn begin(&mut self, emulated: bool, header: &Header) -> Result<(), String> {
+        if emulated {
+            let line = emulator_line(self.forced_emu);
+            self.w(&format!("{line}\n"))?;
+        }
+        self.w(&header.render())?;
+        let th = if self.lat {
+            report::LAT_HEADER
+        } else {
+            report::BW_HEADER
+        };
+        self.w(&format!("{th}\n"))
+    }
+
+    /// Prints one latency row and writes its histogram.
+    pub fn lat_result(&mut self, size: u64, samples_us: &[f64]) -> Result<(), String> {
+        let st = LatencyStats::from_samples(samples_us)
+            .ok_or_else(|| format!("size {size}: no samples"))?;
+        self.w(&format!(
+            "{}\n",
+            report::lat_row(size, st.samples as u64, &st)
+        ))?;
+        self.json_rows
+            .push(report::lat_json(size, st.samples as u64, &st));
+        if let Some(path) = &self.histogram {
+            let path = histogram_path(path, size, self.many_sizes);
+            let t = format!(
+                "{} {size} B, {}",
+                title(self.op, true),
+                self.basis.json_tag()
+            );
+            let svg = crate::svg::render(&t, samples_us).ok_or("no samples for the histogram")?;
+            std::fs::write(&path, svg).map_err(|e| format!("{}: {e}", path.display()))?;
+        }
+        self.lat_rows.push((size, st));
+        Ok(())
+    }
+
+    /// Prints one bandwidth row.
+    pub fn bw_result(&mut self, size: u64, run: &bench::BwRun) -> Result<(), String> {
+        let st = BwStats::from_completions(
+            size,
+            run.first_post_ns,
+            &run.completed_ns,
+            self.cq_mod as usize,
+        )
+        .ok_or_else(|| format!("size {size}: nothing completed"))?;
+        self.w(&format!("{}\n", report::bw_row(&st)))?;
+        self.json_rows.push(report::bw_json(&st));
+        Ok(())
+    }
+
+    /// Prints a line of text inside the report.
+    pub fn note(&mut self, s: &str) -> Result<(), String> {
+        self.w(&format!(" {s}\n"))
+    }
+
+    /// Prints the footer and the counters, writes the JSON.
+    pub fn finish(
+        mut self,
+        header: &Header,
+        emulated: bool,
+        counters: Option<serde_json::Value>,
+        driver_counters: serde_json::Value,
+    ) -> Result<(), String> {
+        if self.lat && !self.lat_rows.is_empty() {
+            let f = report::lat_footer(self.basis, &self.lat_rows);
+            self.w(&f)?;
+        } else {
+            self.w(&format!("{}\n", report::SEPARATOR))?;
+        }
+        if self.counters {
+            let t = counters_text(&driver_counters, counters.as_ref());
+            self.w(&t)?;
+        }
+        if let Some(dest) = self.json.take() {
+            let mut doc = serde_json::json!({
+                "test": header.title,
+                "device": header.device,
+                "emulated": emulated,
+                "connection": header.connection,
+                "data_ex": header.data_ex,
+                "bf": header.doorbell.starts_with("BlueFlame"),
+                "post_list": header.post_list,
+                "cq_mod": self.cq_mod,
+                "tx_depth": header.tx_depth,
+                "inline_size": header.max_inline,
+                "poll": header.poll,
+                "buffers": header.buffers,
+                "results": std::mem::take(&mut self.json_rows),
+            });
+            if self.lat {
+                doc["rtt_or_half"] = self.basis.json_tag().into();
+                doc["dropped_samples"] = 0.into();
+            } else {
+                doc["bw_unit"] = "MiB/sec".into();
+            }
+            doc["driver_counters"] = driver_counters;
+            if let Some(c) = counters {
+                doc["emu_counters"] = c;
+            }
+            let text = serde_json::to_string_pretty(&doc).map_err(|e| format!("json: {e}"))?;
+            match dest {
+                None => println!("{text}"),
+                Some(path) => std::fs::write(&path, text + "\n")
+                    .map_err(|e| format!("{}: {e}", path.display()))?,
+            }
+        }
+        self.out.flush().map_err(|e| format!("write: {e}"))
+    }
+}
+
+/// The first line of a run on the emulator.
+pub fn emulator_line(forced: bool) -> &'static str {
+    if forced {
+        "running on the emulated ConnectX (mlx5-emu): --emu given"
+    } else {
+        "running on the emulated ConnectX (mlx5-emu): no NIC found"
+    }
+}
+
+/// With several sizes, `lat.svg` becomes `lat-<size>.svg`.
+fn histogram_path(path: &Path, size: u64, many: bool) -> PathBuf {
+    if !many {
+        return path.to_path_buf();
+    }
+    let stem = path
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or("histogram");
+    let ext = path.extension().and_then(|s| s.to_str()).unwrap_or("svg");
+    path.with_file_name(format!("{stem}-{size}.{ext}"))
+}
+
+/// The `--counters` text: the driver's own counts, then the emulated device's.
+fn counters_text(driver: &serde_json::Value, device: Option<&serde_json::Value>) -> String {
+    let mut s = String::from(" driver, both QPs (rings = 8-byte doorbells + BlueFlame copies):\n");
+    if let serde_json::Value::Object(m) = driver {
+        for (k, v) in m {
+            s.push_str(&format!("   {k:<32} {v}\n"));
+        }
+    }
+    match device {
+        Some(serde_json::Value::Object(m)) => {
+            s.push_str(
+                " emulated device (doorbells = doorbell writes it observed; writes landing \
+                 between two of its scans count once):\n",
+            );
+            for (k, v) in m {
+                s.push_str(&format!("   {k:<32} {v}\n"));
+            }
+        }
+        _ => s.push_str(" device counters: only the emulated device exposes them here\n"),
+    }
+    s
+}
+
+/// `mlx5 pingpong`: ibv_rc_pingpong's exchange of SENDs, in this process, with its two result
+/// lines (full round trips per iteration, not halved).
+fn pingpong(a: &PingpongArgs) -> Result<(), String> {
+    if a.iters == 0 || a.size == 0 {
+        return Err("-n and -s must be at least 1".into());
+    }
+    let remote = a.host.is_some() || a.server;
+    let cfg = TestbedConfig {
+        dev: a.dev.clone(),
+        force_emu: a.emu,
+        max_size: u64::from(a.size),
+        sq_depth: 2,
+        rq_depth: 2,
+        max_inline: 0,
+        bf: None,
+        events: false,
+        hugepages: false,
+        mtu: 1024,
+        max_rd_atomic: 1,
+        cross_process: remote,
+        pcap: None,
+    };
+    let p = RunParams {
+        size: a.size,
+        iters: a.iters,
+        duration: None,
+        inline_max: 0,
+        tx_depth: 1,
+        post_list: 1,
+        cq_mod: 1,
+        poll: PollMode::Busy,
+        warm_up: 0,
+    };
+    if remote {
+        return crate::remote::pingpong(a, &cfg, &p);
+    }
+    let mut tb = crate::backend::open(&cfg)?;
+    if tb.emulated() {
+        println!("{}", emulator_line(a.emu));
+    }
+    let (l, r) = tb.endpoints();
+    println!(
+        "{}",
+        pingpong_address("local", l.lid, l.qpn, l.psn, &[0; 16])
+    );
+    println!(
+        "{}",
+        pingpong_address("remote", r.lid, r.qpn, r.psn, &[0; 16])
+    );
+    let (x, y) = tb.sides();
+    let start = std::time::Instant::now();
+    bench::lat_pingpong(Op::Send, x, y, &p, "pingpong")?;
+    let usec = start.elapsed().as_secs_f64() * 1e6;
+    let (line1, line2) = pingpong_lines(u64::from(a.size), a.iters, usec);
+    println!("{line1}");
+    println!("{line2}");
+    Ok(())
+}
+
+/// ibv_rc_pingpong's address line; the GID as `inet_ntop` prints it (`::` when zero).
+pub fn pingpong_address(which: &str, lid: u16, qpn: u32, psn: u32, gid: &[u8; 16]) -> String {
+    let g = std::net::Ipv6Addr::from(*gid);
+    let pad = if which == "local" { " " } else { "" };
+    format!("  {which} address:{pad} LID {lid:#06x}, QPN {qpn:#08x}, PSN {psn:#08x}, GID {g}")
+}
+
+/// ibv_rc_pingpong's result lines: bytes both ways over the total time, and the time per
+/// iteration (a full round trip, not halved).
+pub fn pingpong_lines(size: u64, iters: u64, usec: f64) -> (String, String) {
+    let bytes = size * iters * 2;
+    let secs = usec / 1e6;
+    let mbit = if usec > 0.0 {
+        bytes as f64 * 8.0 / usec
+    } else {
+        0.0
+    };
+    let per_iter = if iters > 0 { usec / iters as f64 } else { 0.0 };
+    (
+        format!("{bytes} bytes in {secs:.2} seconds = {mbit:.2} Mbit/sec"),
+        format!("{iters} iters in {secs:.2} seconds = {per_iter:.2} usec/iter"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pingpong_lines_use_full_round_trips() {
+        // 1000 iterations of 10 us RTT (5 us halves) of 4096 bytes: 10 ms in total
+        let (a, b) = pingpong_lines(4096, 1000, 10_000.0);
+        assert_eq!(a, "8192000 bytes in 0.01 seconds = 6553.60 Mbit/sec");
+        assert_eq!(b, "1000 iters in 0.01 seconds = 10.00 usec/iter");
+        assert_eq!(
+            pingpong_address("local", 1, 0x388a01, 0x1c36ee, &[0; 16]),
+            "  local address:  LID 0x0001, QPN 0x388a01, PSN 0x1c36ee, GID ::"
+        );
+    }
+
+    #[test]
+    fn perftest_defaults_and_checks() {
+        use clap::Parser;
+        let parse = |args: &[&str]| {
+            let cli = crate::cli::Cli::try_parse_from(args).unwrap();
+            match cli.cmd {
+                Command::Lat(a) => plan(Op::Send, true, &a),
+                Command::Bw(a) => plan(Op::Write, false, &a),
+                _ => unreachable!(),
+            }
+        };
+        let p = parse(&["mlx5", "lat", "send"]).unwrap();
+        assert_eq!(p.sizes, vec![2]);
+        assert_eq!(p.params.iters, DEFAULT_LAT_ITERS);
+        assert_eq!(p.params.inline_max, DEFAULT_INLINE_SEND);
+        assert_eq!((p.params.tx_depth, p.params.cq_mod), (1, 1));
+        let p = parse(&["mlx5", "bw", "write"]).unwrap();
+        assert_eq!(p.sizes, vec![65536]);
+        assert_eq!(p.params.iters, DEFAULT_BW_ITERS);
+        assert_eq!(p.params.inline_max, 0);
+        assert_eq!((p.params.tx_depth, p.params.cq_mod), (128, 100));
+        // unsignaled WRs need send-queue room until a CQE retires them
+        let p = parse(&["mlx5", "lat", "send", "-Q", "50", "-t", "4"]).unwrap();
+        assert_eq!(p.testbed.sq_depth, 50);
+        // bandwidth cq_mod is capped at tx_depth so the queue cannot fill with unsignaled WRs
+        let p = parse(&["mlx5", "bw", "write", "-Q", "500", "-t", "64"]).unwrap();
+        assert_eq!(p.params.cq_mod, 64);
+        assert!(parse(&["mlx5", "lat", "send", "-D", "0"]).is_err());
+        assert!(parse(&["mlx5", "lat", "send", "-t", "0"]).is_err());
+    }
+}

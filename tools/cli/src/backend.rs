@@ -1,0 +1,720 @@
+//! The testbed over the `mlx5` driver: a real device when one is present, otherwise the
+//! emulated ConnectX (`mlx5-emu`). Two RC QPs in one context, connected to each other.
+//!
+//! Buffer layout of each end: `[tx area | rx area]`, each `max_size` bytes (64-byte aligned).
+//! SEND and WRITE go from the local tx area to the peer's rx area; READ fetches the peer's tx
+//! area into the local rx area; atomics operate on the first 8 bytes of the peer's rx area and
+//! return the old value into the local rx area.
+
+use std::sync::Arc;
+use std::sync::atomic::{Ordering, fence};
+
+use mlx5::{
+    Access, Backing, BfPolicy, CompChannel, Context, Cq, CqInit, DmaBuf, HugePolicy, Mr, Pd, Qp,
+    QpCap, QpInitAttr, QpState, QpType, RecvWr, RemoteQp, SendFlags, SendWr, WorkCompletion, WrOp,
+};
+use mlx5_emu::{Counters, EmuConfig, Emulator, Fabric};
+
+use crate::app::{Testbed, TestbedConfig};
+use crate::bench::{BenchResult, Op, Side, Wr};
+use crate::report::Endpoint;
+
+/// Most WRs posted with one doorbell (`-l`).
+pub const MAX_POST_LIST: u32 = 64;
+/// How long a blocking wait for a completion event may take before the run fails.
+const EVENT_TIMEOUT_MS: i32 = 5000;
+
+/// Emulator counters reported in JSON and by `--counters`.
+const EMU_COUNTER_NAMES: [&str; 12] = [
+    "doorbells",
+    "bf_writes",
+    "bf_mismatches",
+    "doorbell_drops",
+    "wqes_executed",
+    "inline_wqes",
+    "cqes_written",
+    "cq_arms",
+    "comp_events",
+    "async_events",
+    "packets_sent",
+    "packets_dropped",
+];
+
+fn err(what: &str) -> impl FnOnce(mlx5::Error) -> String + '_ {
+    move |e| format!("{what}: {e}")
+}
+
+/// ibv_mtu enum value of an MTU in bytes (256 -> 1 ... 4096 -> 5).
+fn mtu_enum(bytes: u32) -> u8 {
+    match bytes {
+        256 => 1,
+        512 => 2,
+        1024 => 3,
+        2048 => 4,
+        _ => 5,
+    }
+}
+
+/// Where the test runs.
+enum Target {
+    Real(mlx5::Device),
+    Emulated(Emulator),
+}
+
+/// Picks a real device (by name, or the first) unless `force_emu` or none exists.
+fn pick(cfg: &TestbedConfig) -> Result<Target, String> {
+    let dev = cfg.dev.as_deref();
+    if !cfg.force_emu {
+        if let Ok(list) = mlx5::devices() {
+            let found = match dev {
+                Some(name) => list.into_iter().find(|d| d.name == name),
+                None => list.into_iter().next(),
+            };
+            if let Some(d) = found {
+                if cfg.pcap.is_some() {
+                    return Err("--pcap captures the emulator's fabric; add --emu".into());
+                }
+                return Ok(Target::Real(d));
+            }
+        }
+    }
+    let fabric = if cfg.cross_process {
+        Fabric::Udp
+    } else {
+        Fabric::InProcess
+    };
+    let emu = Emulator::new(EmuConfig {
+        fabric,
+        pcap: cfg.pcap.clone(),
+        ..EmuConfig::default()
+    });
+    if let Some(name) = dev {
+        let known = (0..emu.num_hcas()).any(|i| emu.hca_info(i).is_some_and(|h| h.name == name));
+        if !known {
+            return Err(format!(
+                "no device {name:?} (neither a real mlx5 device nor the emulated one)"
+            ));
+        }
+    }
+    Ok(Target::Emulated(emu))
+}
+
+/// One end: a QP with its CQs, completion channels and buffer.
+struct End {
+    qp: Qp,
+    send_cq: Cq,
+    recv_cq: Cq,
+    channels: Option<[Arc<CompChannel>; 2]>,
+    buf: Arc<DmaBuf>,
+    mr: Mr,
+    /// Copy of the tx area: the source of inline payloads.
+    shadow: Vec<u8>,
+    area: usize,
+    remote_addr: u64,
+    remote_rkey: u32,
+    wr_id: u64,
+    /// Receives posted and not yet completed.
+    recv_outstanding: u32,
+    wcs: [WorkCompletion; 16],
+    psn: u32,
+}
+
+impl End {
+    fn new(ctx: &Context, pd: &Pd, cfg: &TestbedConfig) -> Result<Self, String> {
+        let area = (cfg.max_size as usize).max(8).next_multiple_of(64);
+        let policy = if cfg.hugepages {
+            HugePolicy::Auto
+        } else {
+            HugePolicy::None
+        };
+        let buf = Arc::new(DmaBuf::with_policy(2 * area, policy).map_err(err("buffer"))?);
+        let mr = pd.reg_mr(&buf, Access::ALL).map_err(err("REG_MR"))?;
+        let channels = if cfg.events {
+            Some([
+                Arc::new(
+                    ctx.create_comp_channel()
+                        .map_err(err("completion channel"))?,
+                ),
+                Arc::new(
+                    ctx.create_comp_channel()
+                        .map_err(err("completion channel"))?,
+                ),
+            ])
+        } else {
+            None
+        };
+        let send_cq = Cq::new(
+            ctx,
+            CqInit {
+                cqe: cfg.sq_depth.max(16),
+                ..CqInit::default()
+            },
+            channels.as_ref().map(|c| &c[0]),
+        )
+        .map_err(err("CREATE_CQ"))?;
+        let recv_cq = Cq::new(
+            ctx,
+            CqInit {
+                cqe: cfg.rq_depth.max(16),
+                ..CqInit::default()
+            },
+            channels.as_ref().map(|c| &c[1]),
+        )
+        .map_err(err("CREATE_CQ"))?;
+        let mut init = QpInitAttr::new(QpType::Rc, &send_cq, &recv_cq);
+        init.cap = QpCap {
+            max_send_wr: cfg.sq_depth,
+            max_recv_wr: cfg.rq_depth,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: cfg.max_inline,
+        };
+        init.bf_policy = if cfg.bf == Some(false) {
+            BfPolicy::AlwaysDoorbell
+        } else {
+            BfPolicy::PreferBf
+        };
+        let qp = Qp::new(pd, &init).map_err(err("CREATE_QP"))?;
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let psn = (seed ^ qp.qpn().wrapping_mul(0x9E37_79B9)) & 0xFF_FFFF;
+        Ok(Self {
+            qp,
+            send_cq,
+            recv_cq,
+            channels,
+            buf,
+            mr,
+            shadow: vec![0; area],
+            area,
+            remote_addr: 0,
+            remote_rkey: 0,
+            wr_id: 0,
+            recv_outstanding: 0,
+            wcs: [WorkCompletion::default(); 16],
+            psn,
+        })
+    }
+
+    fn endpoint(&self, lid: u16) -> Endpoint {
+        Endpoint {
+            lid,
+            qpn: self.qp.qpn(),
+            psn: self.psn,
+            rkey_vaddr: Some((self.mr.rkey(), self.mr.addr() + self.area as u64)),
+        }
+    }
+
+    fn poll(&mut self, recv: bool, max: usize) -> BenchResult<usize> {
+        let max = max.clamp(1, self.wcs.len());
+        let cq = if recv {
+            &mut self.recv_cq
+        } else {
+            &mut self.send_cq
+        };
+        let n = cq.poll(&mut self.wcs[..max]);
+        if recv {
+            self.recv_outstanding = self.recv_outstanding.saturating_sub(n as u32);
+        }
+        if let Some(bad) = self.wcs[..n].iter().find(|wc| !wc.is_ok()) {
+            return Err(format!(
+                "error completion on QP {:#x}: status {:?}, syndrome {:?} ({}), vendor syndrome {:?}",
+                bad.qp_num,
+                bad.status,
+                bad.syndrome,
+                bad.syndrome.meaning().unwrap_or("unknown syndrome"),
+                bad.vendor_err
+            ));
+        }
+        Ok(n)
+    }
+}
+
+impl Side for End {
+    fn post_send(&mut self, wrs: &[Wr]) -> BenchResult<()> {
+        let Some(first) = wrs.first() else {
+            return Ok(());
+        };
+        if wrs.len() > MAX_POST_LIST as usize {
+            return Err(format!("post list {} exceeds {MAX_POST_LIST}", wrs.len()));
+        }
+        let len = first.len.min(self.area as u32);
+        let (op, local_off) = match first.op {
+            Op::Send => (WrOp::Send, 0),
+            Op::Write => (
+                WrOp::Write {
+                    raddr: self.remote_addr,
+                    rkey: self.remote_rkey,
+                },
+                0,
+            ),
+            // READ fetches the peer's tx area (rx area start - area) into our rx area
+            Op::Read => (
+                WrOp::Read {
+                    raddr: self.remote_addr - self.area as u64,
+                    rkey: self.remote_rkey,
+                },
+                self.area as u64,
+            ),
+            Op::FetchAdd => (
+                WrOp::FetchAdd {
+                    raddr: self.remote_addr,
+                    rkey: self.remote_rkey,
+                    add: 1,
+                },
+                self.area as u64,
+            ),
+            Op::CmpSwap => (
+                WrOp::CompareSwap {
+                    raddr: self.remote_addr,
+                    rkey: self.remote_rkey,
+                    compare: 0,
+                    swap: 0,
+                },
+                self.area as u64,
+            ),
+        };
+        let sge = [self.mr.sge(local_off, len)];
+        let inline_data: [&[u8]; 1] = [&self.shadow[..len as usize]];
+        let template = SendWr::new(0, op, &sge, SendFlags::NONE);
+        let mut chain = [template; MAX_POST_LIST as usize];
+        for (slot, wr) in chain.iter_mut().zip(wrs) {
+            self.wr_id += 1;
+            slot.wr_id = self.wr_id;
+            if wr.signaled {
+                slot.flags = slot.flags | SendFlags::SIGNALED;
+            }
+            if wr.inline {
+                *slot = slot.with_inline(&inline_data);
+            }
+        }
+        self.qp
+            .post_send(&chain[..wrs.len()])
+            .map_err(|(i, e)| format!("post_send (WR {i} of {}): {e}", wrs.len()))
+    }
+
+    fn post_recv(&mut self, n: u32, _len: u32) -> BenchResult<()> {
+        // The whole rx area, whatever this run's size: receives left posted by one size of
+        // `-a` must take the next, larger size too.
+        let sge = [self.mr.sge(self.area as u64, self.area as u32)];
+        let mut left = n;
+        while left > 0 {
+            let k = left.min(MAX_POST_LIST);
+            let template = RecvWr {
+                wr_id: 0,
+                sg_list: &sge,
+            };
+            let chain = [template; MAX_POST_LIST as usize];
+            self.qp
+                .post_recv(&chain[..k as usize])
+                .map_err(|(i, e)| format!("post_recv (WR {i}): {e}"))?;
+            self.recv_outstanding += k;
+            left -= k;
+        }
+        Ok(())
+    }
+
+    fn recv_outstanding(&self) -> u32 {
+        self.recv_outstanding
+    }
+
+    fn poll_send(&mut self, max: usize) -> BenchResult<usize> {
+        self.poll(false, max)
+    }
+
+    fn poll_recv(&mut self, max: usize) -> BenchResult<usize> {
+        self.poll(true, max)
+    }
+
+    fn arm(&mut self, recv: bool) -> BenchResult<()> {
+        let cq = if recv {
+            &mut self.recv_cq
+        } else {
+            &mut self.send_cq
+        };
+        cq.req_notify(false);
+        Ok(())
+    }
+
+    fn wait_event(&mut self, recv: bool) -> BenchResult<()> {
+        let Some(ch) = &self.channels else {
+            return Err("event mode without completion channels".into());
+        };
+        let (cq, ch) = if recv {
+            (&mut self.recv_cq, &ch[1])
+        } else {
+            (&mut self.send_cq, &ch[0])
+        };
+        match cq.wait(ch, EVENT_TIMEOUT_MS) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(format!("no completion event within {EVENT_TIMEOUT_MS} ms")),
+            Err(e) => Err(format!("waiting for a completion event: {e}")),
+        }
+    }
+
+    fn read_byte(&self, off: usize) -> u8 {
+        // The device writes the rx area behind the compiler's back: the fence keeps the read
+        // inside the caller's polling loop.
+        fence(Ordering::Acquire);
+        let mut b = [0u8];
+        self.buf.read(self.area + off, &mut b);
+        b[0]
+    }
+
+    fn write_byte(&mut self, off: usize, v: u8) {
+        self.shadow[off] = v;
+        self.buf.write(off, &[v]);
+    }
+}
+
+/// Two connected RC QPs on one device.
+pub struct DriverTestbed {
+    // field order = drop order: QPs and CQs before the PD and context
+    ends: [End; 2],
+    _pd: Pd,
+    _ctx: Context,
+    emu: Option<Emulator>,
+    device: String,
+    lid: u16,
+    max_inline: u32,
+    bf: bool,
+}
+
+impl std::fmt::Debug for DriverTestbed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DriverTestbed")
+            .field("device", &self.device)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Testbed for DriverTestbed {
+    fn device(&self) -> String {
+        self.device.clone()
+    }
+    fn emulated(&self) -> bool {
+        self.emu.is_some()
+    }
+    fn bf(&self) -> bool {
+        self.bf
+    }
+    fn max_inline(&self) -> u32 {
+        self.max_inline
+    }
+    fn buffers(&self) -> String {
+        self.ends[0].buffers()
+    }
+    fn endpoints(&self) -> (Endpoint, Endpoint) {
+        (
+            self.ends[0].endpoint(self.lid),
+            self.ends[1].endpoint(self.lid),
+        )
+    }
+    fn sides(&mut self) -> (&mut dyn Side, &mut dyn Side) {
+        let [a, b] = &mut self.ends;
+        (a, b)
+    }
+    fn counters(&self) -> Option<serde_json::Value> {
+        self.emu.as_ref().map(emu_counters_json)
+    }
+    fn driver_counters(&self) -> serde_json::Value {
+        driver_counters_json(&[&self.ends[0], &self.ends[1]])
+    }
+}
+
+/// An opened device: context, PD and port addressing.
+struct Opened {
+    ctx: Context,
+    emu: Option<Emulator>,
+    device: String,
+    lid: u16,
+    gid: Option<[u8; 16]>,
+    mtu: u8,
+}
+
+fn open_device(cfg: &TestbedConfig) -> Result<Opened, String> {
+    let (ctx, emu, device) = match pick(cfg)? {
+        Target::Real(d) => {
+            let ctx = d.open().map_err(|e| format!("{}: {e}", d.name))?;
+            (ctx, None, d.name)
+        }
+        Target::Emulated(emu) => {
+            let surface = emu.open(0).map_err(|e| format!("emulator: {e:?}"))?;
+            let ctx = Context::open(surface).map_err(err("emulated context"))?;
+            let name = emu
+                .hca_info(0)
+                .map_or_else(|| "mlx5_0".to_owned(), |h| h.name);
+            (ctx, Some(emu), format!("{name} (emulated)"))
+        }
+    };
+    let port = ctx.query_port(1).map_err(err("QUERY_PORT"))?;
+    let gid = if port.is_roce() {
+        Some(ctx.query_gid(1, 0).map_err(err("QUERY_GID"))?)
+    } else {
+        None
+    };
+    let mtu = mtu_enum(cfg.mtu).min(port.active_mtu.max(1));
+    Ok(Opened {
+        ctx,
+        emu,
+        device,
+        lid: port.lid,
+        gid,
+        mtu,
+    })
+}
+
+impl End {
+    /// INIT -> RTR -> RTS towards `remote`, whose buffer window is `window` (rx area address,
+    /// rkey).
+    fn connect(&mut self, remote: &RemoteQp, window: (u64, u32), mtu: u8) -> Result<(), String> {
+        self.init()?;
+        self.qp.to_rtr(remote, mtu, 0).map_err(err("RTR"))?;
+        self.qp.to_rts(self.psn, 7).map_err(err("RTS"))?;
+        (self.remote_addr, self.remote_rkey) = window;
+        Ok(())
+    }
+
+    /// RESET -> INIT (receives may be posted from here on); nothing if already done.
+    fn init(&mut self) -> Result<(), String> {
+        if self.qp.state() == QpState::Reset {
+            let access = Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+            self.qp.to_init(1, access, 0).map_err(err("INIT"))?;
+        }
+        Ok(())
+    }
+
+    /// Address of the rx area: what the peer WRITEs to and what atomics operate on.
+    fn window(&self) -> (u64, u32) {
+        (self.mr.addr() + self.area as u64, self.mr.rkey())
+    }
+
+    fn buffers(&self) -> String {
+        let kind = match self.buf.backing() {
+            Backing::Pages => "4 KiB pages",
+            Backing::Hugetlb => "2 MiB huge pages (hugetlb)",
+            Backing::Transparent => "transparent huge pages (madvise)",
+        };
+        // the note, when there is one, ends by saying what was used instead
+        self.buf
+            .note()
+            .map_or_else(|| kind.to_owned(), str::to_owned)
+    }
+
+    fn driver_counters(&self) -> (u64, u64, u64) {
+        let s = self.qp.sq_ref().stats();
+        (s.wqes, s.doorbells, s.bf_copies)
+    }
+}
+
+fn emu_counters_json(emu: &Emulator) -> serde_json::Value {
+    let c: Counters = emu.counters(0);
+    let mut m = serde_json::Map::new();
+    for name in EMU_COUNTER_NAMES
+        .iter()
+        .chain(Counters::HW_COUNTER_NAMES.iter())
+    {
+        if let Some(v) = c.get(name) {
+            m.insert((*name).to_owned(), v.into());
+        }
+    }
+    serde_json::Value::Object(m)
+}
+
+fn driver_counters_json(ends: &[&End]) -> serde_json::Value {
+    let (mut wqes, mut doorbells, mut bf) = (0, 0, 0);
+    for e in ends {
+        let (w, d, b) = e.driver_counters();
+        wqes += w;
+        doorbells += d;
+        bf += b;
+    }
+    serde_json::json!({ "wqes": wqes, "doorbells": doorbells, "bf_copies": bf, "rings": doorbells + bf })
+}
+
+/// Opens a connected pair of RC QPs as `cfg` asks.
+pub fn open(cfg: &TestbedConfig) -> Result<Box<dyn Testbed>, String> {
+    let dev = open_device(cfg)?;
+    let pd = Pd::new(&dev.ctx).map_err(err("ALLOC_PD"))?;
+    let mut a = End::new(&dev.ctx, &pd, cfg)?;
+    let mut b = End::new(&dev.ctx, &pd, cfg)?;
+    let remote = |e: &End| RemoteQp {
+        qpn: e.qp.qpn(),
+        psn: e.psn,
+        lid: dev.lid,
+        gid: dev.gid,
+    };
+    let (ra, rb) = (remote(&a), remote(&b));
+    let (wa, wb) = (a.window(), b.window());
+    a.connect(&rb, wb, dev.mtu)?;
+    b.connect(&ra, wa, dev.mtu)?;
+    let max_inline = a.qp.cap().max_inline_data;
+    let bf = cfg.bf != Some(false) && a.qp.sq_ref().bfreg().bf_size > 0;
+    Ok(Box::new(DriverTestbed {
+        ends: [a, b],
+        _pd: pd,
+        _ctx: dev.ctx,
+        emu: dev.emu,
+        device: dev.device,
+        lid: dev.lid,
+        max_inline,
+        bf,
+    }))
+}
+
+/// One end of a connection to a peer in another process (TCP mode).
+pub struct SingleEnd {
+    end: End,
+    _pd: Pd,
+    _ctx: Context,
+    emu: Option<Emulator>,
+    device: String,
+    lid: u16,
+    gid: Option<[u8; 16]>,
+    mtu: u8,
+    max_inline: u32,
+    bf: bool,
+}
+
+impl std::fmt::Debug for SingleEnd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SingleEnd")
+            .field("device", &self.device)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SingleEnd {
+    /// Opens the device and creates the QP, CQs and buffer.
+    pub fn open(cfg: &TestbedConfig) -> Result<Self, String> {
+        let dev = open_device(cfg)?;
+        let pd = Pd::new(&dev.ctx).map_err(err("ALLOC_PD"))?;
+        let end = End::new(&dev.ctx, &pd, cfg)?;
+        let max_inline = end.qp.cap().max_inline_data;
+        let bf = cfg.bf != Some(false) && end.qp.sq_ref().bfreg().bf_size > 0;
+        Ok(Self {
+            end,
+            _pd: pd,
+            _ctx: dev.ctx,
+            emu: dev.emu,
+            device: dev.device,
+            lid: dev.lid,
+            gid: dev.gid,
+            mtu: dev.mtu,
+            max_inline,
+            bf,
+        })
+    }
+
+    /// What perftest sends for this end (OUT_READS = `out_reads`).
+    pub fn key(&self, out_reads: u16) -> crate::exchange::PerftestKey {
+        let (vaddr, rkey) = self.end.window();
+        crate::exchange::PerftestKey {
+            lid: self.lid,
+            out_reads,
+            qpn: self.end.qp.qpn(),
+            psn: self.end.psn,
+            rkey,
+            vaddr,
+            srqn: 0,
+        }
+    }
+
+    /// Our MTU as the ibv_mtu enum.
+    pub fn mtu(&self) -> u8 {
+        self.mtu
+    }
+
+    /// Connects to the peer described by `peer` with path MTU enum `mtu`.
+    pub fn connect(&mut self, peer: &crate::exchange::PerftestKey, mtu: u8) -> Result<(), String> {
+        let remote = RemoteQp {
+            qpn: peer.qpn,
+            psn: peer.psn,
+            lid: peer.lid,
+            gid: self.gid,
+        };
+        self.end.connect(&remote, (peer.vaddr, peer.rkey), mtu)
+    }
+
+    /// Moves the QP to INIT so that receives can be posted before the connection is made.
+    pub fn init(&mut self) -> Result<(), String> {
+        self.end.init()
+    }
+
+    /// Connects to an ibv_rc_pingpong-style peer (SENDs only: no buffer window). A zero GID
+    /// from the peer means "no GRH", as that tool sends without a GID index.
+    pub fn connect_pingpong(
+        &mut self,
+        peer: &crate::exchange::PingpongDest,
+        mtu: u8,
+    ) -> Result<(), String> {
+        let gid = if peer.gid == [0; 16] {
+            self.gid
+        } else {
+            Some(peer.gid)
+        };
+        let remote = RemoteQp {
+            qpn: peer.qpn,
+            psn: peer.psn,
+            lid: peer.lid,
+            gid,
+        };
+        self.end.connect(&remote, (0, 0), mtu)
+    }
+
+    /// What ibv_rc_pingpong sends for this end.
+    pub fn pingpong_dest(&self) -> crate::exchange::PingpongDest {
+        crate::exchange::PingpongDest {
+            lid: self.lid,
+            qpn: self.end.qp.qpn(),
+            psn: self.end.psn,
+            gid: self.gid.unwrap_or([0; 16]),
+        }
+    }
+
+    /// Endpoint for the address lines.
+    pub fn endpoint(&self) -> Endpoint {
+        self.end.endpoint(self.lid)
+    }
+
+    /// The end, for the measurement loops.
+    pub fn side(&mut self) -> &mut dyn Side {
+        &mut self.end
+    }
+
+    /// Device name as printed.
+    pub fn device(&self) -> String {
+        self.device.clone()
+    }
+
+    /// Whether this is the emulator.
+    pub fn emulated(&self) -> bool {
+        self.emu.is_some()
+    }
+
+    /// Whether sends use BlueFlame.
+    pub fn bf(&self) -> bool {
+        self.bf
+    }
+
+    /// Inline data the QP was created with.
+    pub fn max_inline(&self) -> u32 {
+        self.max_inline
+    }
+
+    /// What backs the buffer.
+    pub fn buffers(&self) -> String {
+        self.end.buffers()
+    }
+
+    /// Emulator counters, if emulated.
+    pub fn counters(&self) -> Option<serde_json::Value> {
+        self.emu.as_ref().map(emu_counters_json)
+    }
+
+    /// The driver's counters of this QP.
+    pub fn driver_counters(&self) -> serde_json::Value {
+        driver_counters_json(&[&self.end])
+    }
+}

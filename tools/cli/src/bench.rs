@@ -1,0 +1,666 @@
+//! The measurement loops of `lat` and `bw`, written against [`Side`]: one end of a connected RC
+//! QP pair with its CQs and buffer. The driver-backed implementation lives in `backend`; a fake
+//! in the tests checks the loops' bookkeeping (how many WRs, which are signaled, how many
+//! doorbells).
+//!
+//! Latency follows perftest: the initiator timestamps each post; a sample is the time between
+//! consecutive posts, i.e. one full round trip, divided by 2 for SEND and WRITE.
+
+use std::time::{Duration, Instant};
+
+use crate::cli::PollMode;
+use crate::progress::Progress;
+
+/// What one work request does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// SEND into the peer's posted receive.
+    Send,
+    /// RDMA WRITE into the peer's buffer.
+    Write,
+    /// RDMA READ from the peer's buffer.
+    Read,
+    /// Atomic fetch-and-add on the peer's first 8 bytes.
+    FetchAdd,
+    /// Atomic compare-and-swap on the peer's first 8 bytes.
+    CmpSwap,
+}
+
+/// One send-queue work request as the loops describe it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Wr {
+    /// Operation.
+    pub op: Op,
+    /// Payload bytes (8 for atomics).
+    pub len: u32,
+    /// Ask for a CQE.
+    pub signaled: bool,
+    /// Copy the payload into the WQE.
+    pub inline: bool,
+}
+
+/// An error of the run, as text for the user.
+pub type BenchResult<T> = Result<T, String>;
+
+/// One end of a connected pair.
+pub trait Side {
+    /// Posts `wrs` as one chain: one doorbell (BlueFlame or 8-byte, by the side's policy).
+    fn post_send(&mut self, wrs: &[Wr]) -> BenchResult<()>;
+    /// Posts `n` receives of up to `len` bytes each.
+    fn post_recv(&mut self, n: u32, len: u32) -> BenchResult<()>;
+    /// Receives posted and not yet completed (left over from an earlier run, too).
+    fn recv_outstanding(&self) -> u32;
+    /// Tops the receive queue up to `n` outstanding receives.
+    fn ensure_recv(&mut self, n: u32, len: u32) -> BenchResult<()> {
+        let have = self.recv_outstanding();
+        if have < n {
+            self.post_recv(n - have, len)
+        } else {
+            Ok(())
+        }
+    }
+    /// Polls the send CQ for up to `max` completions; an error completion is an error.
+    fn poll_send(&mut self, max: usize) -> BenchResult<usize>;
+    /// Polls the receive CQ likewise.
+    fn poll_recv(&mut self, max: usize) -> BenchResult<usize>;
+    /// Requests an event for the next completion on the send (`recv == false`) or receive CQ.
+    fn arm(&mut self, recv: bool) -> BenchResult<()>;
+    /// Blocks until the armed CQ's completion channel reports an event, and acknowledges it.
+    fn wait_event(&mut self, recv: bool) -> BenchResult<()>;
+    /// Volatile read of byte `off` of the local buffer (write latency polls it).
+    fn read_byte(&self, off: usize) -> u8;
+    /// Writes byte `off` of the local buffer (the payload of the next WRITE).
+    fn write_byte(&mut self, off: usize, v: u8);
+}
+
+/// Waits for at least one completion on one CQ of `side` in `mode`; returns how many came.
+pub fn wait_cq<S: Side + ?Sized>(side: &mut S, recv: bool, mode: PollMode) -> BenchResult<usize> {
+    let poll = |s: &mut S| {
+        if recv {
+            s.poll_recv(16)
+        } else {
+            s.poll_send(16)
+        }
+    };
+    loop {
+        let n = poll(side)?;
+        if n > 0 {
+            return Ok(n);
+        }
+        match mode {
+            PollMode::Busy => std::hint::spin_loop(),
+            PollMode::Interval(us) => std::thread::sleep(Duration::from_micros(us)),
+            PollMode::Event => {
+                side.arm(recv)?;
+                // A completion may have arrived between the poll and the arm.
+                let n = poll(side)?;
+                if n > 0 {
+                    return Ok(n);
+                }
+                side.wait_event(recv)?;
+            }
+        }
+    }
+}
+
+/// Parameters of one run at one message size.
+#[derive(Debug, Clone, Copy)]
+pub struct RunParams {
+    /// Message size.
+    pub size: u32,
+    /// Iterations (ignored when `duration` is set).
+    pub iters: u64,
+    /// Run for this long instead.
+    pub duration: Option<Duration>,
+    /// Messages up to this size go inline.
+    pub inline_max: u32,
+    /// Send queue depth (bandwidth: outstanding WRs).
+    pub tx_depth: u32,
+    /// WRs per doorbell.
+    pub post_list: u32,
+    /// One signaled WR every `cq_mod`.
+    pub cq_mod: u32,
+    /// Completion wait mode.
+    pub poll: PollMode,
+    /// Unmeasured iterations first.
+    pub warm_up: u64,
+}
+
+impl RunParams {
+    fn inline(&self, op: Op) -> bool {
+        matches!(op, Op::Send | Op::Write) && self.size <= self.inline_max
+    }
+}
+
+/// Raw latency samples in microseconds (already divided for RTT/2 tests).
+#[derive(Debug, Clone, Default)]
+pub struct LatRun {
+    /// Samples, one per iteration.
+    pub samples_us: Vec<f64>,
+}
+
+/// Time-limited or count-limited loop control.
+struct Limit {
+    iters: u64,
+    until: Option<Instant>,
+}
+
+impl Limit {
+    fn new(p: &RunParams) -> Self {
+        Self {
+            iters: p.iters,
+            until: p.duration.map(|d| Instant::now() + d),
+        }
+    }
+    fn more(&self, done: u64) -> bool {
+        match self.until {
+            Some(t) => done % 64 != 0 || Instant::now() < t,
+            None => done < self.iters,
+        }
+    }
+}
+
+fn progress_done(p: &RunParams, start: Instant, done: u64) -> u64 {
+    if p.duration.is_some() {
+        start.elapsed().as_secs()
+    } else {
+        done
+    }
+}
+
+/// One side's half of a SEND/WRITE ping-pong iteration `n`: post the message (for WRITE,
+/// stamped with the iteration in its last byte) and, when it is signaled, reap its CQE.
+fn pp_send(s: &mut dyn Side, op: Op, n: u64, p: &RunParams) -> BenchResult<()> {
+    let size = p.size.max(1);
+    let signaled = (n + 1) % u64::from(p.cq_mod.max(1)) == 0;
+    if op == Op::Write {
+        s.write_byte((size - 1) as usize, (n as u8).wrapping_add(1));
+    }
+    s.post_send(&[Wr {
+        op,
+        len: size,
+        signaled,
+        inline: p.inline(op),
+    }])?;
+    if signaled {
+        wait_cq(s, false, p.poll)?;
+    }
+    Ok(())
+}
+
+/// The other half: wait for the peer's message of iteration `n` (a receive completion, or for
+/// WRITE the stamp in the last byte of the local buffer) and re-post the receive.
+fn pp_receive(s: &mut dyn Side, op: Op, n: u64, p: &RunParams) -> BenchResult<()> {
+    let size = p.size.max(1);
+    if op == Op::Send {
+        wait_cq(s, true, p.poll)?;
+        return s.post_recv(1, size);
+    }
+    let last = (size - 1) as usize;
+    let want = (n as u8).wrapping_add(1);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while s.read_byte(last) != want {
+        std::hint::spin_loop();
+        if Instant::now() > deadline {
+            return Err(format!(
+                "iteration {n}: the peer's RDMA WRITE never arrived"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The measured ping-pong loop: `step(n)` runs iteration `n`; the post times of the measured
+/// iterations (after `warm_up`) plus the end time are returned.
+fn pp_loop(
+    p: &RunParams,
+    label: &str,
+    mut step: impl FnMut(u64) -> BenchResult<()>,
+) -> BenchResult<Vec<Instant>> {
+    let mut stamps: Vec<Instant> = Vec::with_capacity(p.iters.min(1 << 26) as usize + 1);
+    let mut progress = Progress::new(label, p.iters);
+    let limit = Limit::new(p);
+    let start = Instant::now();
+    let mut iter = 0u64;
+    while iter < p.warm_up || limit.more(iter - p.warm_up) {
+        if iter >= p.warm_up {
+            stamps.push(Instant::now());
+        }
+        step(iter)?;
+        iter += 1;
+        progress.tick(progress_done(p, start, iter.saturating_sub(p.warm_up)));
+    }
+    stamps.push(Instant::now());
+    Ok(stamps)
+}
+
+/// Latency of SEND or WRITE ping-pong between `a` (initiator) and `b` (responder) driven from
+/// one thread: `a` posts, `b` sees it and answers, `a` sees the answer. For WRITE each side
+/// detects the peer's write by polling the last byte of its buffer, as perftest does; the sender
+/// stamps an iteration number into that byte.
+pub fn lat_pingpong(
+    op: Op,
+    a: &mut dyn Side,
+    b: &mut dyn Side,
+    p: &RunParams,
+    label: &str,
+) -> BenchResult<LatRun> {
+    debug_assert!(matches!(op, Op::Send | Op::Write));
+    if op == Op::Send {
+        // keep a receive posted ahead on each side
+        a.ensure_recv(1, p.size)?;
+        b.ensure_recv(1, p.size)?;
+    }
+    let stamps = pp_loop(p, label, |n| {
+        pp_send(a, op, n, p)?;
+        pp_receive(b, op, n, p)?;
+        pp_send(b, op, n, p)?;
+        pp_receive(a, op, n, p)
+    })?;
+    Ok(LatRun {
+        samples_us: deltas(&stamps, 2.0),
+    })
+}
+
+/// The client's side of a SEND/WRITE ping-pong with a peer in another process: post, then wait
+/// for the answer. Receives must already be posted on both sides (see [`lat_server`]).
+pub fn lat_client(op: Op, s: &mut dyn Side, p: &RunParams, label: &str) -> BenchResult<LatRun> {
+    let stamps = pp_loop(p, label, |n| {
+        pp_send(s, op, n, p)?;
+        pp_receive(s, op, n, p)
+    })?;
+    Ok(LatRun {
+        samples_us: deltas(&stamps, 2.0),
+    })
+}
+
+/// The server's side: wait for the client's message, answer. Returns the server's own samples
+/// (the time between its answers), as perftest's server reports them.
+pub fn lat_server(op: Op, s: &mut dyn Side, p: &RunParams, label: &str) -> BenchResult<LatRun> {
+    let mut stamps = Vec::with_capacity(p.iters.min(1 << 26) as usize + 1);
+    let mut progress = Progress::new(label, p.iters);
+    for n in 0..p.warm_up + p.iters {
+        pp_receive(s, op, n, p)?;
+        if n >= p.warm_up {
+            stamps.push(Instant::now());
+        }
+        pp_send(s, op, n, p)?;
+        progress.tick(n.saturating_sub(p.warm_up));
+    }
+    Ok(LatRun {
+        samples_us: deltas(&stamps, 2.0),
+    })
+}
+
+/// Latency of READ or atomic round trips from `a` against `b`'s buffer: each iteration posts
+/// one signaled WR and waits for its completion. Samples are full round trips.
+pub fn lat_rtt(op: Op, a: &mut dyn Side, p: &RunParams, label: &str) -> BenchResult<LatRun> {
+    let len = if matches!(op, Op::FetchAdd | Op::CmpSwap) {
+        8
+    } else {
+        p.size.max(1)
+    };
+    let mut stamps: Vec<Instant> = Vec::with_capacity(p.iters as usize + 1);
+    let mut progress = Progress::new(label, p.iters);
+    let limit = Limit::new(p);
+    let start = Instant::now();
+    let mut iter = 0u64;
+    while iter < p.warm_up || limit.more(iter - p.warm_up) {
+        if iter >= p.warm_up {
+            stamps.push(Instant::now());
+        }
+        a.post_send(&[Wr {
+            op,
+            len,
+            signaled: true,
+            inline: false,
+        }])?;
+        wait_cq(a, false, p.poll)?;
+        iter += 1;
+        progress.tick(progress_done(p, start, iter.saturating_sub(p.warm_up)));
+    }
+    stamps.push(Instant::now());
+    Ok(LatRun {
+        samples_us: deltas(&stamps, 1.0),
+    })
+}
+
+fn deltas(stamps: &[Instant], div: f64) -> Vec<f64> {
+    stamps
+        .windows(2)
+        .map(|w| (w[1] - w[0]).as_secs_f64() * 1e6 / div)
+        .collect()
+}
+
+/// The receiving side of a SEND bandwidth test with the sender in another process: keeps
+/// `tx_depth` receives posted and reaps `p.iters` of them.
+pub fn bw_server(s: &mut dyn Side, p: &RunParams, label: &str) -> BenchResult<u64> {
+    let size = p.size.max(1);
+    s.ensure_recv(p.tx_depth.max(1), size)?;
+    let mut progress = Progress::new(label, p.iters);
+    let mut received = 0u64;
+    while received < p.iters {
+        let r = wait_cq(s, true, p.poll)?;
+        received += r as u64;
+        s.post_recv(r as u32, size)?;
+        progress.tick(received);
+    }
+    Ok(received)
+}
+
+/// Raw bandwidth data: the first post and each message's completion time, ns from `base`.
+#[derive(Debug, Clone, Default)]
+pub struct BwRun {
+    /// Time of the first post (ns).
+    pub first_post_ns: u64,
+    /// Completion time of every message (ns); with CQ moderation, the messages retired by one
+    /// CQE share its time.
+    pub completed_ns: Vec<u64>,
+}
+
+/// Streams `op` from `a` to `b`: keeps up to `tx_depth` WRs outstanding, posted `post_list` at
+/// a time, one signaled every `cq_mod` (and always the last). For SEND, `b` keeps `tx_depth`
+/// receives posted and `a` never posts more SENDs than `b` has receives for. With `b` in
+/// another process (`None`), SENDs that find no receive are retried by the RC transport (RNR).
+pub fn bw_stream(
+    op: Op,
+    a: &mut dyn Side,
+    mut b: Option<&mut dyn Side>,
+    p: &RunParams,
+    label: &str,
+) -> BenchResult<BwRun> {
+    let size = p.size.max(1);
+    let tx_depth = u64::from(p.tx_depth.max(1));
+    let post_list = u64::from(p.post_list.max(1)).min(tx_depth);
+    // At least one signaled WR per tx_depth, or the send queue could fill with WRs that no CQE
+    // ever retires.
+    let cq_mod = u64::from(p.cq_mod.max(1)).min(tx_depth);
+    let mut total = if p.duration.is_some() {
+        u64::MAX
+    } else {
+        p.iters
+    };
+    let rx_depth = p.tx_depth.max(1);
+    // SENDs are gated by the responder's receives only when it runs in this thread
+    let local_send = op == Op::Send && b.is_some();
+    if let Some(b) = b.as_deref_mut().filter(|_| local_send) {
+        b.ensure_recv(rx_depth, size)?;
+    }
+    let base = Instant::now();
+    let until = p.duration.map(|d| base + d);
+    let (mut posted, mut completed, mut received) = (0u64, 0u64, 0u64);
+    let mut completed_ns = Vec::with_capacity(p.iters.min(1 << 24) as usize);
+    let progress_total = p.duration.map_or(p.iters, |d| d.as_secs());
+    let mut progress = Progress::new(label, progress_total);
+    let mut wrs = Vec::with_capacity(post_list as usize);
+    while completed < total {
+        // post while the send queue (and for SEND the peer's receive queue) has room
+        while posted < total
+            && posted - completed + post_list.min(total - posted) <= tx_depth
+            && (!local_send
+                || posted + post_list.min(total - posted) <= received + u64::from(rx_depth))
+        {
+            let n = post_list.min(total - posted);
+            wrs.clear();
+            wrs.extend((posted..posted + n).map(|idx| Wr {
+                op,
+                len: size,
+                signaled: (idx + 1) % cq_mod == 0 || idx + 1 == total,
+                inline: p.inline(op),
+            }));
+            a.post_send(&wrs)?;
+            posted += n;
+            if let Some(t) = until
+                && total == u64::MAX
+                && Instant::now() >= t
+            {
+                // finish at the next signaled boundary
+                total = posted.div_ceil(cq_mod) * cq_mod;
+            }
+        }
+        if let Some(b) = b.as_deref_mut().filter(|_| local_send) {
+            let r = b.poll_recv(64)?;
+            if r > 0 {
+                received += r as u64;
+                b.post_recv(r as u32, size)?;
+            }
+        }
+        let sq_blocked = posted == total || posted - completed + post_list > tx_depth;
+        let c = if sq_blocked && !local_send && p.poll != PollMode::Busy {
+            wait_cq(a, false, p.poll)?
+        } else {
+            a.poll_send(16)?
+        };
+        if c > 0 {
+            let now = base.elapsed().as_nanos() as u64;
+            for _ in 0..c {
+                // a CQE retires everything up to and including the next signaled WR
+                let next_signaled = ((completed / cq_mod + 1) * cq_mod).min(total).min(posted);
+                let retire = next_signaled - completed;
+                completed = next_signaled;
+                completed_ns.extend(std::iter::repeat_n(now, retire as usize));
+            }
+        }
+        progress.tick(if p.duration.is_some() {
+            base.elapsed().as_secs()
+        } else {
+            completed
+        });
+    }
+    if let Some(b) = b.filter(|_| local_send) {
+        // the responder must have seen every SEND
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while received < posted {
+            received += b.poll_recv(64)? as u64;
+            if Instant::now() > deadline {
+                return Err(format!("only {received} of {posted} SENDs arrived"));
+            }
+        }
+    }
+    Ok(BwRun {
+        first_post_ns: 0,
+        completed_ns,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+    use std::rc::Rc;
+
+    /// Counters of one fake side.
+    #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+    struct Counts {
+        doorbells: u64,
+        wrs: u64,
+        signaled: u64,
+        inline: u64,
+        arms: u64,
+    }
+
+    /// Two sides joined by an instant wire: a posted WR takes effect at once.
+    #[derive(Debug, Default)]
+    struct Wire {
+        bufs: [Vec<u8>; 2],
+        recv_posted: [u64; 2],
+        recv_cqes: [usize; 2],
+        send_cqes: [usize; 2],
+        counts: [Counts; 2],
+    }
+
+    #[derive(Debug)]
+    struct Fake {
+        id: usize,
+        wire: Rc<RefCell<Wire>>,
+    }
+
+    fn pair(size: usize) -> (Fake, Fake, Rc<RefCell<Wire>>) {
+        let wire = Rc::new(RefCell::new(Wire::default()));
+        wire.borrow_mut().bufs = [vec![0; size], vec![0; size]];
+        (
+            Fake {
+                id: 0,
+                wire: wire.clone(),
+            },
+            Fake {
+                id: 1,
+                wire: wire.clone(),
+            },
+            wire,
+        )
+    }
+
+    impl Side for Fake {
+        fn post_send(&mut self, wrs: &[Wr]) -> BenchResult<()> {
+            let mut w = self.wire.borrow_mut();
+            let (me, peer) = (self.id, 1 - self.id);
+            w.counts[me].doorbells += 1;
+            for wr in wrs {
+                w.counts[me].wrs += 1;
+                w.counts[me].signaled += u64::from(wr.signaled);
+                w.counts[me].inline += u64::from(wr.inline);
+                match wr.op {
+                    Op::Send => {
+                        if w.recv_posted[peer] == 0 {
+                            return Err("RNR: no receive posted".into());
+                        }
+                        w.recv_posted[peer] -= 1;
+                        w.recv_cqes[peer] += 1;
+                    }
+                    Op::Write => {
+                        let last = wr.len as usize - 1;
+                        let v = w.bufs[me][last];
+                        w.bufs[peer][last] = v;
+                    }
+                    _ => {}
+                }
+                if wr.signaled {
+                    w.send_cqes[me] += 1;
+                }
+            }
+            Ok(())
+        }
+        fn post_recv(&mut self, n: u32, _len: u32) -> BenchResult<()> {
+            self.wire.borrow_mut().recv_posted[self.id] += u64::from(n);
+            Ok(())
+        }
+        fn recv_outstanding(&self) -> u32 {
+            self.wire.borrow().recv_posted[self.id] as u32
+        }
+        fn poll_send(&mut self, max: usize) -> BenchResult<usize> {
+            let mut w = self.wire.borrow_mut();
+            let n = w.send_cqes[self.id].min(max);
+            w.send_cqes[self.id] -= n;
+            Ok(n)
+        }
+        fn poll_recv(&mut self, max: usize) -> BenchResult<usize> {
+            let mut w = self.wire.borrow_mut();
+            let n = w.recv_cqes[self.id].min(max);
+            w.recv_cqes[self.id] -= n;
+            Ok(n)
+        }
+        fn arm(&mut self, _recv: bool) -> BenchResult<()> {
+            self.wire.borrow_mut().counts[self.id].arms += 1;
+            Ok(())
+        }
+        fn wait_event(&mut self, _recv: bool) -> BenchResult<()> {
+            Err("the instant wire never needs to wait".into())
+        }
+        fn read_byte(&self, off: usize) -> u8 {
+            self.wire.borrow().bufs[self.id][off]
+        }
+        fn write_byte(&mut self, off: usize, v: u8) {
+            self.wire.borrow_mut().bufs[self.id][off] = v;
+        }
+    }
+
+    fn params(iters: u64) -> RunParams {
+        RunParams {
+            size: 2,
+            iters,
+            duration: None,
+            inline_max: 236,
+            tx_depth: 1,
+            post_list: 1,
+            cq_mod: 1,
+            poll: PollMode::Busy,
+            warm_up: 0,
+        }
+    }
+
+    #[test]
+    fn send_latency_posts_one_doorbell_per_iteration_per_side() {
+        let (mut a, mut b, wire) = pair(64);
+        let mut p = params(100);
+        p.warm_up = 5;
+        let run = lat_pingpong(Op::Send, &mut a, &mut b, &p, "t").unwrap();
+        assert_eq!(run.samples_us.len(), 100);
+        assert!(run.samples_us.iter().all(|&x| x >= 0.0));
+        let w = wire.borrow();
+        for side in 0..2 {
+            assert_eq!(w.counts[side].doorbells, 105);
+            assert_eq!(w.counts[side].signaled, 105);
+            assert_eq!(w.counts[side].inline, 105);
+            // one receive stays posted ahead
+            assert_eq!(w.recv_posted[side], 1);
+        }
+    }
+
+    #[test]
+    fn cq_moderation_and_inline_threshold_change_the_wrs() {
+        let (mut a, mut b, wire) = pair(64);
+        let mut p = params(100);
+        p.cq_mod = 10;
+        p.size = 32;
+        p.inline_max = 16;
+        lat_pingpong(Op::Write, &mut a, &mut b, &p, "t").unwrap();
+        let w = wire.borrow();
+        assert_eq!(w.counts[0].wrs, 100);
+        assert_eq!(w.counts[0].signaled, 10);
+        assert_eq!(w.counts[0].inline, 0);
+    }
+
+    #[test]
+    fn bandwidth_post_list_batches_doorbells_and_cq_mod_thins_cqes() {
+        let (mut a, mut b, wire) = pair(64);
+        let mut p = params(1000);
+        p.tx_depth = 64;
+        p.post_list = 8;
+        p.cq_mod = 16;
+        let run = bw_stream(Op::Send, &mut a, Some(&mut b), &p, "t").unwrap();
+        assert_eq!(run.completed_ns.len(), 1000);
+        assert!(run.completed_ns.windows(2).all(|w| w[0] <= w[1]));
+        let w = wire.borrow();
+        assert_eq!(w.counts[0].wrs, 1000);
+        assert_eq!(w.counts[0].doorbells, 125);
+        // every 16th WR, plus the last (1000 is not a multiple of 16)
+        assert_eq!(w.counts[0].signaled, 1000 / 16 + 1);
+        drop(w);
+        // a second run tops the receives up instead of posting another full set
+        bw_stream(Op::Send, &mut a, Some(&mut b), &p, "t").unwrap();
+        assert_eq!(wire.borrow().recv_posted[1], 64);
+    }
+
+    #[test]
+    fn bandwidth_by_duration_stops_on_a_signaled_boundary() {
+        let (mut a, mut b, wire) = pair(64);
+        let mut p = params(0);
+        p.duration = Some(Duration::from_millis(50));
+        p.tx_depth = 32;
+        p.cq_mod = 8;
+        let run = bw_stream(Op::Write, &mut a, Some(&mut b), &p, "t").unwrap();
+        let n = run.completed_ns.len() as u64;
+        assert!(n > 0 && n % 8 == 0, "{n}");
+        assert_eq!(wire.borrow().counts[0].wrs, n);
+    }
+
+    #[test]
+    fn read_latency_is_one_signaled_wr_per_sample() {
+        let (mut a, _b, wire) = pair(64);
+        let run = lat_rtt(Op::Read, &mut a, &params(50), "t").unwrap();
+        assert_eq!(run.samples_us.len(), 50);
+        assert_eq!(wire.borrow().counts[0].signaled, 50);
+        assert_eq!(wire.borrow().counts[0].inline, 0);
+    }
+}

@@ -1,0 +1,351 @@
+//! Command-line definition (clap derive). Option names mirror perftest's where perftest has one.
+
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// The mlx5 tool: devices, info, latency and bandwidth tests on a ConnectX or the emulated one.
+#[derive(Debug, Parser)]
+#[command(name = "mlx5", version, about, long_about = None)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub cmd: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// List RDMA devices: real mlx5 devices, and the emulated one marked "(emulated)".
+    Devices(DevicesArgs),
+    /// Device attributes and the limits derived from them.
+    Info(InfoArgs),
+    /// Latency test, as ib_{send,write,read,atomic}_lat.
+    Lat(TestArgs<LatOp>),
+    /// Bandwidth test, as ib_{send,write,read}_bw.
+    Bw(TestArgs<BwOp>),
+    /// RC ping-pong, as ibv_rc_pingpong.
+    Pingpong(PingpongArgs),
+    /// Emulator control.
+    Emu {
+        /// What to do with the emulator.
+        #[command(subcommand)]
+        cmd: EmuCommand,
+    },
+}
+
+/// `mlx5 devices`.
+#[derive(Debug, Args)]
+pub struct DevicesArgs {
+    /// List only the emulated device.
+    #[arg(long)]
+    pub emu: bool,
+}
+
+/// `mlx5 info`.
+#[derive(Debug, Args)]
+pub struct InfoArgs {
+    /// Device name (default: the first one found).
+    #[arg(short = 'd', long = "ib-dev", value_name = "DEV")]
+    pub dev: Option<String>,
+    /// Print every attribute.
+    #[arg(short, long)]
+    pub verbose: bool,
+    /// Use the emulated HCA even if a real device exists.
+    #[arg(long)]
+    pub emu: bool,
+}
+
+/// `mlx5 emu ...`.
+#[derive(Debug, Subcommand)]
+pub enum EmuCommand {
+    /// Run an emulated HCA in the foreground.
+    Run {
+        /// Number of HCAs.
+        #[arg(long, default_value_t = 1)]
+        hcas: usize,
+    },
+}
+
+/// `mlx5 pingpong`.
+#[derive(Debug, Args)]
+pub struct PingpongArgs {
+    /// Peer host (client mode, as ibv_rc_pingpong). Without it and without --server, both
+    /// ends run in this process.
+    pub host: Option<String>,
+    /// Wait for a client to connect.
+    #[arg(long, conflicts_with = "host")]
+    pub server: bool,
+    /// Address the server listens on.
+    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0")]
+    pub bind: String,
+    /// Device name.
+    #[arg(short = 'd', long = "ib-dev", value_name = "DEV")]
+    pub dev: Option<String>,
+    /// Message size.
+    #[arg(short = 's', long, default_value_t = 4096)]
+    pub size: u32,
+    /// Iterations.
+    #[arg(short = 'n', long, default_value_t = 1000)]
+    pub iters: u64,
+    /// TCP port for the address exchange.
+    #[arg(short = 'p', long, default_value_t = 18515)]
+    pub port: u16,
+    /// Use the emulated HCA even if a real device exists.
+    #[arg(long)]
+    pub emu: bool,
+}
+
+/// Latency test operations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LatOp {
+    /// SEND / RECV ping-pong.
+    Send,
+    /// RDMA WRITE ping-pong (each side polls its buffer for the peer's write).
+    Write,
+    /// RDMA READ round trips.
+    Read,
+    /// Atomic round trips (fetch-and-add or compare-and-swap).
+    Atomic,
+}
+
+/// Bandwidth test operations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BwOp {
+    /// SEND stream into posted receives.
+    Send,
+    /// RDMA WRITE stream.
+    Write,
+    /// RDMA READ stream.
+    Read,
+}
+
+/// Atomic operation of `lat atomic`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[allow(non_camel_case_types)]
+pub enum AtomicType {
+    /// Fetch and add.
+    FETCH_AND_ADD,
+    /// Compare and swap.
+    CMP_AND_SWAP,
+}
+
+/// `on` / `off`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnOff {
+    /// Enabled.
+    On,
+    /// Disabled.
+    Off,
+}
+
+/// How completions are waited for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PollMode {
+    /// Spin on the CQ.
+    Busy,
+    /// Arm the CQ and block on the completion channel.
+    Event,
+    /// Poll, then sleep this many microseconds when the CQ is empty.
+    Interval(u64),
+}
+
+impl FromStr for PollMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "busy" => Ok(Self::Busy),
+            "event" => Ok(Self::Event),
+            _ => match s.strip_prefix("interval:") {
+                Some(us) => us
+                    .parse()
+                    .map(Self::Interval)
+                    .map_err(|e| format!("bad interval {us:?}: {e}")),
+                None => Err(format!("expected busy, event or interval:USEC, got {s:?}")),
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for PollMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Busy => f.write_str("busy poll"),
+            Self::Event => f.write_str("event (CQ armed, channel wait)"),
+            Self::Interval(us) => write!(f, "poll every {us} usec"),
+        }
+    }
+}
+
+/// Options shared by `lat` and `bw`, named as perftest names them.
+#[derive(Debug, Args)]
+pub struct TestArgs<Op: ValueEnum + Clone + Send + Sync + 'static> {
+    /// The operation to measure.
+    #[arg(value_enum)]
+    pub op: Op,
+    /// Peer host (client mode, as perftest). Without it and without --server, both ends run
+    /// in this process (--loopback).
+    pub host: Option<String>,
+    /// Wait for a client to connect (perftest's server side).
+    #[arg(long, conflicts_with_all = ["host", "loopback"])]
+    pub server: bool,
+    /// Both ends in this process (the default when no peer is given).
+    #[arg(long, conflicts_with = "host")]
+    pub loopback: bool,
+    /// Device name.
+    #[arg(short = 'd', long = "ib-dev", value_name = "DEV")]
+    pub dev: Option<String>,
+    /// Message size in bytes (default 2 for lat, 65536 for bw).
+    #[arg(short = 's', long, value_name = "SIZE")]
+    pub size: Option<u64>,
+    /// Run all sizes 2..2^23.
+    #[arg(short = 'a', long, conflicts_with = "size")]
+    pub all: bool,
+    /// Iterations (default 1000 for lat, 5000 for bw).
+    #[arg(short = 'n', long, value_name = "ITERS")]
+    pub iters: Option<u64>,
+    /// Run for this many seconds instead of a number of iterations.
+    #[arg(short = 'D', long, value_name = "SECS", conflicts_with = "iters")]
+    pub duration: Option<f64>,
+    /// Inline size: messages up to this size are copied into the WQE.
+    #[arg(short = 'I', long = "inline_size", value_name = "INLINE")]
+    pub inline_size: Option<u32>,
+    /// Send queue depth (default 1 for lat, 128 for bw).
+    #[arg(short = 't', long = "tx-depth", value_name = "TX_DEPTH")]
+    pub tx_depth: Option<u32>,
+    /// Work requests per doorbell (post list).
+    #[arg(
+        short = 'l',
+        long = "post_list",
+        value_name = "POST_LIST",
+        default_value_t = 1
+    )]
+    pub post_list: u32,
+    /// Request a completion every N work requests (default 1 for lat, 100 for bw).
+    #[arg(short = 'Q', long = "cq-mod", value_name = "CQ_MOD")]
+    pub cq_mod: Option<u32>,
+    /// Path MTU (256, 512, 1024, 2048, 4096).
+    #[arg(short = 'm', long, value_name = "MTU")]
+    pub mtu: Option<u32>,
+    /// Atomic operation for `lat atomic`.
+    #[arg(short = 'A', long = "atomic_type", value_enum, default_value_t = AtomicType::FETCH_AND_ADD)]
+    pub atomic_type: AtomicType,
+    /// Back the buffers with huge pages.
+    #[arg(long = "use_hugepages")]
+    pub use_hugepages: bool,
+    /// Run unmeasured warm-up iterations first.
+    #[arg(long = "perform_warm_up")]
+    pub perform_warm_up: bool,
+    /// TCP port for the address exchange.
+    #[arg(short = 'p', long, default_value_t = 18515)]
+    pub port: u16,
+    /// Address the server listens on.
+    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0")]
+    pub bind: String,
+    /// With a peer: exchange addresses (perftest's format), connect the QPs, print the header
+    /// block, and stop without measuring.
+    #[arg(long = "connect_only")]
+    pub connect_only: bool,
+    /// Completion wait: busy, event, or interval:USEC.
+    #[arg(long, value_name = "MODE", default_value = "busy")]
+    pub poll: PollMode,
+    /// BlueFlame writes (on) or 8-byte doorbells (off). Default: on where the device has it.
+    #[arg(long, value_enum)]
+    pub bf: Option<OnOff>,
+    /// Write the results as JSON to FILE, or to stdout (the table then goes to stderr).
+    #[arg(long, value_name = "FILE", num_args = 0..=1)]
+    pub json: Option<Option<PathBuf>>,
+    /// Write a latency histogram as SVG.
+    #[arg(long, value_name = "FILE.svg")]
+    pub histogram: Option<PathBuf>,
+    /// Use the emulated HCA even if a real device exists.
+    #[arg(long)]
+    pub emu: bool,
+    /// Emulator only: write every packet it puts on its fabric to this pcap file (RoCEv2 over
+    /// UDP 4791, readable by Wireshark/tshark).
+    #[arg(long, value_name = "FILE.pcap")]
+    pub pcap: Option<PathBuf>,
+    /// Print the emulated device's counters (doorbells, BlueFlame writes, CQEs, ...) after the run.
+    #[arg(long)]
+    pub counters: bool,
+}
+
+/// All sizes of `-a`: 2, 4, ..., 2^23.
+pub fn all_sizes() -> impl Iterator<Item = u64> {
+    (1..=23).map(|k| 1u64 << k)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn parses_perftest_style_options() {
+        let cli = Cli::try_parse_from([
+            "mlx5",
+            "lat",
+            "send",
+            "peer",
+            "-s",
+            "64",
+            "-n",
+            "10",
+            "-I",
+            "0",
+            "-t",
+            "4",
+            "-l",
+            "2",
+            "-Q",
+            "3",
+            "--poll",
+            "interval:50",
+            "--bf",
+            "off",
+            "--json",
+        ])
+        .unwrap();
+        let Command::Lat(a) = cli.cmd else {
+            panic!("not lat")
+        };
+        assert_eq!(a.op, LatOp::Send);
+        assert_eq!(a.host.as_deref(), Some("peer"));
+        assert_eq!(a.size, Some(64));
+        assert_eq!(a.iters, Some(10));
+        assert_eq!(a.inline_size, Some(0));
+        assert_eq!(a.tx_depth, Some(4));
+        assert_eq!(a.post_list, 2);
+        assert_eq!(a.cq_mod, Some(3));
+        assert_eq!(a.poll, PollMode::Interval(50));
+        assert_eq!(a.bf, Some(OnOff::Off));
+        assert_eq!(a.json, Some(None));
+    }
+
+    #[test]
+    fn json_takes_an_optional_file_and_bad_poll_is_refused() {
+        let cli = Cli::try_parse_from(["mlx5", "bw", "write", "--json", "out.json"]).unwrap();
+        let Command::Bw(a) = cli.cmd else {
+            panic!("not bw")
+        };
+        assert_eq!(a.json, Some(Some(PathBuf::from("out.json"))));
+        assert_eq!(a.op, BwOp::Write);
+        assert!(Cli::try_parse_from(["mlx5", "lat", "send", "--poll", "sometimes"]).is_err());
+        assert!(Cli::try_parse_from(["mlx5", "lat", "send", "--server", "host"]).is_err());
+        assert!(Cli::try_parse_from(["mlx5", "bw", "atomic"]).is_err());
+    }
+
+    #[test]
+    fn all_sizes_span_2_to_8_mib() {
+        let v: Vec<u64> = all_sizes().collect();
+        assert_eq!(v.first(), Some(&2));
+        assert_eq!(v.last(), Some(&(8 << 20)));
+        assert_eq!(v.len(), 23);
+    }
+}

@@ -1,0 +1,309 @@
+//! Out-of-band address exchange over TCP in the formats of perftest and ibv_rc_pingpong, so our
+//! tool can talk to theirs.
+//!
+//! perftest (client writes first, then reads; server reads, then writes):
+//! 1. version string, 16 bytes NUL-padded;
+//! 2. system data: cycle buffer and cache line size, each a big-endian `i32`;
+//! 3. MTU: 2 bytes, the ASCII digit of the `ibv_mtu` enum and a NUL;
+//! 4. keys: `"%04x:%04x:%06x:%06x:%08x:%016x:%08x"` = LID:OUT_READS:QPN:PSN:RKEY:VADDR:SRQN,
+//!    59 bytes with the NUL; repeated as a barrier; the client closes with `"done\0"`.
+//!
+//! ibv_rc_pingpong: `"%04x:%06x:%06x:%s"` = LID:QPN:PSN:GID (32 hex digits), 52 bytes with NUL.
+
+use std::io::{self, Read, Write};
+
+/// perftest's version string we announce.
+pub const PERFTEST_VERSION: &str = "6.06";
+/// Size of perftest's version field.
+pub const VERSION_LEN: usize = 16;
+/// Size of one perftest key message (58 characters and a NUL).
+pub const PERFTEST_KEY_LEN: usize = 59;
+/// Size of one ibv_rc_pingpong message (51 characters and a NUL).
+pub const PINGPONG_MSG_LEN: usize = 52;
+/// The closing message of both tools.
+pub const DONE: &[u8; 5] = b"done\0";
+
+/// One side's connection data as perftest sends it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PerftestKey {
+    /// Port LID.
+    pub lid: u16,
+    /// Outstanding RDMA reads/atomics the side accepts.
+    pub out_reads: u16,
+    /// QP number (24 bits).
+    pub qpn: u32,
+    /// Initial PSN (24 bits).
+    pub psn: u32,
+    /// Remote key of the buffer.
+    pub rkey: u32,
+    /// Buffer address.
+    pub vaddr: u64,
+    /// SRQ number (0 without SRQ).
+    pub srqn: u32,
+}
+
+/// A message that does not parse.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParseError(pub String);
+
+impl std::fmt::Display for ParseError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+fn hex_field<T: TryFrom<u64>>(
+    s: Option<&str>,
+    what: &str,
+    max_digits: usize,
+) -> Result<T, ParseError> {
+    let s = s.ok_or_else(|| ParseError(format!("missing {what}")))?;
+    if s.is_empty() || s.len() > max_digits || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(ParseError(format!("bad {what} {s:?}")));
+    }
+    let v = u64::from_str_radix(s, 16).map_err(|e| ParseError(format!("bad {what}: {e}")))?;
+    T::try_from(v).map_err(|_| ParseError(format!("{what} {s} out of range")))
+}
+
+/// The text before the first NUL, as UTF-8.
+fn until_nul(buf: &[u8]) -> Result<&str, ParseError> {
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    std::str::from_utf8(&buf[..end]).map_err(|_| ParseError("message is not ASCII".into()))
+}
+
+impl PerftestKey {
+    /// Encodes as perftest's 59-byte key message.
+    pub fn encode(&self) -> [u8; PERFTEST_KEY_LEN] {
+        let s = format!(
+            "{:04x}:{:04x}:{:06x}:{:06x}:{:08x}:{:016x}:{:08x}",
+            self.lid,
+            self.out_reads,
+            self.qpn & 0xff_ffff,
+            self.psn & 0xff_ffff,
+            self.rkey,
+            self.vaddr,
+            self.srqn
+        );
+        let mut out = [0u8; PERFTEST_KEY_LEN];
+        out[..s.len()].copy_from_slice(s.as_bytes());
+        out
+    }
+
+    /// Parses perftest's key message (as sscanf would: hex fields separated by colons).
+    pub fn decode(buf: &[u8]) -> Result<Self, ParseError> {
+        let text = until_nul(buf)?;
+        let mut it = text.split(':');
+        let key = Self {
+            lid: hex_field(it.next(), "LID", 4)?,
+            out_reads: hex_field(it.next(), "OUT_READS", 4)?,
+            qpn: hex_field(it.next(), "QPN", 6)?,
+            psn: hex_field(it.next(), "PSN", 6)?,
+            rkey: hex_field(it.next(), "RKEY", 8)?,
+            vaddr: hex_field(it.next(), "VADDR", 16)?,
+            srqn: hex_field(it.next(), "SRQN", 8)?,
+        };
+        match it.next() {
+            None | Some("") => Ok(key),
+            Some(rest) => Err(ParseError(format!("trailing data {rest:?}"))),
+        }
+    }
+}
+
+/// One side's connection data as ibv_rc_pingpong sends it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PingpongDest {
+    /// Port LID.
+    pub lid: u16,
+    /// QP number.
+    pub qpn: u32,
+    /// Initial PSN.
+    pub psn: u32,
+    /// Port GID, 16 bytes in wire order (zeros without a GID index).
+    pub gid: [u8; 16],
+}
+
+impl PingpongDest {
+    /// Encodes as the 52-byte message.
+    pub fn encode(&self) -> [u8; PINGPONG_MSG_LEN] {
+        let mut s = format!(
+            "{:04x}:{:06x}:{:06x}:",
+            self.lid,
+            self.qpn & 0xff_ffff,
+            self.psn & 0xff_ffff
+        );
+        for b in self.gid {
+            s.push_str(&format!("{b:02x}"));
+        }
+        let mut out = [0u8; PINGPONG_MSG_LEN];
+        out[..s.len()].copy_from_slice(s.as_bytes());
+        out
+    }
+
+    /// Parses the 52-byte message.
+    pub fn decode(buf: &[u8]) -> Result<Self, ParseError> {
+        let text = until_nul(buf)?;
+        let mut it = text.splitn(4, ':');
+        let lid = hex_field(it.next(), "LID", 4)?;
+        let qpn = hex_field(it.next(), "QPN", 6)?;
+        let psn = hex_field(it.next(), "PSN", 6)?;
+        let g = it.next().ok_or_else(|| ParseError("missing GID".into()))?;
+        if g.len() != 32 || !g.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(ParseError(format!("bad GID {g:?}")));
+        }
+        let mut gid = [0u8; 16];
+        for (i, byte) in gid.iter_mut().enumerate() {
+            *byte = u8::from_str_radix(&g[2 * i..2 * i + 2], 16)
+                .map_err(|e| ParseError(format!("bad GID: {e}")))?;
+        }
+        Ok(Self { lid, qpn, psn, gid })
+    }
+}
+
+/// Which end of perftest's exchange we are: the client writes first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Connects, writes, then reads.
+    Client,
+    /// Accepts, reads, then writes.
+    Server,
+}
+
+/// Sends `ours` and returns the peer's message of the same size, in the order of `role`.
+pub fn swap<S: Read + Write>(s: &mut S, role: Role, ours: &[u8]) -> io::Result<Vec<u8>> {
+    let mut theirs = vec![0u8; ours.len()];
+    match role {
+        Role::Client => {
+            s.write_all(ours)?;
+            s.flush()?;
+            s.read_exact(&mut theirs)?;
+        }
+        Role::Server => {
+            s.read_exact(&mut theirs)?;
+            s.write_all(ours)?;
+            s.flush()?;
+        }
+    }
+    Ok(theirs)
+}
+
+/// The preamble of perftest's exchange: version, system data, MTU. Returns the peer's MTU
+/// enum value (1 = 256 ... 5 = 4096).
+pub fn perftest_preamble<S: Read + Write>(
+    s: &mut S,
+    role: Role,
+    cycle_buffer: i32,
+    cache_line: i32,
+    mtu_enum: u8,
+) -> io::Result<u8> {
+    let bad = |what: String| io::Error::new(io::ErrorKind::InvalidData, what);
+    let mut version = [0u8; VERSION_LEN];
+    version[..PERFTEST_VERSION.len()].copy_from_slice(PERFTEST_VERSION.as_bytes());
+    let _peer_version = swap(s, role, &version)?;
+    let mut sys = [0u8; 8];
+    sys[..4].copy_from_slice(&cycle_buffer.to_be_bytes());
+    sys[4..].copy_from_slice(&cache_line.to_be_bytes());
+    let _peer_sys = swap(s, role, &sys)?;
+    if !(1..=5).contains(&mtu_enum) {
+        return Err(bad(format!("MTU enum {mtu_enum} out of 1..=5")));
+    }
+    let mtu = [b'0' + mtu_enum, 0];
+    let peer = swap(s, role, &mtu)?;
+    match peer[0] {
+        c @ b'1'..=b'5' if peer[1] == 0 => Ok(c - b'0'),
+        _ => Err(bad(format!("bad MTU message {peer:?}"))),
+    }
+}
+
+/// One perftest key exchange.
+pub fn perftest_keys<S: Read + Write>(
+    s: &mut S,
+    role: Role,
+    ours: &PerftestKey,
+) -> io::Result<PerftestKey> {
+    let peer = swap(s, role, &ours.encode())?;
+    PerftestKey::decode(&peer).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn perftest_key_matches_observed_bytes() {
+        // bytes observed from ib_send_lat (reference/rdma-core-on-emulator.md section 4)
+        let observed = b"0001:0001:387e01:27c848:00001042:000055fc95840000:00000000\0";
+        assert_eq!(observed.len(), PERFTEST_KEY_LEN);
+        let k = PerftestKey::decode(observed).unwrap();
+        assert_eq!(
+            k,
+            PerftestKey {
+                lid: 1,
+                out_reads: 1,
+                qpn: 0x387e01,
+                psn: 0x27c848,
+                rkey: 0x1042,
+                vaddr: 0x55fc_9584_0000,
+                srqn: 0
+            }
+        );
+        assert_eq!(&k.encode(), observed);
+    }
+
+    #[test]
+    fn pingpong_dest_matches_observed_bytes() {
+        let observed = b"0001:388a01:1c36ee:00000000000000000000000000000000\0";
+        assert_eq!(observed.len(), PINGPONG_MSG_LEN);
+        let d = PingpongDest::decode(observed).unwrap();
+        assert_eq!(
+            (d.lid, d.qpn, d.psn, d.gid),
+            (1, 0x388a01, 0x1c36ee, [0; 16])
+        );
+        assert_eq!(&d.encode(), observed);
+        let mut g = d;
+        g.gid = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 0xff];
+        assert_eq!(PingpongDest::decode(&g.encode()).unwrap(), g);
+    }
+
+    #[test]
+    fn malformed_messages_are_errors_not_panics() {
+        for bad in [
+            &b"zzzz:0001:387e01:27c848:00001042:000055fc95840000:00000000\0"[..],
+            b"0001:0001:387e01\0",
+            b"",
+            b"0001:0001:1387e01:27c848:00001042:000055fc95840000:00000000\0",
+            b"0001:0001:387e01:27c848:00001042:000055fc95840000:00000000:77\0",
+            &[0xff; 59],
+        ] {
+            assert!(PerftestKey::decode(bad).is_err(), "{bad:?}");
+        }
+        assert!(PingpongDest::decode(b"0001:388a01:1c36ee:0000\0").is_err());
+        assert!(PingpongDest::decode(b"0001:388a01\0").is_err());
+    }
+
+    #[test]
+    fn preamble_and_keys_over_a_socket_pair() {
+        use std::os::unix::net::UnixStream;
+        let (mut a, mut b) = UnixStream::pair().unwrap();
+        let server = std::thread::spawn(move || {
+            let mtu = perftest_preamble(&mut b, Role::Server, 4096, 64, 3).unwrap();
+            let k = PerftestKey {
+                lid: 2,
+                qpn: 0x20,
+                ..Default::default()
+            };
+            (mtu, perftest_keys(&mut b, Role::Server, &k).unwrap())
+        });
+        let mtu = perftest_preamble(&mut a, Role::Client, 4096, 64, 5).unwrap();
+        let k = PerftestKey {
+            lid: 1,
+            qpn: 0x10,
+            psn: 0xabcdef,
+            ..Default::default()
+        };
+        let peer = perftest_keys(&mut a, Role::Client, &k).unwrap();
+        let (server_saw_mtu, server_saw_key) = server.join().unwrap();
+        assert_eq!((mtu, server_saw_mtu), (3, 5));
+        assert_eq!(peer.qpn, 0x20);
+        assert_eq!(server_saw_key, k);
+    }
+}

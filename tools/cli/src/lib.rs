@@ -1,0 +1,14 @@
+//! The `mlx5` command-line tool, as a library so its parts can be tested: perftest-compatible
+//! statistics and reports, an SVG histogram, and the test runners over the driver.
+
+pub mod app;
+pub mod backend;
+pub mod bench;
+pub mod cli;
+pub mod devinfo;
+pub mod exchange;
+pub mod progress;
+pub mod remote;
+pub mod report;
+pub mod stats;
+pub mod svg;

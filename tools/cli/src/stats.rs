@@ -1,0 +1,284 @@
+//! Latency statistics over a complete sample set.
+//!
+//! perftest sorts its samples, silently drops the two largest (`LAT_MEASURE_TAIL`) and computes
+//! the standard deviation with integer intermediates, so deviations under 1 usec vanish. Here
+//! every sample is kept, the deviation is a true population standard deviation in `f64`, and
+//! the percentiles use the nearest-rank definition on the full sorted set.
+
+/// Summary of one latency run, all values in microseconds.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct LatencyStats {
+    /// Number of samples (nothing dropped).
+    pub samples: usize,
+    /// Smallest sample.
+    pub min: f64,
+    /// Largest sample (perftest's `t_max` would be the third largest).
+    pub max: f64,
+    /// Median: the middle sample, or the mean of the two middle samples for an even count
+    /// (perftest's `t_typical`).
+    pub median: f64,
+    /// Arithmetic mean.
+    pub avg: f64,
+    /// Population standard deviation (divides by n), computed in `f64`.
+    pub stdev: f64,
+    /// Nearest-rank 50th percentile.
+    pub p50: f64,
+    /// Nearest-rank 99th percentile.
+    pub p99: f64,
+    /// Nearest-rank 99.9th percentile.
+    pub p99_9: f64,
+    /// Nearest-rank 99.99th percentile.
+    pub p99_99: f64,
+}
+
+/// Nearest-rank percentile of an ascending slice: the smallest sample such that at least
+/// `pct` percent of the samples are less than or equal to it. `None` for an empty slice.
+pub fn percentile(sorted: &[f64], pct: f64) -> Option<f64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let n = sorted.len();
+    // rank = ceil(pct/100 * n), clamped to 1..=n. Computed in integer per-million steps so that
+    // e.g. 99.9% of 1000 is exactly rank 999 (f64 would give 999.0000000000001 -> 1000).
+    let ppm = (pct * 10_000.0).round().clamp(0.0, 1_000_000.0) as u128;
+    let rank = (ppm * n as u128).div_ceil(1_000_000).clamp(1, n as u128) as usize;
+    Some(sorted[rank - 1])
+}
+
+impl LatencyStats {
+    /// Computes the statistics of `samples` (any order; NaNs are not expected and sort last).
+    /// Returns `None` when there are no samples.
+    pub fn from_samples(samples: &[f64]) -> Option<Self> {
+        if samples.is_empty() {
+            return None;
+        }
+        let mut sorted = samples.to_vec();
+        sorted.sort_by(f64::total_cmp);
+        Self::from_sorted(&sorted)
+    }
+
+    /// As [`LatencyStats::from_samples`] for an already ascending slice.
+    pub fn from_sorted(sorted: &[f64]) -> Option<Self> {
+        let n = sorted.len();
+        let first = *sorted.first()?;
+        let last = *sorted.last()?;
+        let median = if n % 2 == 1 {
+            sorted[n / 2]
+        } else {
+            (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
+        };
+        let avg = sorted.iter().sum::<f64>() / n as f64;
+        let var = sorted.iter().map(|x| (x - avg) * (x - avg)).sum::<f64>() / n as f64;
+        Some(Self {
+            samples: n,
+            min: first,
+            max: last,
+            median,
+            avg,
+            stdev: var.sqrt(),
+            p50: percentile(sorted, 50.0)?,
+            p99: percentile(sorted, 99.0)?,
+            p99_9: percentile(sorted, 99.9)?,
+            p99_99: percentile(sorted, 99.99)?,
+        })
+    }
+}
+
+/// Summary of one bandwidth run.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct BwStats {
+    /// Message size in bytes.
+    pub bytes: u64,
+    /// Messages completed.
+    pub iterations: u64,
+    /// Best rate over any window of [`BwStats::peak_window`] consecutive completions, MiB/s.
+    pub bw_peak_mib: f64,
+    /// Total bytes over the time from the first post to the last completion, MiB/s.
+    pub bw_average_mib: f64,
+    /// Messages per second over the same time, in millions.
+    pub msg_rate_mpps: f64,
+    /// Completions per window used for the peak.
+    pub peak_window: usize,
+}
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+impl BwStats {
+    /// Computes bandwidth figures from the time of the first post (ns) and the completion time
+    /// (ns, same clock, non-decreasing) of every message. `min_window` is the least number of
+    /// messages a peak window spans: the CQ moderation, since the messages one CQE retires
+    /// share its timestamp. `None` when nothing completed or no time elapsed.
+    pub fn from_completions(
+        bytes: u64,
+        first_post_ns: u64,
+        completed_ns: &[u64],
+        min_window: usize,
+    ) -> Option<Self> {
+        let n = completed_ns.len();
+        let last = *completed_ns.last()?;
+        let total_ns = last.checked_sub(first_post_ns).filter(|&t| t > 0)?;
+        let total_s = total_ns as f64 * 1e-9;
+        let avg = bytes as f64 * n as f64 / total_s / MIB;
+        // The peak is taken over windows of 1% of the messages (at least one CQE's worth):
+        // short enough to show the best sustained rate, long enough not to be a lucky gap.
+        let window = (n / 100).max(min_window).max(1);
+        let mut best_ns = total_ns;
+        let mut best_msgs = n;
+        if n > window {
+            for i in window..n {
+                let dt = completed_ns[i].saturating_sub(completed_ns[i - window]);
+                if dt > 0 && (dt as f64 / window as f64) < (best_ns as f64 / best_msgs as f64) {
+                    best_ns = dt;
+                    best_msgs = window;
+                }
+            }
+        }
+        let peak = bytes as f64 * best_msgs as f64 / (best_ns as f64 * 1e-9) / MIB;
+        Some(Self {
+            bytes,
+            iterations: n as u64,
+            bw_peak_mib: peak.max(avg),
+            bw_average_mib: avg,
+            msg_rate_mpps: n as f64 / total_s / 1e6,
+            peak_window: window,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() < 1e-9
+    }
+
+    #[test]
+    fn classic_population_stdev_is_exact() {
+        // The textbook set whose population standard deviation is exactly 2.
+        let s = LatencyStats::from_samples(&[2.0, 4.0, 4.0, 4.0, 5.0, 5.0, 7.0, 9.0]).unwrap();
+        assert_eq!(s.samples, 8);
+        assert!(close(s.avg, 5.0), "{}", s.avg);
+        assert!(close(s.stdev, 2.0), "{}", s.stdev);
+        assert!(close(s.min, 2.0));
+        assert!(close(s.max, 9.0));
+        // even count: mean of the two middle samples (4 and 5)
+        assert!(close(s.median, 4.5), "{}", s.median);
+        // nearest rank: ceil(0.5 * 8) = 4th sample
+        assert!(close(s.p50, 4.0), "{}", s.p50);
+    }
+
+    #[test]
+    fn sub_microsecond_stdev_is_not_truncated() {
+        // perftest's integer arithmetic would report 0 here.
+        let samples = [1.00, 1.02, 1.04, 1.06];
+        let s = LatencyStats::from_samples(&samples).unwrap();
+        let mean = 1.03;
+        let var = samples.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / 4.0;
+        assert!(close(s.stdev, var.sqrt()), "{}", s.stdev);
+        assert!(s.stdev > 0.02 && s.stdev < 0.03, "{}", s.stdev);
+    }
+
+    #[test]
+    fn percentiles_on_one_to_ten_thousand() {
+        // samples 1..=10000 shuffled deterministically: rank r holds value r.
+        let mut v: Vec<f64> = (1..=10_000).map(f64::from).collect();
+        v.reverse();
+        v.swap(17, 9_000);
+        let s = LatencyStats::from_samples(&v).unwrap();
+        assert!(close(s.p50, 5_000.0), "{}", s.p50);
+        assert!(close(s.p99, 9_900.0), "{}", s.p99);
+        assert!(close(s.p99_9, 9_990.0), "{}", s.p99_9);
+        assert!(close(s.p99_99, 9_999.0), "{}", s.p99_99);
+        assert!(close(s.max, 10_000.0));
+        assert!(close(s.min, 1.0));
+        assert!(close(s.median, 5_000.5), "{}", s.median);
+        assert!(close(s.avg, 5_000.5));
+        // population stdev of 1..=n is sqrt((n^2 - 1) / 12)
+        assert!(
+            close(s.stdev, ((1e8 - 1.0) / 12.0f64).sqrt()),
+            "{}",
+            s.stdev
+        );
+    }
+
+    #[test]
+    fn nothing_is_dropped_from_the_tail() {
+        // perftest would drop the two outliers and report t_max = 1.0.
+        let mut v = vec![1.0; 98];
+        v.push(50.0);
+        v.push(100.0);
+        let s = LatencyStats::from_samples(&v).unwrap();
+        assert_eq!(s.samples, 100);
+        assert!(close(s.max, 100.0));
+        // 99% of 100 = rank 99 -> the 50.0 outlier
+        assert!(close(s.p99, 50.0), "{}", s.p99);
+        assert!(close(s.p99_9, 100.0));
+        assert!(close(s.avg, (98.0 + 150.0) / 100.0));
+    }
+
+    #[test]
+    fn percentile_edge_cases() {
+        assert_eq!(percentile(&[], 50.0), None);
+        assert_eq!(percentile(&[3.0], 0.0), Some(3.0));
+        assert_eq!(percentile(&[3.0], 99.99), Some(3.0));
+        assert_eq!(percentile(&[1.0, 2.0, 3.0], 100.0), Some(3.0));
+        // 99.9% of 1000 is rank 999 exactly, not 1000 through rounding error
+        let v: Vec<f64> = (1..=1000).map(f64::from).collect();
+        assert_eq!(percentile(&v, 99.9), Some(999.0));
+        assert!(LatencyStats::from_samples(&[]).is_none());
+        let one = LatencyStats::from_samples(&[7.5]).unwrap();
+        assert!(close(one.median, 7.5) && close(one.stdev, 0.0));
+    }
+
+    #[test]
+    fn bandwidth_from_even_completions() {
+        // 1000 messages of 1 MiB, one every microsecond, first post at t=0:
+        // 1000 MiB in 1 ms = 1e6 MiB/s, 1 Mpps.
+        let done: Vec<u64> = (1..=1000).map(|i| i * 1_000).collect();
+        let b = BwStats::from_completions(1 << 20, 0, &done, 1).unwrap();
+        assert_eq!(b.iterations, 1000);
+        assert!(
+            (b.bw_average_mib - 1e6).abs() < 1e-3,
+            "{}",
+            b.bw_average_mib
+        );
+        assert!((b.msg_rate_mpps - 1.0).abs() < 1e-9);
+        assert!((b.bw_peak_mib - 1e6).abs() < 1e-3, "{}", b.bw_peak_mib);
+        assert_eq!(b.peak_window, 10);
+    }
+
+    #[test]
+    fn bandwidth_peak_with_cq_moderation_is_not_halved() {
+        // 1000 messages retired 100 per CQE, one CQE every 100 us: 1 Mpps throughout.
+        let done: Vec<u64> = (0..1000u64).map(|i| (i / 100 + 1) * 100_000).collect();
+        let b = BwStats::from_completions(64, 0, &done, 100).unwrap();
+        assert_eq!(b.peak_window, 100);
+        assert!((b.bw_peak_mib - b.bw_average_mib).abs() < 1e-9 * b.bw_average_mib);
+        // a 10-message window straddling two CQEs would report 10 msgs per 100 us instead
+        let naive = BwStats::from_completions(64, 0, &done, 1).unwrap();
+        assert!(naive.bw_peak_mib <= b.bw_peak_mib);
+    }
+
+    #[test]
+    fn bandwidth_peak_sees_a_fast_burst() {
+        // 200 messages 1 us apart, then a burst of 20 messages 0.1 us apart.
+        let mut done: Vec<u64> = (1..=200).map(|i| i * 1_000).collect();
+        for i in 1..=20 {
+            done.push(200_000 + i * 100);
+        }
+        let b = BwStats::from_completions(1024, 0, &done, 1).unwrap();
+        assert_eq!(b.peak_window, 2);
+        // best window: 2 messages in 200 ns = 1e7 msg/s * 1 KiB
+        let expect = 1024.0 * 1e7 / MIB;
+        assert!(
+            (b.bw_peak_mib - expect).abs() < 1e-6,
+            "{} vs {}",
+            b.bw_peak_mib,
+            expect
+        );
+        assert!(b.bw_peak_mib > 5.0 * b.bw_average_mib);
+        assert!(BwStats::from_completions(8, 10, &[], 1).is_none());
+        assert!(BwStats::from_completions(8, 10, &[10], 1).is_none());
+    }
+}

@@ -1,0 +1,475 @@
+//! Runs the real `mlx5` binary on the emulated ConnectX and checks what it prints, the JSON it
+//! writes, and that each perftest knob changes what reaches the device (the emulator's
+//! counters: doorbells, BlueFlame writes, inline WQEs, CQEs, CQ arms).
+
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn mlx5(args: &[&str]) -> Output {
+    let out = Command::new(env!("CARGO_BIN_EXE_mlx5"))
+        .args(args)
+        .output()
+        .expect("run the mlx5 binary");
+    assert!(
+        out.status.success(),
+        "mlx5 {args:?} failed: {}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Runs with `--json` (to stdout) and returns the document.
+fn json(args: &[&str]) -> Value {
+    let mut all = args.to_vec();
+    all.extend(["--emu", "--json"]);
+    let out = mlx5(&all);
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "stdout of {all:?} is not JSON ({e}):\n{}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
+
+fn driver(doc: &Value, name: &str) -> u64 {
+    doc["driver_counters"][name]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no driver_counters.{name} in {doc:#}"))
+}
+
+fn counter(doc: &Value, name: &str) -> u64 {
+    doc["emu_counters"][name]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no emu_counters.{name} in {doc:#}"))
+}
+
+#[test]
+fn lat_send_prints_perftest_table_and_extra_statistics() {
+    let out = mlx5(&["lat", "send", "--emu", "-n", "200"]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("running on the emulated ConnectX (mlx5-emu)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("                    Send Latency Test\n"),
+        "{text}"
+    );
+    assert!(text.contains(" Max inline data : 236[B]"), "{text}");
+    assert!(text.contains(mlx5_tools::report::LAT_HEADER), "{text}");
+    assert!(
+        text.contains("one-way latency = RTT/2, as perftest reports"),
+        "{text}"
+    );
+    assert!(text.contains(mlx5_tools::report::EXTRA_HEADER), "{text}");
+    // the perftest row: 9 columns, size 2, 200 iterations, t_min <= t_typical <= t_max
+    let row = text
+        .lines()
+        .find(|l| l.split_whitespace().count() == 9 && l.trim_start().starts_with("2 "))
+        .unwrap_or_else(|| panic!("no result row in\n{text}"));
+    let v: Vec<f64> = row.split_whitespace().map(|c| c.parse().unwrap()).collect();
+    assert_eq!((v[0], v[1]), (2.0, 200.0));
+    assert!(v[2] > 0.0 && v[2] <= v[4] && v[4] <= v[3], "{row}");
+    // the extra row: #bytes #samples p50 p99 p99.9 p99.99 max, nothing dropped
+    let extra = text
+        .lines()
+        .skip_while(|l| *l != mlx5_tools::report::EXTRA_HEADER)
+        .nth(1)
+        .unwrap();
+    let e: Vec<f64> = extra
+        .split_whitespace()
+        .map(|c| c.parse().unwrap())
+        .collect();
+    assert_eq!(e.len(), 7, "{extra}");
+    assert_eq!(e[1], 200.0);
+    assert!(
+        e[2] <= e[3] && e[3] <= e[4] && e[4] <= e[5] && e[5] <= e[6],
+        "{extra}"
+    );
+    // perftest's t_max column is our true max
+    assert!((e[6] - v[3]).abs() < 0.01, "{row} vs {extra}");
+}
+
+#[test]
+fn default_run_says_why_it_uses_the_emulator() {
+    // the README's main job: no options at all
+    let out = mlx5(&["lat", "send", "-n", "50"]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    let first = text.lines().next().unwrap();
+    if mlx5::devices().is_ok_and(|d| !d.is_empty()) {
+        assert!(!first.contains("emulated"), "a NIC is present but: {first}");
+    } else {
+        assert_eq!(
+            first,
+            "running on the emulated ConnectX (mlx5-emu): no NIC found"
+        );
+    }
+    assert!(text.contains(mlx5_tools::report::LAT_HEADER));
+}
+
+#[test]
+fn json_carries_perftest_keys_and_ours() {
+    let doc = json(&["lat", "send", "-n", "100"]);
+    assert_eq!(doc["test"], "Send Latency Test");
+    assert_eq!(doc["emulated"], true);
+    assert_eq!(doc["rtt_or_half"], "RTT/2");
+    let r = &doc["results"][0];
+    for k in [
+        "t_min",
+        "t_max",
+        "t_typical",
+        "t_avg",
+        "t_stdev",
+        "percentile_99",
+        "percentile_99.9",
+        "p50",
+        "p99",
+        "p99_9",
+        "p99_99",
+        "max",
+    ] {
+        assert!(
+            r[k].as_f64().is_some_and(|x| x > 0.0 || k == "t_stdev"),
+            "{k} in {r}"
+        );
+    }
+    assert_eq!(r["samples"], 100);
+    assert!(r["t_min"].as_f64() <= r["t_avg"].as_f64());
+    assert!(doc["device"].as_str().unwrap().contains("emulated"));
+}
+
+#[test]
+fn read_and_atomic_latency_are_full_round_trips() {
+    let doc = json(&["lat", "read", "-n", "50"]);
+    assert_eq!(doc["rtt_or_half"], "RTT");
+    assert_eq!(doc["results"][0]["samples"], 50);
+    assert_eq!(counter(&doc, "rx_read_requests"), 50);
+    let doc = json(&["lat", "atomic", "-n", "40"]);
+    assert_eq!(doc["test"], "Atomic FETCH_AND_ADD Latency Test");
+    assert_eq!(doc["rtt_or_half"], "RTT");
+    assert_eq!(counter(&doc, "rx_atomic_requests"), 40);
+}
+
+#[test]
+fn bw_prints_perftest_columns() {
+    let out = mlx5(&["bw", "write", "--emu", "-n", "500", "-s", "4096"]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains(mlx5_tools::report::BW_HEADER), "{text}");
+    assert!(text.contains(" CQ Moderation   : 100"), "{text}");
+    let row = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("4096 "))
+        .unwrap_or_else(|| panic!("no row in\n{text}"));
+    let v: Vec<f64> = row.split_whitespace().map(|c| c.parse().unwrap()).collect();
+    assert_eq!(v.len(), 5, "{row}");
+    assert_eq!(v[1], 500.0);
+    assert!(v[2] >= v[3] && v[3] > 0.0 && v[4] > 0.0, "{row}");
+}
+
+#[test]
+fn inline_knob_moves_payload_into_the_wqe() {
+    let on = json(&["lat", "send", "-n", "100"]);
+    let off = json(&["lat", "send", "-n", "100", "-I", "0"]);
+    // both sides send once per iteration; every one of those WQEs is inline by default
+    assert_eq!(counter(&on, "inline_wqes"), counter(&on, "wqes_executed"));
+    assert!(counter(&on, "inline_wqes") >= 200);
+    assert_eq!(counter(&off, "inline_wqes"), 0);
+    assert_eq!(
+        counter(&off, "wqes_executed"),
+        counter(&on, "wqes_executed")
+    );
+}
+
+#[test]
+fn post_list_knob_batches_doorbells() {
+    let one = json(&[
+        "bw", "write", "-n", "256", "-l", "1", "-t", "64", "-s", "64",
+    ]);
+    let eight = json(&[
+        "bw", "write", "-n", "256", "-l", "8", "-t", "64", "-s", "64",
+    ]);
+    assert_eq!(counter(&one, "wqes_executed"), 256);
+    assert_eq!(counter(&eight, "wqes_executed"), 256);
+    // the driver rings once per chain
+    assert_eq!(driver(&one, "rings"), 256);
+    assert_eq!(driver(&eight, "rings"), 32);
+    assert_eq!(driver(&eight, "wqes"), 256);
+    // the device observes at most that many (writes between two of its scans coalesce)
+    assert!(
+        (1..=32).contains(&counter(&eight, "doorbells")),
+        "{eight:#}"
+    );
+    assert!(counter(&one, "doorbells") <= 256);
+}
+
+#[test]
+fn bf_knob_selects_blueflame_or_plain_doorbells() {
+    let on = json(&["lat", "send", "-n", "100", "--bf", "on"]);
+    let off = json(&["lat", "send", "-n", "100", "--bf", "off"]);
+    assert_eq!(on["bf"], true);
+    assert_eq!(off["bf"], false);
+    // driver: every single-WQE ring is a BlueFlame copy with --bf on, none with --bf off
+    assert_eq!(driver(&on, "bf_copies"), driver(&on, "rings"));
+    assert_eq!(driver(&on, "doorbells"), 0);
+    assert_eq!(driver(&off, "bf_copies"), 0);
+    assert_eq!(driver(&off, "doorbells"), driver(&on, "rings"));
+    // device: ping-pong keeps one doorbell in flight, so it sees each one
+    assert_eq!(counter(&off, "bf_writes"), 0);
+    assert_eq!(counter(&on, "bf_writes"), driver(&on, "bf_copies"));
+    assert_eq!(counter(&on, "doorbells"), counter(&off, "doorbells"));
+}
+
+#[test]
+fn cq_moderation_knob_thins_completions() {
+    // RDMA WRITE raises no responder CQEs: every CQE is a requester completion
+    let q1 = json(&["bw", "write", "-n", "1000", "-Q", "1", "-s", "64"]);
+    let q100 = json(&["bw", "write", "-n", "1000", "-Q", "100", "-s", "64"]);
+    assert_eq!(counter(&q1, "cqes_written"), 1000);
+    assert_eq!(counter(&q100, "cqes_written"), 10);
+}
+
+#[test]
+fn event_mode_arms_the_cq_and_waits_on_the_channel() {
+    let busy = json(&["lat", "send", "-n", "50"]);
+    let event = json(&["lat", "send", "-n", "50", "--poll", "event"]);
+    assert_eq!(counter(&busy, "cq_arms"), 0);
+    assert_eq!(counter(&busy, "comp_events"), 0);
+    assert!(counter(&event, "cq_arms") > 0);
+    assert!(counter(&event, "comp_events") > 0);
+    assert!(counter(&event, "comp_events") <= counter(&event, "cq_arms"));
+    assert_eq!(event["results"][0]["samples"], 50);
+}
+
+#[test]
+fn histogram_and_json_file_are_written() {
+    let dir = std::env::temp_dir().join(format!("mlx5-cli-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let svg = dir.join("lat.svg");
+    let js = dir.join("lat.json");
+    let out = mlx5(&[
+        "lat",
+        "write",
+        "--emu",
+        "-n",
+        "100",
+        "--histogram",
+        svg.to_str().unwrap(),
+        "--json",
+        js.to_str().unwrap(),
+    ]);
+    // with a JSON file the table still goes to stdout
+    assert!(String::from_utf8_lossy(&out.stdout).contains("RDMA_Write Latency Test"));
+    let text = std::fs::read_to_string(&svg).unwrap();
+    let doc = roxmltree::Document::parse(&text).unwrap();
+    let labels: Vec<&str> = doc.descendants().filter_map(|n| n.text()).collect();
+    assert!(labels.contains(&"latency [usec]"));
+    assert!(labels.contains(&"samples"));
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&js).unwrap()).unwrap();
+    assert_eq!(v["results"][0]["samples"], 100);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn bad_options_fail_with_a_message() {
+    for args in [
+        &["lat", "send", "--emu", "-Q", "0"][..],
+        &["lat", "send", "--emu", "-n", "0"],
+        &["lat", "read", "--emu", "-I", "64"],
+        &["lat", "send", "--emu", "-m", "1000"],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_mlx5"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?} succeeded");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.starts_with("mlx5: "), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn devices_lists_the_emulated_hca() {
+    let out = mlx5(&["devices"]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    let row = text
+        .lines()
+        .find(|l| l.contains("(emulated)"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(row.contains("mlx5_0"), "{row}");
+    // a 16-digit node GUID
+    assert!(
+        row.split_whitespace()
+            .any(|w| w.len() == 16 && w.bytes().all(|b| b.is_ascii_hexdigit())),
+        "{row}"
+    );
+}
+
+#[test]
+fn info_shows_port_and_derived_limits() {
+    let out = mlx5(&["info", "--emu", "-v"]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("hca_id:\tmlx5_0 (emulated)"), "{text}");
+    assert!(text.contains("PORT_ACTIVE (4)"), "{text}");
+    assert!(text.contains("max_sq_desc_sz"), "{text}");
+    // the derived table has one row per QP type with a positive max inline
+    for t in ["RC", "UC", "UD"] {
+        let row = text
+            .lines()
+            .map(str::trim)
+            .find(|l| l.starts_with(&format!("{t}  ")))
+            .unwrap_or_else(|| panic!("no {t} row in {text}"));
+        let inline: u32 = row.split_whitespace().nth(1).unwrap().parse().unwrap();
+        assert!(inline > 0 && inline < 1024, "{row}");
+    }
+    // the lat test inlines 236 bytes by default, so RC must allow at least that
+    let rc = text
+        .lines()
+        .map(str::trim)
+        .find(|l| l.starts_with("RC  "))
+        .unwrap();
+    assert!(
+        rc.split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse::<u32>()
+            .unwrap()
+            >= 236
+    );
+}
+
+#[test]
+fn all_sizes_and_duration_modes_run() {
+    let doc = json(&["lat", "send", "-a", "-n", "1"]);
+    let sizes: Vec<u64> = doc["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["bytes"].as_u64().unwrap())
+        .collect();
+    assert_eq!(sizes.first(), Some(&2));
+    assert_eq!(sizes.last(), Some(&(8 << 20)));
+    assert_eq!(sizes.len(), 23);
+    // large messages are not inline: fewer inline WQEs than WQEs
+    assert!(counter(&doc, "inline_wqes") < counter(&doc, "wqes_executed"));
+    let doc = json(&["bw", "write", "-D", "0.3", "-s", "1024", "-Q", "16"]);
+    let n = doc["results"][0]["iterations"].as_u64().unwrap();
+    assert!(n > 0 && n % 16 == 0, "{n}");
+    assert_eq!(counter(&doc, "wqes_executed"), n);
+}
+
+/// A free TCP port on the loopback interface (released again before use; good enough here).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn address_line<'a>(text: &'a str, which: &str) -> &'a str {
+    text.lines()
+        .find(|l| l.starts_with(&format!(" {which} address:")))
+        .unwrap_or_else(|| panic!("no {which} address line in\n{text}"))
+}
+
+fn field<'a>(line: &'a str, name: &str) -> &'a str {
+    let mut it = line.split_whitespace();
+    it.by_ref().find(|w| *w == name);
+    it.next().unwrap_or_else(|| panic!("no {name} in {line}"))
+}
+
+#[test]
+fn client_and_server_processes_exchange_keys_and_measure() {
+    for op in ["send", "write"] {
+        let port = free_port().to_string();
+        let server = Command::new(env!("CARGO_BIN_EXE_mlx5"))
+            .args([
+                "lat",
+                op,
+                "--emu",
+                "--server",
+                "--bind",
+                "127.0.0.1",
+                "-p",
+                &port,
+                "-n",
+                "20",
+            ])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let client = mlx5(&[
+            "lat",
+            op,
+            "127.0.0.1",
+            "--emu",
+            "-p",
+            &port,
+            "-n",
+            "20",
+            "--json",
+        ]);
+        let server = server.wait_with_output().unwrap();
+        assert!(
+            server.status.success(),
+            "{}",
+            String::from_utf8_lossy(&server.stderr)
+        );
+        let s_text = String::from_utf8(server.stdout).unwrap();
+        let c_text = String::from_utf8(client.stderr).unwrap();
+        // what each side calls local, the other calls remote (PSNs are random per process)
+        let (sl, sr) = (
+            address_line(&s_text, "local"),
+            address_line(&s_text, "remote"),
+        );
+        let (cl, cr) = (
+            address_line(&c_text, "local"),
+            address_line(&c_text, "remote"),
+        );
+        for f in ["LID", "QPN", "PSN"] {
+            assert_eq!(field(sl, f), field(cr, f), "{f}: {sl} vs {cr}");
+            assert_eq!(field(cl, f), field(sr, f), "{f}: {cl} vs {sr}");
+        }
+        assert_ne!(field(sl, "QPN"), field(cl, "QPN"));
+        if op == "write" {
+            assert_eq!(field(sl, "RKey"), field(cr, "RKey"));
+            assert_eq!(field(sl, "VAddr"), field(cr, "VAddr"));
+        }
+        let doc: Value = serde_json::from_slice(&client.stdout).unwrap();
+        assert_eq!(doc["data_ex"], "Ethernet");
+        assert_eq!(doc["results"][0]["samples"], 20);
+        // the client's device sent exactly its own 20 messages
+        assert_eq!(counter(&doc, "wqes_executed"), 20);
+        assert!(s_text.contains(mlx5_tools::report::LAT_HEADER));
+    }
+}
+
+#[test]
+fn hugepages_option_changes_the_buffer_backing() {
+    let plain = json(&["lat", "write", "-n", "10"]);
+    let huge = json(&["lat", "write", "-n", "10", "--use_hugepages"]);
+    assert_eq!(plain["buffers"], "4 KiB pages");
+    // hugetlb when pages are reserved, else transparent huge pages, else a note saying why not
+    let h = huge["buffers"].as_str().unwrap();
+    assert!(h.contains("huge pages") || h.contains("MAP_HUGETLB"), "{h}");
+    assert_ne!(h, "4 KiB pages");
+}
+
+#[test]
+fn pcap_capture_of_the_emulated_fabric() {
+    let path = std::env::temp_dir().join(format!("mlx5-cli-{}.pcap", std::process::id()));
+    let doc = json(&["lat", "send", "-n", "10", "--pcap", path.to_str().unwrap()]);
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    // classic pcap global header (either byte order), then one record per packet
+    let magic = u32::from_le_bytes(bytes[..4].try_into().unwrap());
+    assert!(
+        magic == 0xa1b2_c3d4 || magic.swap_bytes() == 0xa1b2_c3d4,
+        "{magic:#x}"
+    );
+    assert!(bytes.len() > 24 + 16 * counter(&doc, "packets_sent") as usize);
+}

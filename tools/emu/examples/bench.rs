@@ -1,0 +1,76 @@
+//! Emulator benchmark: 64-byte RC SEND messages per second between two in-process QPs in
+//! stepped mode, and the CPU share of an idle threaded HCA (getrusage).
+//!
+//! `cargo run --release -p mlx5-emu --example bench [messages]`
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use mlx5_emu::{EmuConfig, Emulator, RunMode};
+use mlx5_hw::opcodes::SendOpcode;
+use mlx5_hw::wqe::{DataSeg, FM_CE_SE_CQ_UPDATE};
+use zerocopy::IntoBytes;
+
+fn cpu_seconds() -> f64 {
+    let mut ru = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage fills the struct we pass.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, ru.as_mut_ptr()) };
+    assert_eq!(rc, 0);
+    // SAFETY: initialised by the successful call above.
+    let ru = unsafe { ru.assume_init() };
+    let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
+    t(ru.ru_utime) + t(ru.ru_stime)
+}
+
+fn main() {
+    let n: usize = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(200_000);
+    let batch = 16;
+    let mut p = pair(RC, Knobs::default());
+    let (ba, la, bb, lb) = (p.ma.0.addr(), p.ma.1, p.mb.0.addr(), p.mb.1);
+    let t0 = Instant::now();
+    let mut done = 0;
+    while done < n {
+        let k = batch.min(n - done);
+        let mut last = 0;
+        for _ in 0..k {
+            p.qb.post_recv(&[(bb, 64, lb)]);
+            let seg = DataSeg::new(64, la, ba);
+            let sig = FM_CE_SE_CQ_UPDATE;
+            last =
+                p.qa.build_send(SendOpcode::SEND, 0, sig, [0; 4], seg.as_bytes());
+        }
+        p.qa.ring(&p.a, last, Ring::Doorbell);
+        p.emu.run_until_idle();
+        let (mut sa, mut sb) = (0, 0);
+        while p.cqa.poll().is_some() {
+            sa += 1;
+        }
+        while p.cqb.poll().is_some() {
+            sb += 1;
+        }
+        assert_eq!((sa, sb), (k, k));
+        done += k;
+    }
+    let dt = t0.elapsed().as_secs_f64();
+    println!(
+        "stepped RC SEND 64 B: {n} messages in {dt:.3} s = {:.0} msg/s",
+        n as f64 / dt
+    );
+
+    let emu = Emulator::new(EmuConfig {
+        mode: RunMode::Threaded,
+        ..EmuConfig::default()
+    });
+    let _ctx = Ctx::open(&emu, 0);
+    std::thread::sleep(Duration::from_millis(300));
+    let (c0, w0) = (cpu_seconds(), Instant::now());
+    std::thread::sleep(Duration::from_secs(2));
+    let share = (cpu_seconds() - c0) / w0.elapsed().as_secs_f64();
+    println!("idle threaded HCA: {:.2}% of one core", share * 100.0);
+}

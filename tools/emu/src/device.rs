@@ -1,0 +1,2200 @@
+//! The device: doorbell intake, WQE execution, transport engine, CQEs and events.
+//!
+//! Everything here runs under the world lock, called from [`step`]. User memory (rings,
+//! doorbell records, data buffers) is accessed through [`crate::mem`], so a buffer the user
+//! unmapped behind the device's back produces an error completion, not a crash.
+
+use mlx5_hw::cqe::{Cqe64, ErrCqe, op_own};
+use mlx5_hw::opcodes::{CqeOpcode, SendOpcode, Syndrome, VendorSyndrome};
+use mlx5_hw::types::{Be16, Be32, Be64};
+use mlx5_hw::wqe::{
+    AtomicSeg, CtrlSeg, DataSeg, DatagramSeg, INLINE_SEG_FLAG, INVALID_LKEY, RaddrSeg,
+};
+use zerocopy::{FromBytes, IntoBytes};
+
+use crate::state::{Outstanding, RxMsg, World, access, ev, qps, qpt};
+use crate::transport::{
+    self, AtomicEth, Grh, Packet, ROCE_PORT, Reth, UNKNOWN_QPN, aeth, decode, encode, node_ip, op,
+    psn_before,
+};
+use crate::{RunMode, mem};
+
+/// How far to look for work in one step before yielding the lock.
+const MAX_WQES_PER_QP_STEP: usize = 256;
+
+/// One round of device work. Returns the number of work items done.
+pub(crate) fn step(w: &mut World) -> usize {
+    let mut work = 0;
+    tick_clock(w);
+    work += receive_udp(w);
+    work += scan_doorbells(w);
+    work += run_send_queues(w);
+    work += deliver_wire(w);
+    work += run_timers(w);
+    if work == 0 && w.cfg.mode == RunMode::Stepped {
+        if let Some(t) = next_deadline(w) {
+            if t > w.vclock {
+                w.vclock = t;
+                work = 1;
+            }
+        }
+    }
+    work
+}
+
+/// Keep the core-clock page (internal_timer_h/l, big-endian) moving.
+fn tick_clock(w: &World) {
+    let now = w.now();
+    for c in w.contexts.values() {
+        let mut b = [0u8; 8];
+        b[..4].copy_from_slice(&((now >> 32) as u32).to_be_bytes());
+        b[4..].copy_from_slice(&(now as u32).to_be_bytes());
+        c.uar.store(
+            c.uar_pages,
+            crate::kernel::caps::CORE_CLOCK_OFFSET as usize,
+            b,
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Doorbells
+
+enum Doorbell {
+    Arm {
+        hca: usize,
+        ctx: u64,
+        word: u64,
+    },
+    Send {
+        hca: usize,
+        ctx: u64,
+        word: u64,
+        rest: Vec<u8>,
+    },
+}
+
+fn bf_positions(bf_reg_size: u32) -> (usize, Vec<usize>) {
+    let half = if bf_reg_size >= 128 {
+        (bf_reg_size / 2) as usize & !7
+    } else {
+        0x100
+    };
+    let mut v = Vec::new();
+    let mut p = 0x800;
+    while p + 8 <= 0x1000 {
+        v.push(p);
+        p += half;
+    }
+    (half, v)
+}
+
+fn scan_doorbells(w: &mut World) -> usize {
+    let (half, positions) = bf_positions(w.cfg.bf_reg_size);
+    let bf = w.cfg.bf_reg_size != 0;
+    let mut found = Vec::new();
+    for (&ctx, c) in &w.contexts {
+        for page in 0..c.uar_pages {
+            let arm = c.uar.take(page, mlx5_hw::doorbell::UAR_CQ_DOORBELL);
+            if arm != 0 {
+                found.push(Doorbell::Arm {
+                    hca: c.hca,
+                    ctx,
+                    word: arm,
+                });
+            }
+            for &pos in &positions {
+                let word = c.uar.take(page, pos);
+                if word != 0 {
+                    let rest = if bf {
+                        c.uar.take_bytes(page, pos + 8, half - 8)
+                    } else {
+                        Vec::new()
+                    };
+                    found.push(Doorbell::Send {
+                        hca: c.hca,
+                        ctx,
+                        word,
+                        rest,
+                    });
+                }
+            }
+        }
+    }
+    let n = found.len();
+    for d in found {
+        match d {
+            Doorbell::Arm { hca, ctx, word } => cq_arm(w, hca, ctx, word),
+            Doorbell::Send {
+                hca,
+                ctx,
+                word,
+                rest,
+            } => send_doorbell(w, hca, ctx, word, &rest),
+        }
+    }
+    n
+}
+
+fn send_doorbell(w: &mut World, hca: usize, ctx: u64, word: u64, rest: &[u8]) {
+    // The 8 bytes are ctrl bytes 0..8 verbatim: BE32 opmod|idx|opcode, BE32 qpn|ds.
+    let b = word.to_ne_bytes();
+    let ctrl = CtrlSeg::read_from_bytes(&[&b[..], &[0u8; 8][..]].concat()).ok();
+    let stepped = w.cfg.mode == RunMode::Stepped;
+    let h = &mut w.hcas[hca];
+    h.counters.doorbells += 1;
+    let Some(ctrl) = ctrl else { return };
+    let qpn = ctrl.qpn();
+    let Some(qp) = h.qps.get_mut(&qpn).filter(|q| q.ctx == ctx) else {
+        h.counters.doorbell_drops += 1;
+        return;
+    };
+    let Ok(pi) = mem::read_be32(qp.db + 4) else {
+        return;
+    };
+    qp.sq_rung = pi as u16;
+    if rest.iter().any(|&x| x != 0) {
+        h.counters.bf_writes += 1;
+        if stepped && qp.sq_wqe_cnt > 0 {
+            let len = (ctrl.ds() as usize * 16).min(rest.len() + 8);
+            let ring = read_wqe(
+                qp.buf + ((qp.rq_wqe_cnt as u64) << qp.rq_wqe_shift),
+                qp.sq_wqe_cnt,
+                ctrl.wqe_index() as u32,
+                len,
+            );
+            let same = ring.is_ok_and(|r| len <= 8 || r[8..len] == rest[..len - 8]);
+            if !same {
+                h.counters.bf_mismatches += 1;
+            }
+        }
+    }
+}
+
+fn cq_arm(w: &mut World, hca: usize, ctx: u64, word: u64) {
+    let b = word.to_ne_bytes();
+    let arm = u32::from_be_bytes([b[0], b[1], b[2], b[3]]);
+    let cqn = u32::from_be_bytes([b[4], b[5], b[6], b[7]]) & 0xff_ffff;
+    w.hcas[hca].counters.cq_arms += 1;
+    let Some(cq) = w.hcas[hca].cqs.get_mut(&cqn).filter(|c| c.ctx == ctx) else {
+        return;
+    };
+    let sn = ((arm >> 28) & 3) as u8;
+    let solicited = (arm >> 24) & 3 == 1;
+    let ci = arm & 0xff_ffff;
+    if cq.last_fired_sn == Some(sn) {
+        return; // a repeat of the arm that already fired
+    }
+    cq.armed = Some(solicited);
+    cq.armed_sn = sn;
+    if !solicited && (cq.pi & 0xff_ffff) != ci {
+        fire_event(w, hca, cqn);
+    }
+}
+
+fn fire_event(w: &mut World, hca: usize, cqn: u32) {
+    let Some(cq) = w.hcas[hca].cqs.get_mut(&cqn) else {
+        return;
+    };
+    cq.armed = None;
+    cq.last_fired_sn = Some(cq.armed_sn);
+    let Some(ch) = cq.channel else { return };
+    let handle = cq.user_handle;
+    if let Some(Some(chan)) = w.channels.get_mut(ch) {
+        if chan.push(&handle.to_ne_bytes()) {
+            if let Some(cq) = w.hcas[hca].cqs.get_mut(&cqn) {
+                cq.events += 1;
+            }
+            w.hcas[hca].counters.comp_events += 1;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// CQEs
+
+/// Everything a CQE says.
+#[derive(Clone, Debug, Default)]
+struct CqeSpec {
+    opcode: u8,
+    qpn: u32,
+    srqn_uidx: u32,
+    byte_cnt: u32,
+    imm: [u8; 4],
+    wqe_counter: u16,
+    send_op: u8,
+    src_qp: u32,
+    grh: bool,
+    slid: u16,
+    sl: u8,
+    se: bool,
+    /// (syndrome, vendor syndrome) for error CQEs.
+    err: Option<(u8, u8)>,
+    /// Data scattered into the CQE (format 1 or 2).
+    scatter: Option<Vec<u8>>,
+}
+
+/// Write one CQE into CQ `cqn` of `hca` as hardware does; raises the completion event if
+/// armed, the CQ error async event on overrun. Returns false if the CQE was not written.
+fn post_cqe(w: &mut World, hca: usize, cqn: u32, s: &CqeSpec) -> bool {
+    let now = w.now();
+    let Some(cq) = w.hcas[hca].cqs.get_mut(&cqn) else {
+        return false;
+    };
+    if cq.in_error {
+        return false;
+    }
+    let ci = mem::read_be32(cq.db).map(|v| v & 0xff_ffff).unwrap_or(0);
+    if !cq.ignore_overrun && (cq.pi.wrapping_sub(ci) & 0xff_ffff) >= cq.ncqe {
+        cq.in_error = true;
+        cq.async_events += 1;
+        let (ctx, uh) = (cq.ctx, cq.user_handle);
+        w.async_event(ctx, uh, ev::CQ_ERR);
+        return false;
+    }
+    let log = cq.ncqe.trailing_zeros();
+    let owner = ((cq.pi >> log) & 1) as u8;
+    let entry = cq.buf + (cq.pi & (cq.ncqe - 1)) as u64 * cq.cqe_size as u64;
+    let desc = entry + if cq.cqe_size == 128 { 64 } else { 0 };
+    let mut format = 0;
+    let mut bytes = [0u8; 64];
+    if let Some(data) = &s.scatter {
+        if cq.cqe_size == 128 && data.len() > 32 {
+            format = 2;
+            let mut first = [0u8; 64];
+            first[..data.len().min(64)].copy_from_slice(&data[..data.len().min(64)]);
+            if mem::write(entry, &first).is_err() {
+                return false;
+            }
+        } else {
+            format = 1;
+            bytes[..data.len().min(32)].copy_from_slice(&data[..data.len().min(32)]);
+        }
+    }
+    let opcode = CqeOpcode(s.opcode);
+    if let Some((synd, vend)) = s.err {
+        let mut e = ErrCqe::zeroed();
+        e.srqn = Be32::new(s.srqn_uidx & 0xff_ffff);
+        e.vendor_err_synd = vend;
+        e.syndrome = synd;
+        e.s_wqe_opcode_qpn = Be32::new((u32::from(s.send_op) << 24) | (s.qpn & 0xff_ffff));
+        e.wqe_counter = Be16::new(s.wqe_counter);
+        bytes.copy_from_slice(e.as_bytes());
+    } else {
+        let mut c = Cqe64::read_from_bytes(&bytes).unwrap_or_else(|_| Cqe64::zeroed());
+        c.slid = Be16::new(s.slid);
+        c.flags_rqpn = Be32::new(
+            (s.src_qp & 0xff_ffff)
+                | (u32::from(s.sl & 0xf) << 24)
+                | if s.grh { 1 << 28 } else { 0 },
+        );
+        c.srqn_uidx = Be32::new(s.srqn_uidx & 0xff_ffff);
+        c.imm_inval_pkey = Be32::from_bytes(s.imm);
+        c.byte_cnt = Be32::new(s.byte_cnt);
+        c.timestamp = Be64::new(now);
+        c.sop_drop_qpn = Be32::new((u32::from(s.send_op) << 24) | (s.qpn & 0xff_ffff));
+        c.wqe_counter = Be16::new(s.wqe_counter);
+        bytes.copy_from_slice(c.as_bytes());
+    }
+    // Body first, then the ownership byte, so the poller never sees a half-written CQE.
+    if mem::write(desc, &bytes[..63]).is_err() {
+        return false;
+    }
+    if mem::write(desc + 63, &[op_own(opcode, format, s.se, owner)]).is_err() {
+        return false;
+    }
+    cq.pi = cq.pi.wrapping_add(1);
+    let fire = match cq.armed {
+        Some(sol) => !sol || s.se || s.err.is_some(),
+        None => false,
+    };
+    let counters = &mut w.hcas[hca].counters;
+    counters.cqes_written += 1;
+    if let Some((synd, _)) = s.err {
+        let flush = synd == Syndrome::WR_FLUSH.0;
+        match (s.opcode == CqeOpcode::REQ_ERR.0, flush) {
+            (true, true) => counters.req_cqe_flush_error += 1,
+            (true, false) => counters.req_cqe_error += 1,
+            (false, true) => counters.resp_cqe_flush_error += 1,
+            (false, false) => counters.resp_cqe_error += 1,
+        }
+    }
+    if fire {
+        fire_event(w, hca, cqn);
+    }
+    true
+}
+
+// ---------------------------------------------------------------------------------------
+// Memory translation
+
+/// Translate `[va, va+len)` under key `key` for a QP in PD `pdn`; `need` are the access
+/// bits the MR must grant. Returns the process address.
+fn translate(
+    w: &World,
+    hca: usize,
+    key: u32,
+    pdn: u32,
+    va: u64,
+    len: u64,
+    need: u32,
+) -> Option<u64> {
+    let mr = w.hcas[hca].mrs.get(&(key >> 8))?;
+    if mr.key != key || mr.pdn != pdn || mr.access & need != need {
+        return None;
+    }
+    let zero_based = mr.access & access::ZERO_BASED != 0;
+    let base = if zero_based { 0 } else { mr.iova };
+    let off = va.checked_sub(base)?;
+    if off.checked_add(len)? > mr.length {
+        return None;
+    }
+    Some(mr.start + off)
+}
+
+/// A scatter/gather list already translated to process addresses.
+type Sgl = Vec<(u64, u32)>;
+
+/// Parse data segments (`segs`, a multiple of 16 bytes) into a translated list.
+fn data_segs(
+    w: &World,
+    hca: usize,
+    pdn: u32,
+    segs: &[u8],
+    need: u32,
+    stop_at_invalid: bool,
+) -> Result<Sgl, Syndrome> {
+    let mut out = Vec::new();
+    for chunk in segs.chunks_exact(16) {
+        let Ok(d) = DataSeg::read_from_bytes(chunk) else {
+            break;
+        };
+        if stop_at_invalid && d.lkey() == INVALID_LKEY {
+            break;
+        }
+        let len = d.byte_count();
+        if len & INLINE_SEG_FLAG != 0 && !stop_at_invalid {
+            return Err(Syndrome::LOCAL_QP_OP);
+        }
+        let len = if len == 0 { 0x8000_0000 } else { len };
+        let addr = translate(w, hca, d.lkey(), pdn, d.addr(), len as u64, need)
+            .ok_or(Syndrome::LOCAL_PROT)?;
+        out.push((addr, len));
+    }
+    Ok(out)
+}
+
+fn gather(sgl: &Sgl) -> Result<Vec<u8>, Syndrome> {
+    let total: u64 = sgl.iter().map(|s| s.1 as u64).sum();
+    if total > 0x8000_0000 {
+        return Err(Syndrome::LOCAL_LENGTH);
+    }
+    let mut v = Vec::with_capacity(total as usize);
+    for &(a, l) in sgl {
+        v.extend_from_slice(&mem::read_vec(a, l as usize).map_err(|_| Syndrome::LOCAL_PROT)?);
+    }
+    Ok(v)
+}
+
+/// Scatter `data` into `sgl`. Err(LOCAL_LENGTH) if it does not fit.
+fn scatter(sgl: &Sgl, data: &[u8]) -> Result<(), Syndrome> {
+    let cap: u64 = sgl.iter().map(|s| s.1 as u64).sum();
+    if (data.len() as u64) > cap {
+        return Err(Syndrome::LOCAL_LENGTH);
+    }
+    let mut off = 0;
+    for &(a, l) in sgl {
+        if off >= data.len() {
+            break;
+        }
+        let n = (l as usize).min(data.len() - off);
+        mem::write(a, &data[off..off + n]).map_err(|_| Syndrome::LOCAL_PROT)?;
+        off += n;
+    }
+    Ok(())
+}
+
+/// Read `len` bytes of the WQE starting at WQEBB counter `idx` of an SQ at `sq` with
+/// `cnt` WQEBBs, following the wrap at the ring end.
+fn read_wqe(sq: u64, cnt: u32, idx: u32, len: usize) -> Result<Vec<u8>, crate::Errno> {
+    let mut out = Vec::with_capacity(len);
+    let mut i = idx;
+    while out.len() < len {
+        let slot = (i & (cnt - 1)) as u64;
+        let n = (len - out.len()).min(64);
+        out.extend_from_slice(&mem::read_vec(sq + slot * 64, n)?);
+        i = i.wrapping_add(1);
+    }
+    Ok(out)
+}
+
+// ---------------------------------------------------------------------------------------
+// Send queues
+
+fn run_send_queues(w: &mut World) -> usize {
+    let keys: Vec<(usize, u32)> = w
+        .hcas
+        .iter()
+        .enumerate()
+        .flat_map(|(i, h)| h.qps.keys().map(move |&q| (i, q)))
+        .collect();
+    let mut work = 0;
+    for (hca, qpn) in keys {
+        let Some(q) = w.hcas[hca].qps.get(&qpn) else {
+            continue;
+        };
+        if q.state == qps::ERR {
+            work += flush_qp(w, hca, qpn);
+        } else if q.state == qps::RTS && (q.sq_head as u16) != q.sq_rung {
+            work += run_sq(w, hca, qpn);
+        }
+    }
+    work
+}
+
+/// Outcome of looking at one send WQE.
+enum Exec {
+    /// Executed; advance by this many WQEBBs.
+    Done(u32),
+    /// Must wait (fence, outstanding-read limit).
+    Blocked,
+}
+
+fn run_sq(w: &mut World, hca: usize, qpn: u32) -> usize {
+    let mut n = 0;
+    while n < MAX_WQES_PER_QP_STEP {
+        let Some(q) = w.hcas[hca].qps.get(&qpn) else {
+            break;
+        };
+        if q.state != qps::RTS || (q.sq_head as u16) == q.sq_rung {
+            break;
+        }
+        match exec_wqe(w, hca, qpn) {
+            Exec::Done(bbs) => {
+                if let Some(q) = w.hcas[hca].qps.get_mut(&qpn) {
+                    q.sq_head = q.sq_head.wrapping_add(bbs.max(1));
+                }
+                n += 1;
+            }
+            Exec::Blocked => break,
+        }
+    }
+    n
+}
+
+/// The parsed, validated form of one send WQE.
+struct Wqe {
+    idx: u16,
+    opcode: SendOpcode,
+    signaled: bool,
+    se: bool,
+    fence: bool,
+    imm: [u8; 4],
+    bytes: Vec<u8>,
+    wqebbs: u32,
+}
+
+fn requester_error(w: &mut World, hca: usize, qpn: u32, idx: u16, send_op: u8, synd: Syndrome) {
+    let Some(q) = w.hcas[hca].qps.get(&qpn) else {
+        return;
+    };
+    let spec = CqeSpec {
+        opcode: CqeOpcode::REQ_ERR.0,
+        qpn,
+        srqn_uidx: q.uidx,
+        wqe_counter: idx,
+        send_op,
+        err: Some((synd.0, VendorSyndrome::for_syndrome(synd).0)),
+        ..Default::default()
+    };
+    let cq = q.send_cq;
+    post_cqe(w, hca, cq, &spec);
+    match synd {
+        Syndrome::TRANSPORT_RETRY_EXC => w.hcas[hca].counters.req_transport_retries_exceeded += 1,
+        Syndrome::RNR_RETRY_EXC => w.hcas[hca].counters.req_rnr_retries_exceeded += 1,
+        _ => {}
+    }
+    qp_to_err(w, hca, qpn, ev::QP_FATAL);
+}
+
+fn qp_to_err(w: &mut World, hca: usize, qpn: u32, event: u32) {
+    let Some(q) = w.hcas[hca].qps.get_mut(&qpn) else {
+        return;
+    };
+    if q.state == qps::ERR {
+        return;
+    }
+    q.state = qps::ERR;
+    q.events_reported += 1;
+    let (ctx, uh) = (q.ctx, q.user_handle);
+    w.async_event(ctx, uh, event);
+}
+
+fn requester_ok(
+    w: &mut World,
+    hca: usize,
+    qpn: u32,
+    idx: u16,
+    send_op: u8,
+    byte_cnt: u32,
+    scatter: Option<Vec<u8>>,
+) {
+    let Some(q) = w.hcas[hca].qps.get(&qpn) else {
+        return;
+    };
+    let spec = CqeSpec {
+        opcode: CqeOpcode::REQ.0,
+        qpn,
+        srqn_uidx: q.uidx,
+        byte_cnt,
+        wqe_counter: idx,
+        send_op,
+        scatter,
+        ..Default::default()
+    };
+    let cq = q.send_cq;
+    post_cqe(w, hca, cq, &spec);
+}
+
+fn exec_wqe(w: &mut World, hca: usize, qpn: u32) -> Exec {
+    let q = &w.hcas[hca].qps[&qpn];
+    let sq = q.buf + ((q.rq_wqe_cnt as u64) << q.rq_wqe_shift);
+    let (cnt, head) = (q.sq_wqe_cnt, q.sq_head);
+    let idx = head as u16;
+    if cnt == 0 {
+        return Exec::Done(1);
+    }
+    let Ok(first) = read_wqe(sq, cnt, head, 16) else {
+        requester_error(w, hca, qpn, idx, 0, Syndrome::LOCAL_PROT);
+        return Exec::Done(1);
+    };
+    let ctrl =
+        CtrlSeg::read_from_bytes(&first[..16]).unwrap_or_else(|_| CtrlSeg::new_zeroed_ctrl());
+    let ds = ctrl.ds() as u32;
+    let wqebbs = ds.div_ceil(4).max(1);
+    let opcode = ctrl.opcode();
+    if ds == 0 || ctrl.qpn() != qpn || ctrl.wqe_index() != idx {
+        requester_error(w, hca, qpn, idx, opcode.0, Syndrome::LOCAL_QP_OP);
+        return Exec::Done(wqebbs);
+    }
+    let Ok(bytes) = read_wqe(sq, cnt, head, ds as usize * 16) else {
+        requester_error(w, hca, qpn, idx, opcode.0, Syndrome::LOCAL_PROT);
+        return Exec::Done(wqebbs);
+    };
+    let wqe = Wqe {
+        idx,
+        opcode,
+        signaled: ctrl.fm_ce_se & 0x0C != 0,
+        se: ctrl.solicited(),
+        fence: ctrl.fm_ce_se & 0xE0 != 0,
+        imm: ctrl.imm.to_bytes(),
+        bytes,
+        wqebbs,
+    };
+    let qt = q.qp_type;
+    // Ordering constraints for RC: fence waits for outstanding READ/atomics; the number of
+    // outstanding READ/atomics is bounded by max_rd_atomic.
+    if qt == qpt::RC {
+        let reads =
+            q.rc.outstanding
+                .iter()
+                .filter(|o| o.is_read_like && !o.done)
+                .count();
+        let is_read = matches!(
+            opcode,
+            SendOpcode::RDMA_READ
+                | SendOpcode::ATOMIC_CS
+                | SendOpcode::ATOMIC_FA
+                | SendOpcode::ATOMIC_MASKED_CS
+                | SendOpcode::ATOMIC_MASKED_FA
+        );
+        if (wqe.fence && reads > 0) || (is_read && reads >= usize::from(q.max_rd_atomic.max(1))) {
+            return Exec::Blocked;
+        }
+    }
+    let c = &mut w.hcas[hca].counters;
+    c.wqes_executed += 1;
+    match build_request(w, hca, qpn, &wqe) {
+        Ok((pkt, local, len)) => {
+            post_request(w, hca, qpn, &wqe, pkt, local, len);
+        }
+        Err(s) => {
+            requester_error(w, hca, qpn, idx, opcode.0, s);
+        }
+    }
+    Exec::Done(wqe.wqebbs)
+}
+
+trait ZeroCtrl {
+    fn new_zeroed_ctrl() -> Self;
+}
+impl ZeroCtrl for CtrlSeg {
+    fn new_zeroed_ctrl() -> Self {
+        CtrlSeg::read_from_bytes(&[0u8; 16]).expect("16 bytes make a CtrlSeg")
+    }
+}
+
+/// Decode the payload part of a WQE at byte offset `off`: inline data or data segments.
+fn payload(
+    w: &mut World,
+    hca: usize,
+    pdn: u32,
+    bytes: &[u8],
+    off: usize,
+) -> Result<Vec<u8>, Syndrome> {
+    let rest = bytes.get(off..).unwrap_or(&[]);
+    if rest.len() >= 4 {
+        let hdr = u32::from_be_bytes([rest[0], rest[1], rest[2], rest[3]]);
+        if hdr & INLINE_SEG_FLAG != 0 {
+            let len = (hdr & !INLINE_SEG_FLAG) as usize;
+            w.hcas[hca].counters.inline_wqes += 1;
+            return rest
+                .get(4..4 + len)
+                .map(<[u8]>::to_vec)
+                .ok_or(Syndrome::LOCAL_LENGTH);
+        }
+    }
+    let sgl = data_segs(w, hca, pdn, rest, 0, false)?;
+    gather(&sgl)
+}
+
+/// Validate a WQE and turn it into the request packet. Returns (packet, local scatter list
+/// for responses, message length).
+fn build_request(
+    w: &mut World,
+    hca: usize,
+    qpn: u32,
+    wqe: &Wqe,
+) -> Result<(Packet, Sgl, u32), Syndrome> {
+    let q = &w.hcas[hca].qps[&qpn];
+    let (qt, pdn, mtu) = (q.qp_type, q.pdn, transport::mtu_bytes(q.path_mtu));
+    let me = &w.hcas[hca].info;
+    let mut p = Packet {
+        src_hca: hca,
+        slid: me.lid,
+        src_qpn: qpn,
+        se: wqe.se,
+        ack_req: true,
+        sl: q.path.sl,
+        ..Default::default()
+    };
+    let b = &wqe.bytes;
+    let tbits = match qt {
+        qpt::UC => op::UC,
+        _ => 0,
+    };
+    let mut local = Vec::new();
+    let mut len = 0u32;
+    if qt == qpt::UD {
+        let av = DatagramSeg::read_from_bytes(b.get(16..64).ok_or(Syndrome::LOCAL_QP_OP)?)
+            .map_err(|_| Syndrome::LOCAL_QP_OP)?;
+        p.opcode = match wqe.opcode {
+            SendOpcode::SEND => op::UD_SEND_ONLY,
+            SendOpcode::SEND_IMM => op::UD_SEND_ONLY_IMM,
+            _ => return Err(Syndrome::LOCAL_QP_OP),
+        };
+        let qkey = av.qkey();
+        p.qkey = if qkey & 0x8000_0000 != 0 {
+            q.qkey
+        } else {
+            qkey
+        };
+        p.dst_qpn = av.dqpn();
+        p.dst_lid = route(w, av.rlid(), if av.grh() { Some(av.rgid) } else { None })
+            .ok_or(Syndrome::LOCAL_QP_OP)?;
+        if av.grh() {
+            p.grh = Some(Grh {
+                tclass: av.tclass,
+                flow_label: av.flow_label(),
+                hop_limit: av.hop_limit,
+                sgid: w.hcas[hca].info.port_gid,
+                dgid: av.rgid,
+            });
+        }
+        if wqe.opcode == SendOpcode::SEND_IMM {
+            p.imm = Some(wqe.imm);
+        }
+        p.payload = payload(w, hca, pdn, b, 64)?;
+        if p.payload.len() as u32 > mtu {
+            return Err(Syndrome::LOCAL_LENGTH);
+        }
+        return Ok((p, local, 0));
+    }
+    // Connected: destination from the QP context.
+    let q = &w.hcas[hca].qps[&qpn];
+    p.dst_qpn = q.dest_qpn;
+    p.dst_lid = route(
+        w,
+        q.path.dlid,
+        if q.path.is_global {
+            Some(q.path.dgid)
+        } else {
+            None
+        },
+    )
+    .unwrap_or(0);
+    let raddr = || -> Result<RaddrSeg, Syndrome> {
+        RaddrSeg::read_from_bytes(b.get(16..32).ok_or(Syndrome::LOCAL_QP_OP)?)
+            .map_err(|_| Syndrome::LOCAL_QP_OP)
+    };
+    match wqe.opcode {
+        SendOpcode::NOP => {
+            p.opcode = 0xFF;
+        }
+        SendOpcode::SEND | SendOpcode::SEND_IMM | SendOpcode::SEND_INVAL => {
+            p.opcode = tbits
+                | match wqe.opcode {
+                    SendOpcode::SEND => op::RC_SEND_ONLY,
+                    SendOpcode::SEND_IMM => op::RC_SEND_ONLY_IMM,
+                    _ if qt == qpt::RC => op::RC_SEND_ONLY_INV,
+                    _ => return Err(Syndrome::LOCAL_QP_OP),
+                };
+            if wqe.opcode == SendOpcode::SEND_IMM {
+                p.imm = Some(wqe.imm);
+            }
+            if wqe.opcode == SendOpcode::SEND_INVAL {
+                p.inv_rkey = Some(u32::from_be_bytes(wqe.imm));
+            }
+            p.payload = payload(w, hca, pdn, b, 16)?;
+            len = p.payload.len() as u32;
+        }
+        SendOpcode::RDMA_WRITE | SendOpcode::RDMA_WRITE_IMM => {
+            let r = raddr()?;
+            p.opcode = tbits
+                | if wqe.opcode == SendOpcode::RDMA_WRITE {
+                    op::RC_WRITE_ONLY
+                } else {
+                    op::RC_WRITE_ONLY_IMM
+                };
+            if wqe.opcode == SendOpcode::RDMA_WRITE_IMM {
+                p.imm = Some(wqe.imm);
+            }
+            p.payload = payload(w, hca, pdn, b, 32)?;
+            len = p.payload.len() as u32;
+            p.reth = Some(Reth {
+                va: r.raddr(),
+                rkey: r.rkey(),
+                len,
+            });
+        }
+        SendOpcode::RDMA_READ if qt == qpt::RC => {
+            let r = raddr()?;
+            local = data_segs(w, hca, pdn, &b[32..], access::LOCAL_WRITE, false)?;
+            let total: u64 = local.iter().map(|s| s.1 as u64).sum();
+            if total > 0x8000_0000 {
+                return Err(Syndrome::LOCAL_LENGTH);
+            }
+            len = total as u32;
+            p.opcode = op::RC_READ_REQUEST;
+            p.reth = Some(Reth {
+                va: r.raddr(),
+                rkey: r.rkey(),
+                len,
+            });
+        }
+        SendOpcode::ATOMIC_CS | SendOpcode::ATOMIC_FA if qt == qpt::RC => {
+            let r = raddr()?;
+            let a = AtomicSeg::read_from_bytes(b.get(32..48).ok_or(Syndrome::LOCAL_QP_OP)?)
+                .map_err(|_| Syndrome::LOCAL_QP_OP)?;
+            local = data_segs(
+                w,
+                hca,
+                pdn,
+                b.get(48..).unwrap_or(&[]),
+                access::LOCAL_WRITE,
+                false,
+            )?;
+            let total: u64 = local.iter().map(|s| s.1 as u64).sum();
+            if total != 8 {
+                return Err(Syndrome::LOCAL_LENGTH);
+            }
+            len = 8;
+            p.opcode = if wqe.opcode == SendOpcode::ATOMIC_CS {
+                op::RC_CMP_SWAP
+            } else {
+                op::RC_FETCH_ADD
+            };
+            p.atomic = Some(AtomicEth {
+                va: r.raddr(),
+                rkey: r.rkey(),
+                swap_add: a.swap_add(),
+                compare: a.compare(),
+                masked: None,
+            });
+        }
+        SendOpcode::ATOMIC_MASKED_CS | SendOpcode::ATOMIC_MASKED_FA if qt == qpt::RC => {
+            let r = raddr()?;
+            let opmod = (u32::from_be_bytes([b[0], b[1], b[2], b[3]]) >> 24) as u8;
+            let size: u8 = match opmod {
+                0x08 => 4,
+                0x09 => 8,
+                _ => return Err(Syndrome::LOCAL_QP_OP),
+            };
+            let is_cs = wqe.opcode == SendOpcode::ATOMIC_MASKED_CS;
+            let be = |o: usize, n: u8| -> u64 {
+                let s = b.get(o..o + n as usize).unwrap_or(&[]);
+                s.iter().fold(0u64, |acc, &x| (acc << 8) | u64::from(x))
+            };
+            let (swap_add, compare, m1, m2, seg_len) = match (is_cs, size) {
+                (true, 4) => (be(32, 4), be(36, 4), be(40, 4), be(44, 4), 16),
+                (true, _) => (be(32, 8), be(40, 8), be(48, 8), be(56, 8), 32),
+                (false, 4) => (be(32, 4), 0, be(36, 4), 0, 16),
+                (false, _) => (be(32, 8), 0, be(40, 8), 0, 16),
+            };
+            local = data_segs(
+                w,
+                hca,
+                pdn,
+                b.get(32 + seg_len..).unwrap_or(&[]),
+                access::LOCAL_WRITE,
+                false,
+            )?;
+            let total: u64 = local.iter().map(|s| s.1 as u64).sum();
+            if total != u64::from(size) {
+                return Err(Syndrome::LOCAL_LENGTH);
+            }
+            len = u32::from(size);
+            p.opcode = op::RC_MASKED_ATOMIC;
+            p.atomic = Some(AtomicEth {
+                va: r.raddr(),
+                rkey: r.rkey(),
+                swap_add,
+                compare,
+                masked: Some((m1, m2, is_cs, size)),
+            });
+        }
+        _ => return Err(Syndrome::LOCAL_QP_OP),
+    }
+    if len > (1 << 30) {
+        return Err(Syndrome::LOCAL_LENGTH);
+    }
+    Ok((p, local, len))
+}
+
+/// The destination LID of an address: the LID itself, or for a GID (link-local prefix +
+/// node GUID) the node number the GUID encodes.
+fn route(w: &World, lid: u16, gid: Option<[u8; 16]>) -> Option<u16> {
+    if let Some(g) = gid {
+        if let Some(h) = w.hcas.iter().find(|h| h.info.port_gid == g) {
+            return Some(h.info.lid);
+        }
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&g[8..]);
+        let n = u64::from_be_bytes(b).wrapping_sub(crate::BASE_GUID);
+        if (1..0xffff).contains(&n) {
+            return Some(n as u16);
+        }
+    }
+    (lid != 0).then_some(lid)
+}
+
+fn post_request(w: &mut World, hca: usize, qpn: u32, wqe: &Wqe, pkt: Packet, local: Sgl, len: u32) {
+    let now = w.now();
+    let q = w.hcas[hca]
+        .qps
+        .get_mut(&qpn)
+        .expect("caller checked the QP");
+    let qt = q.qp_type;
+    if pkt.opcode == 0xFF {
+        // NOP: no packet; completes in order behind outstanding requests.
+        if qt == qpt::RC && !q.rc.outstanding.is_empty() {
+            let psn = q.sq_psn.wrapping_sub(1) & 0xff_ffff;
+            q.rc.outstanding.push_back(Outstanding {
+                psn,
+                last_psn: psn,
+                wqe_idx: wqe.idx,
+                opcode: wqe.opcode.0,
+                signaled: wqe.signaled,
+                packets: Vec::new(),
+                local,
+                len: 0,
+                done: true,
+                is_read_like: false,
+                read_buf: Vec::new(),
+                read_next: psn,
+            });
+            return;
+        }
+        if wqe.signaled {
+            requester_ok(w, hca, qpn, wqe.idx, wqe.opcode.0, 0, None);
+        }
+        return;
+    }
+    let mtu = transport::mtu_bytes(q.path_mtu) as usize;
+    let first = q.sq_psn;
+    let is_read = pkt.opcode == op::RC_READ_REQUEST;
+    let packets = if qt == qpt::UD {
+        vec![Packet { psn: first, ..pkt }]
+    } else {
+        segment(pkt, mtu, first)
+    };
+    let span = if is_read {
+        (len as usize).div_ceil(mtu).max(1) as u32
+    } else {
+        packets.len() as u32
+    };
+    q.sq_psn = (first + span) & 0xff_ffff;
+    if qt == qpt::RC {
+        let is_read_like = is_read || packets[0].atomic.is_some();
+        if q.rc.outstanding.is_empty() {
+            q.rc.retries_left = q.retry_cnt;
+            q.rc.rnr_left = q.rnr_retry;
+        }
+        q.rc.outstanding.push_back(Outstanding {
+            psn: first,
+            last_psn: (first + span - 1) & 0xff_ffff,
+            wqe_idx: wqe.idx,
+            opcode: wqe.opcode.0,
+            signaled: wqe.signaled,
+            packets: packets.clone(),
+            local,
+            len,
+            done: false,
+            is_read_like,
+            read_buf: Vec::new(),
+            read_next: first,
+        });
+        if q.rc.deadline.is_none() {
+            q.rc.deadline = transport::ack_timeout_ns(q.timeout).map(|t| now + t);
+        }
+        for p in packets {
+            send_packet(w, p);
+        }
+    } else {
+        let n: usize = packets.iter().map(|p| p.payload.len()).sum();
+        for p in packets {
+            send_packet(w, p);
+        }
+        if wqe.signaled {
+            requester_ok(w, hca, qpn, wqe.idx, wqe.opcode.0, n as u32, None);
+        }
+    }
+}
+
+/// Split a SEND/WRITE message (built as one `_ONLY` packet) into path-MTU packets
+/// (FIRST/MIDDLE/LAST) with consecutive PSNs. RETH rides on the first packet, ImmDt/IETH
+/// and the solicited bit on the last; every other request is one packet.
+fn segment(pkt: Packet, mtu: usize, first_psn: u32) -> Vec<Packet> {
+    let base = pkt.opcode & 0x1f;
+    let tbits = pkt.opcode & 0xe0;
+    let is_send = matches!(base, 0x04 | 0x05 | 0x17);
+    let is_write = matches!(base, 0x0A | 0x0B);
+    if !(is_send || is_write) || pkt.payload.len() <= mtu || pkt.opcode == op::RC_MASKED_ATOMIC {
+        return vec![Packet {
+            psn: first_psn,
+            ..pkt
+        }];
+    }
+    let chunks: Vec<&[u8]> = pkt.payload.chunks(mtu).collect();
+    let n = chunks.len();
+    let last_op = match base {
+        0x04 => op::RC_SEND_LAST,
+        0x05 => op::RC_SEND_LAST_IMM,
+        0x17 => op::RC_SEND_LAST_INV,
+        0x0A => op::RC_WRITE_LAST,
+        _ => op::RC_WRITE_LAST_IMM,
+    };
+    chunks
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let (first, last) = (i == 0, i + 1 == n);
+            let opcode = tbits
+                | match (is_send, first, last) {
+                    (true, true, _) => op::RC_SEND_FIRST,
+                    (true, false, false) => op::RC_SEND_MIDDLE,
+                    (false, true, _) => op::RC_WRITE_FIRST,
+                    (false, false, false) => op::RC_WRITE_MIDDLE,
+                    (_, false, true) => last_op,
+                };
+            Packet {
+                opcode,
+                psn: (first_psn + i as u32) & 0xff_ffff,
+                se: pkt.se && last,
+                ack_req: last || i % 16 == 15,
+                reth: if first { pkt.reth } else { None },
+                imm: if last { pkt.imm } else { None },
+                inv_rkey: if last { pkt.inv_rkey } else { None },
+                payload: c.to_vec(),
+                ..pkt.clone()
+            }
+        })
+        .collect()
+}
+
+/// Put a packet on the fabric (in process, or UDP when the destination LID is not one of
+/// ours), applying fault injection and pcap capture.
+fn send_packet(w: &mut World, mut pkt: Packet) {
+    let now = w.now();
+    let f = w.cfg.fault;
+    let src = pkt.src_hca;
+    w.hcas[src].counters.packets_sent += 1;
+    let local = w
+        .hcas
+        .iter()
+        .position(|h| h.info.lid == pkt.dst_lid && pkt.dst_lid != 0);
+    let remote = local.is_none() && pkt.dst_lid != 0 && w.hcas[src].sock.is_some();
+    if local.is_none() && !remote {
+        w.hcas[src].counters.packets_dropped += 1;
+        return;
+    }
+    let roll = |w: &mut World, ppm: u32| ppm > 0 && (w.rand() % 1_000_000) < u64::from(ppm);
+    if roll(w, f.drop_ppm) {
+        w.hcas[src].counters.packets_dropped += 1;
+        return;
+    }
+    let dup = roll(w, f.dup_ppm);
+    let reorder = roll(w, f.reorder_ppm);
+    let (sip, dip) = (node_ip(w.hcas[src].info.lid), node_ip(pkt.dst_lid));
+    if w.pcap.is_some() || remote {
+        let bytes = encode(&pkt, sip, dip);
+        crate::pcap::capture(w, sip, dip, &bytes, now);
+        if remote {
+            let to = std::net::SocketAddrV4::new(dip.into(), ROCE_PORT);
+            let times = if dup { 2 } else { 1 };
+            let mut failed = 0;
+            if let Some(sock) = &w.hcas[src].sock {
+                for _ in 0..times {
+                    if sock.send_to(&bytes, to).is_err() {
+                        failed += 1;
+                    }
+                }
+            }
+            w.hcas[src].counters.packets_dropped += failed;
+            return;
+        }
+    }
+    pkt.dst_hca = local.unwrap_or(0);
+    let at = now + f.delay_ns;
+    if dup {
+        w.wire.push_back((at, pkt.clone()));
+    }
+    if reorder && !w.wire.is_empty() {
+        let pos = w.wire.len() - 1;
+        w.wire.insert(pos, (at, pkt));
+    } else {
+        w.wire.push_back((at, pkt));
+    }
+}
+
+/// Receive RoCEv2 packets from the UDP sockets into the delivery queue.
+fn receive_udp(w: &mut World) -> usize {
+    if w.hcas.iter().all(|h| h.sock.is_none()) {
+        return 0;
+    }
+    let now = w.now();
+    let mut n = 0;
+    let mut buf = vec![0u8; 65536];
+    for hca in 0..w.hcas.len() {
+        for _ in 0..256 {
+            let Some(sock) = &w.hcas[hca].sock else { break };
+            let Ok((len, from)) = sock.recv_from(&mut buf) else {
+                break;
+            };
+            let std::net::SocketAddr::V4(from) = from else {
+                continue;
+            };
+            let sip = from.ip().octets();
+            let lid = w.hcas[hca].info.lid;
+            match decode(&buf[..len], sip, node_ip(lid)) {
+                Some(mut p) => {
+                    p.dst_hca = hca;
+                    p.slid = u16::from_be_bytes([sip[2], sip[3]]);
+                    p.dst_lid = lid;
+                    w.wire.push_back((now, p));
+                    n += 1;
+                }
+                None => w.hcas[hca].counters.packets_dropped += 1,
+            }
+        }
+    }
+    n
+}
+
+// ---------------------------------------------------------------------------------------
+// Receive side
+
+fn deliver_wire(w: &mut World) -> usize {
+    let now = w.now();
+    let mut n = 0;
+    // Deliver everything due now, in order, including packets generated while delivering
+    // (bounded).
+    while n < 4096 {
+        let Some(pos) = w.wire.iter().position(|(t, _)| *t <= now) else {
+            break;
+        };
+        let Some((_, pkt)) = w.wire.remove(pos) else {
+            break;
+        };
+        if pkt.is_request() {
+            responder(w, pkt);
+        } else {
+            requester_response(w, pkt);
+        }
+        n += 1;
+    }
+    n
+}
+
+fn reply(w: &mut World, req: &Packet, opcode: u8, syndrome: u8) -> Packet {
+    let lid = w.hcas[req.dst_hca].info.lid;
+    Packet {
+        src_hca: req.dst_hca,
+        dst_lid: req.slid,
+        slid: lid,
+        opcode,
+        dst_qpn: req.src_qpn,
+        src_qpn: req.dst_qpn,
+        psn: req.psn,
+        aeth: Some((syndrome, 0)),
+        ..Default::default()
+    }
+}
+
+fn nak(w: &mut World, req: &Packet, syndrome: u8) {
+    let p = reply(w, req, op::RC_ACK, syndrome);
+    send_packet(w, p);
+}
+
+/// Take the next receive WQE of a QP (its own RQ or its SRQ). Returns (scatter segments
+/// bytes, wqe_counter, srqn) or None when none is posted.
+fn take_recv_wqe(w: &mut World, hca: usize, qpn: u32) -> Option<(Vec<u8>, u16, u32)> {
+    let q = &w.hcas[hca].qps[&qpn];
+    if let Some(srqn) = q.srq {
+        let s = w.hcas[hca].srqs.get_mut(&srqn)?;
+        let posted = mem::read_be32(s.db).ok()? & 0xffff;
+        if (posted as u16).wrapping_sub(s.consumed as u16) == 0 {
+            return None;
+        }
+        let idx = s.head & (s.wqe_cnt - 1) as u16;
+        let wqe = mem::read_vec(
+            s.buf + u64::from(idx) * u64::from(s.stride),
+            s.stride as usize,
+        )
+        .ok()?;
+        s.head = u16::from_be_bytes([wqe[2], wqe[3]]);
+        s.consumed = s.consumed.wrapping_add(1);
+        let avail = (posted as u16).wrapping_sub(s.consumed as u16) as u32;
+        if s.limit > 0 && avail < s.limit {
+            s.limit = 0;
+            let (ctx, uh) = (s.ctx, s.user_handle);
+            w.async_event(ctx, uh, 14); // IBV_EVENT_SRQ_LIMIT_REACHED
+        }
+        return Some((wqe[16..].to_vec(), idx, srqn));
+    }
+    if q.rq_wqe_cnt == 0 {
+        return None;
+    }
+    let pi = mem::read_be32(q.db).ok()? & 0xffff;
+    if (pi as u16) == (q.rq_head as u16) {
+        return None;
+    }
+    let stride = 1u64 << q.rq_wqe_shift;
+    let slot = u64::from(q.rq_head & (q.rq_wqe_cnt - 1));
+    let wqe = mem::read_vec(q.buf + slot * stride, stride as usize).ok()?;
+    let ctr = q.rq_head as u16;
+    let q = w.hcas[hca].qps.get_mut(&qpn)?;
+    q.rq_head = q.rq_head.wrapping_add(1);
+    Some((wqe, ctr, 0))
+}
+
+fn responder_error_cqe(
+    w: &mut World,
+    hca: usize,
+    qpn: u32,
+    ctr: u16,
+    srqn: u32,
+    synd: Syndrome,
+    vend: u8,
+) {
+    let Some(q) = w.hcas[hca].qps.get(&qpn) else {
+        return;
+    };
+    let cqe_v1 = w.contexts.get(&q.ctx).is_some_and(|c| c.cqe_version == 1);
+    let spec = CqeSpec {
+        opcode: CqeOpcode::RESP_ERR.0,
+        qpn,
+        srqn_uidx: if cqe_v1 { q.uidx } else { srqn },
+        wqe_counter: ctr,
+        err: Some((synd.0, vend)),
+        ..Default::default()
+    };
+    let cq = q.recv_cq;
+    post_cqe(w, hca, cq, &spec);
+}
+
+fn responder(w: &mut World, pkt: Packet) {
+    let hca = pkt.dst_hca;
+    let Some(q) = w.hcas.get(hca).and_then(|h| h.qps.get(&pkt.dst_qpn)) else {
+        if let Some(h) = w.hcas.get_mut(hca) {
+            h.counters.packets_dropped += 1;
+        }
+        return;
+    };
+    let qpn = q.qpn;
+    let qt = q.qp_type;
+    let ok_type = match pkt.transport() {
+        0x00 => qt == qpt::RC,
+        0x20 => qt == qpt::UC,
+        _ => qt == qpt::UD,
+    };
+    if !ok_type || !matches!(q.state, qps::RTR | qps::RTS | qps::SQD) {
+        w.hcas[hca].counters.packets_dropped += 1;
+        return;
+    }
+    if qt == qpt::UD {
+        if pkt.qkey != q.qkey {
+            w.hcas[hca].counters.packets_dropped += 1;
+            return;
+        }
+    } else if pkt.src_qpn != q.dest_qpn && pkt.src_qpn != UNKNOWN_QPN {
+        w.hcas[hca].counters.packets_dropped += 1;
+        return;
+    }
+    let mut pkt = pkt;
+    if qt != qpt::UD {
+        // RC/UC packets do not carry the source QP; the QP context knows its peer.
+        pkt.src_qpn = q.dest_qpn;
+    }
+    let epsn = q.rq_psn;
+    if qt == qpt::RC && pkt.psn != epsn {
+        if psn_before(pkt.psn, epsn) {
+            w.hcas[hca].counters.duplicate_request += 1;
+            duplicate(w, &pkt, epsn);
+        } else {
+            w.hcas[hca].counters.out_of_sequence += 1;
+            let q = w.hcas[hca].qps.get_mut(&qpn).expect("looked up above");
+            if !q.rc.nak_sent {
+                q.rc.nak_sent = true;
+                let mut n = reply(w, &pkt, op::RC_ACK, aeth::NAK_PSN_SEQ);
+                n.psn = epsn;
+                send_packet(w, n);
+            }
+        }
+        return;
+    }
+    if qt == qpt::UC && pkt.psn != epsn {
+        // UC: a gap kills the message in progress; resynchronise on a first packet.
+        let q = w.hcas[hca].qps.get_mut(&qpn).expect("looked up above");
+        q.rc.rx = None;
+        if !first_of_message(pkt.opcode) {
+            q.rq_psn = (pkt.psn + 1) & 0xff_ffff;
+            w.hcas[hca].counters.packets_dropped += 1;
+            return;
+        }
+    }
+    // Execute.
+    let result = execute_request(w, hca, qpn, &pkt);
+    let q = w.hcas[hca].qps.get_mut(&qpn).expect("responder QP exists");
+    match result {
+        Ok((replies, span)) => {
+            if qt != qpt::UD {
+                q.rq_psn = (pkt.psn + span) & 0xff_ffff;
+                q.rc.nak_sent = false;
+            }
+            if qt == qpt::RC {
+                for r in replies {
+                    send_packet(w, r);
+                }
+            }
+        }
+        Err(RespErr::Rnr) => {
+            w.hcas[hca].counters.out_of_buffer += 1;
+            if qt == qpt::RC {
+                let t = w.hcas[hca].qps[&qpn].min_rnr_timer;
+                nak(w, &pkt, aeth::RNR_NAK | (t & 0x1f));
+            } else if let Some(q) = w.hcas[hca].qps.get_mut(&qpn).filter(|_| qt == qpt::UC) {
+                q.rc.rx = None;
+                q.rq_psn = (pkt.psn + 1) & 0xff_ffff;
+            }
+        }
+        Err(RespErr::Nak(code, event)) => {
+            if let Some(q) = w.hcas[hca].qps.get_mut(&qpn) {
+                q.rc.rx = None;
+            }
+            if qt == qpt::RC {
+                nak(w, &pkt, code);
+                qp_to_err(w, hca, qpn, event);
+            }
+        }
+        Err(RespErr::Silent) => {
+            if let Some(q) = w.hcas[hca].qps.get_mut(&qpn) {
+                q.rc.rx = None;
+                if qt == qpt::UC {
+                    q.rq_psn = (pkt.psn + 1) & 0xff_ffff;
+                }
+            }
+        }
+    }
+}
+
+fn first_of_message(opcode: u8) -> bool {
+    matches!(
+        opcode & 0x1f,
+        0x00 | 0x04 | 0x05 | 0x06 | 0x0A | 0x0B | 0x0C | 0x13 | 0x14 | 0x17
+    ) || opcode == op::RC_MASKED_ATOMIC
+}
+
+fn last_of_message(opcode: u8) -> bool {
+    matches!(opcode & 0x1f, 0x02..=0x05 | 0x08..=0x0B | 0x16 | 0x17)
+}
+
+enum RespErr {
+    /// No receive WQE.
+    Rnr,
+    /// NAK with this AETH code; the responder QP goes to error with this async event.
+    Nak(u8, u32),
+    /// Drop without answer (UC/UD errors after the CQE was written).
+    Silent,
+}
+
+/// Read `len` bytes at `va`/`rkey` for a READ request and build the response packets
+/// (path-MTU sized, FIRST/MIDDLE/LAST or ONLY, PSNs from the request's).
+fn read_response(
+    w: &mut World,
+    hca: usize,
+    qpn: u32,
+    req: &Packet,
+) -> Result<Vec<Packet>, RespErr> {
+    let q = &w.hcas[hca].qps[&qpn];
+    let (pdn, qacc, mtu) = (q.pdn, q.access, transport::mtu_bytes(q.path_mtu) as usize);
+    let r = req.reth.unwrap_or_default();
+    let data = if r.len == 0 {
+        Vec::new()
+    } else {
+        let addr = translate(
+            w,
+            hca,
+            r.rkey,
+            pdn,
+            r.va,
+            u64::from(r.len),
+            access::REMOTE_READ,
+        )
+        .filter(|_| qacc & access::REMOTE_READ != 0)
+        .ok_or(RespErr::Nak(aeth::NAK_REM_ACCESS, ev::QP_ACCESS_ERR))?;
+        mem::read_vec(addr, r.len as usize)
+            .map_err(|_| RespErr::Nak(aeth::NAK_REM_OP, ev::QP_FATAL))?
+    };
+    let chunks: Vec<&[u8]> = if data.is_empty() {
+        vec![&[][..]]
+    } else {
+        data.chunks(mtu).collect()
+    };
+    let n = chunks.len();
+    Ok(chunks
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let opcode = match (i == 0, i + 1 == n) {
+                (true, true) => op::RC_READ_RESPONSE_ONLY,
+                (true, false) => op::RC_READ_RESPONSE_FIRST,
+                (false, false) => op::RC_READ_RESPONSE_MIDDLE,
+                (false, true) => op::RC_READ_RESPONSE_LAST,
+            };
+            let mut p = reply(w, req, opcode, aeth::ACK);
+            p.psn = (req.psn + i as u32) & 0xff_ffff;
+            if opcode == op::RC_READ_RESPONSE_MIDDLE {
+                p.aeth = None;
+            }
+            p.payload = c.to_vec();
+            p
+        })
+        .collect())
+}
+
+/// Execute one in-sequence request packet at the responder. Returns the reply packets
+/// (RC) and how many PSNs the request consumed.
+fn execute_request(
+    w: &mut World,
+    hca: usize,
+    qpn: u32,
+    pkt: &Packet,
+) -> Result<(Vec<Packet>, u32), RespErr> {
+    let q = &w.hcas[hca].qps[&qpn];
+    let (pdn, qacc, qt, uidx) = (q.pdn, q.access, q.qp_type, q.uidx);
+    let cqe_v1 = w.contexts.get(&q.ctx).is_some_and(|c| c.cqe_version == 1);
+    let (recv_cq, scatter_ok) = (q.recv_cq, q.scatter_cqe);
+    let rx = q.rc.rx.clone();
+    let base = pkt.opcode & 0x1F;
+    let ud = qt == qpt::UD;
+    if pkt.opcode == op::RC_READ_REQUEST {
+        w.hcas[hca].counters.rx_read_requests += 1;
+        let resp = read_response(w, hca, qpn, pkt)?;
+        let span = resp.len() as u32;
+        return Ok((resp, span));
+    }
+    if let Some(a) = pkt.atomic {
+        w.hcas[hca].counters.rx_atomic_requests += 1;
+        let size = a.masked.map_or(8, |m| m.3);
+        if a.va % u64::from(size) != 0 {
+            return Err(RespErr::Nak(aeth::NAK_INV_REQ, ev::QP_REQ_ERR));
+        }
+        let addr = translate(
+            w,
+            hca,
+            a.rkey,
+            pdn,
+            a.va,
+            u64::from(size),
+            access::REMOTE_ATOMIC,
+        )
+        .filter(|_| qacc & access::REMOTE_ATOMIC != 0)
+        .ok_or(RespErr::Nak(aeth::NAK_REM_ACCESS, ev::QP_ACCESS_ERR))?;
+        let orig = do_atomic(addr, pkt.opcode, &a)
+            .map_err(|_| RespErr::Nak(aeth::NAK_REM_OP, ev::QP_FATAL))?;
+        let q = w.hcas[hca].qps.get_mut(&qpn).expect("responder QP exists");
+        q.rc.atomic_cache.push_back((pkt.psn, orig));
+        if q.rc.atomic_cache.len() > 16 {
+            q.rc.atomic_cache.pop_front();
+        }
+        let mut resp = reply(w, pkt, op::RC_ATOMIC_ACK, aeth::ACK);
+        resp.atomic_ack = Some(orig);
+        return Ok((vec![resp], 1));
+    }
+    let is_send = matches!(base, 0x00..=0x05 | 0x16 | 0x17);
+    let is_write = matches!(base, 0x06..=0x0B) && !ud;
+    if !is_send && !is_write {
+        return Err(if qt == qpt::RC {
+            RespErr::Nak(aeth::NAK_INV_REQ, ev::QP_REQ_ERR)
+        } else {
+            RespErr::Silent
+        });
+    }
+    let (first, last) = (first_of_message(pkt.opcode), last_of_message(pkt.opcode));
+    let inv = |qt| {
+        if qt == qpt::RC {
+            RespErr::Nak(aeth::NAK_INV_REQ, ev::QP_REQ_ERR)
+        } else {
+            RespErr::Silent
+        }
+    };
+    // The message this packet belongs to.
+    let mut msg = match (first, rx) {
+        (true, Some(_)) if qt == qpt::RC => return Err(inv(qt)),
+        (false, None) => return Err(inv(qt)),
+        (false, Some(m)) if m.write != is_write => return Err(inv(qt)),
+        (false, Some(m)) => m,
+        (true, _) if is_write => {
+            w.hcas[hca].counters.rx_write_requests += 1;
+            let r = pkt.reth.unwrap_or_default();
+            let addr = if r.len == 0 {
+                0
+            } else {
+                translate(
+                    w,
+                    hca,
+                    r.rkey,
+                    pdn,
+                    r.va,
+                    u64::from(r.len),
+                    access::REMOTE_WRITE,
+                )
+                .filter(|_| qacc & access::REMOTE_WRITE != 0)
+                .ok_or(if qt == qpt::RC {
+                    RespErr::Nak(aeth::NAK_REM_ACCESS, ev::QP_ACCESS_ERR)
+                } else {
+                    RespErr::Silent
+                })?
+            };
+            RxMsg {
+                write: true,
+                addr,
+                total: u64::from(r.len),
+                ..Default::default()
+            }
+        }
+        (true, _) => {
+            let Some((segs, ctr, srqn)) = take_recv_wqe(w, hca, qpn) else {
+                return Err(RespErr::Rnr);
+            };
+            let srq_pdn = w.hcas[hca].qps[&qpn]
+                .srq
+                .and_then(|s| w.hcas[hca].srqs.get(&s))
+                .map_or(pdn, |s| s.pdn);
+            let sgl = match data_segs(w, hca, srq_pdn, &segs, access::LOCAL_WRITE, true) {
+                Ok(s) => s,
+                Err(s) => {
+                    responder_error_cqe(
+                        w,
+                        hca,
+                        qpn,
+                        ctr,
+                        srqn,
+                        s,
+                        VendorSyndrome::for_responder_syndrome(s).0,
+                    );
+                    qp_to_err(w, hca, qpn, ev::QP_ACCESS_ERR);
+                    return Err(if qt == qpt::RC {
+                        RespErr::Nak(aeth::NAK_REM_OP, ev::QP_ACCESS_ERR)
+                    } else {
+                        RespErr::Silent
+                    });
+                }
+            };
+            let mut m = RxMsg {
+                sgl,
+                ctr,
+                srqn,
+                has_wqe: true,
+                ..Default::default()
+            };
+            if ud {
+                // The 40-byte GRH area heads the buffer; written only if a GRH came along.
+                if pkt.grh.is_some() {
+                    let _ = scatter_at(&m.sgl, 0, &grh_bytes(pkt));
+                }
+                m.offset = 40;
+            }
+            m
+        }
+    };
+    // WRITE with immediate needs a receive WQE at the last packet: RNR before any effect.
+    let needs_wqe_now = is_write && last && pkt.imm.is_some();
+    if needs_wqe_now && !has_recv_wqe(w, hca, qpn) {
+        return Err(RespErr::Rnr);
+    }
+    let cqe_size = w.hcas[hca].cqs.get(&recv_cq).map_or(64, |c| c.cqe_size);
+    let limit = if cqe_size == 128 { 64 } else { 32 };
+    let mut cqe_scatter = None;
+    if is_write {
+        if msg.offset + pkt.payload.len() as u64 > msg.total {
+            return Err(inv(qt));
+        }
+        if !pkt.payload.is_empty() && mem::write(msg.addr + msg.offset, &pkt.payload).is_err() {
+            return Err(RespErr::Nak(aeth::NAK_REM_OP, ev::QP_FATAL));
+        }
+        msg.offset += pkt.payload.len() as u64;
+    } else if first && last && scatter_ok && !ud && pkt.payload.len() <= limit {
+        let cap: u64 = msg.sgl.iter().map(|s| u64::from(s.1)).sum();
+        if pkt.payload.len() as u64 > cap {
+            responder_error_cqe(
+                w,
+                hca,
+                qpn,
+                msg.ctr,
+                msg.srqn,
+                Syndrome::LOCAL_LENGTH,
+                VendorSyndrome::for_responder_syndrome(Syndrome::LOCAL_LENGTH).0,
+            );
+            qp_to_err(w, hca, qpn, ev::QP_REQ_ERR);
+            return Err(if qt == qpt::RC {
+                RespErr::Nak(aeth::NAK_INV_REQ, ev::QP_REQ_ERR)
+            } else {
+                RespErr::Silent
+            });
+        }
+        cqe_scatter = Some(pkt.payload.clone());
+        msg.offset += pkt.payload.len() as u64;
+    } else {
+        if let Err(s) = scatter_at(&msg.sgl, msg.offset, &pkt.payload) {
+            responder_error_cqe(
+                w,
+                hca,
+                qpn,
+                msg.ctr,
+                msg.srqn,
+                s,
+                VendorSyndrome::for_responder_syndrome(s).0,
+            );
+            let code = if s == Syndrome::LOCAL_LENGTH {
+                aeth::NAK_INV_REQ
+            } else {
+                aeth::NAK_REM_OP
+            };
+            qp_to_err(w, hca, qpn, ev::QP_REQ_ERR);
+            return Err(if qt == qpt::RC {
+                RespErr::Nak(code, ev::QP_REQ_ERR)
+            } else {
+                RespErr::Silent
+            });
+        }
+        msg.offset += pkt.payload.len() as u64;
+    }
+    if !last {
+        w.hcas[hca]
+            .qps
+            .get_mut(&qpn)
+            .expect("responder QP exists")
+            .rc
+            .rx = Some(msg);
+        // Mid-message AckReq: acknowledge the progress (coalesced ACK of this PSN).
+        let acks = if qt == qpt::RC && pkt.ack_req {
+            vec![reply(w, pkt, op::RC_ACK, aeth::ACK)]
+        } else {
+            Vec::new()
+        };
+        return Ok((acks, 1));
+    }
+    w.hcas[hca]
+        .qps
+        .get_mut(&qpn)
+        .expect("responder QP exists")
+        .rc
+        .rx = None;
+    if is_write && pkt.imm.is_some() {
+        let Some((_, ctr, srqn)) = take_recv_wqe(w, hca, qpn) else {
+            return Err(RespErr::Rnr);
+        };
+        msg.ctr = ctr;
+        msg.srqn = srqn;
+        msg.has_wqe = true;
+    }
+    if msg.has_wqe {
+        let spec = CqeSpec {
+            opcode: if is_write {
+                CqeOpcode::RESP_RDMA_WRITE_IMM.0
+            } else if pkt.imm.is_some() {
+                CqeOpcode::RESP_SEND_IMM.0
+            } else if pkt.inv_rkey.is_some() {
+                CqeOpcode::RESP_SEND_INV.0
+            } else {
+                CqeOpcode::RESP_SEND.0
+            },
+            qpn,
+            srqn_uidx: if cqe_v1 { uidx } else { msg.srqn },
+            byte_cnt: if is_write {
+                msg.total as u32
+            } else {
+                msg.offset as u32
+            },
+            imm: pkt
+                .imm
+                .or(pkt.inv_rkey.map(u32::to_be_bytes))
+                .unwrap_or_default(),
+            wqe_counter: msg.ctr,
+            src_qp: pkt.src_qpn,
+            grh: ud && pkt.grh.is_some(),
+            slid: pkt.slid,
+            sl: pkt.sl,
+            se: pkt.se,
+            scatter: cqe_scatter,
+            ..Default::default()
+        };
+        post_cqe(w, hca, recv_cq, &spec);
+    }
+    if qt == qpt::RC {
+        Ok((vec![reply(w, pkt, op::RC_ACK, aeth::ACK)], 1))
+    } else {
+        Ok((Vec::new(), 1))
+    }
+}
+
+/// Scatter `data` at byte `offset` of the scatter list. Err(LOCAL_LENGTH) if it does not fit.
+fn scatter_at(sgl: &Sgl, offset: u64, data: &[u8]) -> Result<(), Syndrome> {
+    let cap: u64 = sgl.iter().map(|s| u64::from(s.1)).sum();
+    if offset + data.len() as u64 > cap {
+        return Err(Syndrome::LOCAL_LENGTH);
+    }
+    let mut pos = 0u64; // start of the current segment in message space
+    let mut done = 0usize;
+    for &(a, l) in sgl {
+        let l = u64::from(l);
+        let want_start = offset + done as u64;
+        if done < data.len() && want_start < pos + l {
+            let inner = want_start - pos;
+            let n = ((l - inner) as usize).min(data.len() - done);
+            mem::write(a + inner, &data[done..done + n]).map_err(|_| Syndrome::LOCAL_PROT)?;
+            done += n;
+        }
+        pos += l;
+        if done >= data.len() {
+            break;
+        }
+    }
+    Ok(())
+}
+
+fn has_recv_wqe(w: &World, hca: usize, qpn: u32) -> bool {
+    let q = &w.hcas[hca].qps[&qpn];
+    if let Some(s) = q.srq.and_then(|s| w.hcas[hca].srqs.get(&s)) {
+        return mem::read_be32(s.db).is_ok_and(|p| (p as u16).wrapping_sub(s.consumed as u16) != 0);
+    }
+    q.rq_wqe_cnt > 0 && mem::read_be32(q.db).is_ok_and(|p| (p as u16) != (q.rq_head as u16))
+}
+
+/// The 40-byte GRH placed at the head of a UD receive buffer (IPv6-style header).
+fn grh_bytes(pkt: &Packet) -> [u8; 40] {
+    let mut g = [0u8; 40];
+    if let Some(h) = pkt.grh {
+        let w0 = (6u32 << 28) | (u32::from(h.tclass) << 20) | (h.flow_label & 0xf_ffff);
+        g[0..4].copy_from_slice(&w0.to_be_bytes());
+        g[4..6].copy_from_slice(&((pkt.payload.len() + 12) as u16).to_be_bytes());
+        g[6] = 0x1B;
+        g[7] = h.hop_limit;
+        g[8..24].copy_from_slice(&h.sgid);
+        g[24..40].copy_from_slice(&h.dgid);
+    }
+    g
+}
+
+/// Perform an atomic on process memory at `addr` (validated); returns the original value
+/// (host order, as `atomic_req_8B_endianness_mode` = host gives).
+fn do_atomic(addr: u64, opcode: u8, a: &AtomicEth) -> Result<u64, crate::Errno> {
+    let size = a.masked.map_or(8, |m| m.3);
+    let mut buf = [0u8; 8];
+    mem::read(addr, &mut buf[..size as usize])?;
+    let orig = if size == 4 {
+        u64::from(u32::from_ne_bytes([buf[0], buf[1], buf[2], buf[3]]))
+    } else {
+        u64::from_ne_bytes(buf)
+    };
+    let mask_all = if size == 4 { 0xffff_ffffu64 } else { u64::MAX };
+    let new = match (opcode, a.masked) {
+        (op::RC_CMP_SWAP, _) => {
+            if orig == a.compare {
+                a.swap_add
+            } else {
+                orig
+            }
+        }
+        (op::RC_FETCH_ADD, _) => orig.wrapping_add(a.swap_add),
+        (_, Some((m1, m2, true, _))) => {
+            // masked CS: compare under compare_mask, swap the bits under swap_mask.
+            if (orig ^ a.compare) & m2 == 0 {
+                (orig & !m1) | (a.swap_add & m1)
+            } else {
+                orig
+            }
+        }
+        (_, Some((boundary, _, false, _))) => {
+            // masked FA: field_boundary bits mark the MSB of each field; carries stop there.
+            let mut result = 0u64;
+            let mut carry = 0u64;
+            for bit in 0..u64::from(size) * 8 {
+                let m = 1u64 << bit;
+                let s = ((orig & m) >> bit) + ((a.swap_add & m) >> bit) + carry;
+                result |= (s & 1) << bit;
+                carry = if boundary & m != 0 { 0 } else { s >> 1 };
+            }
+            result
+        }
+        _ => orig,
+    } & mask_all;
+    if size == 4 {
+        mem::write(addr, &(new as u32).to_ne_bytes())?;
+    } else {
+        mem::write(addr, &new.to_ne_bytes())?;
+    }
+    Ok(orig)
+}
+
+fn duplicate(w: &mut World, pkt: &Packet, epsn: u32) {
+    let hca = pkt.dst_hca;
+    if pkt.opcode == op::RC_READ_REQUEST {
+        // Re-execute the read (idempotent) with the original PSNs.
+        if let Ok(resp) = read_response(w, hca, pkt.dst_qpn, pkt) {
+            for p in resp {
+                send_packet(w, p);
+            }
+        }
+        return;
+    }
+    if pkt.atomic.is_some() {
+        let cached = w.hcas[hca].qps[&pkt.dst_qpn]
+            .rc
+            .atomic_cache
+            .iter()
+            .find(|(p, _)| *p == pkt.psn)
+            .map(|c| c.1);
+        if let Some(v) = cached {
+            let mut resp = reply(w, pkt, op::RC_ATOMIC_ACK, aeth::ACK);
+            resp.atomic_ack = Some(v);
+            send_packet(w, resp);
+        }
+        return;
+    }
+    // SEND/WRITE: acknowledge everything received so far.
+    let mut ack = reply(w, pkt, op::RC_ACK, aeth::ACK);
+    ack.psn = epsn.wrapping_sub(1) & 0xff_ffff;
+    send_packet(w, ack);
+}
+
+// ---------------------------------------------------------------------------------------
+// Requester: responses, completion, retransmission
+
+fn requester_response(w: &mut World, pkt: Packet) {
+    let hca = pkt.dst_hca;
+    let qpn = pkt.dst_qpn;
+    let Some(q) = w.hcas.get(hca).and_then(|h| h.qps.get(&qpn)) else {
+        return;
+    };
+    if q.qp_type != qpt::RC
+        || q.state != qps::RTS && q.state != qps::SQD
+        || (pkt.src_qpn != q.dest_qpn && pkt.src_qpn != UNKNOWN_QPN)
+    {
+        return;
+    }
+    let now = w.now();
+    let (syn, _) = pkt.aeth.unwrap_or((aeth::ACK, 0));
+    let timeout = transport::ack_timeout_ns(q.timeout);
+    let (retry_cnt, rnr_retry) = (q.retry_cnt, q.rnr_retry);
+    let q = w.hcas[hca].qps.get_mut(&qpn).expect("checked");
+    // Anything before pkt.psn that is not a READ/atomic is implicitly acknowledged.
+    let mut progressed = false;
+    for o in q.rc.outstanding.iter_mut() {
+        if psn_before(o.last_psn, pkt.psn) && !o.is_read_like && !o.done {
+            o.done = true;
+            progressed = true;
+        }
+    }
+    let mut err: Option<(u16, u8, Syndrome)> = None;
+    let mut retransmit_from: Option<u32> = None;
+    match (pkt.opcode, syn & 0xE0) {
+        (op::RC_ATOMIC_ACK, _) => {
+            if let Some(o) =
+                q.rc.outstanding
+                    .iter_mut()
+                    .find(|o| o.psn == pkt.psn && o.is_read_like && !o.done)
+            {
+                let v = pkt.atomic_ack.unwrap_or(0);
+                o.read_buf = if o.len == 4 {
+                    (v as u32).to_ne_bytes().to_vec()
+                } else {
+                    v.to_ne_bytes().to_vec()
+                };
+                o.done = true;
+                progressed = true;
+            }
+        }
+        (op::RC_READ_RESPONSE_FIRST..=op::RC_READ_RESPONSE_ONLY, _) => {
+            let in_span =
+                |o: &Outstanding| !psn_before(pkt.psn, o.psn) && !psn_before(o.last_psn, pkt.psn);
+            if let Some(o) =
+                q.rc.outstanding
+                    .iter_mut()
+                    .find(|o| o.is_read_like && !o.done && in_span(o))
+            {
+                // In-order response packets only; a gap is recovered by re-reading.
+                if pkt.psn == o.read_next {
+                    o.read_buf.extend_from_slice(&pkt.payload);
+                    o.read_next = (o.read_next + 1) & 0xff_ffff;
+                    progressed = true;
+                    if matches!(
+                        pkt.opcode,
+                        op::RC_READ_RESPONSE_LAST | op::RC_READ_RESPONSE_ONLY
+                    ) {
+                        o.done = true;
+                    }
+                }
+            }
+        }
+        (_, 0x00) => {
+            for o in q.rc.outstanding.iter_mut() {
+                if !psn_before(pkt.psn, o.last_psn) && !o.is_read_like && !o.done {
+                    o.done = true;
+                    progressed = true;
+                }
+            }
+            // A coalesced ACK inside a multi-packet message is progress too.
+            if q.rc.acked.is_none_or(|a| psn_before(a, pkt.psn)) {
+                q.rc.acked = Some(pkt.psn);
+                progressed = true;
+            }
+        }
+        (_, 0x20) => {
+            // RNR NAK
+            if rnr_retry != 7 && q.rc.rnr_left == 0 {
+                if let Some(o) = q.rc.outstanding.iter().find(|o| contains(o, pkt.psn)) {
+                    err = Some((o.wqe_idx, o.opcode, Syndrome::RNR_RETRY_EXC));
+                }
+            } else {
+                if rnr_retry != 7 {
+                    q.rc.rnr_left -= 1;
+                }
+                q.rc.rnr_wait_until = Some(now + transport::rnr_timer_ns(syn & 0x1f));
+                q.rc.rnr_from = pkt.psn;
+                q.rc.deadline = None;
+            }
+        }
+        (_, 0x60) => {
+            let code = syn;
+            if code == aeth::NAK_PSN_SEQ {
+                retransmit_from = Some(pkt.psn);
+            } else if let Some(o) = q.rc.outstanding.iter().find(|o| contains(o, pkt.psn)) {
+                let s = match code {
+                    aeth::NAK_INV_REQ => Syndrome::REMOTE_INVAL_REQ,
+                    aeth::NAK_REM_ACCESS => Syndrome::REMOTE_ACCESS,
+                    _ => Syndrome::REMOTE_OP,
+                };
+                err = Some((o.wqe_idx, o.opcode, s));
+            }
+        }
+        _ => {
+            err =
+                q.rc.outstanding
+                    .front()
+                    .map(|o| (o.wqe_idx, o.opcode, Syndrome::BAD_RESP));
+        }
+    }
+    if progressed {
+        q.rc.retries_left = retry_cnt;
+        q.rc.rnr_left = if syn & 0xE0 == 0x20 {
+            q.rc.rnr_left
+        } else {
+            rnr_retry
+        };
+        q.rc.deadline = timeout.map(|t| now + t);
+    }
+    if pkt.opcode == op::RC_ACK && syn & 0xE0 == 0x60 && syn == aeth::NAK_PSN_SEQ {
+        w.hcas[hca].counters.packet_seq_err += 1;
+    }
+    if syn & 0xE0 == 0x20 && pkt.opcode == op::RC_ACK {
+        w.hcas[hca].counters.rnr_nak_retry_err += 1;
+    }
+    retire(w, hca, qpn);
+    if let Some((idx, opc, s)) = err {
+        // Complete everything before the failed one, then fail it.
+        drop_outstanding_until(w, hca, qpn, idx);
+        requester_error(w, hca, qpn, idx, opc, s);
+    }
+    if let Some(from) = retransmit_from {
+        retransmit(w, hca, qpn, from);
+    }
+}
+
+/// Remove the failed WQE (and anything before it) from the outstanding list.
+fn drop_outstanding_until(w: &mut World, hca: usize, qpn: u32, idx: u16) {
+    if let Some(q) = w.hcas[hca].qps.get_mut(&qpn) {
+        while let Some(o) = q.rc.outstanding.pop_front() {
+            if o.wqe_idx == idx {
+                break;
+            }
+        }
+        q.rc.deadline = None;
+        q.rc.rnr_wait_until = None;
+    }
+}
+
+/// Complete finished requests in order.
+fn retire(w: &mut World, hca: usize, qpn: u32) {
+    loop {
+        let Some(q) = w.hcas[hca].qps.get_mut(&qpn) else {
+            return;
+        };
+        if !q.rc.outstanding.front().is_some_and(|o| o.done) {
+            if q.rc.outstanding.is_empty() {
+                q.rc.deadline = None;
+            }
+            return;
+        }
+        let o = q.rc.outstanding.pop_front().expect("front exists");
+        let req_scatter = q.req_scatter;
+        let send_cq = q.send_cq;
+        let cqe_size = w.hcas[hca].cqs.get(&send_cq).map_or(64, |c| c.cqe_size) as usize;
+        let mut scatter_data = None;
+        if o.is_read_like {
+            let data = &o.read_buf;
+            let limit = if cqe_size == 128 { 64 } else { 32 };
+            if req_scatter && o.signaled && data.len() <= limit {
+                scatter_data = Some(data.clone());
+            } else if let Err(s) = scatter(&o.local, data) {
+                requester_error(w, hca, qpn, o.wqe_idx, o.opcode, s);
+                return;
+            }
+        }
+        if o.signaled {
+            requester_ok(w, hca, qpn, o.wqe_idx, o.opcode, o.len, scatter_data);
+        }
+    }
+}
+
+fn contains(o: &Outstanding, psn: u32) -> bool {
+    !psn_before(psn, o.psn) && !psn_before(o.last_psn, psn)
+}
+
+/// Go back to `from`: resend every unacknowledged packet from that PSN on. A READ whose
+/// span reaches `from` is re-requested whole.
+fn retransmit(w: &mut World, hca: usize, qpn: u32, from: u32) {
+    let Some(q) = w.hcas[hca].qps.get_mut(&qpn) else {
+        return;
+    };
+    let mut pkts = Vec::new();
+    for o in
+        q.rc.outstanding
+            .iter_mut()
+            .filter(|o| !o.done && !psn_before(o.last_psn, from))
+    {
+        if o.is_read_like {
+            o.read_buf.clear();
+            o.read_next = o.psn;
+            pkts.extend(o.packets.first().cloned());
+        } else {
+            pkts.extend(
+                o.packets
+                    .iter()
+                    .filter(|p| !psn_before(p.psn, from))
+                    .cloned(),
+            );
+        }
+    }
+    for p in pkts {
+        send_packet(w, p);
+    }
+}
+
+fn run_timers(w: &mut World) -> usize {
+    let now = w.now();
+    let mut work = 0;
+    let keys: Vec<(usize, u32)> = w
+        .hcas
+        .iter()
+        .enumerate()
+        .flat_map(|(i, h)| h.qps.keys().map(move |&q| (i, q)))
+        .collect();
+    for (hca, qpn) in keys {
+        let Some(q) = w.hcas[hca].qps.get_mut(&qpn) else {
+            continue;
+        };
+        if q.qp_type != qpt::RC || q.state != qps::RTS {
+            continue;
+        }
+        if let Some(t) = q.rc.rnr_wait_until.filter(|&t| t <= now) {
+            let _ = t;
+            q.rc.rnr_wait_until = None;
+            q.rc.deadline = transport::ack_timeout_ns(q.timeout).map(|t| now + t);
+            let from = q.rc.rnr_from;
+            retransmit(w, hca, qpn, from);
+            work += 1;
+            continue;
+        }
+        if q.rc.deadline.is_some_and(|d| d <= now) {
+            work += 1;
+            if q.rc.outstanding.iter().all(|o| o.done) {
+                q.rc.deadline = None;
+                continue;
+            }
+            w.hcas[hca].counters.local_ack_timeout_err += 1;
+            let q = w.hcas[hca].qps.get_mut(&qpn).expect("exists");
+            if q.rc.retries_left == 0 {
+                let front =
+                    q.rc.outstanding
+                        .iter()
+                        .find(|o| !o.done)
+                        .map(|o| (o.wqe_idx, o.opcode));
+                if let Some((idx, opc)) = front {
+                    retire(w, hca, qpn);
+                    drop_outstanding_until(w, hca, qpn, idx);
+                    requester_error(w, hca, qpn, idx, opc, Syndrome::TRANSPORT_RETRY_EXC);
+                }
+                continue;
+            }
+            q.rc.retries_left -= 1;
+            q.rc.deadline = transport::ack_timeout_ns(q.timeout).map(|t| now + t);
+            let first =
+                q.rc.outstanding
+                    .iter()
+                    .find(|o| !o.done)
+                    .map_or(0, |o| o.psn);
+            // Resume after the highest acknowledged PSN when that lies inside the message.
+            let from = match q.rc.acked.map(|a| (a + 1) & 0xff_ffff) {
+                Some(next) if psn_before(first, next) => next,
+                _ => first,
+            };
+            retransmit(w, hca, qpn, from);
+        }
+    }
+    work
+}
+
+fn next_deadline(w: &World) -> Option<u64> {
+    let wire = w.wire.iter().map(|(t, _)| *t).min();
+    let timers = w
+        .hcas
+        .iter()
+        .flat_map(|h| h.qps.values())
+        .filter(|q| q.state == qps::RTS)
+        .flat_map(|q| [q.rc.deadline, q.rc.rnr_wait_until])
+        .flatten()
+        .min();
+    match (wire, timers) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Error state: flush
+
+fn flush_qp(w: &mut World, hca: usize, qpn: u32) -> usize {
+    let mut n = 0;
+    // Outstanding requests first (they are older than anything still in the SQ).
+    loop {
+        let Some(q) = w.hcas[hca].qps.get_mut(&qpn) else {
+            return n;
+        };
+        let Some(o) = q.rc.outstanding.pop_front() else {
+            break;
+        };
+        flush_send(w, hca, qpn, o.wqe_idx, o.opcode);
+        n += 1;
+    }
+    // Then every WQE rung on the SQ.
+    for _ in 0..MAX_WQES_PER_QP_STEP {
+        let Some(q) = w.hcas[hca].qps.get(&qpn) else {
+            return n;
+        };
+        if (q.sq_head as u16) == q.sq_rung || q.sq_wqe_cnt == 0 {
+            break;
+        }
+        let sq = q.buf + ((q.rq_wqe_cnt as u64) << q.rq_wqe_shift);
+        let head = q.sq_head;
+        let (bbs, opc) = match read_wqe(sq, q.sq_wqe_cnt, head, 16)
+            .ok()
+            .and_then(|b| CtrlSeg::read_from_bytes(&b).ok())
+        {
+            Some(c) => ((c.ds() as u32).div_ceil(4).max(1), c.opcode().0),
+            None => (1, 0),
+        };
+        flush_send(w, hca, qpn, head as u16, opc);
+        if let Some(q) = w.hcas[hca].qps.get_mut(&qpn) {
+            q.sq_head = q.sq_head.wrapping_add(bbs);
+        }
+        n += 1;
+    }
+    // And every posted receive WQE (not SRQ WQEs: the SRQ is shared).
+    for _ in 0..MAX_WQES_PER_QP_STEP {
+        let Some(q) = w.hcas[hca].qps.get(&qpn) else {
+            return n;
+        };
+        if q.srq.is_some() || q.rq_wqe_cnt == 0 {
+            break;
+        }
+        let Ok(pi) = mem::read_be32(q.db) else { break };
+        if (pi as u16) == (q.rq_head as u16) {
+            break;
+        }
+        let ctr = q.rq_head as u16;
+        if let Some(q) = w.hcas[hca].qps.get_mut(&qpn) {
+            q.rq_head = q.rq_head.wrapping_add(1);
+        }
+        responder_error_cqe(
+            w,
+            hca,
+            qpn,
+            ctr,
+            0,
+            Syndrome::WR_FLUSH,
+            VendorSyndrome::WR_FLUSH.0,
+        );
+        n += 1;
+    }
+    n
+}
+
+fn flush_send(w: &mut World, hca: usize, qpn: u32, idx: u16, opcode: u8) {
+    let Some(q) = w.hcas[hca].qps.get(&qpn) else {
+        return;
+    };
+    let spec = CqeSpec {
+        opcode: CqeOpcode::REQ_ERR.0,
+        qpn,
+        srqn_uidx: q.uidx,
+        wqe_counter: idx,
+        send_op: opcode,
+        err: Some((Syndrome::WR_FLUSH.0, VendorSyndrome::WR_FLUSH.0)),
+        ..Default::default()
+    };
+    let cq = q.send_cq;
+    post_cqe(w, hca, cq, &spec);
+}

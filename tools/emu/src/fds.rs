@@ -1,0 +1,99 @@
+//! Event file descriptors: the async-event fd of a context and completion channels.
+//!
+//! Each is a real `AF_UNIX` stream socket pair. The user gets one end (read with read(2),
+//! pollable, closed by the user); the emulator keeps the other and sends fixed-size
+//! records with `MSG_DONTWAIT | MSG_NOSIGNAL`, so a full or closed channel never blocks the
+//! device nor raises SIGPIPE.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+use crate::abi::Errno;
+
+/// The kernel's end of an event channel.
+#[derive(Debug)]
+pub(crate) struct EventChannel {
+    kernel_end: OwnedFd,
+    /// A duplicate of the user's end, so the unread byte count can be asked (FIONREAD)
+    /// even after the user closed theirs.
+    peer_dup: OwnedFd,
+    /// Raw number of the user's end (owned by the user: we never close it).
+    pub(crate) user_fd: RawFd,
+    /// Records written.
+    pub(crate) written: u64,
+    /// Whether the user end was given to the user (ASYNC_EVENT alloc hands it out once).
+    pub(crate) handed_out: bool,
+    record_size: usize,
+}
+
+impl EventChannel {
+    /// Create a channel carrying records of `record_size` bytes.
+    pub(crate) fn new(record_size: usize) -> Result<Self, Errno> {
+        let mut fds = [0 as RawFd; 2];
+        // SAFETY: `fds` is a valid array of two ints for socketpair to fill.
+        let rc = unsafe {
+            libc::socketpair(
+                libc::AF_UNIX,
+                libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
+                0,
+                fds.as_mut_ptr(),
+            )
+        };
+        if rc != 0 {
+            return Err(Errno(
+                std::io::Error::last_os_error()
+                    .raw_os_error()
+                    .unwrap_or(libc::EMFILE),
+            ));
+        }
+        // SAFETY: socketpair succeeded, fds[0] is a fresh descriptor owned by nobody else.
+        let kernel_end = unsafe { OwnedFd::from_raw_fd(fds[0]) };
+        // SAFETY: fds[1] is a valid descriptor we just created.
+        let dup = unsafe { libc::fcntl(fds[1], libc::F_DUPFD_CLOEXEC, 3) };
+        if dup < 0 {
+            // SAFETY: fds[1] is ours and not handed out yet.
+            unsafe { libc::close(fds[1]) };
+            return Err(Errno(libc::EMFILE));
+        }
+        // SAFETY: `dup` is a fresh descriptor owned by nobody else.
+        let peer_dup = unsafe { OwnedFd::from_raw_fd(dup) };
+        Ok(Self {
+            kernel_end,
+            peer_dup,
+            user_fd: fds[1],
+            handed_out: false,
+            written: 0,
+            record_size,
+        })
+    }
+
+    /// Queue one record; returns false if it could not be delivered (full or closed).
+    pub(crate) fn push(&mut self, rec: &[u8]) -> bool {
+        debug_assert_eq!(rec.len(), self.record_size);
+        // SAFETY: `rec` is a valid slice for the duration of the call; the fd is ours.
+        let n = unsafe {
+            libc::send(
+                self.kernel_end.as_raw_fd(),
+                rec.as_ptr().cast(),
+                rec.len(),
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        if n == rec.len() as isize {
+            self.written += 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Records written but not yet read by the user.
+    pub(crate) fn queued(&self) -> u64 {
+        let mut n: libc::c_int = 0;
+        // SAFETY: FIONREAD on a socket we own writes one int into `n`.
+        let rc = unsafe { libc::ioctl(self.peer_dup.as_raw_fd(), libc::FIONREAD, &mut n) };
+        if rc != 0 || n < 0 {
+            return 0;
+        }
+        n as u64 / self.record_size as u64
+    }
+}

@@ -1,0 +1,335 @@
+//! The emulator's world: HCAs, contexts and every object, behind one lock.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use crate::fds::EventChannel;
+use crate::transport::Packet;
+use crate::uar::UarRegion;
+use crate::{Counters, EmuConfig, HcaInfo};
+
+/// IB QP states (`enum ib_qp_state`).
+pub(crate) mod qps {
+    pub(crate) const RESET: u8 = 0;
+    pub(crate) const INIT: u8 = 1;
+    pub(crate) const RTR: u8 = 2;
+    pub(crate) const RTS: u8 = 3;
+    pub(crate) const SQD: u8 = 4;
+    pub(crate) const SQE: u8 = 5;
+    pub(crate) const ERR: u8 = 6;
+}
+
+/// QP transport types (`enum ib_uverbs_qp_type`).
+pub(crate) mod qpt {
+    pub(crate) const RC: u8 = 2;
+    pub(crate) const UC: u8 = 3;
+    pub(crate) const UD: u8 = 4;
+}
+
+/// Memory access flags (`enum ib_access_flags`).
+pub(crate) mod access {
+    pub(crate) const LOCAL_WRITE: u32 = 1;
+    pub(crate) const REMOTE_WRITE: u32 = 2;
+    pub(crate) const REMOTE_READ: u32 = 4;
+    pub(crate) const REMOTE_ATOMIC: u32 = 8;
+    pub(crate) const MW_BIND: u32 = 16;
+    pub(crate) const ZERO_BASED: u32 = 32;
+    pub(crate) const RELAXED_ORDERING: u32 = 1 << 20;
+}
+
+/// Async event types (`enum ibv_event_type`).
+pub(crate) mod ev {
+    pub(crate) const CQ_ERR: u32 = 0;
+    pub(crate) const QP_FATAL: u32 = 1;
+    pub(crate) const QP_REQ_ERR: u32 = 2;
+    pub(crate) const QP_ACCESS_ERR: u32 = 3;
+}
+
+/// What a context handle names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Obj {
+    Pd(u32),
+    Mr(u32),
+    Cq(u32),
+    Qp(u32),
+    Srq(u32),
+    Ah(u32),
+}
+
+/// One open "file" after GET_CONTEXT.
+#[derive(Debug)]
+pub(crate) struct Context {
+    pub(crate) hca: usize,
+    pub(crate) cqe_version: u8,
+    pub(crate) tot_bfregs: u32,
+    pub(crate) num_low_lat: u32,
+    pub(crate) bfreg_users: Vec<u32>,
+    pub(crate) uar_pages: usize,
+    pub(crate) uar: UarRegion,
+    pub(crate) async_ch: usize,
+    pub(crate) comp_by_fd: BTreeMap<i32, usize>,
+    pub(crate) handles: BTreeMap<u32, Obj>,
+    pub(crate) next_handle: u32,
+}
+
+/// A protection domain.
+#[derive(Debug)]
+pub(crate) struct Pd {
+    pub(crate) ctx: u64,
+    pub(crate) users: u32,
+}
+
+/// A registered memory region.
+#[derive(Clone, Debug)]
+pub(crate) struct Mr {
+    pub(crate) ctx: u64,
+    pub(crate) pdn: u32,
+    pub(crate) start: u64,
+    pub(crate) length: u64,
+    pub(crate) iova: u64,
+    pub(crate) access: u32,
+    pub(crate) key: u32,
+}
+
+/// A completion queue.
+#[derive(Debug)]
+pub(crate) struct Cq {
+    pub(crate) ctx: u64,
+    pub(crate) user_handle: u64,
+    pub(crate) buf: u64,
+    pub(crate) db: u64,
+    pub(crate) ncqe: u32,
+    pub(crate) cqe_size: u32,
+    /// Free-running producer count.
+    pub(crate) pi: u32,
+    pub(crate) channel: Option<usize>,
+    /// Armed: Some(solicited_only).
+    pub(crate) armed: Option<bool>,
+    pub(crate) armed_sn: u8,
+    pub(crate) last_fired_sn: Option<u8>,
+    pub(crate) events: u64,
+    pub(crate) async_events: u32,
+    pub(crate) ignore_overrun: bool,
+    pub(crate) in_error: bool,
+    pub(crate) users: u32,
+}
+
+/// Receive-side bookkeeping of an SRQ.
+#[derive(Debug)]
+pub(crate) struct Srq {
+    pub(crate) ctx: u64,
+    pub(crate) pdn: u32,
+    pub(crate) user_handle: u64,
+    pub(crate) buf: u64,
+    pub(crate) db: u64,
+    pub(crate) wqe_cnt: u32,
+    pub(crate) stride: u32,
+    pub(crate) max_wr: u32,
+    pub(crate) max_sge: u32,
+    pub(crate) limit: u32,
+    /// Free-running count of WQEs consumed.
+    pub(crate) consumed: u32,
+    /// Index of the next WQE the device will use (follows next_wqe_index links).
+    pub(crate) head: u16,
+    pub(crate) users: u32,
+}
+
+/// An address handle. (UD WQEs carry the address vector themselves; the kernel object only
+/// pins the PD and remembers the attributes it was created with.)
+#[derive(Clone, Debug)]
+#[allow(dead_code)]
+pub(crate) struct Ah {
+    pub(crate) ctx: u64,
+    pub(crate) pdn: u32,
+    pub(crate) dlid: u16,
+    pub(crate) dgid: [u8; 16],
+    pub(crate) is_global: bool,
+}
+
+/// The primary path of a connected QP.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Path {
+    pub(crate) dlid: u16,
+    pub(crate) dgid: [u8; 16],
+    pub(crate) is_global: bool,
+    pub(crate) sl: u8,
+    pub(crate) port: u8,
+}
+
+/// One outstanding RC request (sent, not yet acknowledged/answered).
+#[derive(Clone, Debug)]
+pub(crate) struct Outstanding {
+    /// First and last PSN of the request (a READ spans its response packets).
+    pub(crate) psn: u32,
+    pub(crate) last_psn: u32,
+    pub(crate) wqe_idx: u16,
+    pub(crate) opcode: u8,
+    pub(crate) signaled: bool,
+    /// The request packets, for retransmission.
+    pub(crate) packets: Vec<Packet>,
+    /// Local scatter list for READ/atomic responses: (addr, len) already translated.
+    pub(crate) local: Vec<(u64, u32)>,
+    pub(crate) len: u32,
+    pub(crate) done: bool,
+    pub(crate) is_read_like: bool,
+    /// READ/atomic: the data returned so far, and the next response PSN expected.
+    pub(crate) read_buf: Vec<u8>,
+    pub(crate) read_next: u32,
+}
+
+/// A multi-packet message being received (responder).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct RxMsg {
+    pub(crate) write: bool,
+    /// SEND: the receive WQE's translated scatter list, counter, SRQ number.
+    pub(crate) sgl: Vec<(u64, u32)>,
+    pub(crate) ctr: u16,
+    pub(crate) srqn: u32,
+    pub(crate) has_wqe: bool,
+    /// Bytes placed so far (SEND: including a UD GRH area).
+    pub(crate) offset: u64,
+    /// WRITE: translated start address and RETH length.
+    pub(crate) addr: u64,
+    pub(crate) total: u64,
+}
+
+/// Requester/responder transport state of one QP.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Rc {
+    pub(crate) outstanding: VecDeque<Outstanding>,
+    pub(crate) retries_left: u8,
+    pub(crate) rnr_left: u8,
+    pub(crate) deadline: Option<u64>,
+    /// Time before which no retransmission happens (RNR back-off).
+    pub(crate) rnr_wait_until: Option<u64>,
+    /// Responder: cached atomic results by PSN (at-most-once).
+    pub(crate) atomic_cache: VecDeque<(u32, u64)>,
+    /// Responder: whether a NAK-sequence-error was already sent for the current gap.
+    pub(crate) nak_sent: bool,
+    /// PSN from which to retransmit when `rnr_wait_until` expires.
+    pub(crate) rnr_from: u32,
+    /// Responder: the message in progress.
+    pub(crate) rx: Option<RxMsg>,
+    /// Requester: the highest PSN acknowledged so far.
+    pub(crate) acked: Option<u32>,
+}
+
+/// A queue pair.
+#[derive(Debug)]
+pub(crate) struct Qp {
+    pub(crate) ctx: u64,
+    pub(crate) qpn: u32,
+    pub(crate) qp_type: u8,
+    pub(crate) state: u8,
+    pub(crate) pdn: u32,
+    pub(crate) send_cq: u32,
+    pub(crate) recv_cq: u32,
+    pub(crate) srq: Option<u32>,
+    pub(crate) user_handle: u64,
+    pub(crate) sq_sig_all: bool,
+    pub(crate) buf: u64,
+    pub(crate) db: u64,
+    pub(crate) sq_wqe_cnt: u32,
+    pub(crate) rq_wqe_cnt: u32,
+    pub(crate) rq_wqe_shift: u32,
+    pub(crate) uidx: u32,
+    pub(crate) bfreg: u32,
+    pub(crate) scatter_cqe: bool,
+    /// Requester scatter-to-CQE (READ/atomic results) is on: scatter flag and all-signaled.
+    pub(crate) req_scatter: bool,
+    pub(crate) cap: [u32; 5],
+    // attributes
+    pub(crate) port: u8,
+    pub(crate) pkey_index: u16,
+    pub(crate) qkey: u32,
+    pub(crate) access: u32,
+    pub(crate) path_mtu: u8,
+    pub(crate) dest_qpn: u32,
+    pub(crate) rq_psn: u32,
+    pub(crate) sq_psn: u32,
+    pub(crate) timeout: u8,
+    pub(crate) retry_cnt: u8,
+    pub(crate) rnr_retry: u8,
+    pub(crate) min_rnr_timer: u8,
+    pub(crate) max_rd_atomic: u8,
+    pub(crate) max_dest_rd_atomic: u8,
+    pub(crate) path: Path,
+    // device state
+    /// Free-running WQEBB counter of the next send WQE to execute.
+    pub(crate) sq_head: u32,
+    /// Producer index (16 bits) seen at the last doorbell MMIO.
+    pub(crate) sq_rung: u16,
+    /// Receive WQEs consumed (free-running).
+    pub(crate) rq_head: u32,
+    pub(crate) rc: Rc,
+    pub(crate) events_reported: u32,
+}
+
+/// One emulated HCA.
+#[derive(Debug)]
+pub(crate) struct Hca {
+    pub(crate) info: HcaInfo,
+    pub(crate) counters: Counters,
+    pub(crate) pds: BTreeMap<u32, Pd>,
+    pub(crate) mrs: BTreeMap<u32, Mr>,
+    pub(crate) cqs: BTreeMap<u32, Cq>,
+    pub(crate) qps: BTreeMap<u32, Qp>,
+    pub(crate) srqs: BTreeMap<u32, Srq>,
+    pub(crate) ahs: BTreeMap<u32, Ah>,
+    pub(crate) next_id: u32,
+    pub(crate) next_key: u32,
+    /// UDP fabric: the bound RoCEv2 socket of this HCA (127.1.0.<lid>:4791), non-blocking.
+    pub(crate) sock: Option<std::net::UdpSocket>,
+}
+
+/// Everything, behind the emulator's one lock.
+#[derive(Debug)]
+pub(crate) struct World {
+    pub(crate) cfg: EmuConfig,
+    pub(crate) hcas: Vec<Hca>,
+    pub(crate) contexts: BTreeMap<u64, Context>,
+    pub(crate) channels: Vec<Option<EventChannel>>,
+    pub(crate) next_ctx: u64,
+    /// Packets in flight on the in-process fabric: (deliver_at, packet).
+    pub(crate) wire: VecDeque<(u64, Packet)>,
+    /// Stepped mode: virtual nanoseconds.
+    pub(crate) vclock: u64,
+    pub(crate) started: std::time::Instant,
+    pub(crate) rng: u64,
+    /// pcap capture of every packet put on the fabric.
+    pub(crate) pcap: Option<std::io::BufWriter<std::fs::File>>,
+}
+
+impl World {
+    /// Current time in nanoseconds (virtual in stepped mode).
+    pub(crate) fn now(&self) -> u64 {
+        match self.cfg.mode {
+            crate::RunMode::Stepped => self.vclock,
+            crate::RunMode::Threaded => self.started.elapsed().as_nanos() as u64,
+        }
+    }
+
+    /// Deterministic pseudo-random number (xorshift64*).
+    pub(crate) fn rand(&mut self) -> u64 {
+        let mut x = self.rng;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.rng = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Push an async event record `{element, event_type, reserved}` to a context.
+    pub(crate) fn async_event(&mut self, ctx: u64, element: u64, kind: u32) {
+        let Some(c) = self.contexts.get(&ctx) else {
+            return;
+        };
+        let (hca, ch) = (c.hca, c.async_ch);
+        let mut rec = [0u8; 16];
+        rec[0..8].copy_from_slice(&element.to_ne_bytes());
+        rec[8..12].copy_from_slice(&kind.to_ne_bytes());
+        if let Some(Some(chan)) = self.channels.get_mut(ch) {
+            chan.push(&rec);
+        }
+        self.hcas[hca].counters.async_events += 1;
+    }
+}

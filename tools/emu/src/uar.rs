@@ -1,0 +1,148 @@
+//! UAR pages: ordinary shared memory that the device watches.
+//!
+//! A context's UAR pages (plus its core-clock and clock-info pages) live in one `memfd`.
+//! The device keeps its own mapping of the whole file for its lifetime; every user `mmap`
+//! is a second, independent mapping of one page of the same file. So the user's
+//! doorbell stores and the device's atomic swaps hit the same physical memory, and a user
+//! `munmap` can never pull memory from under the device.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::abi::Errno;
+
+/// Size of one UAR page (and of the system page we support).
+pub(crate) const PAGE: usize = 4096;
+
+/// The memfd-backed page set of one context.
+#[derive(Debug)]
+pub(crate) struct UarRegion {
+    fd: OwnedFd,
+    /// The device's mapping of the whole file, as 64-bit words.
+    base: *mut u64,
+    /// Total pages in the file (UAR pages + 2 clock pages).
+    pages: usize,
+}
+
+// SAFETY: `base` points at a MAP_SHARED mapping owned by this struct; all device accesses
+// through it are atomic or volatile, so sharing the pointer across threads is sound.
+unsafe impl Send for UarRegion {}
+
+impl UarRegion {
+    /// Create `pages` zeroed pages.
+    pub(crate) fn new(pages: usize) -> Result<Self, Errno> {
+        let name = c"mlx5-emu-uar";
+        // SAFETY: `name` is a valid NUL-terminated string.
+        let raw = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+        if raw < 0 {
+            return Err(Errno(libc::ENOMEM));
+        }
+        // SAFETY: memfd_create returned a fresh descriptor owned by nobody else.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let len = pages * PAGE;
+        // SAFETY: ftruncate on our own memfd.
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
+            return Err(Errno(libc::ENOMEM));
+        }
+        // SAFETY: mapping `len` bytes of our memfd, shared, at a kernel-chosen address.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(Errno(libc::ENOMEM));
+        }
+        Ok(Self {
+            fd,
+            base: p.cast::<u64>(),
+            pages,
+        })
+    }
+
+    /// Map page `page` for the user with protection `prot`.
+    pub(crate) fn map_user(
+        &self,
+        page: usize,
+        len: usize,
+        prot: i32,
+    ) -> Result<std::ptr::NonNull<u8>, Errno> {
+        if page >= self.pages || len != PAGE {
+            return Err(Errno(libc::EINVAL));
+        }
+        // SAFETY: a fresh shared mapping of one page of our memfd at a kernel-chosen address.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                prot,
+                libc::MAP_SHARED,
+                self.fd.as_raw_fd(),
+                (page * PAGE) as libc::off_t,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(Errno(
+                std::io::Error::last_os_error()
+                    .raw_os_error()
+                    .unwrap_or(libc::ENOMEM),
+            ));
+        }
+        std::ptr::NonNull::new(p.cast()).ok_or(Errno(libc::ENOMEM))
+    }
+
+    fn word(&self, page: usize, off: usize) -> Option<&AtomicU64> {
+        if page >= self.pages || off % 8 != 0 || off + 8 > PAGE {
+            return None;
+        }
+        let p = self.base.wrapping_add((page * PAGE + off) / 8);
+        // SAFETY: page/off are bounds-checked above, the mapping lives as long as `self`, the
+        // address is 8-byte aligned (page aligned base + multiple of 8), and the memory is
+        // only ever accessed atomically/volatilely by the device.
+        Some(unsafe { AtomicU64::from_ptr(p) })
+    }
+
+    /// Atomically take (and clear) the 8-byte doorbell word at `off` of `page`.
+    pub(crate) fn take(&self, page: usize, off: usize) -> u64 {
+        self.word(page, off).map_or(0, |w| {
+            if w.load(Ordering::Relaxed) == 0 {
+                0
+            } else {
+                w.swap(0, Ordering::AcqRel)
+            }
+        })
+    }
+
+    /// Read `len` bytes at `off` of `page` (word by word), then clear them.
+    pub(crate) fn take_bytes(&self, page: usize, off: usize, len: usize) -> Vec<u8> {
+        let mut out = Vec::with_capacity(len);
+        let mut o = off;
+        while o < off + len {
+            let v = self
+                .word(page, o)
+                .map_or(0, |w| w.swap(0, Ordering::AcqRel));
+            out.extend_from_slice(&v.to_ne_bytes());
+            o += 8;
+        }
+        out
+    }
+
+    /// Store 8 bytes (used for the clock pages).
+    pub(crate) fn store(&self, page: usize, off: usize, bytes: [u8; 8]) {
+        if let Some(w) = self.word(page, off) {
+            w.store(u64::from_ne_bytes(bytes), Ordering::Release);
+        }
+    }
+}
+
+impl Drop for UarRegion {
+    fn drop(&mut self) {
+        // SAFETY: `base`/len is exactly the mapping created in `new`, unused after this.
+        unsafe { libc::munmap(self.base.cast(), self.pages * PAGE) };
+    }
+}

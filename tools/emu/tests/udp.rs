@@ -1,0 +1,145 @@
+//! The UDP fabric: two emulators (as two processes would have) talk RoCEv2 over loopback,
+//! and a pcap capture records the packets.
+
+mod common;
+
+use common::*;
+use mlx5_emu::{EmuConfig, Emulator, Fabric, RunMode};
+use mlx5_hw::opcodes::SendOpcode;
+use mlx5_hw::wqe::{DataSeg, FM_CE_SE_CQ_UPDATE, RaddrSeg};
+use zerocopy::IntoBytes;
+
+fn node(pcap: Option<std::path::PathBuf>) -> Emulator {
+    Emulator::new(EmuConfig {
+        mode: RunMode::Stepped,
+        fabric: Fabric::Udp,
+        pcap,
+        ..EmuConfig::default()
+    })
+}
+
+fn settle(a: &Emulator, b: &Emulator) {
+    let mut idle = 0;
+    for _ in 0..100_000 {
+        let n = a.step() + b.step();
+        idle = if n == 0 { idle + 1 } else { 0 };
+        if idle > 20 {
+            return;
+        }
+    }
+}
+
+#[test]
+fn rc_between_two_emulators_over_udp_with_pcap() {
+    let path = std::env::temp_dir().join(format!("mlx5-emu-udp-{}.pcap", std::process::id()));
+    let ea = node(Some(path.clone()));
+    let eb = node(None);
+    let (ia, ib) = (ea.hca_info(0).unwrap(), eb.hca_info(0).unwrap());
+    assert_ne!(ia.lid, ib.lid, "each emulator is its own node");
+    assert_ne!(ia.node_guid, ib.node_guid);
+    let mut a = Ctx::open(&ea, 0);
+    let mut b = Ctx::open(&eb, 0);
+    let (pda, pdb) = (a.alloc_pd(), b.alloc_pd());
+    let mut cqa = a.create_cq(16, 64, -1);
+    let mut cqb = b.create_cq(16, 64, -1);
+    let mut qa = a.create_qp(pda, &cqa, &cqa, RC, 16, 8, None);
+    let mut qb = b.create_qp(pdb, &cqb, &cqb, RC, 16, 8, None);
+    assert_ne!(qa.qpn, qb.qpn, "QPNs are distinct across nodes");
+    let ma = Buf::new(4096);
+    let mb = Buf::new(4096);
+    let (_, la, _) = a.reg_mr(pda, ma.addr(), 4096, ALL_ACCESS).unwrap();
+    let (_, lb, rb) = b.reg_mr(pdb, mb.addr(), 4096, ALL_ACCESS).unwrap();
+    bring_up(&a, &qa, ib.lid, qb.qpn, Knobs::default());
+    bring_up(&b, &qb, ia.lid, qa.qpn, Knobs::default());
+    ma.write(0, b"over the wire");
+    qb.post_recv(&[(mb.addr(), 64, lb)]);
+    let i = qa.build_send(
+        SendOpcode::SEND_IMM,
+        0,
+        FM_CE_SE_CQ_UPDATE,
+        [1, 2, 3, 4],
+        DataSeg::new(13, la, ma.addr()).as_bytes(),
+    );
+    qa.ring(&a, i, Ring::Doorbell);
+    mb.write(1000, b"read me back");
+    let segs = [
+        RaddrSeg::new(mb.addr() + 1000, rb).as_bytes(),
+        DataSeg::new(12, la, ma.addr() + 100).as_bytes(),
+    ]
+    .concat();
+    let i = qa.build_send(SendOpcode::RDMA_READ, 0, FM_CE_SE_CQ_UPDATE, [0; 4], &segs);
+    qa.ring(&a, i, Ring::Doorbell);
+    settle(&ea, &eb);
+    let ca = drain(&mut cqa);
+    assert_eq!(
+        ca.iter().map(|c| (c.opcode, c.send_op)).collect::<Vec<_>>(),
+        vec![(0, 0x0B), (0, 0x10)]
+    );
+    let cb = drain(&mut cqb);
+    assert_eq!(
+        (cb[0].opcode, cb[0].imm, cb[0].byte_cnt, cb[0].src_qp),
+        (3, [1, 2, 3, 4], 13, qa.qpn)
+    );
+    assert_eq!(mb.read(0, 13), b"over the wire");
+    assert_eq!(ma.read(100, 12), b"read me back");
+    assert_eq!(ea.counters(0).packets_sent, 2);
+    assert_eq!(eb.counters(0).packets_sent, 2, "ACK and READ response");
+    // A WRITE larger than any UDP datagram: 96 packets of the 1024-byte path MTU.
+    let big = Buf::new(100_000);
+    let (_, lbig, _) = a
+        .reg_mr(pda, big.addr(), big.len as u64, ALL_ACCESS)
+        .unwrap();
+    let dst = Buf::new(100_000);
+    let (_, _, rdst) = b
+        .reg_mr(pdb, dst.addr(), dst.len as u64, ALL_ACCESS)
+        .unwrap();
+    let data: Vec<u8> = (0..98_000u32).map(|i| (i % 251) as u8).collect();
+    big.write(0, &data);
+    let segs = [
+        RaddrSeg::new(dst.addr(), rdst).as_bytes(),
+        DataSeg::new(98_000, lbig, big.addr()).as_bytes(),
+    ]
+    .concat();
+    let i = qa.build_send(SendOpcode::RDMA_WRITE, 0, FM_CE_SE_CQ_UPDATE, [0; 4], &segs);
+    qa.ring(&a, i, Ring::Doorbell);
+    settle(&ea, &eb);
+    let ca = drain(&mut cqa);
+    assert_eq!(
+        (ca.len(), ca[0].opcode, ca[0].send_op),
+        (1, 0, 0x08),
+        "{ca:?} {:?} {:?}",
+        ea.counters(0),
+        eb.counters(0)
+    );
+    assert!(
+        dst.read(0, 98_000) == data,
+        "the large WRITE arrived intact"
+    );
+    assert_eq!(ea.counters(0).packets_sent, 2 + 96);
+    // The capture: pcap header + 2 Ethernet/IPv4/UDP 4791 frames whose BTH opcodes are
+    // RC SEND_ONLY_IMM (0x05) and RC READ_REQUEST (0x0C).
+    drop(big);
+    drop(a);
+    drop(ea);
+    let cap = std::fs::read(&path).unwrap();
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(&cap[..4], &0xa1b2_c3d4u32.to_le_bytes());
+    let mut off = 24;
+    let mut ops = Vec::new();
+    while off + 16 <= cap.len() {
+        let len = u32::from_le_bytes(cap[off + 8..off + 12].try_into().unwrap()) as usize;
+        let f = &cap[off + 16..off + 16 + len];
+        assert_eq!(&f[12..14], &[0x08, 0x00]);
+        assert_eq!(u16::from_be_bytes([f[36], f[37]]), 4791, "UDP dst port");
+        ops.push(f[42]);
+        off += 16 + len;
+    }
+    assert_eq!(ops.len(), 2 + 96);
+    assert_eq!(
+        ops[..3],
+        [0x05, 0x0C, 0x06],
+        "SEND_ONLY_IMM, READ_REQUEST, WRITE_FIRST"
+    );
+    assert_eq!(ops[3..97], [0x07; 94], "WRITE_MIDDLE");
+    assert_eq!(ops[97], 0x08, "WRITE_LAST");
+}

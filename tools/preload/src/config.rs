@@ -1,0 +1,208 @@
+//! Configuration from environment variables.
+//!
+//! | variable | values | default |
+//! |---|---|---|
+//! | `MLX5_EMU_FLAVOUR` | `write` (no ioctl: `ENOTTY`), `eproto` (every method `EPROTONOSUPPORT`), `modern` | `modern` |
+//! | `MLX5_EMU_HCAS` | number of HCAs, 1..=16 (`mlx5_0`.. / `uverbs0`..) | 1 |
+//! | `MLX5_EMU_CQE_VERSION` | 0 or 1 | 1 |
+//! | `MLX5_EMU_BF_REG_SIZE` | BlueFlame register size in bytes, 0 = no BlueFlame | 512 |
+//! | `MLX5_EMU_FABRIC` | `udp` (RoCEv2 over loopback UDP: processes reach each other), `inprocess` | `udp` |
+//! | `MLX5_EMU_NODE` | LID of HCA 0, 1..=254 (HCA i gets node + i); unset: first free | unset |
+//! | `MLX5_EMU_PCAP` | write every packet this process puts on the fabric to this pcap file | unset |
+//! | `MLX5_EMU_FAULT_SEED`, `MLX5_EMU_DROP_PPM`, `MLX5_EMU_DUP_PPM`, `MLX5_EMU_REORDER_PPM`, `MLX5_EMU_DELAY_NS` | fabric fault injection | 0 |
+//! | `MLX5_EMU_TRACE` | `1`: one line per intercepted device call on stderr | off |
+//! | `MLX5_EMU_KEEP_SYSFS` | `1`: do not delete the fake sysfs tree at exit | off |
+//!
+//! A malformed value is reported once on stderr and the default is used: the host program
+//! keeps running.
+
+use mlx5_emu::{EmuConfig, Fabric, FaultConfig, Flavour, RunMode};
+
+/// Largest `MLX5_EMU_HCAS` accepted (minor numbers 192.. stay below 256).
+pub(crate) const MAX_HCAS: usize = 16;
+
+/// Everything the shim reads from the environment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Config {
+    /// The emulator configuration (always [`RunMode::Threaded`]: the device runs by itself).
+    pub(crate) emu: EmuConfig,
+    /// Trace every device call on stderr.
+    pub(crate) trace: bool,
+    /// Keep the sysfs tree after exit.
+    pub(crate) keep_sysfs: bool,
+}
+
+impl Config {
+    /// Parse from a variable lookup (`std::env::var` in the shim, a table in tests).
+    /// Returns the configuration and one message per rejected value.
+    pub(crate) fn parse(get: impl Fn(&str) -> Option<String>) -> (Config, Vec<String>) {
+        let mut warnings = Vec::new();
+        // Threaded: the device runs by itself. UDP: the rdma-core tools are pairs of processes.
+        let mut emu = EmuConfig {
+            mode: RunMode::Threaded,
+            fabric: Fabric::Udp,
+            ..EmuConfig::default()
+        };
+        if let Some(v) = get("MLX5_EMU_FLAVOUR") {
+            match v.trim().to_ascii_lowercase().as_str() {
+                "write" | "write-only" | "writeonly" => emu.flavour = Flavour::WriteOnly,
+                "eproto" => emu.flavour = Flavour::Eproto,
+                "modern" | "ioctl" => emu.flavour = Flavour::Modern,
+                _ => warnings.push(format!(
+                    "MLX5_EMU_FLAVOUR={v:?} is not one of write|eproto|modern; using modern"
+                )),
+            }
+        }
+        if let Some(v) = get("MLX5_EMU_HCAS") {
+            match v.trim().parse::<usize>() {
+                Ok(n) if (1..=MAX_HCAS).contains(&n) => emu.num_hcas = n,
+                _ => warnings.push(format!(
+                    "MLX5_EMU_HCAS={v:?} is not a number in 1..={MAX_HCAS}; using 1"
+                )),
+            }
+        }
+        if let Some(v) = get("MLX5_EMU_CQE_VERSION") {
+            match v.trim().parse::<u8>() {
+                Ok(n @ 0..=1) => emu.cqe_version = n,
+                _ => warnings.push(format!("MLX5_EMU_CQE_VERSION={v:?} is not 0 or 1; using 1")),
+            }
+        }
+        if let Some(v) = get("MLX5_EMU_BF_REG_SIZE") {
+            match v.trim().parse::<u32>() {
+                Ok(n) if n == 0 || (n.is_power_of_two() && (64..=2048).contains(&n)) => {
+                    emu.bf_reg_size = n
+                }
+                _ => warnings.push(format!(
+                    "MLX5_EMU_BF_REG_SIZE={v:?} is not 0 or a power of two in 64..=2048; using 512"
+                )),
+            }
+        }
+        if let Some(v) = get("MLX5_EMU_FABRIC") {
+            match v.trim().to_ascii_lowercase().as_str() {
+                "udp" => emu.fabric = Fabric::Udp,
+                "inprocess" | "in-process" | "local" => emu.fabric = Fabric::InProcess,
+                _ => warnings.push(format!(
+                    "MLX5_EMU_FABRIC={v:?} is not udp|inprocess; using udp"
+                )),
+            }
+        }
+        if let Some(v) = get("MLX5_EMU_NODE") {
+            match v.trim().parse::<u16>() {
+                Ok(n @ 1..=254) => emu.node = Some(n),
+                _ => warnings.push(format!(
+                    "MLX5_EMU_NODE={v:?} is not in 1..=254; picking a free one"
+                )),
+            }
+        }
+        if let Some(v) = get("MLX5_EMU_PCAP").filter(|v| !v.is_empty()) {
+            emu.pcap = Some(v.into());
+        }
+        let mut number = |name: &str, slot: &mut u64, max: u64| {
+            if let Some(v) = get(name) {
+                match v.trim().parse::<u64>() {
+                    Ok(n) if n <= max => *slot = n,
+                    _ => warnings.push(format!(
+                        "{name}={v:?} is not a number in 0..={max}; using 0"
+                    )),
+                }
+            }
+        };
+        let (mut seed, mut drop, mut dup, mut reorder, mut delay) = (0, 0, 0, 0, 0);
+        number("MLX5_EMU_FAULT_SEED", &mut seed, u64::MAX);
+        number("MLX5_EMU_DROP_PPM", &mut drop, 1_000_000);
+        number("MLX5_EMU_DUP_PPM", &mut dup, 1_000_000);
+        number("MLX5_EMU_REORDER_PPM", &mut reorder, 1_000_000);
+        number("MLX5_EMU_DELAY_NS", &mut delay, 10_000_000_000);
+        // The ppm values are bounded by 1e6 above, so they fit in u32.
+        let ppm = |v: u64| u32::try_from(v).unwrap_or(1_000_000);
+        emu.fault = FaultConfig {
+            seed,
+            drop_ppm: ppm(drop),
+            dup_ppm: ppm(dup),
+            reorder_ppm: ppm(reorder),
+            delay_ns: delay,
+        };
+        let flag = |name: &str| get(name).is_some_and(|v| !matches!(v.trim(), "" | "0"));
+        let cfg = Config {
+            emu,
+            trace: flag("MLX5_EMU_TRACE"),
+            keep_sysfs: flag("MLX5_EMU_KEEP_SYSFS"),
+        };
+        (cfg, warnings)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(vars: &[(&str, &str)]) -> (Config, Vec<String>) {
+        Config::parse(|k| {
+            vars.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        })
+    }
+
+    #[test]
+    fn defaults_are_one_threaded_modern_hca() {
+        let (cfg, warnings) = parse(&[]);
+        assert!(warnings.is_empty());
+        assert_eq!(cfg.emu.num_hcas, 1);
+        assert_eq!(cfg.emu.mode, RunMode::Threaded);
+        assert_eq!(cfg.emu.flavour, Flavour::Modern);
+        assert_eq!(cfg.emu.fabric, Fabric::Udp);
+        assert_eq!(cfg.emu.node, None);
+        assert_eq!(cfg.emu.fault, FaultConfig::default());
+        assert!(!cfg.trace && !cfg.keep_sysfs);
+    }
+
+    #[test]
+    fn every_variable_is_honoured() {
+        let (cfg, warnings) = parse(&[
+            ("MLX5_EMU_FLAVOUR", "Write"),
+            ("MLX5_EMU_HCAS", "3"),
+            ("MLX5_EMU_CQE_VERSION", "0"),
+            ("MLX5_EMU_BF_REG_SIZE", "0"),
+            ("MLX5_EMU_TRACE", "1"),
+            ("MLX5_EMU_KEEP_SYSFS", "yes"),
+            ("MLX5_EMU_FABRIC", "inprocess"),
+            ("MLX5_EMU_NODE", "7"),
+            ("MLX5_EMU_PCAP", "/tmp/x.pcap"),
+            ("MLX5_EMU_FAULT_SEED", "42"),
+            ("MLX5_EMU_DROP_PPM", "50000"),
+            ("MLX5_EMU_DUP_PPM", "10000"),
+            ("MLX5_EMU_REORDER_PPM", "20000"),
+            ("MLX5_EMU_DELAY_NS", "1000"),
+        ]);
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(cfg.emu.flavour, Flavour::WriteOnly);
+        assert_eq!(cfg.emu.num_hcas, 3);
+        assert_eq!(cfg.emu.cqe_version, 0);
+        assert_eq!(cfg.emu.bf_reg_size, 0);
+        assert!(cfg.trace && cfg.keep_sysfs);
+        assert_eq!(
+            parse(&[("MLX5_EMU_FLAVOUR", "eproto")]).0.emu.flavour,
+            Flavour::Eproto
+        );
+    }
+
+    #[test]
+    fn bad_values_warn_and_keep_defaults() {
+        let (cfg, warnings) = parse(&[
+            ("MLX5_EMU_FLAVOUR", "ancient"),
+            ("MLX5_EMU_HCAS", "0"),
+            ("MLX5_EMU_CQE_VERSION", "2"),
+            ("MLX5_EMU_BF_REG_SIZE", "500"),
+            ("MLX5_EMU_TRACE", "0"),
+            ("MLX5_EMU_FABRIC", "ethernet"),
+            ("MLX5_EMU_NODE", "255"),
+            ("MLX5_EMU_DROP_PPM", "1000001"),
+        ]);
+        assert_eq!(warnings.len(), 7, "{warnings:?}");
+        assert!(warnings[0].contains("ancient"));
+        assert_eq!(cfg, parse(&[]).0);
+        assert!(!cfg.trace);
+        assert!(!parse(&[("MLX5_EMU_HCAS", "17")]).1.is_empty());
+    }
+}

@@ -1,0 +1,266 @@
+//! The fake sysfs tree libibverbs enumerates when `SYSFS_PATH` points at it.
+//!
+//! What rdma-core 44 reads (measured, see the reference on rdma-core over the emulator):
+//! `class/infiniband_verbs/abi_version` (6), `class/infiniband_verbs/uverbsN/{ibdev,dev,
+//! abi_version}` (`dev` must equal the `st_rdev` of the opened character device, mlx5 wants
+//! provider ABI 1), `class/infiniband/<ibdev>` (must exist), its `node_type` ("1: CA"),
+//! `node_guid`, `board_id`, `device/modalias` (how the mlx5 provider is matched: PCI vendor
+//! 0x15b3 and a ConnectX device id), and, where the ioctl GID query is unavailable,
+//! `ports/1/{gids,gid_attrs/types}/I` for every I below the GID table length, and
+//! `ports/1/pkeys/I`. The rest (`fw_ver`, port `state`, `lid`, ...) is written for tools and
+//! people that look, with the values the emulated kernel reports.
+
+use std::fmt::Write as _;
+use std::fs;
+use std::io;
+use std::path::Path;
+
+use mlx5_emu::HcaInfo;
+
+/// Major number of the uverbs character devices (as on Linux).
+pub(crate) const UVERBS_MAJOR: u32 = 231;
+/// Minor number of `uverbs0`; `uverbsN` is this plus N.
+pub(crate) const UVERBS_BASE_MINOR: u32 = 192;
+/// `class/infiniband_verbs/abi_version`: the uverbs command ABI.
+const UVERBS_ABI_VERSION: u32 = 6;
+/// `uverbsN/abi_version`: the mlx5 provider ABI.
+const MLX5_ABI_VERSION: u32 = 1;
+/// PCI vendor id of Mellanox/NVIDIA networking.
+pub(crate) const PCI_VENDOR_MELLANOX: u32 = 0x15b3;
+/// GID and P_Key entries written per port. libibverbs walks `0..gid_tbl_len` in the sysfs
+/// fallback and fails on a missing entry, so write at least the table length the emulated
+/// kernel reports; unused entries hold the zero GID, as on a real port.
+const TABLE_ENTRIES: usize = 128;
+
+/// Device number of `uverbs<index>`.
+pub(crate) fn uverbs_dev(index: usize) -> (u32, u32) {
+    (UVERBS_MAJOR, UVERBS_BASE_MINOR + index as u32)
+}
+
+/// Directory of the uverbs device nodes (hard-coded in libibverbs, not under `SYSFS_PATH`).
+pub(crate) const DEV_PREFIX: &[u8] = b"/dev/infiniband/uverbs";
+
+/// If `path` is `/dev/infiniband/uverbs<N>` with `N < num_hcas` (canonical decimal), `N`.
+pub(crate) fn device_index(path: &[u8], num_hcas: usize) -> Option<usize> {
+    let digits = path.strip_prefix(DEV_PREFIX)?;
+    if digits.is_empty() || digits.len() > 3 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    if digits.len() > 1 && digits[0] == b'0' {
+        return None;
+    }
+    let n = digits
+        .iter()
+        .fold(0usize, |n, d| n * 10 + usize::from(d - b'0'));
+    (n < num_hcas).then_some(n)
+}
+
+/// `0002:c903:00ab:cd00`: a GUID as sysfs prints it.
+pub(crate) fn guid_string(guid: u64) -> String {
+    let b = guid.to_be_bytes();
+    format_groups(&b)
+}
+
+/// `fe80:0000:...`: a GID as sysfs prints it (8 groups of 4 hex digits).
+pub(crate) fn gid_string(gid: &[u8; 16]) -> String {
+    format_groups(gid)
+}
+
+fn format_groups(bytes: &[u8]) -> String {
+    let mut s = String::with_capacity(bytes.len() * 5 / 2);
+    for (i, pair) in bytes.chunks(2).enumerate() {
+        if i > 0 {
+            s.push(':');
+        }
+        for b in pair {
+            let _ = write!(s, "{b:02x}");
+        }
+    }
+    s
+}
+
+/// The PCI function the HCA pretends to be: `0000:08:00.<index>`.
+fn pci_name(index: usize) -> String {
+    format!("0000:08:00.{index}")
+}
+
+fn put(path: &Path, content: &str) -> io::Result<()> {
+    fs::write(path, format!("{content}\n"))
+}
+
+/// Write the whole tree for `hcas` (HCA i is `uverbs<i>` / `hcas[i].name`) under `root`,
+/// which must exist and be empty.
+pub(crate) fn write_tree(root: &Path, hcas: &[HcaInfo]) -> io::Result<()> {
+    let verbs = root.join("class/infiniband_verbs");
+    fs::create_dir_all(&verbs)?;
+    put(&verbs.join("abi_version"), &UVERBS_ABI_VERSION.to_string())?;
+    for (i, hca) in hcas.iter().enumerate() {
+        let pci = root.join("devices/pci0000:00").join(pci_name(i));
+        write_pci_function(&pci, hca)?;
+
+        let ib = root.join("class/infiniband").join(&hca.name);
+        fs::create_dir_all(&ib)?;
+        std::os::unix::fs::symlink(&pci, ib.join("device"))?;
+        put(&ib.join("node_type"), "1: CA")?;
+        put(&ib.join("node_guid"), &guid_string(hca.node_guid))?;
+        put(&ib.join("sys_image_guid"), &guid_string(hca.sys_image_guid))?;
+        put(&ib.join("fw_ver"), &hca.fw_ver)?;
+        put(&ib.join("hw_rev"), "0x0")?;
+        put(&ib.join("hca_type"), &format!("MT{}", hca.vendor_part_id))?;
+        put(&ib.join("board_id"), "MT_0000000008")?;
+        put(&ib.join("node_desc"), &format!("mlx5-emu {}", hca.name))?;
+        write_port(&ib.join("ports/1"), hca)?;
+
+        let uverbs = verbs.join(format!("uverbs{i}"));
+        fs::create_dir_all(&uverbs)?;
+        std::os::unix::fs::symlink(&pci, uverbs.join("device"))?;
+        put(&uverbs.join("ibdev"), &hca.name)?;
+        put(&uverbs.join("abi_version"), &MLX5_ABI_VERSION.to_string())?;
+        let (major, minor) = uverbs_dev(i);
+        put(&uverbs.join("dev"), &format!("{major}:{minor}"))?;
+    }
+    Ok(())
+}
+
+/// The PCI function directory: ids, `modalias` (the provider match) and NUMA placement.
+fn write_pci_function(dir: &Path, hca: &HcaInfo) -> io::Result<()> {
+    fs::create_dir_all(dir)?;
+    // The ConnectX PCI device id equals the verbs vendor_part_id (4119 = 0x1017, ConnectX-5).
+    let device = hca.vendor_part_id;
+    put(&dir.join("vendor"), &format!("{PCI_VENDOR_MELLANOX:#06x}"))?;
+    put(&dir.join("device"), &format!("{device:#06x}"))?;
+    put(
+        &dir.join("subsystem_vendor"),
+        &format!("{PCI_VENDOR_MELLANOX:#06x}"),
+    )?;
+    put(&dir.join("subsystem_device"), "0x0008")?;
+    put(&dir.join("class"), "0x020000")?;
+    put(
+        &dir.join("modalias"),
+        &format!(
+            "pci:v{PCI_VENDOR_MELLANOX:08X}d{device:08X}sv{PCI_VENDOR_MELLANOX:08X}sd00000008bc02sc00i00"
+        ),
+    )?;
+    put(&dir.join("numa_node"), "-1")?;
+    put(&dir.join("local_cpus"), "ffffffff")?;
+    Ok(())
+}
+
+/// `ports/1`: state, LID, GID table, P_Key table, as the emulated QUERY_PORT reports them.
+fn write_port(dir: &Path, hca: &HcaInfo) -> io::Result<()> {
+    fs::create_dir_all(dir)?;
+    put(&dir.join("state"), "4: ACTIVE")?;
+    put(&dir.join("phys_state"), "5: LinkUp")?;
+    put(&dir.join("lid"), &format!("{:#x}", hca.lid))?;
+    put(&dir.join("lid_mask_count"), "0")?;
+    put(&dir.join("sm_lid"), "0x1")?;
+    put(&dir.join("sm_sl"), "0")?;
+    put(&dir.join("cap_mask"), "0x02010000")?;
+    put(&dir.join("rate"), "100 Gb/sec (4X EDR)")?;
+    put(&dir.join("link_layer"), "InfiniBand")?;
+    let gids = dir.join("gids");
+    let types = dir.join("gid_attrs/types");
+    let pkeys = dir.join("pkeys");
+    fs::create_dir_all(&gids)?;
+    fs::create_dir_all(&types)?;
+    fs::create_dir_all(&pkeys)?;
+    for i in 0..TABLE_ENTRIES {
+        let gid = if i == 0 { hca.port_gid } else { [0; 16] };
+        put(&gids.join(i.to_string()), &gid_string(&gid))?;
+        put(&types.join(i.to_string()), "IB/RoCE v1")?;
+        put(
+            &pkeys.join(i.to_string()),
+            if i == 0 { "0xffff" } else { "0x0000" },
+        )?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mlx5_emu::{EmuConfig, Emulator, RunMode};
+
+    fn scratch(tag: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!(
+            "mlx5-emu-preload-test.{}.{tag}",
+            std::process::id()
+        ));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn read(p: &Path) -> String {
+        fs::read_to_string(p).unwrap().trim_end().to_string()
+    }
+
+    #[test]
+    fn recognises_only_our_device_nodes() {
+        assert_eq!(device_index(b"/dev/infiniband/uverbs0", 1), Some(0));
+        assert_eq!(device_index(b"/dev/infiniband/uverbs12", 16), Some(12));
+        assert_eq!(device_index(b"/dev/infiniband/uverbs1", 1), None);
+        assert_eq!(device_index(b"/dev/infiniband/uverbs", 1), None);
+        assert_eq!(device_index(b"/dev/infiniband/uverbs01", 4), None);
+        assert_eq!(device_index(b"/dev/infiniband/uverbs0x", 4), None);
+        assert_eq!(device_index(b"/dev/infiniband/rdma_cm", 4), None);
+        assert_eq!(device_index(b"dev/infiniband/uverbs0", 4), None);
+    }
+
+    #[test]
+    fn formats_guid_and_gid_like_sysfs() {
+        assert_eq!(guid_string(0x0002_c903_00ab_cdef), "0002:c903:00ab:cdef");
+        let mut gid = [0u8; 16];
+        gid[0] = 0xfe;
+        gid[1] = 0x80;
+        gid[15] = 0x01;
+        assert_eq!(gid_string(&gid), "fe80:0000:0000:0000:0000:0000:0000:0001");
+    }
+
+    #[test]
+    fn tree_is_what_libibverbs_enumerates() {
+        let emu = Emulator::new(EmuConfig {
+            num_hcas: 2,
+            mode: RunMode::Stepped,
+            ..EmuConfig::default()
+        });
+        let hcas: Vec<HcaInfo> = (0..2).map(|i| emu.hca_info(i).unwrap()).collect();
+        let root = scratch("tree");
+        write_tree(&root, &hcas).unwrap();
+
+        // The driver's own discovery code (mlx5-ffi) parses it like the real one.
+        assert_eq!(mlx5_ffi::sysfs::check_abi_version(&root).unwrap(), 6);
+        let mut devs = mlx5_ffi::sysfs::list_uverbs_devices(&root).unwrap();
+        devs.sort_by(|a, b| a.name.cmp(&b.name));
+        assert_eq!(devs.len(), 2);
+        for (i, d) in devs.iter().enumerate() {
+            assert_eq!(d.name, format!("uverbs{i}"));
+            assert_eq!(d.ibdev, hcas[i].name);
+            assert_eq!(d.abi_version, 1);
+            assert_eq!(d.devnum, Some(uverbs_dev(i)));
+        }
+
+        let ib = root.join("class/infiniband").join(&hcas[1].name);
+        assert_eq!(read(&ib.join("node_type")), "1: CA");
+        assert_eq!(read(&ib.join("node_guid")), guid_string(hcas[1].node_guid));
+        let modalias = read(&ib.join("device/modalias"));
+        assert!(
+            modalias.starts_with("pci:v000015B3d00001017sv"),
+            "{modalias}"
+        );
+        assert_eq!(
+            read(&root.join("class/infiniband_verbs/uverbs1/device/vendor")),
+            "0x15b3"
+        );
+        let port = ib.join("ports/1");
+        assert_eq!(read(&port.join("gids/0")), gid_string(&hcas[1].port_gid));
+        assert_eq!(
+            read(&port.join("gids/127")),
+            "0000:0000:0000:0000:0000:0000:0000:0000"
+        );
+        assert_eq!(read(&port.join("gid_attrs/types/127")), "IB/RoCE v1");
+        assert_eq!(read(&port.join("pkeys/0")), "0xffff");
+        assert_eq!(read(&port.join("lid")), format!("{:#x}", hcas[1].lid));
+        fs::remove_dir_all(&root).unwrap();
+    }
+}
