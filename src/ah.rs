@@ -95,9 +95,8 @@ impl Ah {
                 reason: "RoCE addresses must be global (is_global)",
             });
         }
-        let mut av = DatagramSeg::zeroed();
-        av.dqp_dct = Be32::new(DQP_EXTENDED_AV);
         let mut handle = None;
+        let mut dmac = [0u8; 6];
         if roce {
             let core_len = size_of::<IbUverbsCreateAhResp>();
             let mut resp = RespBuf::new(core_len + size_of::<Mlx5IbCreateAhResp>());
@@ -119,27 +118,9 @@ impl Ah {
             let r: IbUverbsCreateAhResp = resp.get(0);
             let m: Mlx5IbCreateAhResp = resp.get(core_len);
             handle = Some(r.ah_handle);
-            av.rmac = m.dmac;
-            av.stat_rate_sl = (attr.sl & 7) << 1;
-            let fl = attr.grh.map_or(0, |g| g.flow_label);
-            // RoCE v2 UDP source port from the flow label (0xC000..0xFFFF).
-            let sport = 0xC000 | ((fl ^ (fl >> 14)) & 0x3FFF) as u16;
-            av.rlid = Be16::new(sport);
-        } else {
-            av.stat_rate_sl = attr.sl & 0xF;
-            av.fl_mlid = attr.src_path_bits & 0x7F;
-            av.rlid = Be16::new(attr.dlid);
+            dmac = m.dmac;
         }
-        if let Some(g) = attr.grh {
-            let mut w = (u32::from(g.sgid_index) << 20) | (g.flow_label & 0xF_FFFF);
-            if !roce {
-                w |= AV_GRH_PRESENT;
-            }
-            av.grh_gid_fl = Be32::new(w);
-            av.hop_limit = g.hop_limit;
-            av.tclass = g.traffic_class;
-            av.rgid = g.dgid;
-        }
+        let av = build_av(&attr, roce, dmac);
         Ok(Self {
             pd: pd.clone(),
             handle,
@@ -159,6 +140,61 @@ impl Ah {
     }
 }
 
+/// The mlx5 static-rate code (AV `stat_rate_sl` bits 7:4) of an `enum ibv_rate` value
+/// (mlx5-datapath.md §1.9); 0 = no limit for MAX and rates without a code.
+pub fn static_rate_code(ibv_rate: u8) -> u8 {
+    match ibv_rate {
+        2 => 7,       // 2.5 Gb/s
+        3 => 8,       // 10
+        4 => 9,       // 30
+        5 => 10,      // 5
+        6 => 11,      // 20
+        7 => 12,      // 40
+        8 => 13,      // 60
+        9 => 14,      // 80
+        10 => 15,     // 120
+        11 => 11,     // 14
+        12 => 13,     // 56
+        13 => 15,     // 112
+        15 | 19 => 9, // 25, 28
+        16 => 15,     // 100
+        20 => 13,     // 50
+        _ => 0,       // MAX, 168, 200, 300, 400, 600, unknown
+    }
+}
+
+/// Build the 48-byte address vector for `attr` (mlx5-datapath.md §1.9). IB: DLID, SL and path
+/// bits, GRH bit 30 when global. RoCE: `rlid` = RoCE v2 UDP source port derived from the flow
+/// label (0xC000..=0xFFFF), SL as Ethernet priority in bits 3:1, the destination MAC, no GRH
+/// bit. `dqp_dct` has the extended-AV flag; the QPN and Q_Key are set per WR.
+pub fn build_av(attr: &AhAttr, roce: bool, dmac: [u8; 6]) -> DatagramSeg {
+    let mut av = DatagramSeg::zeroed();
+    av.dqp_dct = Be32::new(DQP_EXTENDED_AV);
+    let rate = static_rate_code(attr.static_rate) << 4;
+    if roce {
+        av.rmac = dmac;
+        av.stat_rate_sl = rate | ((attr.sl & 7) << 1);
+        let fl = attr.grh.map_or(0, |g| g.flow_label);
+        let sport = 0xC000 | ((fl ^ (fl >> 14)) & 0x3FFF) as u16;
+        av.rlid = Be16::new(sport);
+    } else {
+        av.stat_rate_sl = rate | (attr.sl & 0xF);
+        av.fl_mlid = attr.src_path_bits & 0x7F;
+        av.rlid = Be16::new(attr.dlid);
+    }
+    if let Some(g) = attr.grh {
+        let mut w = (u32::from(g.sgid_index) << 20) | (g.flow_label & 0xF_FFFF);
+        if !roce {
+            w |= AV_GRH_PRESENT;
+        }
+        av.grh_gid_fl = Be32::new(w);
+        av.hop_limit = g.hop_limit;
+        av.tclass = g.traffic_class;
+        av.rgid = g.dgid;
+    }
+    av
+}
+
 impl Drop for Ah {
     fn drop(&mut self) {
         if let Some(h) = self.handle {
@@ -171,7 +207,87 @@ impl Drop for Ah {
                 &[],
                 None,
             );
-            debug_assert!(r.is_ok(), "DESTROY_AH failed: {r:?}");
+            debug_assert!(
+                r.is_ok() || std::thread::panicking(),
+                "DESTROY_AH failed: {r:?}"
+            );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ib_av_golden() {
+        let attr = AhAttr {
+            dlid: 0x1234,
+            sl: 5,
+            src_path_bits: 3,
+            static_rate: 3,
+            port_num: 1,
+            grh: None,
+        };
+        let av = build_av(&attr, false, [0; 6]);
+        let b = av.as_bytes();
+        assert_eq!(&b[8..16], &[0x80, 0, 0, 0, 0x85, 0x03, 0x12, 0x34]);
+        assert_eq!(&b[28..32], &[0, 0, 0, 0], "no GRH");
+        let g = GlobalRoute {
+            dgid: [0xfe; 16],
+            flow_label: 0xABCDE,
+            sgid_index: 2,
+            hop_limit: 64,
+            traffic_class: 7,
+        };
+        let av = build_av(
+            &AhAttr {
+                grh: Some(g),
+                ..attr
+            },
+            false,
+            [0; 6],
+        );
+        let b = av.as_bytes();
+        assert_eq!((b[26], b[27]), (7, 64));
+        assert_eq!(
+            &b[28..32],
+            &(0x4000_0000u32 | (2 << 20) | 0xABCDE).to_be_bytes()
+        );
+        assert_eq!(&b[32..48], &[0xfe; 16]);
+    }
+
+    #[test]
+    fn roce_av_golden() {
+        let g = GlobalRoute {
+            dgid: [1; 16],
+            flow_label: 0x12345,
+            sgid_index: 1,
+            hop_limit: 255,
+            traffic_class: 0,
+        };
+        let attr = AhAttr {
+            dlid: 0x99,
+            sl: 6,
+            src_path_bits: 0,
+            static_rate: 16,
+            port_num: 1,
+            grh: Some(g),
+        };
+        let av = build_av(&attr, true, [2, 3, 4, 5, 6, 7]);
+        let b = av.as_bytes();
+        assert_eq!(b[12], 0xF0 | (6 << 1), "rate code 15 (100G), priority 6");
+        assert_eq!(b[13], 0);
+        let sport = u16::from_be_bytes([b[14], b[15]]);
+        assert!(sport >= 0xC000, "UDP source port {sport:#x}");
+        assert_eq!(&b[20..26], &[2, 3, 4, 5, 6, 7]);
+        assert_eq!(
+            &b[28..32],
+            &((1u32 << 20) | 0x12345).to_be_bytes(),
+            "no GRH bit on RoCE"
+        );
+        assert_eq!(static_rate_code(0), 0);
+        assert_eq!(static_rate_code(2), 7);
+        assert_eq!(static_rate_code(200), 0);
     }
 }

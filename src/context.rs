@@ -293,6 +293,14 @@ impl Context {
                 what: "max_sq_desc_sz/max_send_wqebb missing",
             });
         }
+        // Two BlueFlame registers per UAR page from 0x800: each at most 0x400 bytes.
+        let bf = ucx.bf_reg_size;
+        if bf != 0 && (!bf.is_power_of_two() || !(64..=0x400).contains(&bf)) {
+            return Err(Error::BadResponse {
+                cmd: "GET_CONTEXT",
+                what: "bf_reg_size is not 0 or a power of two in 64..=1024",
+            });
+        }
         let attr = query_device(&*surface)?;
         let mode = if ucx.tot_bfregs == 0 {
             UarMode::Dynamic

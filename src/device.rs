@@ -8,7 +8,7 @@ use mlx5_ffi::mlx5::MLX5_IB_UVERBS_ABI_VERSION;
 use mlx5_ffi::surface::{UverbsFd, UverbsSurface};
 use mlx5_ffi::sysfs;
 
-use crate::context::Context;
+use crate::context::{Context, ContextConfig};
 use crate::error::{Errno, Error, Result};
 
 /// Lowest and highest ib_uverbs ABI versions this driver speaks (class `abi_version`).
@@ -112,18 +112,27 @@ impl Device {
         Ok(())
     }
 
-    /// Open the character device and a context on it.
+    /// Open the character device and a context on it (configuration from the libmlx5
+    /// environment variables, see [`ContextConfig::from_env`]).
     ///
     /// # Errors
     /// [`Error::AbiVersion`]; [`Error::Os`] naming the open; context errors.
     pub fn open(&self) -> Result<Context> {
+        self.open_with(ContextConfig::from_env())
+    }
+
+    /// Open with an explicit configuration.
+    ///
+    /// # Errors
+    /// As [`open`](Self::open).
+    pub fn open_with(&self, config: ContextConfig) -> Result<Context> {
         self.check_abi()?;
         let fd = UverbsFd::open(&self.dev_path).map_err(|e| Error::Os {
             op: "open(/dev/infiniband/uverbsN)",
             errno: Errno::from_raw(e.0),
         })?;
         let surface: Arc<dyn UverbsSurface> = Arc::new(fd);
-        let ctx = Context::open(surface)?;
+        let ctx = Context::open_with(surface, config)?;
         ctx.set_sysfs_dir(Path::new("/sys/class/infiniband").join(&self.name));
         Ok(ctx)
     }

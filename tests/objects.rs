@@ -217,3 +217,70 @@ fn no_blueflame_device_uses_doorbells() {
     assert_eq!((c.bf_writes, a.qp.sq_ref().stats().bf_copies), (0, 0));
     assert_eq!(a.qp.sq_ref().stats().doorbells, 10);
 }
+
+/// Dynamic UARs (a modern kernel answering `MLX5_LIB_CAP_DYN_UAR`): tot_bfregs = 0, the NC UAR
+/// for CQ arming and shared doorbells, BlueFlame UARs allocated per QP (two dedicated registers
+/// each) up to the low-latency budget, then the shared NC register; everything works.
+#[test]
+fn dynamic_uars_end_to_end() {
+    let rig = EmuRig::with(EmuConfig {
+        num_hcas: 2,
+        mode: RunMode::Stepped,
+        flavour: Flavour::Modern,
+        dyn_uar: true,
+        ..EmuConfig::default()
+    });
+    let (mut a, mut b) = pair(&rig, PairOpts::new(QpType::Rc));
+    assert_eq!(a.ctx.uar_mode(), mlx5::UarMode::Dynamic);
+    assert_eq!(a.ctx.ucontext().tot_bfregs, 0);
+    let info = a.qp.sq_ref().bfreg();
+    assert!(info.dedicated && info.bf_size == 256, "{info:?}");
+    // SEND with BlueFlame, receive, and a CQ arm doorbell through the NC UAR.
+    let rsge = [b.mr.sge(0, 64)];
+    b.qp.post_recv(&[RecvWr {
+        wr_id: 1,
+        sg_list: &rsge,
+    }])
+    .unwrap();
+    b.cq.req_notify(false);
+    let sge = [a.mr.sge(0, 32)];
+    a.qp.post_send(&[SendWr::send(1, &sge, SendFlags::SIGNALED)])
+        .unwrap();
+    assert_eq!(poll_n(&rig, &mut a.cq, 1)[0].status, WcStatus::SUCCESS);
+    assert_eq!(poll_n(&rig, &mut b.cq, 1)[0].status, WcStatus::SUCCESS);
+    assert_eq!(a.qp.sq_ref().stats().bf_copies, 1);
+    let c = rig.emu.counters(0);
+    assert_eq!((c.bf_writes, c.bf_mismatches), (1, 0));
+    assert!(rig.emu.counters(1).cq_arms >= 1);
+    // More QPs than the low-latency budget (4): the first get dedicated BlueFlame registers
+    // (two per allocated UAR), the rest share the NC doorbell register.
+    let mut qps = Vec::new();
+    for _ in 0..6 {
+        let init = mlx5::QpInitAttr::new(QpType::Rc, &a.cq, &a.cq);
+        qps.push(mlx5::Qp::new(&a.pd, &init).unwrap());
+    }
+    let infos: Vec<_> = qps.iter().map(|q| q.sq_ref().bfreg()).collect();
+    assert_eq!(infos.iter().filter(|i| i.dedicated).count(), 3, "{infos:?}");
+    assert!(
+        infos
+            .iter()
+            .filter(|i| !i.dedicated)
+            .all(|i| i.bf_size == 0)
+    );
+    let shared: Vec<_> = a
+        .ctx
+        .bfreg_users()
+        .into_iter()
+        .filter(|(_, n)| *n > 1)
+        .collect();
+    assert_eq!(shared.len(), 1, "one shared NC register: {shared:?}");
+    assert_eq!(shared[0].1, 3);
+    // Two dedicated registers per BF UAR page.
+    let pages: std::collections::BTreeSet<u32> = infos
+        .iter()
+        .chain([&info])
+        .filter(|i| i.dedicated)
+        .map(|i| i.uar_page)
+        .collect();
+    assert_eq!(pages.len(), 2, "{infos:?}");
+}

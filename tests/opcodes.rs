@@ -3,9 +3,9 @@
 
 mod common;
 
-use common::{BUF_LEN, PairOpts, QKEY, Rig, pair, poll_n};
+use common::{PairOpts, QKEY, Rig, pair, poll_n};
 use mlx5::{
-    Ah, AhAttr, QpType, RecvWr, SendFlags, SendWr, Sge, UdDest, WcFlags, WcOpcode, WcStatus, WrOp,
+    Ah, AhAttr, QpType, RecvWr, SendFlags, SendWr, UdDest, WcFlags, WcOpcode, WcStatus, WrOp,
 };
 
 fn pattern(n: usize, seed: u8) -> Vec<u8> {
@@ -320,8 +320,72 @@ fn ud_send(rig: &dyn Rig) {
     // The first 40 bytes of a UD receive buffer are reserved for the GRH.
     b.buf.read(40, &mut got);
     assert_eq!(got, data);
-    let _ = BUF_LEN;
-    let _ = Sge::default();
+
+    // Inline SEND with immediate over UD: the inline segment follows the 48-byte address vector
+    // (starting a new WQEBB); 200 of them (2 WQEBBs each) wrap the 256-WQEBB SQ.
+    for i in 0..200u64 {
+        let rsge = [b.mr.sge(4096, 40 + 128)];
+        b.qp.post_recv(&[RecvWr {
+            wr_id: 100 + i,
+            sg_list: &rsge,
+        }])
+        .unwrap();
+        let msg = pattern(20 + (i as usize % 40), i as u8);
+        let parts: [&[u8]; 1] = [&msg];
+        let dest = UdDest {
+            ah: &ah,
+            remote_qpn: b.qp.qpn(),
+            remote_qkey: QKEY,
+        };
+        let imm = (i as u32).to_be_bytes();
+        let p0 = a.qp.sq_ref().producer();
+        let wr = SendWr::new(200 + i, WrOp::SendImm { imm }, &[], SendFlags::SIGNALED)
+            .with_inline(&parts)
+            .to(dest);
+        a.qp.post_send(&[wr]).unwrap();
+        let s = poll_n(rig, &mut a.cq, 1);
+        assert_eq!(
+            (s[0].wr_id, s[0].status),
+            (200 + i, WcStatus::SUCCESS),
+            "{:?}",
+            s[0]
+        );
+        assert_eq!(
+            a.qp.sq_ref().producer() - p0,
+            2,
+            "ctrl + AV, then the inline segment"
+        );
+        let r = poll_n(rig, &mut b.cq, 1);
+        assert_eq!(
+            (r[0].wr_id, r[0].status, r[0].imm_data),
+            (100 + i, WcStatus::SUCCESS, imm),
+            "{:?}",
+            r[0]
+        );
+        assert_eq!(r[0].byte_len as usize, 40 + msg.len());
+        let mut got = vec![0u8; msg.len()];
+        b.buf.read(4096 + 40, &mut got);
+        assert_eq!(got, msg);
+    }
+    // A wrong Q_Key is dropped silently at the responder (UD), the sender still completes.
+    let rsge = [b.mr.sge(0, 256)];
+    b.qp.post_recv(&[RecvWr {
+        wr_id: 999,
+        sg_list: &rsge,
+    }])
+    .unwrap();
+    let dest = UdDest {
+        ah: &ah,
+        remote_qpn: b.qp.qpn(),
+        remote_qkey: QKEY ^ 1,
+    };
+    a.qp.post_send(&[SendWr::send(300, &sges, SendFlags::SIGNALED).to(dest)])
+        .unwrap();
+    assert_eq!(poll_n(rig, &mut a.cq, 1)[0].status, WcStatus::SUCCESS);
+    assert!(
+        common::drain(rig, &mut b.cq, 50).is_empty(),
+        "a Q_Key mismatch delivers nothing"
+    );
 }
 
 scenarios!(

@@ -163,7 +163,6 @@ fn wqe_bytes_carry_the_flags(rig: &dyn Rig) {
     let hdr = Be32::read_from_bytes(&w[16..20]).unwrap().get();
     assert_eq!(hdr, INLINE_SEG_FLAG | 40);
     assert_eq!(&w[20..60], &payload);
-    let _ = b;
 }
 
 /// Posting before RTS is refused (sends) and allowed from INIT (receives).

@@ -3,6 +3,7 @@
 //! device has pinned.
 
 use core::ptr::NonNull;
+use core::sync::atomic::{AtomicU8, Ordering};
 
 use memmap2::{Advice, MmapOptions, MmapRaw};
 
@@ -40,9 +41,10 @@ pub enum Backing {
 ///
 /// # Invariants
 /// - `[ptr, ptr + len)` is a live private mapping owned by `self`; `len` is a page multiple.
-/// - Rust code reaches the bytes only through raw pointers (`read`/`write` copies, or the
-///   queue types in `mem/`), never through a long-lived reference, because the device may write
-///   them at any time once they are registered.
+/// - Rust code reaches the bytes only through byte atomics (`read`/`write`/`fill`) or raw
+///   pointers (the queue types in `mem/`, which own their buffers exclusively), never through a
+///   plain reference, because the device may write them at any time once they are registered
+///   and other threads may copy in or out concurrently.
 #[derive(Debug)]
 pub struct DmaBuf {
     map: MmapRaw,
@@ -190,21 +192,27 @@ impl DmaBuf {
         );
     }
 
+    /// The byte at `offset` as an atomic: the buffer is shared with the device and, through
+    /// `&self`, with other threads, so the copy helpers access it with relaxed single-byte
+    /// atomics (plain byte moves on x86-64 and aarch64) rather than racy plain copies.
+    fn byte(&self, offset: usize) -> &AtomicU8 {
+        let p = self.map.as_mut_ptr().wrapping_add(offset);
+        // SAFETY: callers pass `offset < len` (checked by `check`), so `p` is inside the live
+        // mapping owned by `self` for the lifetime of the returned reference; `AtomicU8` has
+        // alignment 1; Rust code reaches these bytes only through such atomics (type
+        // invariant), so no non-atomic access races with it.
+        unsafe { AtomicU8::from_ptr(p) }
+    }
+
     /// Copy `src` into the buffer at `offset`.
     ///
     /// # Panics
     /// If `offset + src.len()` exceeds the buffer.
     pub fn write(&self, offset: usize, src: &[u8]) {
         self.check(offset, src.len());
-        // SAFETY: the range is inside the live mapping (checked above); `src` is a Rust slice
-        // that cannot overlap an mmap this type owns exclusively; raw copy, no reference formed.
-        unsafe {
-            core::ptr::copy_nonoverlapping(
-                src.as_ptr(),
-                self.map.as_mut_ptr().wrapping_add(offset),
-                src.len(),
-            )
-        };
+        for (i, b) in src.iter().enumerate() {
+            self.byte(offset + i).store(*b, Ordering::Relaxed);
+        }
     }
 
     /// Copy bytes at `offset` out into `dst`.
@@ -213,14 +221,9 @@ impl DmaBuf {
     /// If `offset + dst.len()` exceeds the buffer.
     pub fn read(&self, offset: usize, dst: &mut [u8]) {
         self.check(offset, dst.len());
-        // SAFETY: as in `write`, in the other direction.
-        unsafe {
-            core::ptr::copy_nonoverlapping(
-                self.map.as_ptr().wrapping_add(offset),
-                dst.as_mut_ptr(),
-                dst.len(),
-            )
-        };
+        for (i, b) in dst.iter_mut().enumerate() {
+            *b = self.byte(offset + i).load(Ordering::Relaxed);
+        }
     }
 
     /// Fill `len` bytes at `offset` with `byte`.
@@ -229,8 +232,9 @@ impl DmaBuf {
     /// If the range exceeds the buffer.
     pub fn fill(&self, offset: usize, len: usize, byte: u8) {
         self.check(offset, len);
-        // SAFETY: the range is inside the live mapping (checked above).
-        unsafe { core::ptr::write_bytes(self.map.as_mut_ptr().wrapping_add(offset), byte, len) };
+        for i in 0..len {
+            self.byte(offset + i).store(byte, Ordering::Relaxed);
+        }
     }
 
     /// Read a native-endian u64 at `offset` (e.g. an atomic's result).
@@ -300,6 +304,24 @@ mod tests {
         b.read(50, &mut out[..5]);
         assert_eq!(&out[..5], b"hello");
         assert_eq!(b.backing(), Backing::Pages);
+    }
+
+    #[test]
+    fn strict_hugetlb_fails_with_a_named_error_or_gets_huge_pages() {
+        match DmaBuf::with_policy(4096, HugePolicy::Hugetlb) {
+            Ok(b) => {
+                assert_eq!(b.backing(), Backing::Hugetlb);
+                assert_eq!(b.len(), HUGE_PAGE_SIZE);
+                assert_eq!(b.addr() % HUGE_PAGE_SIZE as u64, 0);
+            }
+            Err(e) => assert!(e.to_string().starts_with("mmap(MAP_HUGETLB) failed"), "{e}"),
+        }
+        let t = DmaBuf::with_policy(4096, HugePolicy::Transparent).unwrap();
+        assert_eq!(
+            (t.backing(), t.len()),
+            (Backing::Transparent, HUGE_PAGE_SIZE)
+        );
+        assert!(DmaBuf::new(0).is_err());
     }
 
     #[test]

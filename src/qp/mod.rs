@@ -208,7 +208,7 @@ pub struct QpAttr {
 pub struct RemoteQp {
     /// Remote QP number.
     pub qpn: u32,
-    /// Remote initial PSN (our RQ PSN... the PSN it will send with).
+    /// The PSN the remote QP starts sending with (it becomes this QP's `rq_psn`).
     pub psn: u32,
     /// Remote LID (IB).
     pub lid: u16,
@@ -223,7 +223,7 @@ struct QpHandle {
     user_handle: u64,
     qpn: u32,
     uidx: Option<u32>,
-    bfreg_id: u32,
+    bfreg_id: Option<u32>,
     send_cq: Arc<CqShared>,
     recv_cq: Arc<CqShared>,
     _srq: Option<Arc<SrqHandle>>,
@@ -249,13 +249,18 @@ impl Drop for QpHandle {
             &[],
             Some(&mut resp),
         );
-        debug_assert!(r.is_ok(), "DESTROY_QP failed: {r:?}");
+        debug_assert!(
+            r.is_ok() || std::thread::panicking(),
+            "DESTROY_QP failed: {r:?}"
+        );
         self.send_cq.detach(self.qpn);
         self.recv_cq.detach(self.qpn);
         if let Some(u) = self.uidx {
             self.ctx.free_uidx(u);
         }
-        self.ctx.release_bfreg(self.bfreg_id);
+        if let Some(id) = self.bfreg_id {
+            self.ctx.release_bfreg(id);
+        }
     }
 }
 
@@ -333,14 +338,22 @@ impl Qp {
         let sq_bytes = sgeo.wqe_cnt as usize * 64;
         let buf = Arc::new(DmaBuf::new(rq_bytes + sq_bytes)?);
         let dbrec = Arc::new(ctx.inner.dbrecs.alloc()?);
-        let uidx = if ctx.cqe_version() == 1 {
-            Some(ctx.alloc_uidx()?)
-        } else {
-            None
-        };
         let grant = match ctx.inner.mode {
             UarMode::Dynamic => Some(ctx.grant_bfreg_dynamic()?),
             UarMode::Static => None,
+        };
+        let uidx = if ctx.cqe_version() == 1 {
+            match ctx.alloc_uidx() {
+                Ok(u) => Some(u),
+                Err(e) => {
+                    if let Some(g) = &grant {
+                        ctx.release_bfreg(g.id);
+                    }
+                    return Err(e);
+                }
+            }
+        } else {
+            None
         };
         let mut drv = Mlx5IbCreateQp {
             buf_addr: buf.addr(),
@@ -397,23 +410,28 @@ impl Qp {
         }
         let core: IbUverbsCreateQpResp = resp.get(0);
         let m: Mlx5IbCreateQpResp = resp.get(core_len);
-        let grant = match grant {
-            Some(g) => g,
-            None => ctx.grant_bfreg_static(m.bfreg_index)?,
-        };
-        let handle = QpHandle {
+        // From here on the kernel QP exists: `handle` destroys it if anything below fails.
+        let mut handle = QpHandle {
             ctx: ctx.clone(),
             handle: core.qp_handle,
             user_handle,
             qpn: core.qpn,
             uidx,
-            bfreg_id: grant.id,
+            bfreg_id: grant.as_ref().map(|g| g.id),
             send_cq: init.send_cq.shared().clone(),
             recv_cq: init.recv_cq.shared().clone(),
             _srq: init.srq.map(|s| s.handle.clone()),
             _pd: pd.clone(),
             _buf: buf.clone(),
             _dbrec: dbrec.clone(),
+        };
+        let grant = match grant {
+            Some(g) => g,
+            None => {
+                let g = ctx.grant_bfreg_static(m.bfreg_index)?;
+                handle.bfreg_id = Some(g.id);
+                g
+            }
         };
         let sq_ring = WqRing::new(buf.clone(), rq_bytes, sq_bytes);
         let bf = Bfreg::new(grant.reg, grant.half, grant.dedicated, grant.id);

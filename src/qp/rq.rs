@@ -77,6 +77,20 @@ pub(crate) struct RqShared {
 }
 
 impl RqShared {
+    /// Tables for a ring of `wqe_cnt` (a power of two) receive WQEs.
+    pub(crate) fn new(wqe_cnt: u32) -> Self {
+        Self {
+            wr_ids: (0..wqe_cnt).map(|_| AtomicU64::new(0)).collect(),
+            tail: AtomicU32::new(0),
+            mask: wqe_cnt - 1,
+        }
+    }
+
+    /// Record the wr_id of the receive WQE at `slot`.
+    pub(crate) fn record(&self, slot: u32, wr_id: u64) {
+        self.wr_ids[(slot & self.mask) as usize].store(wr_id, Ordering::Relaxed);
+    }
+
     /// A receive CQE for RQ WQE counter `counter` arrived: its wr_id; retire it.
     pub(crate) fn complete(&self, counter: u16) -> u64 {
         let id = self.wr_ids[(u32::from(counter) & self.mask) as usize].load(Ordering::Relaxed);
@@ -98,11 +112,7 @@ pub struct RecvQueue {
 
 impl RecvQueue {
     pub(crate) fn new(ring: WqRing, geo: RqGeometry, dbrec: Arc<DbRec>) -> Self {
-        let shared = Arc::new(RqShared {
-            wr_ids: (0..geo.wqe_cnt).map(|_| AtomicU64::new(0)).collect(),
-            tail: AtomicU32::new(0),
-            mask: geo.wqe_cnt - 1,
-        });
+        let shared = Arc::new(RqShared::new(geo.wqe_cnt));
         Self {
             ring,
             geo,
@@ -193,7 +203,7 @@ impl RecvQueue {
                 self.ring
                     .write(base + k * 16, DataSeg::terminator().as_bytes());
             }
-            self.shared.wr_ids[slot as usize].store(wr.wr_id, Ordering::Relaxed);
+            self.shared.record(slot, wr.wr_id);
             self.head = self.head.wrapping_add(1);
             n += 1;
         }

@@ -101,6 +101,29 @@ pub(crate) struct SqShared {
 }
 
 impl SqShared {
+    /// Tables for `max_post` outstanding WRs on a ring of `wqe_cnt` (a power of two) WQEBBs.
+    pub(crate) fn new(max_post: u32, wqe_cnt: u32, report_unsignaled: bool, qpn: u32) -> Self {
+        let wr_slots = max_post.max(1).next_power_of_two() as usize;
+        Self {
+            wr_ids: (0..wr_slots).map(|_| AtomicU64::new(0)).collect(),
+            wr_ops: (0..wr_slots).map(|_| AtomicU8::new(0)).collect(),
+            wqe_head: (0..wqe_cnt).map(|_| AtomicU32::new(0)).collect(),
+            tail: AtomicU32::new(0),
+            wqe_mask: wqe_cnt - 1,
+            wr_mask: wr_slots as u32 - 1,
+            report_unsignaled,
+            qpn,
+        }
+    }
+
+    /// Record WR `ordinal` (id, opcode) as the WQE starting at WQEBB counter `wqe_counter`.
+    pub(crate) fn record(&self, ordinal: u32, wqe_counter: u32, wr_id: u64, op: WcOpcode) {
+        let wi = (ordinal & self.wr_mask) as usize;
+        self.wr_ids[wi].store(wr_id, Ordering::Relaxed);
+        self.wr_ops[wi].store(op.0 as u8, Ordering::Relaxed);
+        self.wqe_head[(wqe_counter & self.wqe_mask) as usize].store(ordinal, Ordering::Relaxed);
+    }
+
     pub(crate) fn wr_id(&self, ordinal: u32) -> u64 {
         self.wr_ids[(ordinal & self.wr_mask) as usize].load(Ordering::Relaxed)
     }
@@ -254,17 +277,12 @@ impl SendQueue {
         bf: Bfreg,
         policy: BfPolicy,
     ) -> Self {
-        let wr_slots = geo.max_post.next_power_of_two() as usize;
-        let shared = Arc::new(SqShared {
-            wr_ids: (0..wr_slots).map(|_| AtomicU64::new(0)).collect(),
-            wr_ops: (0..wr_slots).map(|_| AtomicU8::new(0)).collect(),
-            wqe_head: (0..geo.wqe_cnt).map(|_| AtomicU32::new(0)).collect(),
-            tail: AtomicU32::new(0),
-            wqe_mask: geo.wqe_cnt - 1,
-            wr_mask: wr_slots as u32 - 1,
+        let shared = Arc::new(SqShared::new(
+            geo.max_post,
+            geo.wqe_cnt,
             report_unsignaled,
             qpn,
-        });
+        ));
         // PANIC: `sq_geometry` makes `wqe_cnt` a power of two no larger than `max_send_wqebb`
         // (at most 2^16 on any device), well inside `RingSize`'s range.
         let size = RingSize::at_least(geo.wqe_cnt).expect("SQ size is a small power of two");
@@ -516,6 +534,10 @@ impl SendQueue {
         if (qp_type == QpType::Ud) != wr.ud.is_some() {
             return Err(PostError::BadDestination);
         }
+        if opcode == SendOpcode::RDMA_READ && !wr.inline.is_empty() {
+            // READ data flows into local memory: there is nothing to inline.
+            return Err(PostError::BadOpcode);
+        }
         if wr.sg_list.len() > self.geo.max_gs as usize && wr.inline.is_empty() {
             return Err(PostError::TooManySges {
                 n: wr.sg_list.len(),
@@ -681,11 +703,12 @@ impl WqeBuilder<'_> {
         }
     }
 
-    /// Finish the WQE: write the inline header and the control segment, record `wr_id`, advance
-    /// the producer. The WQE is rung by the next [`SendQueue::ring`].
+    /// Finish the WQE: write the inline header (if any inline byte was pushed) and the control
+    /// segment, record `wr_id`, advance the producer. The WQE is rung by the next [`SendQueue::ring`].
     #[inline]
     pub fn finish(mut self, wr_id: u64) {
-        if let Some(hdr) = self.inline_hdr {
+        // A zero total inline length produces no segment at all (mlx5-datapath.md §1.8).
+        if let Some(hdr) = self.inline_hdr.filter(|_| self.inline_len > 0) {
             let len = self.inline_len;
             self.sq
                 .ring
@@ -706,12 +729,9 @@ impl WqeBuilder<'_> {
         )
         .with_imm_bytes(self.imm);
         sq.ring.write(self.start as usize * 64, ctrl.as_bytes());
-        let slot = sq.size.slot(self.start) as usize;
         let ord = sq.head;
-        let wi = (ord & sq.shared.wr_mask) as usize;
-        sq.shared.wr_ids[wi].store(wr_id, Ordering::Relaxed);
-        sq.shared.wr_ops[wi].store(wc_opcode_of(self.opcode).0 as u8, Ordering::Relaxed);
-        sq.shared.wqe_head[slot].store(ord, Ordering::Relaxed);
+        sq.shared
+            .record(ord, self.start, wr_id, wc_opcode_of(self.opcode));
         sq.head = ord.wrapping_add(1);
         sq.cur_post = self.start.wrapping_add(ds.div_ceil(4));
         sq.pend_n += 1;
@@ -842,6 +862,19 @@ mod tests {
     }
 
     #[test]
+    fn zero_length_inline_adds_no_segment() {
+        let mut r = rig(QpType::Rc, 16, 1, 64, BfPolicy::PreferBf);
+        let parts: [&[u8]; 2] = [&[], &[]];
+        r.sq.post_send(&[SendWr::send_inline(1, &parts, SendFlags::SIGNALED)])
+            .unwrap();
+        let (c, _) = ctrl_at(&r.sq, 0);
+        assert_eq!(c.ds(), 1, "ctrl only, as libmlx5");
+        assert_eq!(r.sq.producer(), 1);
+        // ds = 1 is never BlueFlamed (mlx5-datapath.md §3.4).
+        assert_eq!((r.sq.stats().doorbells, r.sq.stats().bf_copies), (1, 0));
+    }
+
+    #[test]
     fn blueflame_copies_the_wrapped_wqe_and_alternates_halves() {
         let mut r = rig(QpType::Rc, 4, 1, 200, BfPolicy::PreferBf);
         assert_eq!(
@@ -903,6 +936,14 @@ mod tests {
         );
         assert_eq!(r.sq.producer(), p);
         let op = WrOp::Read { raddr: 0, rkey: 0 };
+        let mut rc = rig(QpType::Rc, 4, 1, 16, BfPolicy::PreferBf);
+        let data: [&[u8]; 1] = [b"x"];
+        assert_eq!(
+            rc.sq
+                .post_send(&[SendWr::new(1, op, &[], SendFlags::NONE).with_inline(&data)]),
+            Err((0, PostError::BadOpcode)),
+            "an inline READ makes no sense"
+        );
         assert_eq!(
             r.sq.post_send(&[SendWr::new(1, op, &[], SendFlags::NONE)]),
             Err((0, PostError::BadOpcode))

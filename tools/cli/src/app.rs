@@ -48,6 +48,8 @@ pub struct TestbedConfig {
     pub cross_process: bool,
     /// Emulator: packet capture file.
     pub pcap: Option<PathBuf>,
+    /// Time the driver's data-path calls.
+    pub cpu_cost: bool,
 }
 
 /// A connected pair of RC QPs, both ends in this process.
@@ -68,6 +70,8 @@ pub trait Testbed {
     fn sides(&mut self) -> (&mut dyn Side, &mut dyn Side);
     /// Device counters (emulator), as a JSON object; `None` on hardware.
     fn counters(&self) -> Option<serde_json::Value>;
+    /// `--cpu_cost`: the per-call times of both QPs' driver calls, if recorded.
+    fn cost(&self) -> Option<crate::cost::CostLog>;
     /// What the driver did, summed over both QPs (`wqes`, `doorbells` = 8-byte stores,
     /// `bf_copies`, `rings` = both kinds), as a JSON object.
     fn driver_counters(&self) -> serde_json::Value;
@@ -97,7 +101,9 @@ pub fn run(cmd: Command) -> Result<(), String> {
         Command::Devices(a) => crate::devinfo::list_devices(a.emu),
         Command::Info(a) => crate::devinfo::info(a.dev.as_deref(), a.verbose, a.emu),
         Command::Pingpong(a) => pingpong(&a),
-        Command::Emu { .. } => Err("emu run: not implemented yet".into()),
+        Command::Emu {
+            cmd: crate::cli::EmuCommand::Run(r),
+        } => emu_run(&r),
     }
 }
 
@@ -185,7 +191,28 @@ where
     if cq_mod == 0 {
         return Err("-Q must be at least 1".into());
     }
-    let cq_mod = if lat { cq_mod } else { cq_mod.min(tx_depth) };
+    if lat && a.post_list > 1 {
+        return Err(
+            "-l (post list) applies to bandwidth tests: latency posts one WR at a time".into(),
+        );
+    }
+    if a.post_list > crate::backend::MAX_POST_LIST {
+        return Err(format!(
+            "-l {}: at most {}",
+            a.post_list,
+            crate::backend::MAX_POST_LIST
+        ));
+    }
+    if !lat && a.post_list > tx_depth {
+        return Err(format!("-l {} exceeds -t {tx_depth}", a.post_list));
+    }
+    // Bandwidth: once the send queue cannot take another post list, a signaled WR must already
+    // be posted, or no CQE would ever free it: at most tx_depth - post_list + 1 WRs per CQE.
+    let cq_mod = if lat {
+        cq_mod
+    } else {
+        cq_mod.min(tx_depth - a.post_list + 1)
+    };
     let mtu = a.mtu.unwrap_or(4096);
     if !mtu_ok(mtu) {
         return Err(format!("-m {mtu}: one of 256, 512, 1024, 2048, 4096"));
@@ -221,6 +248,7 @@ where
         max_rd_atomic: 16,
         cross_process: a.host.is_some() || a.server,
         pcap: a.pcap.clone(),
+        cpu_cost: a.cpu_cost,
     };
     Ok(Plan {
         op,
@@ -243,7 +271,12 @@ where
         return Err("--connect_only needs a peer (HOST or --server)".into());
     }
     let mut tb = crate::backend::open(&plan.testbed)?;
-    let (local, remote) = tb.endpoints();
+    let (mut local, mut remote) = tb.endpoints();
+    if op == Op::Send {
+        // as perftest: buffer keys are shown for RDMA operations only
+        local.rkey_vaddr = None;
+        remote.rkey_vaddr = None;
+    }
     let mut rep = Reporter::new(&plan, a);
     let header = rep.header(
         &plan,
@@ -272,7 +305,13 @@ where
             rep.bw_result(size, &run)?;
         }
     }
-    rep.finish(&header, tb.emulated(), tb.counters(), tb.driver_counters())
+    rep.finish(
+        &header,
+        tb.emulated(),
+        tb.counters(),
+        tb.driver_counters(),
+        tb.cost(),
+    )
 }
 
 /// Prints the perftest report as results come in, and writes JSON and histograms at the end.
@@ -414,7 +453,7 @@ impl Reporter {
     }
 
     /// Prints one bandwidth row.
-    pub fn bw_result(&mut self, size: u64, run: &bench::BwRun) -> Result<(), String> {
+    pub fn bw_result(&mut self, size: u64, run: &bench::BwRun) -> Result<BwStats, String> {
         let st = BwStats::from_completions(
             size,
             run.first_post_ns,
@@ -422,8 +461,14 @@ impl Reporter {
             self.cq_mod as usize,
         )
         .ok_or_else(|| format!("size {size}: nothing completed"))?;
-        self.w(&format!("{}\n", report::bw_row(&st)))?;
-        self.json_rows.push(report::bw_json(&st));
+        self.bw_stats(&st)?;
+        Ok(st)
+    }
+
+    /// Prints a bandwidth row computed elsewhere (the server's copy of the client's report).
+    pub fn bw_stats(&mut self, st: &BwStats) -> Result<(), String> {
+        self.w(&format!("{}\n", report::bw_row(st)))?;
+        self.json_rows.push(report::bw_json(st));
         Ok(())
     }
 
@@ -439,12 +484,18 @@ impl Reporter {
         emulated: bool,
         counters: Option<serde_json::Value>,
         driver_counters: serde_json::Value,
+        cost: Option<crate::cost::CostLog>,
     ) -> Result<(), String> {
+        let cost = cost.map(|c| crate::cost::to_json(&c, crate::cost::clock_pair_ns()));
         if self.lat && !self.lat_rows.is_empty() {
             let f = report::lat_footer(self.basis, &self.lat_rows);
             self.w(&f)?;
         } else {
             self.w(&format!("{}\n", report::SEPARATOR))?;
+        }
+        if let Some(c) = &cost {
+            let t = crate::cost::to_text(c);
+            self.w(&t)?;
         }
         if self.counters {
             let t = counters_text(&driver_counters, counters.as_ref());
@@ -473,6 +524,9 @@ impl Reporter {
                 doc["bw_unit"] = "MiB/sec".into();
             }
             doc["driver_counters"] = driver_counters;
+            if let Some(c) = cost {
+                doc["cpu_cost"] = c;
+            }
             if let Some(c) = counters {
                 doc["emu_counters"] = c;
             }
@@ -484,6 +538,50 @@ impl Reporter {
             }
         }
         self.out.flush().map_err(|e| format!("write: {e}"))
+    }
+}
+
+/// Name of the LD_PRELOAD front door's shared object.
+pub const PRELOAD_SO: &str = "libmlx5_emu_preload.so";
+
+/// `mlx5 emu run -- PROGRAM ...`: runs the program with the preload library and the emulator
+/// settings in its environment, and exits with its status.
+fn emu_run(r: &crate::cli::EmuRunArgs) -> Result<(), String> {
+    let so = match (&r.so, std::env::var_os("MLX5_EMU_PRELOAD_SO")) {
+        (Some(p), _) => p.clone(),
+        (None, Some(p)) => PathBuf::from(p),
+        (None, None) => std::env::current_exe()
+            .ok()
+            .and_then(|e| e.parent().map(|d| d.join(PRELOAD_SO)))
+            .ok_or("cannot locate this binary's directory")?,
+    };
+    if !so.exists() {
+        return Err(format!(
+            "{} not found; build it with `cargo build -p mlx5-emu-preload` (same profile) or \
+             pass --so",
+            so.display()
+        ));
+    }
+    let (program, args) = r.program.split_first().ok_or("no program given")?;
+    let mut cmd = std::process::Command::new(program);
+    cmd.args(args)
+        .env("LD_PRELOAD", &so)
+        .env("MLX5_EMU_HCAS", r.hcas.to_string())
+        .env("MLX5_EMU_FABRIC", &r.fabric);
+    if let Some(n) = r.node {
+        cmd.env("MLX5_EMU_NODE", n.to_string());
+    }
+    if let Some(p) = &r.pcap {
+        cmd.env("MLX5_EMU_PCAP", p);
+    }
+    if r.trace {
+        cmd.env("MLX5_EMU_TRACE", "1");
+    }
+    let status = cmd.status().map_err(|e| format!("{program}: {e}"))?;
+    match status.code() {
+        Some(0) => Ok(()),
+        Some(c) => std::process::exit(c),
+        None => Err(format!("{program} was killed by a signal ({status})")),
     }
 }
 
@@ -553,6 +651,7 @@ fn pingpong(a: &PingpongArgs) -> Result<(), String> {
         max_rd_atomic: 1,
         cross_process: remote,
         pcap: None,
+        cpu_cost: false,
     };
     let p = RunParams {
         size: a.size,
@@ -655,9 +754,14 @@ mod tests {
         // unsignaled WRs need send-queue room until a CQE retires them
         let p = parse(&["mlx5", "lat", "send", "-Q", "50", "-t", "4"]).unwrap();
         assert_eq!(p.testbed.sq_depth, 50);
-        // bandwidth cq_mod is capped at tx_depth so the queue cannot fill with unsignaled WRs
+        // bandwidth cq_mod is capped so the queue cannot fill with unsignaled WRs
         let p = parse(&["mlx5", "bw", "write", "-Q", "500", "-t", "64"]).unwrap();
         assert_eq!(p.params.cq_mod, 64);
+        let p = parse(&["mlx5", "bw", "write", "-l", "64", "-t", "128"]).unwrap();
+        assert_eq!(p.params.cq_mod, 65);
+        assert!(parse(&["mlx5", "bw", "write", "-l", "65", "-t", "128"]).is_err());
+        assert!(parse(&["mlx5", "bw", "write", "-l", "8", "-t", "4"]).is_err());
+        assert!(parse(&["mlx5", "lat", "send", "-l", "2"]).is_err());
         assert!(parse(&["mlx5", "lat", "send", "-D", "0"]).is_err());
         assert!(parse(&["mlx5", "lat", "send", "-t", "0"]).is_err());
     }

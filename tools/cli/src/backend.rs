@@ -115,6 +115,8 @@ struct End {
     wr_id: u64,
     /// Receives posted and not yet completed.
     recv_outstanding: u32,
+    /// `--cpu_cost`: per-call times of the driver calls.
+    cost: Option<Box<crate::cost::CostLog>>,
     wcs: [WorkCompletion; 16],
     psn: u32,
 }
@@ -192,6 +194,7 @@ impl End {
             remote_rkey: 0,
             wr_id: 0,
             recv_outstanding: 0,
+            cost: cfg.cpu_cost.then(Box::default),
             wcs: [WorkCompletion::default(); 16],
             psn,
         })
@@ -213,7 +216,11 @@ impl End {
         } else {
             &mut self.send_cq
         };
+        let t0 = std::time::Instant::now();
         let n = cq.poll(&mut self.wcs[..max]);
+        if let Some(c) = &mut self.cost {
+            c.poll(crate::cost::ns_since(t0), n);
+        }
         if recv {
             self.recv_outstanding = self.recv_outstanding.saturating_sub(n as u32);
         }
@@ -289,9 +296,12 @@ impl Side for End {
                 *slot = slot.with_inline(&inline_data);
             }
         }
-        self.qp
-            .post_send(&chain[..wrs.len()])
-            .map_err(|(i, e)| format!("post_send (WR {i} of {}): {e}", wrs.len()))
+        let t0 = std::time::Instant::now();
+        let r = self.qp.post_send(&chain[..wrs.len()]);
+        if let Some(c) = &mut self.cost {
+            c.post(crate::cost::ns_since(t0), wrs.len());
+        }
+        r.map_err(|(i, e)| format!("post_send (WR {i} of {}): {e}", wrs.len()))
     }
 
     fn post_recv(&mut self, n: u32, _len: u32) -> BenchResult<()> {
@@ -421,6 +431,9 @@ impl Testbed for DriverTestbed {
     fn driver_counters(&self) -> serde_json::Value {
         driver_counters_json(&[&self.ends[0], &self.ends[1]])
     }
+    fn cost(&self) -> Option<crate::cost::CostLog> {
+        merged_cost(&[&self.ends[0], &self.ends[1]])
+    }
 }
 
 /// An opened device: context, PD and port addressing.
@@ -520,6 +533,14 @@ fn emu_counters_json(emu: &Emulator) -> serde_json::Value {
         }
     }
     serde_json::Value::Object(m)
+}
+
+fn merged_cost(ends: &[&End]) -> Option<crate::cost::CostLog> {
+    let mut all: Option<crate::cost::CostLog> = None;
+    for c in ends.iter().filter_map(|e| e.cost.as_deref()) {
+        all.get_or_insert_with(Default::default).merge(c);
+    }
+    all
 }
 
 fn driver_counters_json(ends: &[&End]) -> serde_json::Value {
@@ -716,5 +737,10 @@ impl SingleEnd {
     /// The driver's counters of this QP.
     pub fn driver_counters(&self) -> serde_json::Value {
         driver_counters_json(&[&self.end])
+    }
+
+    /// `--cpu_cost`: the per-call times of this QP's driver calls, if recorded.
+    pub fn cost(&self) -> Option<crate::cost::CostLog> {
+        merged_cost(&[&self.end])
     }
 }

@@ -262,31 +262,36 @@ pub fn lat_pingpong(
     })
 }
 
-/// The client's side of a SEND/WRITE ping-pong with a peer in another process: post, then wait
-/// for the answer. Receives must already be posted on both sides (see [`lat_server`]).
-pub fn lat_client(op: Op, s: &mut dyn Side, p: &RunParams, label: &str) -> BenchResult<LatRun> {
-    let stamps = pp_loop(p, label, |n| {
-        pp_send(s, op, n, p)?;
-        pp_receive(s, op, n, p)
-    })?;
-    Ok(LatRun {
-        samples_us: deltas(&stamps, 2.0),
-    })
-}
-
-/// The server's side: wait for the client's message, answer. Returns the server's own samples
-/// (the time between its answers), as perftest's server reports them.
-pub fn lat_server(op: Op, s: &mut dyn Side, p: &RunParams, label: &str) -> BenchResult<LatRun> {
-    let mut stamps = Vec::with_capacity(p.iters.min(1 << 26) as usize + 1);
-    let mut progress = Progress::new(label, p.iters);
-    for n in 0..p.warm_up + p.iters {
-        pp_receive(s, op, n, p)?;
-        if n >= p.warm_up {
-            stamps.push(Instant::now());
+/// One side of a SEND/WRITE ping-pong with a peer in another process. The side that
+/// `sends_first` posts, then waits for the answer; the other waits, then answers (perftest: the
+/// client sends first in SEND latency, the server in WRITE latency). Samples are the times
+/// between this side's posts, halved; the side that waits first has one sample fewer than
+/// iterations. Receives must already be posted on both sides.
+pub fn lat_remote(
+    op: Op,
+    s: &mut dyn Side,
+    p: &RunParams,
+    label: &str,
+    sends_first: bool,
+) -> BenchResult<LatRun> {
+    let stamps = if sends_first {
+        pp_loop(p, label, |n| {
+            pp_send(s, op, n, p)?;
+            pp_receive(s, op, n, p)
+        })?
+    } else {
+        let mut stamps = Vec::with_capacity(p.iters.min(1 << 26) as usize);
+        let mut progress = Progress::new(label, p.iters);
+        for n in 0..p.warm_up + p.iters {
+            pp_receive(s, op, n, p)?;
+            if n >= p.warm_up {
+                stamps.push(Instant::now());
+            }
+            pp_send(s, op, n, p)?;
+            progress.tick(n.saturating_sub(p.warm_up));
         }
-        pp_send(s, op, n, p)?;
-        progress.tick(n.saturating_sub(p.warm_up));
-    }
+        stamps
+    };
     Ok(LatRun {
         samples_us: deltas(&stamps, 2.0),
     })
@@ -372,9 +377,9 @@ pub fn bw_stream(
     let size = p.size.max(1);
     let tx_depth = u64::from(p.tx_depth.max(1));
     let post_list = u64::from(p.post_list.max(1)).min(tx_depth);
-    // At least one signaled WR per tx_depth, or the send queue could fill with WRs that no CQE
-    // ever retires.
-    let cq_mod = u64::from(p.cq_mod.max(1)).min(tx_depth);
+    // When no further post list fits, a signaled WR must be outstanding, or no CQE would ever
+    // free the send queue: at most tx_depth - post_list + 1 WRs per CQE.
+    let cq_mod = u64::from(p.cq_mod.max(1)).min(tx_depth - post_list + 1);
     let mut total = if p.duration.is_some() {
         u64::MAX
     } else {
@@ -640,6 +645,20 @@ mod tests {
         // a second run tops the receives up instead of posting another full set
         bw_stream(Op::Send, &mut a, Some(&mut b), &p, "t").unwrap();
         assert_eq!(wire.borrow().recv_posted[1], 64);
+    }
+
+    #[test]
+    fn bandwidth_never_waits_for_a_cqe_it_cannot_post() {
+        // 128 deep, 64 per doorbell, asked for a CQE every 100: without the cap the queue
+        // would hold 92 unsignaled WRs and no room for the 100th
+        let (mut a, mut b, wire) = pair(64);
+        let mut p = params(1000);
+        p.tx_depth = 128;
+        p.post_list = 64;
+        p.cq_mod = 100;
+        let run = bw_stream(Op::Read, &mut a, Some(&mut b), &p, "t").unwrap();
+        assert_eq!(run.completed_ns.len(), 1000);
+        assert_eq!(wire.borrow().counts[0].signaled, 1000 / 65 + 1);
     }
 
     #[test]

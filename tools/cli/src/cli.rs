@@ -60,12 +60,36 @@ pub struct InfoArgs {
 /// `mlx5 emu ...`.
 #[derive(Debug, Subcommand)]
 pub enum EmuCommand {
-    /// Run an emulated HCA in the foreground.
-    Run {
-        /// Number of HCAs.
-        #[arg(long, default_value_t = 1)]
-        hcas: usize,
-    },
+    /// Run an unmodified rdma-core program (ibv_devinfo, ibv_rc_pingpong, ib_send_lat, ...) on
+    /// the emulated ConnectX, through the LD_PRELOAD front door (`libmlx5_emu_preload.so`).
+    Run(EmuRunArgs),
+}
+
+/// `mlx5 emu run [OPTIONS] -- PROGRAM [ARGS...]`.
+#[derive(Debug, Args)]
+pub struct EmuRunArgs {
+    /// Number of emulated HCAs (mlx5_0, mlx5_1, ...).
+    #[arg(long, default_value_t = 1)]
+    pub hcas: u32,
+    /// Fabric: `udp` (processes reach each other over RoCEv2 on the loopback interface) or
+    /// `inprocess`.
+    #[arg(long, default_value = "udp", value_parser = ["udp", "inprocess"])]
+    pub fabric: String,
+    /// LID of HCA 0 (1..=254); default: the first free one.
+    #[arg(long)]
+    pub node: Option<u16>,
+    /// Write every packet the program's HCAs put on the fabric to this pcap file.
+    #[arg(long, value_name = "FILE.pcap")]
+    pub pcap: Option<PathBuf>,
+    /// One line per intercepted device call on stderr.
+    #[arg(long)]
+    pub trace: bool,
+    /// The preload library (default: `MLX5_EMU_PRELOAD_SO`, else next to this binary).
+    #[arg(long = "so", value_name = "PATH")]
+    pub so: Option<PathBuf>,
+    /// The program and its arguments.
+    #[arg(required = true, last = true, value_name = "PROGRAM")]
+    pub program: Vec<String>,
 }
 
 /// `mlx5 pingpong`.
@@ -126,8 +150,10 @@ pub enum BwOp {
 #[allow(non_camel_case_types)]
 pub enum AtomicType {
     /// Fetch and add.
+    #[value(name = "FETCH_AND_ADD")]
     FETCH_AND_ADD,
     /// Compare and swap.
+    #[value(name = "CMP_AND_SWAP")]
     CMP_AND_SWAP,
 }
 
@@ -266,6 +292,10 @@ pub struct TestArgs<Op: ValueEnum + Clone + Send + Sync + 'static> {
     /// UDP 4791, readable by Wireshark/tshark).
     #[arg(long, value_name = "FILE.pcap")]
     pub pcap: Option<PathBuf>,
+    /// Time every driver call on the data path (post_send, poll_cq) and report the CPU cost
+    /// per call, per WR and per CQE (adds two clock reads per call).
+    #[arg(long = "cpu_cost")]
+    pub cpu_cost: bool,
     /// Print the emulated device's counters (doorbells, BlueFlame writes, CQEs, ...) after the run.
     #[arg(long)]
     pub counters: bool,
@@ -339,6 +369,37 @@ mod tests {
         assert!(Cli::try_parse_from(["mlx5", "lat", "send", "--poll", "sometimes"]).is_err());
         assert!(Cli::try_parse_from(["mlx5", "lat", "send", "--server", "host"]).is_err());
         assert!(Cli::try_parse_from(["mlx5", "bw", "atomic"]).is_err());
+        // perftest's spelling of the atomic type
+        let cli = Cli::try_parse_from(["mlx5", "lat", "atomic", "-A", "CMP_AND_SWAP"]).unwrap();
+        let Command::Lat(a) = cli.cmd else {
+            panic!("not lat")
+        };
+        assert_eq!(a.atomic_type, AtomicType::CMP_AND_SWAP);
+    }
+
+    #[test]
+    fn emu_run_takes_the_program_after_dashes() {
+        let cli = Cli::try_parse_from([
+            "mlx5",
+            "emu",
+            "run",
+            "--hcas",
+            "2",
+            "--",
+            "ibv_devinfo",
+            "-v",
+        ])
+        .unwrap();
+        let Command::Emu {
+            cmd: EmuCommand::Run(r),
+        } = cli.cmd
+        else {
+            panic!("not emu run")
+        };
+        assert_eq!(r.hcas, 2);
+        assert_eq!(r.program, ["ibv_devinfo", "-v"]);
+        assert!(Cli::try_parse_from(["mlx5", "emu", "run"]).is_err());
+        assert!(Cli::try_parse_from(["mlx5", "emu", "run", "--fabric", "x", "--", "a"]).is_err());
     }
 
     #[test]

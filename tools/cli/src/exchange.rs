@@ -3,7 +3,8 @@
 //!
 //! perftest (client writes first, then reads; server reads, then writes):
 //! 1. version string, 16 bytes NUL-padded;
-//! 2. system data: cycle buffer and cache line size, each a big-endian `i32`;
+//! 2. system data: cycle buffer, then cache line size, each a big-endian `i32` in an exchange
+//!    of its own;
 //! 3. MTU: 2 bytes, the ASCII digit of the `ibv_mtu` enum and a NUL;
 //! 4. keys: `"%04x:%04x:%06x:%06x:%08x:%016x:%08x"` = LID:OUT_READS:QPN:PSN:RKEY:VADDR:SRQN,
 //!    59 bytes with the NUL; repeated as a barrier; the client closes with `"done\0"`.
@@ -199,10 +200,10 @@ pub fn perftest_preamble<S: Read + Write>(
     let mut version = [0u8; VERSION_LEN];
     version[..PERFTEST_VERSION.len()].copy_from_slice(PERFTEST_VERSION.as_bytes());
     let _peer_version = swap(s, role, &version)?;
-    let mut sys = [0u8; 8];
-    sys[..4].copy_from_slice(&cycle_buffer.to_be_bytes());
-    sys[4..].copy_from_slice(&cache_line.to_be_bytes());
-    let _peer_sys = swap(s, role, &sys)?;
+    // two separate 4-byte exchanges: a peer that writes the first and waits for the answer
+    // would deadlock against an 8-byte read
+    let _peer_cycle_buffer = swap(s, role, &cycle_buffer.to_be_bytes())?;
+    let _peer_cache_line = swap(s, role, &cache_line.to_be_bytes())?;
     if !(1..=5).contains(&mtu_enum) {
         return Err(bad(format!("MTU enum {mtu_enum} out of 1..=5")));
     }
@@ -222,6 +223,41 @@ pub fn perftest_keys<S: Read + Write>(
 ) -> io::Result<PerftestKey> {
     let peer = swap(s, role, &ours.encode())?;
     PerftestKey::decode(&peer).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.0))
+}
+
+/// perftest's bandwidth report, exchanged after WRITE and READ bandwidth runs so that the
+/// server can print the client's figures: five big-endian 64-bit fields, each in an exchange of
+/// its own (size, iterations, peak MiB/s, average MiB/s, message rate Mpps; the doubles as
+/// their IEEE bit patterns).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct BwReport {
+    /// Message size.
+    pub size: u64,
+    /// Messages.
+    pub iters: u64,
+    /// Peak bandwidth, MiB/s.
+    pub bw_peak: f64,
+    /// Average bandwidth, MiB/s.
+    pub bw_avg: f64,
+    /// Message rate, Mpps.
+    pub msg_rate: f64,
+}
+
+/// Exchanges bandwidth reports in perftest's format; returns the peer's.
+pub fn bw_reports<S: Read + Write>(s: &mut S, role: Role, ours: &BwReport) -> io::Result<BwReport> {
+    let mut field = |v: u64| -> io::Result<u64> {
+        let back = swap(s, role, &v.to_be_bytes())?;
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&back);
+        Ok(u64::from_be_bytes(b))
+    };
+    Ok(BwReport {
+        size: field(ours.size)?,
+        iters: field(ours.iters)?,
+        bw_peak: f64::from_bits(field(ours.bw_peak.to_bits())?),
+        bw_avg: f64::from_bits(field(ours.bw_avg.to_bits())?),
+        msg_rate: f64::from_bits(field(ours.msg_rate.to_bits())?),
+    })
 }
 
 #[cfg(test)]
@@ -278,6 +314,64 @@ mod tests {
         }
         assert!(PingpongDest::decode(b"0001:388a01:1c36ee:0000\0").is_err());
         assert!(PingpongDest::decode(b"0001:388a01\0").is_err());
+    }
+
+    /// A peer that writes one field and waits for its answer before writing the next, as
+    /// perftest does: our server side must answer each 4-byte field on its own.
+    #[test]
+    fn server_preamble_answers_field_by_field() {
+        use std::io::{Read, Write};
+        use std::os::unix::net::UnixStream;
+        let (mut a, mut b) = UnixStream::pair().unwrap();
+        let server =
+            std::thread::spawn(move || perftest_preamble(&mut b, Role::Server, 4096, 64, 5));
+        let mut field = |out: &[u8], n: usize| {
+            a.write_all(out).unwrap();
+            let mut back = vec![0u8; n];
+            a.read_exact(&mut back).unwrap();
+            back
+        };
+        let mut v = [0u8; VERSION_LEN];
+        v[..4].copy_from_slice(b"6.06");
+        assert!(field(&v, VERSION_LEN).starts_with(PERFTEST_VERSION.as_bytes()));
+        assert_eq!(field(&4096i32.to_be_bytes(), 4), 4096i32.to_be_bytes());
+        assert_eq!(field(&64i32.to_be_bytes(), 4), 64i32.to_be_bytes());
+        assert_eq!(field(b"4\0", 2), b"5\0");
+        assert_eq!(server.join().unwrap().unwrap(), 4);
+    }
+
+    #[test]
+    fn bw_reports_are_big_endian_fields() {
+        use std::io::{Read, Write};
+        use std::os::unix::net::UnixStream;
+        let (mut a, mut b) = UnixStream::pair().unwrap();
+        let ours = BwReport {
+            size: 65536,
+            iters: 5000,
+            bw_peak: 1234.5,
+            bw_avg: 1000.25,
+            msg_rate: 0.016,
+        };
+        let client = std::thread::spawn(move || bw_reports(&mut a, Role::Client, &ours).unwrap());
+        // play perftest's server: read each field, answer zeros
+        let mut got = Vec::new();
+        for _ in 0..5 {
+            let mut f = [0u8; 8];
+            b.read_exact(&mut f).unwrap();
+            got.push(u64::from_be_bytes(f));
+            b.write_all(&[0; 8]).unwrap();
+        }
+        assert_eq!(
+            got,
+            vec![
+                65536,
+                5000,
+                1234.5f64.to_bits(),
+                1000.25f64.to_bits(),
+                0.016f64.to_bits()
+            ]
+        );
+        assert_eq!(client.join().unwrap(), BwReport::default());
     }
 
     #[test]

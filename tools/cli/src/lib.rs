@@ -1,10 +1,12 @@
 //! The `mlx5` command-line tool, as a library so its parts can be tested: perftest-compatible
 //! statistics and reports, an SVG histogram, and the test runners over the driver.
+#![forbid(unsafe_code)]
 
 pub mod app;
 pub mod backend;
 pub mod bench;
 pub mod cli;
+pub mod cost;
 pub mod devinfo;
 pub mod exchange;
 pub mod progress;

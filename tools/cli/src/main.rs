@@ -1,4 +1,5 @@
 //! `mlx5`: devices, info, lat, bw, pingpong and emu subcommands.
+#![forbid(unsafe_code)]
 
 use clap::Parser;
 

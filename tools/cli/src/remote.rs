@@ -2,9 +2,8 @@
 //! perftest's format (version, system data, MTU, then `LID:OUT_READS:QPN:PSN:RKEY:VADDR:SRQN`
 //! keys, repeated as barriers, and the client's closing `"done\0"`).
 //!
-//! The numbers of key exchanges match what was observed from perftest 4.5 (ib_send_lat: 5,
-//! ib_write_lat: 4); where they sit between the phases is this tool's choice: one to exchange
-//! the keys, the rest as barriers before the measurement, and one after it.
+//! The number of key exchanges before and after the measurement follows perftest 4.5 (see
+//! [`handshakes`]), so that this tool and perftest's binaries can be each other's peer.
 
 use std::io::Read;
 use std::net::{TcpListener, TcpStream};
@@ -20,12 +19,17 @@ use crate::exchange::{self, DONE, PINGPONG_MSG_LEN, PerftestKey, PingpongDest, R
 /// How long the client keeps trying to reach the server.
 const CONNECT_PATIENCE: Duration = Duration::from_secs(10);
 
-/// Key exchanges before the measurement (including the one carrying the keys) and after it.
-fn handshakes(op: Op, lat: bool) -> (u32, u32) {
+/// Key exchanges (before the measurements, the first carrying the keys; before each message
+/// size; after the measurements) as perftest 4.5 (v4.5-0.17) does them in its non-duplex runs:
+/// SEND tests three before, one per size (after posting receives), one when closing; WRITE
+/// latency four before and none after; READ and atomic latency four before, one when closing;
+/// WRITE and READ bandwidth three before and two after (the client's report goes between them).
+pub fn handshakes(op: Op, lat: bool) -> (u32, u32, u32) {
     match (op, lat) {
-        (Op::Send, true) => (4, 1),
-        (Op::Write, true) => (3, 1),
-        _ => (2, 1),
+        (Op::Send, _) => (3, 1, 1),
+        (Op::Write, true) => (4, 0, 0),
+        (_, true) => (4, 0, 1),
+        (_, false) => (3, 0, 2),
     }
 }
 
@@ -50,9 +54,9 @@ fn tcp(role: Role, host: Option<&str>, bind: &str, port: u16) -> Result<TcpStrea
             loop {
                 match TcpStream::connect((host, port)) {
                     Ok(s) => return Ok(s),
-                    Err(e) if Instant::now() < until => {
-                        let _ = e;
-                        std::thread::sleep(Duration::from_millis(50));
+                    // the server may not be listening yet
+                    Err(_) if Instant::now() < until => {
+                        std::thread::sleep(Duration::from_millis(50))
                     }
                     Err(e) => return Err(format!("connect to {host}:{port}: {e}")),
                 }
@@ -69,9 +73,6 @@ where
     if plan.params.duration.is_some() {
         return Err("-D is not supported with a peer yet: use -n (the same on both sides)".into());
     }
-    if plan.sizes.len() > 1 {
-        return Err("-a is not supported with a peer yet: use -s".into());
-    }
     let role = if a.server { Role::Server } else { Role::Client };
     let (op, lat) = (plan.op, plan.lat);
     let mut end = SingleEnd::open(&plan.testbed)?;
@@ -84,15 +85,7 @@ where
     let peer: PerftestKey =
         exchange::perftest_keys(&mut s, role, &key).map_err(io("key exchange"))?;
     end.connect(&peer, mtu)?;
-    let size = plan.sizes[0];
-    let mut p = plan.params;
-    p.size = size as u32;
-    let (before, after) = handshakes(op, lat);
-    // receives first, then the barriers: the peer may send as soon as they are done
-    if op == Op::Send && (lat || role == Role::Server) {
-        end.side()
-            .ensure_recv(if lat { 1 } else { p.tx_depth.max(1) }, p.size)?;
-    }
+    let (before, per_size, after) = handshakes(op, lat);
     for _ in 1..before {
         exchange::perftest_keys(&mut s, role, &key).map_err(io("barrier"))?;
     }
@@ -121,17 +114,30 @@ where
         remote,
     );
     rep.begin(end.emulated(), &header)?;
-    let label = format!("{} {size} B", crate::app::title(op, lat));
-    if a.connect_only {
-        rep.note("--connect_only: addresses exchanged and QPs connected; nothing measured")?;
-    } else {
+    // WRITE and READ bandwidth: the client sends its figures to the server after the run
+    let bw_report = !lat && op != Op::Send;
+    let mut ours = exchange::BwReport::default();
+    let mut server_prints = false;
+    for &size in &plan.sizes {
+        let mut p = plan.params;
+        p.size = size as u32;
+        // receives first, then the barrier: the peer may send as soon as it is done
+        if op == Op::Send && (lat || role == Role::Server) {
+            end.side()
+                .ensure_recv(if lat { 1 } else { p.tx_depth.max(1) }, p.size)?;
+        }
+        for _ in 0..per_size {
+            exchange::perftest_keys(&mut s, role, &key).map_err(io("barrier"))?;
+        }
+        if a.connect_only {
+            continue;
+        }
+        let label = format!("{} {size} B", crate::app::title(op, lat));
         match (role, lat, op) {
-            (Role::Client, true, Op::Send | Op::Write) => {
-                let run = bench::lat_client(op, end.side(), &p, &label)?;
-                rep.lat_result(size, &run.samples_us)?;
-            }
-            (Role::Server, true, Op::Send | Op::Write) => {
-                let run = bench::lat_server(op, end.side(), &p, &label)?;
+            (_, true, Op::Send | Op::Write) => {
+                // perftest: the client sends first in SEND latency, the server in WRITE latency
+                let first = (role == Role::Client) == (op == Op::Send);
+                let run = bench::lat_remote(op, end.side(), &p, &label, first)?;
                 rep.lat_result(size, &run.samples_us)?;
             }
             (Role::Client, true, _) => {
@@ -140,24 +146,50 @@ where
             }
             (Role::Client, false, _) => {
                 let run = bench::bw_stream(op, end.side(), None, &p, &label)?;
-                rep.bw_result(size, &run)?;
+                let st = rep.bw_result(size, &run)?;
+                ours = exchange::BwReport {
+                    size,
+                    iters: st.iterations,
+                    bw_peak: st.bw_peak_mib,
+                    bw_avg: st.bw_average_mib,
+                    msg_rate: st.msg_rate_mpps,
+                };
             }
             (Role::Server, false, Op::Send) => {
                 bench::bw_server(end.side(), &p, &label)?;
-                rep.note("server side: the client reports the bandwidth")?;
             }
-            (Role::Server, _, _) => {
-                rep.note("server side: the client issues the requests and reports the results")?;
-            }
+            (Role::Server, false, _) => server_prints = true,
+            (Role::Server, true, _) => {}
         }
     }
-    for _ in 0..after {
+    if a.connect_only {
+        rep.note("--connect_only: addresses exchanged and QPs connected; nothing measured")?;
+    } else if role == Role::Server && !(lat && matches!(op, Op::Send | Op::Write)) && !server_prints
+    {
+        rep.note("server side: the client issues the requests and reports the results")?;
+    }
+    for i in 0..after {
         exchange::perftest_keys(&mut s, role, &key).map_err(io("barrier"))?;
+        if bw_report && i == 0 {
+            let theirs =
+                exchange::bw_reports(&mut s, role, &ours).map_err(io("report exchange"))?;
+            if server_prints && !a.connect_only {
+                rep.bw_stats(&crate::stats::BwStats {
+                    bytes: theirs.size,
+                    iterations: theirs.iters,
+                    bw_peak_mib: theirs.bw_peak,
+                    bw_average_mib: theirs.bw_avg,
+                    msg_rate_mpps: theirs.msg_rate,
+                    peak_window: 0,
+                })?;
+            }
+        }
     }
     match role {
         Role::Client => {
             use std::io::Write;
-            s.write_all(DONE).map_err(io("done"))?;
+            // perftest's WRITE latency server does not wait for it and may be gone already
+            let _ = s.write_all(DONE);
         }
         Role::Server => {
             // the client closes with "done\0"; an early EOF is fine too
@@ -170,6 +202,7 @@ where
         end.emulated(),
         end.counters(),
         end.driver_counters(),
+        end.cost(),
     )
 }
 
@@ -222,10 +255,7 @@ pub fn pingpong(a: &PingpongArgs, cfg: &TestbedConfig, p: &RunParams) -> Result<
         crate::app::pingpong_address("remote", peer.lid, peer.qpn, peer.psn, &peer.gid)
     );
     let start = Instant::now();
-    match role {
-        Role::Client => bench::lat_client(Op::Send, end.side(), p, "pingpong")?,
-        Role::Server => bench::lat_server(Op::Send, end.side(), p, "pingpong")?,
-    };
+    bench::lat_remote(Op::Send, end.side(), p, "pingpong", role == Role::Client)?;
     let usec = start.elapsed().as_secs_f64() * 1e6;
     let (l1, l2) = crate::app::pingpong_lines(u64::from(p.size), p.iters, usec);
     println!("{l1}");

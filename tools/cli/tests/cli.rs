@@ -441,7 +441,12 @@ fn client_and_server_processes_exchange_keys_and_measure() {
         }
         let doc: Value = serde_json::from_slice(&client.stdout).unwrap();
         assert_eq!(doc["data_ex"], "Ethernet");
-        assert_eq!(doc["results"][0]["samples"], 20);
+        // SEND: the client posts first (20 round trips); WRITE: the server does, so the client
+        // has 19 intervals between its 20 posts (as perftest: client first in SEND, server in WRITE)
+        assert_eq!(
+            doc["results"][0]["samples"],
+            if op == "send" { 20 } else { 19 }
+        );
         // the client's device sent exactly its own 20 messages
         assert_eq!(counter(&doc, "wqes_executed"), 20);
         assert!(s_text.contains(mlx5_tools::report::LAT_HEADER));
@@ -472,4 +477,227 @@ fn pcap_capture_of_the_emulated_fabric() {
         "{magic:#x}"
     );
     assert!(bytes.len() > 24 + 16 * counter(&doc, "packets_sent") as usize);
+}
+
+/// The LD_PRELOAD shim that puts unmodified rdma-core programs on the emulator: next to our
+/// binary when the workspace was built, else built now (same target directory and profile).
+fn preload_so() -> std::path::PathBuf {
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_mlx5"));
+    let profile_dir = bin.parent().unwrap();
+    let so = profile_dir.join("libmlx5_emu_preload.so");
+    if !so.exists() {
+        let target_dir = profile_dir.parent().unwrap();
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.args(["build", "-q", "-p", "mlx5-emu-preload", "--target-dir"])
+            .arg(target_dir);
+        if profile_dir.file_name().is_some_and(|n| n == "release") {
+            cmd.arg("--release");
+        }
+        let st = cmd.status().expect("run cargo build -p mlx5-emu-preload");
+        assert!(st.success(), "building the preload shim failed");
+    }
+    assert!(so.exists(), "{} missing", so.display());
+    so
+}
+
+/// perftest's own binary (Debian package `perftest`) on the emulator through the shim.
+fn perftest(program: &str, args: &[&str]) -> Command {
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .env("LD_PRELOAD", preload_so())
+        .env("MLX5_EMU_FABRIC", "udp")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    cmd
+}
+
+fn run_pair(server: &mut Command, client: &mut Command) -> (String, String) {
+    let srv = server
+        .spawn()
+        .unwrap_or_else(|e| panic!("{server:?}: {e} (is perftest installed?)"));
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let cli = client
+        .output()
+        .unwrap_or_else(|e| panic!("{client:?}: {e} (is perftest installed?)"));
+    let srv = srv.wait_with_output().unwrap();
+    let text = |o: &Output| {
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    };
+    assert!(
+        srv.status.success(),
+        "server {server:?} failed:\n{}\nclient:\n{}",
+        text(&srv),
+        text(&cli)
+    );
+    assert!(
+        cli.status.success(),
+        "client {client:?} failed:\n{}\nserver:\n{}",
+        text(&cli),
+        text(&srv)
+    );
+    (
+        String::from_utf8(srv.stdout).unwrap(),
+        String::from_utf8(cli.stdout).unwrap(),
+    )
+}
+
+fn ours(args: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_mlx5"));
+    cmd.args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    cmd
+}
+
+/// The numbers of a table row starting with `first` (perftest separates with tabs, too).
+fn row(text: &str, first: &str) -> Vec<f64> {
+    let line = text
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(first) && l.split_whitespace().count() >= 5)
+        .unwrap_or_else(|| panic!("no row {first} in\n{text}"));
+    line.split_whitespace()
+        .map(|c| c.parse().unwrap())
+        .collect()
+}
+
+#[test]
+fn interoperates_with_perftest_binaries() {
+    // ib_send_lat serves, we are the client
+    let port = free_port().to_string();
+    let (srv, cli) = run_pair(
+        &mut perftest("ib_send_lat", &["-p", &port, "-n", "20"]),
+        &mut ours(&["lat", "send", "127.0.0.1", "--emu", "-p", &port, "-n", "20"]),
+    );
+    assert_eq!(row(&srv, "2")[1], 20.0, "{srv}");
+    assert_eq!(row(&cli, "2")[1], 20.0, "{cli}");
+    // their address lines and ours agree crosswise
+    for f in ["QPN", "PSN"] {
+        assert_eq!(
+            field(address_line(&srv, "local"), f),
+            field(address_line(&cli, "remote"), f)
+        );
+        assert_eq!(
+            field(address_line(&srv, "remote"), f),
+            field(address_line(&cli, "local"), f)
+        );
+    }
+
+    // we serve ib_write_lat's client (the server writes first in WRITE latency)
+    let port = free_port().to_string();
+    let (srv, cli) = run_pair(
+        &mut ours(&[
+            "lat",
+            "write",
+            "--server",
+            "--emu",
+            "--bind",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "-n",
+            "20",
+        ]),
+        &mut perftest("ib_write_lat", &["127.0.0.1", "-p", &port, "-n", "20"]),
+    );
+    assert_eq!(row(&cli, "2")[1], 20.0, "{cli}");
+    assert!(srv.contains("RDMA_Write Latency Test"), "{srv}");
+
+    // ib_write_bw serves and prints the figures our client sends in perftest's report exchange
+    let port = free_port().to_string();
+    let (srv, cli) = run_pair(
+        &mut perftest("ib_write_bw", &["-p", &port, "-n", "200", "-s", "4096"]),
+        &mut ours(&[
+            "bw",
+            "write",
+            "127.0.0.1",
+            "--emu",
+            "-p",
+            &port,
+            "-n",
+            "200",
+            "-s",
+            "4096",
+        ]),
+    );
+    let theirs = row(&srv, "4096");
+    let mine = row(&cli, "4096");
+    assert_eq!(theirs[1], 200.0, "{srv}");
+    for i in 2..5 {
+        assert!(
+            (theirs[i] - mine[i]).abs() <= 0.01 * mine[i].max(0.01),
+            "column {i}: {srv} vs {cli}"
+        );
+    }
+}
+
+#[test]
+fn emu_run_puts_an_unmodified_program_on_the_emulator() {
+    let so = preload_so();
+    let out = mlx5(&[
+        "emu",
+        "run",
+        "--so",
+        so.to_str().unwrap(),
+        "--hcas",
+        "2",
+        "--fabric",
+        "inprocess",
+        "--",
+        "ibv_devinfo",
+    ]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    // libibverbs found both emulated HCAs through the shim
+    assert!(text.contains("hca_id:\tmlx5_0"), "{text}");
+    assert!(text.contains("hca_id:\tmlx5_1"), "{text}");
+    assert!(text.contains("PORT_ACTIVE"), "{text}");
+    // the program's exit status is ours
+    let st = Command::new(env!("CARGO_BIN_EXE_mlx5"))
+        .args([
+            "emu",
+            "run",
+            "--so",
+            so.to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            "exit 3",
+        ])
+        .status()
+        .unwrap();
+    assert_eq!(st.code(), Some(3));
+}
+
+#[test]
+fn cpu_cost_times_every_driver_call() {
+    let doc = json(&["lat", "send", "-n", "100", "--cpu_cost"]);
+    let c = &doc["cpu_cost"];
+    // both sides post once per iteration, one WR each
+    assert_eq!(c["post_send"]["calls"], 200, "{c:#}");
+    assert_eq!(c["post_send"]["items"], 200);
+    // every send and every receive completes with one CQE, all reaped
+    assert_eq!(c["poll_cq"]["items"], 400, "{c:#}");
+    assert!(c["post_send"]["p50_ns"].as_f64().unwrap() > 0.0);
+    assert!(c["post_send"]["p50_ns"].as_f64() <= c["post_send"]["p99_ns"].as_f64());
+    let doc = json(&[
+        "bw",
+        "write",
+        "-n",
+        "256",
+        "-l",
+        "8",
+        "-t",
+        "64",
+        "-s",
+        "64",
+        "--cpu_cost",
+    ]);
+    assert_eq!(doc["cpu_cost"]["post_send"]["calls"], 32);
+    assert_eq!(doc["cpu_cost"]["post_send"]["items"], 256);
+    // without the flag nothing is timed
+    assert!(json(&["lat", "send", "-n", "10"]).get("cpu_cost").is_none());
 }

@@ -10,7 +10,7 @@ use mlx5_hw::types::{Be16, Be32, Be64};
 use mlx5_hw::wqe::{
     AtomicSeg, CtrlSeg, DataSeg, DatagramSeg, INLINE_SEG_FLAG, INVALID_LKEY, RaddrSeg,
 };
-use zerocopy::{FromBytes, IntoBytes};
+use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
 use crate::state::{Outstanding, RxMsg, World, access, ev, qps, qpt};
 use crate::transport::{
@@ -94,7 +94,7 @@ fn scan_doorbells(w: &mut World) -> usize {
     let bf = w.cfg.bf_reg_size != 0;
     let mut found = Vec::new();
     for (&ctx, c) in &w.contexts {
-        for page in 0..c.uar_pages {
+        for &page in &c.uar_active {
             let arm = c.uar.take(page, mlx5_hw::doorbell::UAR_CQ_DOORBELL);
             if arm != 0 {
                 found.push(Doorbell::Arm {
@@ -141,6 +141,9 @@ fn send_doorbell(w: &mut World, hca: usize, ctx: u64, word: u64, rest: &[u8]) {
     let b = word.to_ne_bytes();
     let ctrl = CtrlSeg::read_from_bytes(&[&b[..], &[0u8; 8][..]].concat()).ok();
     let stepped = w.cfg.mode == RunMode::Stepped;
+    if let Some(c) = &ctrl {
+        w.wqe_log.doorbell(hca, c.qpn(), c.wqe_index(), rest);
+    }
     let h = &mut w.hcas[hca];
     h.counters.doorbells += 1;
     let Some(ctrl) = ctrl else { return };
@@ -244,7 +247,13 @@ fn post_cqe(w: &mut World, hca: usize, cqn: u32, s: &CqeSpec) -> bool {
     if cq.in_error {
         return false;
     }
-    let ci = mem::read_be32(cq.db).map(|v| v & 0xff_ffff).unwrap_or(0);
+    // The consumer index only matters when the ring looks full: re-read it then.
+    if cq.pi.wrapping_sub(cq.ci_seen) & 0xff_ffff >= cq.ncqe {
+        cq.ci_seen = mem::read_be32(cq.db)
+            .map(|v| v & 0xff_ffff)
+            .unwrap_or(cq.ci_seen);
+    }
+    let ci = cq.ci_seen;
     if !cq.ignore_overrun && (cq.pi.wrapping_sub(ci) & 0xff_ffff) >= cq.ncqe {
         cq.in_error = true;
         cq.async_events += 1;
@@ -447,6 +456,14 @@ fn run_send_queues(w: &mut World) -> usize {
             work += flush_qp(w, hca, qpn);
         } else if q.state == qps::RTS && (q.sq_head as u16) != q.sq_rung {
             work += run_sq(w, hca, qpn);
+        } else if q.state == qps::SQD && q.sqd_notify && q.rc.outstanding.is_empty() {
+            let (ctx, uh) = (q.ctx, q.user_handle);
+            if let Some(q) = w.hcas[hca].qps.get_mut(&qpn) {
+                q.sqd_notify = false;
+                q.events_reported += 1;
+            }
+            w.async_event(ctx, uh, ev::SQ_DRAINED);
+            work += 1;
         }
     }
     work
@@ -564,12 +581,12 @@ fn exec_wqe(w: &mut World, hca: usize, qpn: u32) -> Exec {
     if cnt == 0 {
         return Exec::Done(1);
     }
-    let Ok(first) = read_wqe(sq, cnt, head, 16) else {
+    // The first WQEBB in one read; the rest (if any) after the ctrl segment is checked.
+    let Ok(first) = read_wqe(sq, cnt, head, 64) else {
         requester_error(w, hca, qpn, idx, 0, Syndrome::LOCAL_PROT);
         return Exec::Done(1);
     };
-    let ctrl =
-        CtrlSeg::read_from_bytes(&first[..16]).unwrap_or_else(|_| CtrlSeg::new_zeroed_ctrl());
+    let ctrl = CtrlSeg::read_from_bytes(&first[..16]).unwrap_or_else(|_| CtrlSeg::new_zeroed());
     let ds = ctrl.ds() as u32;
     let wqebbs = ds.div_ceil(4).max(1);
     let opcode = ctrl.opcode();
@@ -577,9 +594,17 @@ fn exec_wqe(w: &mut World, hca: usize, qpn: u32) -> Exec {
         requester_error(w, hca, qpn, idx, opcode.0, Syndrome::LOCAL_QP_OP);
         return Exec::Done(wqebbs);
     }
-    let Ok(bytes) = read_wqe(sq, cnt, head, ds as usize * 16) else {
-        requester_error(w, hca, qpn, idx, opcode.0, Syndrome::LOCAL_PROT);
-        return Exec::Done(wqebbs);
+    let len = ds as usize * 16;
+    let bytes = if len <= 64 {
+        first[..len].to_vec()
+    } else {
+        match read_wqe(sq, cnt, head.wrapping_add(1), len - 64) {
+            Ok(rest) => [&first[..], &rest[..]].concat(),
+            Err(_) => {
+                requester_error(w, hca, qpn, idx, opcode.0, Syndrome::LOCAL_PROT);
+                return Exec::Done(wqebbs);
+            }
+        }
     };
     let wqe = Wqe {
         idx,
@@ -612,6 +637,7 @@ fn exec_wqe(w: &mut World, hca: usize, qpn: u32) -> Exec {
             return Exec::Blocked;
         }
     }
+    w.wqe_log.fetched(hca, qpn, idx, &wqe.bytes);
     let c = &mut w.hcas[hca].counters;
     c.wqes_executed += 1;
     match build_request(w, hca, qpn, &wqe) {
@@ -623,15 +649,6 @@ fn exec_wqe(w: &mut World, hca: usize, qpn: u32) -> Exec {
         }
     }
     Exec::Done(wqe.wqebbs)
-}
-
-trait ZeroCtrl {
-    fn new_zeroed_ctrl() -> Self;
-}
-impl ZeroCtrl for CtrlSeg {
-    fn new_zeroed_ctrl() -> Self {
-        CtrlSeg::read_from_bytes(&[0u8; 16]).expect("16 bytes make a CtrlSeg")
-    }
 }
 
 /// Decode the payload part of a WQE at byte offset `off`: inline data or data segments.
@@ -1045,9 +1062,16 @@ fn send_packet(w: &mut World, mut pkt: Packet) {
     }
     let dup = roll(w, f.dup_ppm);
     let reorder = roll(w, f.reorder_ppm);
+    let corrupt = roll(w, w.cfg.corrupt_ppm);
+    let flip = w.rand();
     let (sip, dip) = (node_ip(w.hcas[src].info.lid), node_ip(pkt.dst_lid));
     if w.pcap.is_some() || remote {
-        let bytes = encode(&pkt, sip, dip);
+        let mut bytes = encode(&pkt, sip, dip);
+        if corrupt {
+            // One flipped bit anywhere: the receiver's ICRC check discards the packet.
+            let bit = (flip % (bytes.len() as u64 * 8)) as usize;
+            bytes[bit / 8] ^= 1 << (bit % 8);
+        }
         crate::pcap::capture(w, sip, dip, &bytes, now);
         if remote {
             let to = std::net::SocketAddrV4::new(dip.into(), ROCE_PORT);
@@ -1065,6 +1089,12 @@ fn send_packet(w: &mut World, mut pkt: Packet) {
         }
     }
     pkt.dst_hca = local.unwrap_or(0);
+    if corrupt {
+        // In process there is no ICRC to compute: a corrupted packet is one the receiver
+        // discards, exactly as it would on the wire.
+        w.hcas[pkt.dst_hca].counters.packets_dropped += 1;
+        return;
+    }
     let at = now + f.delay_ns;
     if dup {
         w.wire.push_back((at, pkt.clone()));
@@ -1481,7 +1511,7 @@ fn execute_request(
             let addr = if r.len == 0 {
                 0
             } else {
-                translate(
+                let addr = translate(
                     w,
                     hca,
                     r.rkey,
@@ -1490,12 +1520,33 @@ fn execute_request(
                     u64::from(r.len),
                     access::REMOTE_WRITE,
                 )
-                .filter(|_| qacc & access::REMOTE_WRITE != 0)
-                .ok_or(if qt == qpt::RC {
-                    RespErr::Nak(aeth::NAK_REM_ACCESS, ev::QP_ACCESS_ERR)
-                } else {
-                    RespErr::Silent
-                })?
+                .filter(|_| qacc & access::REMOTE_WRITE != 0);
+                match addr {
+                    Some(a) => a,
+                    None => {
+                        // A WRITE with immediate consumes a receive WQE even when its rkey
+                        // check fails: that WQE completes with a local access error.
+                        if pkt.imm.is_some() {
+                            if let Some((_, ctr, srqn)) = take_recv_wqe(w, hca, qpn) {
+                                let s = Syndrome::LOCAL_ACCESS;
+                                responder_error_cqe(
+                                    w,
+                                    hca,
+                                    qpn,
+                                    ctr,
+                                    srqn,
+                                    s,
+                                    VendorSyndrome::for_responder_syndrome(s).0,
+                                );
+                            }
+                        }
+                        return Err(if qt == qpt::RC {
+                            RespErr::Nak(aeth::NAK_REM_ACCESS, ev::QP_ACCESS_ERR)
+                        } else {
+                            RespErr::Silent
+                        });
+                    }
+                }
             };
             RxMsg {
                 write: true,

@@ -21,6 +21,13 @@ const EOPNOTSUPP: Errno = Errno(libc::EOPNOTSUPP);
 const EPROTONOSUPPORT: Errno = Errno(libc::EPROTONOSUPPORT);
 const EFAULT: Errno = Errno(libc::EFAULT);
 
+/// Dynamic UAR pages one context may allocate.
+pub(crate) const MAX_DYN_UARS: usize = 256;
+/// First mmap page offset handed out for dynamic UARs (the mlx5 "mmap entry" range).
+const DYN_PGOFF_BASE: u64 = 9 << 16;
+/// Page ids of dynamic UARs start here (they go into 16-bit CQ/QP fields).
+const DYN_PAGE_ID_BASE: u32 = 0x100;
+
 /// `IB_USER_VERBS_CMD_FLAG_EXTENDED`.
 const FLAG_EXTENDED: u32 = 0x8000_0000;
 
@@ -487,7 +494,11 @@ impl UverbsSurface for EmuFile {
         let index = ((pgoff & 0xff) | ((pgoff >> 16) << 8)) as usize;
         let w = self.shared.lock();
         let c = w.contexts.get(&ctx).ok_or(EINVAL)?;
+        let dynamic = c.dyn_pages.values().find(|d| d.1 == pgoff).map(|d| d.0);
         let page = match command {
+            _ if dynamic.is_some() => dynamic.unwrap_or(0),
+            // A dynamic-UAR context refuses the legacy UAR mmaps.
+            0 | 2 | 3 if c.dyn_uar => return Err(EINVAL),
             // REGULAR_PAGE, WC_PAGE, NC_PAGE: static UAR pages.
             0 | 2 | 3 => {
                 if command == 2 && w.cfg.bf_reg_size == 0 {
@@ -687,8 +698,13 @@ fn get_context(w: &mut World, hca: usize, r: &Req) -> Result<u64, Errno> {
     if low_lat > total - 1 {
         return Err(EINVAL);
     }
+    // Dynamic UARs (MLX5_LIB_CAP_DYN_UAR) when configured and the ioctl framework exists:
+    // no static pages; UARs come from the UAR object (tot_bfregs = 0 in the response).
+    let lib_caps = if v2 { le64(&d, 24) } else { 0 };
+    let dyn_uar = w.cfg.dyn_uar && w.cfg.flavour == Flavour::Modern && lib_caps & 2 != 0;
+    let total = if dyn_uar { 0 } else { total };
     let uar_pages = (total / 2) as usize;
-    let uar = UarRegion::new(uar_pages + 2)?;
+    let uar = UarRegion::new(uar_pages + 2 + MAX_DYN_UARS)?;
     // Clock-info page (v1): 0 sign, 4 resv, 8 nsec, 16 cycles, 24 frac, 32 mult, 36 shift,
     // 40 mask, 48 overflow_period. 1 cycle = 1 ns: mult = 1 << shift.
     let mut ci = [0u8; 56];
@@ -749,6 +765,10 @@ fn get_context(w: &mut World, hca: usize, r: &Req) -> Result<u64, Errno> {
             num_low_lat: low_lat,
             bfreg_users: vec![0; total as usize],
             uar_pages,
+            uar_active: (0..uar_pages).collect(),
+            dyn_uar,
+            dyn_pages: Default::default(),
+            next_dyn: 0,
             uar,
             async_ch,
             comp_by_fd: Default::default(),
@@ -1053,8 +1073,14 @@ fn create_cq(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> {
     if dflags & !(0x1 | 0x2 | 0x4) != 0 || le16(&d, 26) != 0 || le32(&d, 28) != 0 {
         return Err(EINVAL);
     }
+    let cx = &w.contexts[&ctx];
     if dflags & 0x2 != 0 {
-        // UAR_PAGE_INDEX names a dynamic UAR object; this kernel has none.
+        // UAR_PAGE_INDEX must name a UAR object of this context.
+        if !cx.dyn_pages.contains_key(&u32::from(le16(&d, 24))) {
+            return Err(EINVAL);
+        }
+    } else if cx.dyn_uar {
+        // A dynamic-UAR context has no default UAR for CQs.
         return Err(EINVAL);
     }
     if cqe_size != 64 && cqe_size != 128 {
@@ -1092,6 +1118,7 @@ fn create_cq(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> {
             ncqe,
             cqe_size,
             pi: 0,
+            ci_seen: 0,
             channel,
             armed: None,
             armed_sn: 0,
@@ -1192,8 +1219,13 @@ fn create_qp(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> {
     } else {
         0xff_ffff
     };
-    // SIGNATURE | SCATTER_CQE | ALLOW_SCATTER_CQE are understood; the rest are not.
-    if flags & !(0x1 | 0x2 | 0x100) != 0 {
+    // SIGNATURE | SCATTER_CQE | ALLOW_SCATTER_CQE | UAR_PAGE_INDEX are understood.
+    if flags & !(0x1 | 0x2 | 0x100 | 0x400) != 0 {
+        return Err(EINVAL);
+    }
+    let uar_page = flags & 0x400 != 0;
+    let cx = &w.contexts[&ctx];
+    if uar_page && !cx.dyn_pages.contains_key(&le32(&d, 36)) || !uar_page && cx.dyn_uar {
         return Err(EINVAL);
     }
     if uidx > 0xff_ffff || (cqe_version != 0 && uidx == 0xff_ffff) {
@@ -1228,7 +1260,9 @@ fn create_qp(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> {
     let hca = hca_of(w, ctx);
     // bfreg choice, static scheme: dedicated low-latency bfregs from the top first, then the
     // least used medium one, else bfreg 0 (doorbell only).
-    let bfreg = {
+    let bfreg = if uar_page {
+        u32::MAX // the QP rings the dynamic UAR it named
+    } else {
         let cx = w.contexts.get_mut(&ctx).expect("context exists");
         let t = cx.tot_bfregs as usize;
         let first_hi = t - cx.num_low_lat as usize;
@@ -1253,11 +1287,23 @@ fn create_qp(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> {
         .u32(36, r.out_len.min(40) as u32);
     // mlx5_ib_create_qp_resp: 0 bfreg_index (libmlx5 table index), 4 ece_options, 8 comp_mask.
     let mut dr = Out::new(40);
-    dr.u32(0, bfreg / 2 * 4 + bfreg % 2);
+    // MLX5_IB_INVALID_BFREG (bit 31) when the QP uses a dynamic UAR.
+    dr.u32(
+        0,
+        if uar_page {
+            0x8000_0000
+        } else {
+            bfreg / 2 * 4 + bfreg % 2
+        },
+    );
     let res = r.respond(&o).and_then(|()| r.respond_drv(&dr));
     if let Err(e) = res {
-        if let Some(cx) = w.contexts.get_mut(&ctx) {
-            cx.bfreg_users[bfreg as usize] -= 1;
+        if let Some(u) = w
+            .contexts
+            .get_mut(&ctx)
+            .and_then(|cx| cx.bfreg_users.get_mut(bfreg as usize))
+        {
+            *u -= 1;
         }
         return Err(e);
     }
@@ -1310,6 +1356,7 @@ fn create_qp(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> {
             sq_rung: 0,
             rq_head: 0,
             rc: Default::default(),
+            sqd_notify: false,
             events_reported: 0,
         },
     );
@@ -1581,6 +1628,10 @@ fn modify_qp(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> {
     if next == qps::RTS && cur == qps::RTR {
         qp.rc.retries_left = qp.retry_cnt;
         qp.rc.rnr_left = qp.rnr_retry;
+    }
+    if next == qps::SQD && cur == qps::RTS {
+        // SQ drain: no new WQEs start; IBV_EVENT_SQ_DRAINED once the outstanding ones are done.
+        qp.sqd_notify = m & mask::EN_SQD_ASYNC_NOTIFY != 0 && u8at(c, 100) != 0;
     }
     qp.state = next;
     if r.ex && r.drv_out_len > 0 {

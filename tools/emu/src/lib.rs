@@ -44,6 +44,7 @@ mod fds;
 mod kernel;
 mod mem;
 mod pcap;
+mod record;
 mod state;
 mod transport;
 mod uar;
@@ -52,6 +53,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 pub use abi::{Errno, UverbsSurface};
+pub use record::{WqeRecord, WqeVia};
 
 /// How the device makes progress.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -124,6 +126,11 @@ pub struct EmuConfig {
     pub bf_reg_size: u32,
     /// Fabric faults.
     pub fault: FaultConfig,
+    /// Fault injection, continued: probability (ppm) that a bit of a packet is flipped; the
+    /// receiver's ICRC check then discards it (over UDP the corrupted bytes really travel and
+    /// show in a capture). Uses `fault.seed`. (Kept out of [`FaultConfig`] so that struct
+    /// literals of it written before this knob existed stay valid.)
+    pub corrupt_ppm: u32,
     /// In-process only, or UDP across processes.
     pub fabric: Fabric,
     /// UDP fabric: the node number (LID) of HCA 0; HCA i gets `node + i`. `None` picks the
@@ -133,6 +140,11 @@ pub struct EmuConfig {
     pub node: Option<u16>,
     /// Write every packet put on the fabric to this pcap file (Ethernet/IPv4/UDP 4791).
     pub pcap: Option<std::path::PathBuf>,
+    /// Honour `MLX5_LIB_CAP_DYN_UAR` (Modern flavour only): contexts that ask get
+    /// `tot_bfregs = 0`, allocate UARs with the mlx5 UAR object (ioctl `UAR_OBJ_ALLOC`,
+    /// mmap at the returned offset), and must name a UAR page in CQ/QP creation. Off by
+    /// default: contexts get static UARs, as from a kernel before dynamic UARs.
+    pub dyn_uar: bool,
 }
 
 /// GUID of node 0; node (LID) n has GUID `BASE_GUID + n`.
@@ -147,9 +159,11 @@ impl Default for EmuConfig {
             cqe_version: 1,
             bf_reg_size: 512,
             fault: FaultConfig::default(),
+            corrupt_ppm: 0,
             fabric: Fabric::InProcess,
             node: None,
             pcap: None,
+            dyn_uar: false,
         }
     }
 }
@@ -403,6 +417,7 @@ impl Emulator {
             started: std::time::Instant::now(),
             rng: seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1,
             pcap,
+            wqe_log: Default::default(),
         };
         let shared = Arc::new(Shared {
             world: Mutex::new(world),
@@ -494,7 +509,10 @@ fn device_thread(weak: Weak<Shared>) {
     // idle for more than ACTIVE_WINDOW.
     const SPIN_WINDOW: Duration = Duration::from_micros(300);
     const ACTIVE_WINDOW: Duration = Duration::from_secs(1);
-    let mut last_work = std::time::Instant::now();
+    // A fresh HCA starts out idle.
+    let mut last_work = std::time::Instant::now()
+        .checked_sub(ACTIVE_WINDOW)
+        .unwrap_or_else(std::time::Instant::now);
     let mut idle_sleeps: u32 = 0;
     loop {
         let Some(shared) = weak.upgrade() else { return };

@@ -42,6 +42,7 @@ pub(crate) mod ev {
     pub(crate) const QP_FATAL: u32 = 1;
     pub(crate) const QP_REQ_ERR: u32 = 2;
     pub(crate) const QP_ACCESS_ERR: u32 = 3;
+    pub(crate) const SQ_DRAINED: u32 = 7;
 }
 
 /// What a context handle names.
@@ -53,6 +54,8 @@ pub(crate) enum Obj {
     Qp(u32),
     Srq(u32),
     Ah(u32),
+    /// A dynamic UAR, by page id.
+    Uar(u32),
 }
 
 /// One open "file" after GET_CONTEXT.
@@ -63,7 +66,15 @@ pub(crate) struct Context {
     pub(crate) tot_bfregs: u32,
     pub(crate) num_low_lat: u32,
     pub(crate) bfreg_users: Vec<u32>,
+    /// Static UAR pages (memfd pages 0..uar_pages); the clock pages follow.
     pub(crate) uar_pages: usize,
+    /// Pages the device watches for doorbells (static ones, then allocated dynamic ones).
+    pub(crate) uar_active: Vec<usize>,
+    /// Dynamic-UAR mode (tot_bfregs = 0).
+    pub(crate) dyn_uar: bool,
+    /// Dynamic UARs by page id: (memfd page, mmap page offset).
+    pub(crate) dyn_pages: BTreeMap<u32, (usize, u64)>,
+    pub(crate) next_dyn: u32,
     pub(crate) uar: UarRegion,
     pub(crate) async_ch: usize,
     pub(crate) comp_by_fd: BTreeMap<i32, usize>,
@@ -101,6 +112,8 @@ pub(crate) struct Cq {
     pub(crate) cqe_size: u32,
     /// Free-running producer count.
     pub(crate) pi: u32,
+    /// The consumer index last read from the doorbell record (re-read when full).
+    pub(crate) ci_seen: u32,
     pub(crate) channel: Option<usize>,
     /// Armed: Some(solicited_only).
     pub(crate) armed: Option<bool>,
@@ -261,6 +274,8 @@ pub(crate) struct Qp {
     /// Receive WQEs consumed (free-running).
     pub(crate) rq_head: u32,
     pub(crate) rc: Rc,
+    /// SQD entered with `en_sqd_async_notify`: raise SQ_DRAINED when the SQ is idle.
+    pub(crate) sqd_notify: bool,
     pub(crate) events_reported: u32,
 }
 
@@ -297,6 +312,8 @@ pub(crate) struct World {
     pub(crate) rng: u64,
     /// pcap capture of every packet put on the fabric.
     pub(crate) pcap: Option<std::io::BufWriter<std::fs::File>>,
+    /// Recording of fetched send WQEs (tools/wqe-compare), off by default.
+    pub(crate) wqe_log: crate::record::Recorder,
 }
 
 impl World {

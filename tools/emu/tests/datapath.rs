@@ -458,3 +458,57 @@ fn completion_event_after_arm_and_sn_repeat_is_ignored() {
     emu.run_until_idle();
     assert_eq!(emu.counters(0).comp_events, 2);
 }
+
+#[test]
+fn sq_drain_stops_new_work_and_reports_sq_drained() {
+    let mut p = pair(RC, Knobs::default());
+    let mut m = modify_base(&p.qa);
+    m.attr_mask = M_STATE | (1 << 2); // EN_SQD_ASYNC_NOTIFY
+    m.qp_state = 4; // SQD
+    m.en_sqd_async_notify = 1;
+    p.a.modify(&m).expect("RTS -> SQD");
+    p.qb.post_recv(&[(p.mb.0.addr(), 64, p.mb.1)]);
+    p.ma.0.write(0, b"later");
+    let i = p.qa.build_send(
+        SendOpcode::SEND,
+        0,
+        SIG,
+        [0; 4],
+        &dseg(5, p.ma.1, p.ma.0.addr()),
+    );
+    p.qa.ring(&p.a, i, Ring::Doorbell);
+    p.emu.run_until_idle();
+    let mut rec = [0u8; 16];
+    // SAFETY: non-blocking read of one 16-byte async event record into a local buffer.
+    let n = unsafe {
+        libc::recv(
+            p.a.async_fd,
+            rec.as_mut_ptr().cast(),
+            16,
+            libc::MSG_DONTWAIT,
+        )
+    };
+    assert_eq!(n, 16);
+    assert_eq!(
+        u32::from_ne_bytes(rec[8..12].try_into().unwrap()),
+        7,
+        "IBV_EVENT_SQ_DRAINED"
+    );
+    assert!(p.cqa.poll().is_none(), "no new WQE starts in SQD");
+    let mut m = modify_base(&p.qa);
+    m.attr_mask = M_STATE;
+    m.qp_state = 3;
+    p.a.modify(&m).expect("SQD -> RTS");
+    // The doorbell already rang; the device resumes with the next one.
+    let j = p.qa.build_send(SendOpcode::NOP, 0, SIG, [0; 4], &[]);
+    p.qa.ring(&p.a, j, Ring::Doorbell);
+    p.emu.run_until_idle();
+    assert_eq!(
+        drain(&mut p.cqa)
+            .iter()
+            .map(|c| c.wqe_counter)
+            .collect::<Vec<_>>(),
+        vec![i, j]
+    );
+    assert_eq!(p.mb.0.read(0, 5), b"later");
+}

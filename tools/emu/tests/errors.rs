@@ -208,6 +208,34 @@ fn remote_access_errors_bad_rkey_bounds_and_rights() {
 }
 
 #[test]
+fn write_with_immediate_and_a_bad_rkey_is_a_local_access_error_at_the_responder() {
+    let mut p = pair(RC, Knobs::default());
+    p.qb.post_recv(&[(p.mb.0.addr(), 64, p.mb.1)]);
+    p.qb.post_recv(&[(p.mb.0.addr() + 64, 64, p.mb.1)]);
+    let segs = [
+        RaddrSeg::new(p.mb.0.addr(), p.mb.2 ^ 0x200).as_bytes(),
+        &dseg(8, p.ma.1, p.ma.0.addr()),
+    ]
+    .concat();
+    let i =
+        p.qa.build_send(SendOpcode::RDMA_WRITE_IMM, 0, SIG, [1; 4], &segs);
+    p.qa.ring(&p.a, i, Ring::Doorbell);
+    p.emu.run_until_idle();
+    let cb = drain(&mut p.cqb);
+    assert_eq!(
+        (cb[0].opcode, cb[0].syndrome),
+        (14, Syndrome::LOCAL_ACCESS.0),
+        "{cb:?}"
+    );
+    assert_eq!((cb[1].opcode, cb[1].syndrome), (14, Syndrome::WR_FLUSH.0));
+    let ca = drain(&mut p.cqa);
+    assert_eq!(
+        (ca[0].opcode, ca[0].syndrome),
+        (13, Syndrome::REMOTE_ACCESS.0)
+    );
+}
+
+#[test]
 fn bad_receive_lkey_is_remote_operation_error() {
     let mut p = pair(RC, Knobs::default());
     p.qb.post_recv(&[(p.mb.0.addr(), 64, p.mb.1 ^ 0x100)]);

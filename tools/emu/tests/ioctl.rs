@@ -294,3 +294,179 @@ fn objects_created_over_ioctl_carry_traffic() {
         "DEVX is not offered"
     );
 }
+
+fn alloc_uar(ctx: &Ctx, ty: u32) -> Result<(u32, u64, u32, u32), Errno> {
+    let (mut off, mut len, mut id) = (0u64, 0u32, 0u32);
+    let mut b = IoctlBuilder::new(MLX5_IB_OBJECT_UAR, MLX5_IB_METHOD_UAR_OBJ_ALLOC)
+        .out_obj(MLX5_IB_ATTR_UAR_OBJ_ALLOC_HANDLE)
+        .in_u32(MLX5_IB_ATTR_UAR_OBJ_ALLOC_TYPE, ty)
+        .out_ptr(
+            MLX5_IB_ATTR_UAR_OBJ_ALLOC_MMAP_OFFSET,
+            (&raw mut off) as u64,
+            8,
+        )
+        .out_ptr(
+            MLX5_IB_ATTR_UAR_OBJ_ALLOC_MMAP_LENGTH,
+            (&raw mut len) as u64,
+            4,
+        )
+        .out_ptr(MLX5_IB_ATTR_UAR_OBJ_ALLOC_PAGE_ID, (&raw mut id) as u64, 4)
+        .build()
+        .unwrap();
+    ctx.dev.ioctl(&mut b)?;
+    Ok((data_of(&b, 0) as u32, off, len, id))
+}
+
+#[test]
+fn dynamic_uars_when_configured() {
+    let emu = Emulator::new(EmuConfig {
+        mode: RunMode::Stepped,
+        dyn_uar: true,
+        ..EmuConfig::default()
+    });
+    let dev = emu.open(0).unwrap();
+    let req = Mlx5IbAllocUcontextReqV2 {
+        total_num_bfregs: 16,
+        num_low_latency_bfregs: 4,
+        max_cqe_version: 1,
+        lib_caps: MLX5_LIB_CAP_4K_UAR | MLX5_LIB_CAP_DYN_UAR,
+        ..Default::default()
+    };
+    let (core, drv) = write_cmd(
+        &dev,
+        mlx5_ffi::uverbs::IB_USER_VERBS_CMD_GET_CONTEXT,
+        &[0u8; 8],
+        req.as_bytes(),
+        8,
+        72,
+    )
+    .unwrap();
+    let resp = <Mlx5IbAllocUcontextResp as zerocopy::FromBytes>::read_from_bytes(&drv).unwrap();
+    assert_eq!(resp.tot_bfregs, 0, "dynamic UARs granted");
+    assert_eq!(
+        dev.mmap(4096, libc::PROT_WRITE, 0).map(|_| ()),
+        Err(Errno(libc::EINVAL)),
+        "legacy UAR mmaps are refused"
+    );
+    let async_fd = i32::from_ne_bytes(core[..4].try_into().unwrap());
+    let mut ctx = Ctx::from_parts(emu.clone(), dev.clone(), async_fd, resp, Vec::new());
+    let (_, nc_off, nc_len, nc_id) = alloc_uar(&ctx, MLX5_IB_UAPI_UAR_ALLOC_TYPE_NC).unwrap();
+    let (bf_handle, bf_off, _, bf_id) = alloc_uar(&ctx, MLX5_IB_UAPI_UAR_ALLOC_TYPE_BF).unwrap();
+    assert_eq!(nc_len, 4096);
+    assert_ne!(nc_id, bf_id);
+    let nc = dev.mmap(4096, libc::PROT_WRITE, nc_off).unwrap();
+    let bf = dev.mmap(4096, libc::PROT_WRITE, bf_off).unwrap();
+    ctx.uars = vec![nc, bf];
+    let pd = ctx.alloc_pd();
+    // CQ: a UAR page is mandatory.
+    let cqbuf = Buf::new(4096);
+    let db = ctx.db();
+    let c = mlx5_ffi::uverbs::IbUverbsCreateCq {
+        cqe: 31,
+        comp_channel: -1,
+        ..Default::default()
+    };
+    let mut d = Mlx5IbCreateCq {
+        buf_addr: cqbuf.addr(),
+        db_addr: db,
+        cqe_size: 64,
+        ..Default::default()
+    };
+    let r = write_cmd(&ctx.dev, 18, c.as_bytes(), d.as_bytes(), 8, 8);
+    assert_eq!(r.map(|_| ()), Err(Errno(libc::EINVAL)));
+    d.flags = MLX5_IB_CREATE_CQ_FLAGS_UAR_PAGE_INDEX;
+    d.uar_page_index = nc_id as u16;
+    for i in 0..32 {
+        cqbuf.write(i * 64 + 63, &[0xF0]);
+    }
+    let (o, dr) = write_cmd(&ctx.dev, 18, c.as_bytes(), d.as_bytes(), 8, 8).unwrap();
+    let mut cq = Cq {
+        handle: u32::from_ne_bytes(o[..4].try_into().unwrap()),
+        cqn: u32::from_ne_bytes(dr[..4].try_into().unwrap()),
+        buf: cqbuf,
+        db,
+        ncqe: 32,
+        cqe_size: 64,
+        ci: 0,
+        arm_sn: 0,
+    };
+    // QPs on the BF UAR.
+    let mk = |ctx: &mut Ctx| {
+        let qbuf = Buf::new(16 * 32 + 64 * 64);
+        let qdb = ctx.db();
+        let core = mlx5_ffi::uverbs::IbUverbsCreateQp {
+            pd_handle: pd,
+            send_cq_handle: cq.handle,
+            recv_cq_handle: cq.handle,
+            max_send_wr: 16,
+            max_recv_wr: 16,
+            max_send_sge: 1,
+            max_recv_sge: 2,
+            qp_type: RC,
+            ..Default::default()
+        };
+        let d = Mlx5IbCreateQp {
+            buf_addr: qbuf.addr(),
+            db_addr: qdb,
+            sq_wqe_count: 64,
+            rq_wqe_count: 16,
+            rq_wqe_shift: 5,
+            flags: MLX5_QP_FLAG_UAR_PAGE_INDEX,
+            uidx: 0x300 + qdb as u32 % 0x100,
+            bfreg_index: bf_id,
+            ..Default::default()
+        };
+        let (o, dr) = write_cmd(&ctx.dev, 24, core.as_bytes(), d.as_bytes(), 32, 40).unwrap();
+        assert_eq!(
+            u32::from_ne_bytes(dr[..4].try_into().unwrap()),
+            0x8000_0000,
+            "MLX5_IB_INVALID_BFREG"
+        );
+        Qp {
+            handle: u32::from_ne_bytes(o[..4].try_into().unwrap()),
+            qpn: u32::from_ne_bytes(o[4..8].try_into().unwrap()),
+            uidx: d.uidx,
+            qp_type: RC,
+            buf: qbuf,
+            db: qdb,
+            sq_cnt: 64,
+            rq_cnt: 16,
+            rq_shift: 5,
+            sq_pi: 0,
+            rq_pi: 0,
+            bfreg: 4, // ctx.uars[1] (the BF page), register 0
+            bf_half: 0,
+        }
+    };
+    let mut q1 = mk(&mut ctx);
+    let mut q2 = mk(&mut ctx);
+    let lid = emu.hca_info(0).unwrap().lid;
+    bring_up(&ctx, &q1, lid, q2.qpn, Knobs::default());
+    bring_up(&ctx, &q2, lid, q1.qpn, Knobs::default());
+    let m = Buf::new(4096);
+    let (_, lkey, _) = ctx.reg_mr(pd, m.addr(), 4096, ALL_ACCESS).unwrap();
+    m.write(0, b"dynamic uar");
+    q2.post_recv(&[(m.addr() + 1024, 64, lkey)]);
+    let i = q1.build_send(
+        SendOpcode::SEND,
+        0,
+        FM_CE_SE_CQ_UPDATE,
+        [0; 4],
+        DataSeg::new(11, lkey, m.addr()).as_bytes(),
+    );
+    q1.ring(&ctx, i, Ring::BlueFlame);
+    emu.run_until_idle();
+    assert_eq!(drain(&mut cq).len(), 2);
+    assert_eq!(m.read(1024, 11), b"dynamic uar");
+    assert_eq!(emu.counters(0).bf_writes, 1);
+    // Destroyed UARs can no longer be mapped.
+    let mut b = IoctlBuilder::new(MLX5_IB_OBJECT_UAR, MLX5_IB_METHOD_UAR_OBJ_DESTROY)
+        .in_obj(MLX5_IB_ATTR_UAR_OBJ_DESTROY_HANDLE, bf_handle)
+        .build()
+        .unwrap();
+    ctx.dev.ioctl(&mut b).unwrap();
+    assert_eq!(
+        dev.mmap(4096, libc::PROT_WRITE, bf_off).map(|_| ()),
+        Err(Errno(libc::EINVAL))
+    );
+}

@@ -20,6 +20,7 @@ fn faulty_pair(seed: u64) -> Pair {
             reorder_ppm: 100_000,
             delay_ns: 0,
         },
+        corrupt_ppm: 50_000,
         ..EmuConfig::default()
     });
     let k = Knobs {

@@ -6,10 +6,12 @@
 //! | `MLX5_EMU_HCAS` | number of HCAs, 1..=16 (`mlx5_0`.. / `uverbs0`..) | 1 |
 //! | `MLX5_EMU_CQE_VERSION` | 0 or 1 | 1 |
 //! | `MLX5_EMU_BF_REG_SIZE` | BlueFlame register size in bytes, 0 = no BlueFlame | 512 |
+//! | `MLX5_EMU_DYN_UAR` | `1`: contexts asking for dynamic UARs get them (`tot_bfregs = 0`, `UAR_OBJ_ALLOC`; modern flavour) | off |
 //! | `MLX5_EMU_FABRIC` | `udp` (RoCEv2 over loopback UDP: processes reach each other), `inprocess` | `udp` |
 //! | `MLX5_EMU_NODE` | LID of HCA 0, 1..=254 (HCA i gets node + i); unset: first free | unset |
 //! | `MLX5_EMU_PCAP` | write every packet this process puts on the fabric to this pcap file | unset |
-//! | `MLX5_EMU_FAULT_SEED`, `MLX5_EMU_DROP_PPM`, `MLX5_EMU_DUP_PPM`, `MLX5_EMU_REORDER_PPM`, `MLX5_EMU_DELAY_NS` | fabric fault injection | 0 |
+//! | `MLX5_EMU_FAULT_SEED`, `MLX5_EMU_DROP_PPM`, `MLX5_EMU_DUP_PPM`, `MLX5_EMU_REORDER_PPM`, `MLX5_EMU_CORRUPT_PPM`, `MLX5_EMU_DELAY_NS` | fabric fault injection | 0 |
+//! | `MLX5_EMU_WQE_LOG` | append one line per send WQE the device fetches to this file | unset |
 //! | `MLX5_EMU_TRACE` | `1`: one line per intercepted device call on stderr | off |
 //! | `MLX5_EMU_KEEP_SYSFS` | `1`: do not delete the fake sysfs tree at exit | off |
 //!
@@ -30,6 +32,8 @@ pub(crate) struct Config {
     pub(crate) trace: bool,
     /// Keep the sysfs tree after exit.
     pub(crate) keep_sysfs: bool,
+    /// Log every fetched send WQE to this file (`Emulator::log_wqes_to`).
+    pub(crate) wqe_log: Option<std::path::PathBuf>,
 }
 
 impl Config {
@@ -107,11 +111,13 @@ impl Config {
                 }
             }
         };
-        let (mut seed, mut drop, mut dup, mut reorder, mut delay) = (0, 0, 0, 0, 0);
+        let (mut seed, mut delay) = (0, 0);
+        let (mut drop, mut dup, mut reorder, mut corrupt) = (0, 0, 0, 0);
         number("MLX5_EMU_FAULT_SEED", &mut seed, u64::MAX);
         number("MLX5_EMU_DROP_PPM", &mut drop, 1_000_000);
         number("MLX5_EMU_DUP_PPM", &mut dup, 1_000_000);
         number("MLX5_EMU_REORDER_PPM", &mut reorder, 1_000_000);
+        number("MLX5_EMU_CORRUPT_PPM", &mut corrupt, 1_000_000);
         number("MLX5_EMU_DELAY_NS", &mut delay, 10_000_000_000);
         // The ppm values are bounded by 1e6 above, so they fit in u32.
         let ppm = |v: u64| u32::try_from(v).unwrap_or(1_000_000);
@@ -122,11 +128,16 @@ impl Config {
             reorder_ppm: ppm(reorder),
             delay_ns: delay,
         };
+        emu.corrupt_ppm = ppm(corrupt);
         let flag = |name: &str| get(name).is_some_and(|v| !matches!(v.trim(), "" | "0"));
+        emu.dyn_uar = flag("MLX5_EMU_DYN_UAR");
         let cfg = Config {
             emu,
             trace: flag("MLX5_EMU_TRACE"),
             keep_sysfs: flag("MLX5_EMU_KEEP_SYSFS"),
+            wqe_log: get("MLX5_EMU_WQE_LOG")
+                .filter(|v| !v.is_empty())
+                .map(Into::into),
         };
         (cfg, warnings)
     }
@@ -155,6 +166,8 @@ mod tests {
         assert_eq!(cfg.emu.node, None);
         assert_eq!(cfg.emu.fault, FaultConfig::default());
         assert!(!cfg.trace && !cfg.keep_sysfs);
+        assert_eq!(cfg.wqe_log, None);
+        assert!(!cfg.emu.dyn_uar);
     }
 
     #[test]
@@ -173,7 +186,10 @@ mod tests {
             ("MLX5_EMU_DROP_PPM", "50000"),
             ("MLX5_EMU_DUP_PPM", "10000"),
             ("MLX5_EMU_REORDER_PPM", "20000"),
+            ("MLX5_EMU_CORRUPT_PPM", "30000"),
             ("MLX5_EMU_DELAY_NS", "1000"),
+            ("MLX5_EMU_WQE_LOG", "/tmp/wqes.log"),
+            ("MLX5_EMU_DYN_UAR", "1"),
         ]);
         assert!(warnings.is_empty(), "{warnings:?}");
         assert_eq!(cfg.emu.flavour, Flavour::WriteOnly);
@@ -181,6 +197,23 @@ mod tests {
         assert_eq!(cfg.emu.cqe_version, 0);
         assert_eq!(cfg.emu.bf_reg_size, 0);
         assert!(cfg.trace && cfg.keep_sysfs);
+        assert_eq!(
+            cfg.wqe_log.as_deref(),
+            Some(std::path::Path::new("/tmp/wqes.log"))
+        );
+        assert_eq!(cfg.emu.fabric, Fabric::InProcess);
+        assert!(cfg.emu.dyn_uar);
+        assert_eq!(cfg.emu.node, Some(7));
+        assert_eq!(
+            cfg.emu.pcap.as_deref(),
+            Some(std::path::Path::new("/tmp/x.pcap"))
+        );
+        let f = cfg.emu.fault;
+        assert_eq!((f.seed, f.delay_ns), (42, 1000));
+        assert_eq!(
+            (f.drop_ppm, f.dup_ppm, f.reorder_ppm, cfg.emu.corrupt_ppm),
+            (50_000, 10_000, 20_000, 30_000)
+        );
         assert_eq!(
             parse(&[("MLX5_EMU_FLAVOUR", "eproto")]).0.emu.flavour,
             Flavour::Eproto

@@ -647,6 +647,30 @@ pub unsafe extern "C" fn fopen64(path: *const c_char, mode: *const c_char) -> *m
     }
 }
 
+/// `fcntl(2)`: `F_DUPFD`/`F_DUPFD_CLOEXEC` of one of our descriptors makes another one.
+/// The variadic argument is taken as one register-sized value (an int or a pointer) and
+/// forwarded bit for bit. See the module's safety section.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    // SAFETY: the caller's arguments, forwarded unchanged.
+    let rc = forward!(real::fcntl(), |f| unsafe { f(fd, cmd, arg) });
+    if rc >= 0 && matches!(cmd, libc::F_DUPFD | libc::F_DUPFD_CLOEXEC) {
+        alias(fd, rc);
+    }
+    rc
+}
+
+/// `fcntl64(2)`; see [`fcntl`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    // SAFETY: the caller's arguments, forwarded unchanged.
+    let rc = forward!(real::fcntl64(), |f| unsafe { f(fd, cmd, arg) });
+    if rc >= 0 && matches!(cmd, libc::F_DUPFD | libc::F_DUPFD_CLOEXEC) {
+        alias(fd, rc);
+    }
+    rc
+}
+
 /// `socket(2)`: RDMA netlink is refused, so that libibverbs enumerates through sysfs even on
 /// a kernel that has RDMA netlink (an empty netlink answer would not fall back).
 /// See the module's safety section.

@@ -5,28 +5,41 @@
 //! LD_PRELOAD=libmlx5_emu_preload.so ibv_devinfo -v
 //! ```
 //!
+//! Two processes (`ibv_rc_pingpong` server and client, perftest) each get their own
+//! emulator; they reach each other over the emulator's UDP fabric (RoCEv2 on loopback), each
+//! with its own LID, GUID and QP numbers.
+//!
 //! What the program sees, and how:
 //! * **Discovery**: a sysfs tree (`class/infiniband_verbs`, `class/infiniband/mlx5_N`,
-//!   a PCI function whose `modalias` makes libibverbs pick its mlx5 provider), written at
-//!   load time into a private temporary directory; `SYSFS_PATH` points there. RDMA netlink
-//!   sockets are refused so libibverbs takes the sysfs path on any kernel.
+//!   a PCI function whose `modalias` makes libibverbs pick its mlx5 provider) in a private
+//!   temporary directory that `SYSFS_PATH` points at (set by the library constructor). The
+//!   tree is written, and the emulator started (threaded), when the program first touches a
+//!   path inside it; a program that never looks (a shell, `timeout`) starts nothing. RDMA
+//!   netlink sockets are refused so libibverbs takes the sysfs path on any kernel.
 //! * **The device node**: `open("/dev/infiniband/uverbsN")` returns a real descriptor (of
-//!   the null device) registered as ours; `stat`/`fstat` report a character device with the
-//!   number written in sysfs.
+//!   the null device) registered as ours; `stat`/`fstat`/`statx` report a character device
+//!   with the number written in sysfs; `dup`/`dup2`/`dup3`/`fcntl(F_DUPFD*)` and
+//!   `close_range` are followed.
 //! * **The kernel**: `write` (uverbs commands), `ioctl(RDMA_VERBS_IOCTL)`, `mmap`/`munmap`
 //!   (UAR and clock pages) and `close` on that descriptor go to the emulator's
 //!   `UverbsSurface`. Event descriptors (async events, completion channels) are real
 //!   descriptors made by the emulator: `read`/`poll` on them need no interception.
 //!
-//! The emulator starts, threaded, on the first device open. Configuration comes from
-//! `MLX5_EMU_*` environment variables (see the `config` module). Every interposer forwards
-//! what is not ours to libc unchanged (`dlsym(RTLD_NEXT)`), and a panic inside the emulator
-//! becomes an `EIO` failure of the call, never an unwind into C.
+//! Configuration comes from `MLX5_EMU_*` environment variables (flavour, HCA count, fabric,
+//! node, faults, pcap, trace; see the `config` module). Every interposer forwards what is not
+//! ours to libc unchanged (`dlsym(RTLD_NEXT)`), and a panic inside the emulator becomes an
+//! `EIO` failure of the call, never an unwind into C.
 //!
-//! The crate builds only a `cdylib`. Its unit tests cover the pure parts (configuration,
-//! sysfs tree, descriptor tables, checked copies); the interposers are compiled out of the
-//! unit-test binary so that it does not hook itself, and are tested by running the real
-//! rdma-core tools under `LD_PRELOAD` (`tests/`).
+//! Not covered: `MAP_FIXED` or private mappings of the device descriptor (refused with
+//! `EINVAL`), and using the device in a `fork`ed child (the emulator's thread does not
+//! exist there; rdma-core does not support that either).
+//!
+//! The product is the `cdylib`; the `rlib` exists only so that `cargo test` builds it before
+//! the integration tests, and must not be linked into anything (it would hook that
+//! program's libc calls). The unit tests cover the pure parts (configuration, sysfs tree,
+//! descriptor tables, checked copies, verb names); the interposers are compiled out of the
+//! unit-test binary, and are tested by running the real rdma-core and perftest tools under
+//! `LD_PRELOAD` (`tests/rdma_core_tools.rs`).
 
 #![cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 

@@ -110,6 +110,10 @@ real_fns! {
     fopen = c"fopen": fn(*const c_char, *const c_char) -> *mut libc::FILE;
     /// `fopen64(path, mode)`
     fopen64 = c"fopen64": fn(*const c_char, *const c_char) -> *mut libc::FILE;
+    /// `fcntl(fd, cmd, arg)`
+    fcntl = c"fcntl": fn(c_int, c_int, c_ulong) -> c_int;
+    /// `fcntl64(fd, cmd, arg)`
+    fcntl64 = c"fcntl64": fn(c_int, c_int, c_ulong) -> c_int;
     /// `socket(domain, type, protocol)`
     socket = c"socket": fn(c_int, c_int, c_int) -> c_int;
 }

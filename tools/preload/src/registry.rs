@@ -1,12 +1,14 @@
 //! Which file descriptors and mappings of the host process belong to the emulator.
 //!
-//! Lookups happen on every intercepted `write`/`ioctl`/`close`/`munmap` of the process, so
-//! each table has an atomic population count that lets the common case (no emulated
-//! device open, no emulated mapping) skip the lock. Surfaces are handed out as `Arc` clones
-//! and every lock is released before the caller talks to the emulator: the emulator itself
-//! calls `close`/`mmap`/`munmap` (which land in our interposers again).
+//! Lookups happen on every intercepted `write`/`ioctl`/`close` of the process, so
+//! descriptor membership is a lock-free bitmap: a descriptor that is not ours (stderr, a
+//! socket, ...) never takes a lock, even from a signal handler that interrupted a lookup.
+//! Mappings have an atomic population count that lets the common case (no emulated
+//! mapping) skip their lock. Surfaces are handed out as `Arc` clones and every lock is
+//! released before the caller talks to the emulator: the emulator itself calls
+//! `close`/`mmap`/`munmap` (which land in our interposers again).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use mlx5_emu::UverbsSurface;
@@ -27,11 +29,17 @@ struct Mapping {
     file: DevFile,
 }
 
+/// Descriptors below this number are tracked in the bitmap.
+const BITMAP_FDS: usize = 4096;
+
 /// The tables. One static instance lives in the shim; tests make their own.
 #[derive(Debug)]
 pub(crate) struct Registry {
     fds: Mutex<Vec<(i32, DevFile)>>,
-    fd_count: AtomicUsize,
+    /// Bit `fd` set while `fd` (< [`BITMAP_FDS`]) is in `fds`. Written under the `fds` lock.
+    bitmap: [AtomicU64; BITMAP_FDS / 64],
+    /// Entries in `fds` at or above [`BITMAP_FDS`].
+    high_fds: AtomicUsize,
     maps: Mutex<Vec<Mapping>>,
     map_count: AtomicUsize,
 }
@@ -45,7 +53,8 @@ impl Registry {
     pub(crate) const fn new() -> Self {
         Self {
             fds: Mutex::new(Vec::new()),
-            fd_count: AtomicUsize::new(0),
+            bitmap: [const { AtomicU64::new(0) }; BITMAP_FDS / 64],
+            high_fds: AtomicUsize::new(0),
             maps: Mutex::new(Vec::new()),
             map_count: AtomicUsize::new(0),
         }
@@ -61,13 +70,46 @@ impl Registry {
             .position(|(f, _)| *f == fd)
             .map(|i| fds.swap_remove(i).1);
         fds.push((fd, file));
-        self.fd_count.store(fds.len(), Ordering::Release);
+        if old.is_none() {
+            self.mark(fd, true);
+        }
         old
+    }
+
+    /// Record (`ours`) or clear the membership of `fd`; called with the `fds` lock held.
+    fn mark(&self, fd: i32, ours: bool) {
+        match usize::try_from(fd) {
+            Ok(n) if n < BITMAP_FDS => {
+                let bit = 1u64 << (n % 64);
+                if ours {
+                    self.bitmap[n / 64].fetch_or(bit, Ordering::Release);
+                } else {
+                    self.bitmap[n / 64].fetch_and(!bit, Ordering::Release);
+                }
+            }
+            _ if ours => {
+                self.high_fds.fetch_add(1, Ordering::Release);
+            }
+            _ => {
+                self.high_fds.fetch_sub(1, Ordering::Release);
+            }
+        }
+    }
+
+    /// Whether `fd` may be ours, without taking a lock (exact below [`BITMAP_FDS`]).
+    fn maybe_ours(&self, fd: i32) -> bool {
+        match usize::try_from(fd) {
+            Ok(n) if n < BITMAP_FDS => {
+                self.bitmap[n / 64].load(Ordering::Acquire) & (1u64 << (n % 64)) != 0
+            }
+            Ok(_) => self.high_fds.load(Ordering::Acquire) != 0,
+            Err(_) => false,
+        }
     }
 
     /// The emulated file behind `fd`, if it is one of ours.
     pub(crate) fn fd(&self, fd: i32) -> Option<DevFile> {
-        if fd < 0 || self.fd_count.load(Ordering::Acquire) == 0 {
+        if !self.maybe_ours(fd) {
             return None;
         }
         lock(&self.fds)
@@ -78,7 +120,7 @@ impl Registry {
 
     /// Forget `fd` (it is being closed or overwritten); returns its entry if it was ours.
     pub(crate) fn remove_fd(&self, fd: i32) -> Option<DevFile> {
-        if fd < 0 || self.fd_count.load(Ordering::Acquire) == 0 {
+        if !self.maybe_ours(fd) {
             return None;
         }
         let mut fds = lock(&self.fds);
@@ -86,26 +128,30 @@ impl Registry {
             .iter()
             .position(|(f, _)| *f == fd)
             .map(|i| fds.swap_remove(i).1);
-        self.fd_count.store(fds.len(), Ordering::Release);
+        if old.is_some() {
+            self.mark(fd, false);
+        }
         old
     }
 
     /// Forget every descriptor in `first..=last`; returns the removed entries.
     pub(crate) fn remove_fd_range(&self, first: u32, last: u32) -> Vec<DevFile> {
-        if self.fd_count.load(Ordering::Acquire) == 0 {
-            return Vec::new();
-        }
         let mut fds = lock(&self.fds);
         let mut removed = Vec::new();
         fds.retain(|(f, d)| {
             let inside = u32::try_from(*f).is_ok_and(|f| (first..=last).contains(&f));
             if inside {
-                removed.push(d.clone());
+                removed.push((*f, d.clone()));
             }
             !inside
         });
-        self.fd_count.store(fds.len(), Ordering::Release);
         removed
+            .into_iter()
+            .map(|(f, d)| {
+                self.mark(f, false);
+                d
+            })
+            .collect()
     }
 
     /// Record a mapping returned by the emulator.
@@ -131,7 +177,7 @@ impl Registry {
     #[cfg(test)]
     pub(crate) fn population(&self) -> (usize, usize) {
         (
-            self.fd_count.load(Ordering::Acquire),
+            lock(&self.fds).len(),
             self.map_count.load(Ordering::Acquire),
         )
     }
@@ -178,6 +224,15 @@ mod tests {
         assert_eq!(r.remove_fd_range(0, 4).len(), 0);
         assert_eq!(r.remove_fd_range(5, u32::MAX).len(), 1);
         assert_eq!(r.population(), (0, 0));
+        assert!(r.fd(5).is_none() && !r.maybe_ours(5) && !r.maybe_ours(9));
+        // Descriptors beyond the bitmap take the locked path.
+        let high = BITMAP_FDS as i32 + 10;
+        assert!(r.insert_fd(high, file(&emu)).is_none());
+        assert!(r.maybe_ours(high + 1));
+        assert!(r.fd(high + 1).is_none());
+        assert_eq!(r.fd(high).unwrap().hca, 1);
+        assert_eq!(r.remove_fd_range(high as u32, high as u32).len(), 1);
+        assert!(!r.maybe_ours(high));
     }
 
     #[test]

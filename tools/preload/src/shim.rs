@@ -36,6 +36,11 @@ pub(crate) static REGISTRY: Registry = Registry::new();
 
 static CONFIG: OnceLock<Config> = OnceLock::new();
 static EMULATOR: OnceLock<Emulator> = OnceLock::new();
+/// Name of a sysfs tree directory in the temporary directory, before the owner's pid.
+const TREE_PREFIX: &str = "mlx5-emu-sysfs.";
+/// File in the root of a tree kept with `MLX5_EMU_KEEP_SYSFS` (not cleaned up as stale).
+const KEEP_MARKER: &str = "KEEP";
+
 /// The private sysfs tree.
 static SYSFS_TREE: OnceLock<Tree> = OnceLock::new();
 /// [`TREE_NEW`], [`TREE_WRITING`] or [`TREE_READY`].
@@ -81,7 +86,22 @@ pub(crate) fn config() -> &'static Config {
 /// The emulator (started together with the sysfs tree, whose identity it fixes).
 fn emulator() -> &'static Emulator {
     ensure_started();
-    EMULATOR.get_or_init(|| Emulator::new(config().emu.clone()))
+    EMULATOR.get_or_init(new_emulator)
+}
+
+/// Build the process's emulator from the configuration.
+fn new_emulator() -> Emulator {
+    let cfg = config();
+    let emu = Emulator::new(cfg.emu.clone());
+    if let Some(path) = &cfg.wqe_log {
+        if let Err(e) = emu.log_wqes_to(path) {
+            log(&format!(
+                "MLX5_EMU_WQE_LOG: cannot log WQEs to {}: {e}",
+                path.display()
+            ));
+        }
+    }
+    emu
 }
 
 /// One line on stderr through the real `write` (never through std's stderr lock, which a
@@ -380,13 +400,39 @@ fn result<T: std::fmt::Debug>(r: &Result<T, Errno>) -> String {
 pub(crate) fn init() {
     guard((), || {
         let pid = std::process::id();
-        let root = std::env::temp_dir().join(format!("mlx5-emu-sysfs.{pid}"));
+        let root = std::env::temp_dir().join(format!("{TREE_PREFIX}{pid}"));
         let prefix = root.as_os_str().as_encoded_bytes().to_vec();
         // SAFETY: the constructor runs before main, while the process is single-threaded,
         // so no other thread reads the environment concurrently.
         unsafe { std::env::set_var("SYSFS_PATH", &root) };
         let _ = SYSFS_TREE.set(Tree { root, prefix, pid });
     });
+}
+
+/// Remove trees left by processes that died without running their destructor (killed),
+/// except those kept on purpose (`MLX5_EMU_KEEP_SYSFS`), and a leftover of an earlier
+/// process with our pid.
+fn remove_stale_trees(tree: &Tree) {
+    let _ = std::fs::remove_dir_all(&tree.root);
+    let Some(dir) = tree.root.parent() else {
+        return;
+    };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let pid = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(TREE_PREFIX))
+            .and_then(|p| p.parse::<u32>().ok());
+        if let Some(pid) = pid {
+            let kept = entry.path().join(KEEP_MARKER).exists();
+            if !kept && !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+    }
 }
 
 /// Library destructor body: remove the sysfs tree (only in the process that wrote it).
@@ -438,14 +484,18 @@ fn ensure_started() {
 }
 
 fn write_tree() {
-    let emu = EMULATOR.get_or_init(|| Emulator::new(config().emu.clone()));
+    let emu = EMULATOR.get_or_init(new_emulator);
     let hcas: Vec<_> = (0..emu.num_hcas())
         .filter_map(|i| emu.hca_info(i))
         .collect();
     let Some(tree) = SYSFS_TREE.get() else { return };
-    // A leftover of an earlier process with the same pid.
-    let _ = std::fs::remove_dir_all(&tree.root);
-    let res = std::fs::create_dir(&tree.root).and_then(|()| sysfs::write_tree(&tree.root, &hcas));
+    remove_stale_trees(tree);
+    let res = std::fs::create_dir(&tree.root)
+        .and_then(|()| sysfs::write_tree(&tree.root, &hcas))
+        .and_then(|()| match config().keep_sysfs {
+            true => std::fs::write(tree.root.join(KEEP_MARKER), "MLX5_EMU_KEEP_SYSFS\n"),
+            false => Ok(()),
+        });
     if let Err(e) = res {
         log(&format!(
             "cannot write the sysfs tree in {}: {e}",

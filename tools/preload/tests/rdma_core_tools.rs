@@ -225,6 +225,21 @@ fn devinfo_verbose(flavour: &str) {
     assert_eq!(field("GID[  0]"), gid_colons(&info.port_gid));
     // The device was really opened through the shim.
     assert!(err.contains("open uverbs0 -> fd"), "{err}");
+    // The flavour decides which path carried the commands.
+    let ok = |path: &str| {
+        err.lines()
+            .filter(|l| l.contains(&format!("mlx5-emu-preload: {path} fd")) && l.contains("-> ok"))
+            .count()
+    };
+    match flavour {
+        // ioctl fails (ENOTTY / EPROTONOSUPPORT): everything went through write().
+        "write" | "eproto" => assert!(ok("ioctl") == 0 && ok("write") > 0, "{err}"),
+        // A modern kernel: the ioctl framework (INVOKE_WRITE or methods), no write().
+        _ => assert!(ok("ioctl") > 0 && ok("write") == 0, "{err}"),
+    }
+    if flavour == "write" {
+        assert!(err.contains("-> ENOTTY"), "{err}");
+    }
 }
 
 #[test]
@@ -298,6 +313,54 @@ fn the_sysfs_tree_is_private_and_removed_at_exit() {
     let abi = fs::read_to_string(tree.join("class/infiniband_verbs/abi_version"));
     fs::remove_dir_all(&tree).expect("kept tree");
     assert_eq!(abi.expect("kept tree has abi_version").trim(), "6");
+
+    // A tree left by a killed process (its pid is gone) is removed by the next user.
+    let mut dead = Command::new("true").spawn().expect("spawn true");
+    let dead_pid = dead.id();
+    dead.wait().expect("wait true");
+    let stale = std::env::temp_dir().join(format!("mlx5-emu-sysfs.{dead_pid}"));
+    fs::create_dir_all(stale.join("class/infiniband_verbs")).unwrap();
+    let o = run(local_tool("ibv_devices", &[]), Duration::from_secs(30));
+    assert!(o.status.success());
+    let left = stale.exists();
+    let _ = fs::remove_dir_all(&stale);
+    assert!(!left, "stale tree {} not removed", stale.display());
+}
+
+#[test]
+fn every_interposed_call_behaves_like_the_kernel_device() {
+    let probe = env!("CARGO_BIN_EXE_mlx5-emu-preload-probe");
+    let o = run(local_tool(probe, &[]), Duration::from_secs(30));
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{out}\n{err}");
+    let dev = "chr 231:192"; // the `dev` file of uverbs0 in the sysfs tree
+    let expected = [
+        format!("stat={dev}"),
+        format!("fstatat={dev}"),
+        "statx=ok 231:192".to_string(),
+        "access=ok".to_string(),
+        "uverbs1=ENOENT".to_string(),
+        "open=ok".to_string(),
+        format!("fstat={dev}"),
+        format!("fstatat_empty={dev}"),
+        "short_write=EINVAL".to_string(),
+        "bad_pointer_write=EFAULT".to_string(),
+        "other_ioctl=ENOTTY".to_string(),
+        "bad_pointer_ioctl=EFAULT".to_string(),
+        "private_mmap=EINVAL".to_string(),
+        format!("dup={dev} fcntl_dupfd={dev} dup2={dev} dup3={dev}"),
+        "close_range=ok after=EBADF".to_string(),
+        "reused_same_number=true reused=chr 1:3".to_string(),
+        "netlink_rdma=EPROTONOSUPPORT".to_string(),
+        "netlink_route=ok".to_string(),
+    ];
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines, expected, "{err}");
+    // The control: without the shim there is no device node at all.
+    let mut cmd = local_tool(probe, &[]);
+    cmd.env_remove("LD_PRELOAD");
+    let (out, _) = text(&run(cmd, Duration::from_secs(30)));
+    assert!(out.starts_with("stat=ENOENT\n"), "{out}");
 }
 
 #[test]
@@ -393,6 +456,12 @@ fn ok_verbs(trace: &str, verb: &str) -> usize {
         .count()
 }
 
+/// A TCP port nobody listens on now (the kernel's pick), for a tool's connection exchange.
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+    l.local_addr().expect("local address").port()
+}
+
 /// Whether some socket listens on TCP `port` (IPv4 or IPv6), from `/proc/net/tcp*`.
 fn listening(port: u16) -> bool {
     let want = format!(":{port:04X}");
@@ -446,13 +515,55 @@ const fn both(text: &'static str) -> Success {
 }
 
 /// Server and client of a two-process tool, each on its own emulator, talking over the
-/// emulator's UDP fabric. Both must take their QP to RTS through the emulated kernel
-/// (CREATE_QP, then three successful MODIFY_QP), run the whole exchange, exit 0 and print
-/// `success`; each must see the other's LID as the remote one.
-fn two_process(program: &str, port: u16, args: &[&str], flavour: &str, success: Success) {
-    let env = [("MLX5_EMU_TRACE", "1"), ("MLX5_EMU_FLAVOUR", flavour)];
+/// emulator's UDP fabric. Both must connect their QPs through the emulated kernel
+/// (CREATE_QP, then MODIFY_QP to RTR, and to RTS on the client), run the whole exchange,
+/// exit 0 and print `success`; each must see the other's LID as the remote one.
+fn two_process(program: &str, args: &[&str], flavour: &str, success: Success) {
+    two_process_env(program, args, &[("MLX5_EMU_FLAVOUR", flavour)], success);
+}
+
+#[test]
+fn ibv_rc_pingpong_runs_with_dynamic_uars() {
+    // libmlx5 asks for dynamic UARs (lib_caps DYN_UAR); with MLX5_EMU_DYN_UAR the emulated
+    // kernel grants them: no static UAR pages, one UAR object per CQ/QP page instead.
+    let args = ["-n", "50", "-s", "1024"];
+    let env = [("MLX5_EMU_DYN_UAR", "1")];
+    let traces = two_process_env("ibv_rc_pingpong", &args, &env, both("102400 bytes in"));
+    for trace in traces {
+        assert!(ok_verbs(&trace, "MLX5_UAR_OBJ_ALLOC") >= 1, "{trace}");
+        assert_eq!(
+            ok_verbs(&trace, "MLX5_UAR_OBJ_ALLOC"),
+            ok_verbs(&trace, "MLX5_UAR_OBJ_DESTROY"),
+            "{trace}"
+        );
+    }
+}
+
+/// [`two_process`] with extra `MLX5_EMU_*` settings for both sides; `{side}` in a value
+/// becomes `server` or `client`. Returns the shim's trace of the server and the client.
+fn two_process_env(
+    program: &str,
+    args: &[&str],
+    extra: &[(&str, &str)],
+    success: Success,
+) -> [String; 2] {
+    let port = free_port();
+    let env_for = |side: &str| -> Vec<(String, String)> {
+        let mut env = vec![("MLX5_EMU_TRACE".to_string(), "1".to_string())];
+        env.extend(
+            extra
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.replace("{side}", side))),
+        );
+        env
+    };
+    let with_env = |side: &str| {
+        let mut cmd = tool(program, &[]);
+        cmd.envs(env_for(side));
+        cmd
+    };
     let port_s = port.to_string();
-    let mut cmd = tool(program, &env);
+    let mut cmd = with_env("server");
     cmd.args(["-d", "mlx5_0", "-p", &port_s]).args(args);
     let mut server = Bg::start(cmd, &format!("{program}-{port}-server"));
     assert!(
@@ -461,7 +572,7 @@ fn two_process(program: &str, port: u16, args: &[&str], flavour: &str, success: 
         server.stdout(),
         server.stderr()
     );
-    let mut cmd = tool(program, &env);
+    let mut cmd = with_env("client");
     cmd.args(["-d", "mlx5_0", "-p", &port_s])
         .args(args)
         .arg("localhost");
@@ -478,13 +589,15 @@ fn two_process(program: &str, port: u16, args: &[&str], flavour: &str, success: 
             client.stderr()
         )
     };
-    let at_rts = |b: &Bg| {
+    // Every QP goes INIT -> RTR (-> RTS: always on the client, which sends; perftest's
+    // passive bandwidth servers stop at RTR).
+    let connected = |b: &Bg, per_qp: usize| {
         let qps = b.ok_verbs("CREATE_QP");
-        qps >= 1 && b.ok_verbs("MODIFY_QP") == 3 * qps
+        qps >= 1 && b.ok_verbs("MODIFY_QP") >= per_qp * qps
     };
     assert!(
-        at_rts(&server) && at_rts(&client),
-        "{program}: not both at RTS\n{}",
+        connected(&server, 2) && connected(&client, 3),
+        "{program}: QPs not connected\n{}",
         report()
     );
     for (who, status, bg) in [
@@ -526,118 +639,121 @@ fn two_process(program: &str, port: u16, args: &[&str], flavour: &str, success: 
         "{}",
         report()
     );
+    [server.stderr(), client.stderr()]
 }
 
 #[test]
 fn ibv_rc_pingpong_runs_between_two_processes() {
     // 100 round trips of 4096 bytes each way: the pingpong tools report size * iters * 2.
     let args = ["-n", "100", "-s", "4096"];
-    two_process(
-        "ibv_rc_pingpong",
-        18711,
-        &args,
-        "modern",
-        both("819200 bytes in"),
-    );
+    two_process("ibv_rc_pingpong", &args, "modern", both("819200 bytes in"));
 }
 
 #[test]
 fn ibv_rc_pingpong_runs_on_a_write_only_kernel_with_events_and_checks() {
     // -e: completion channel + CQ arm; -c: payload validation; 32 B: inline sends.
+    // MLX5_EMU_WQE_LOG: both devices log every send WQE they fetch.
+    let log = std::env::temp_dir().join(format!("mlx5-emu-preload.{}.wqes", std::process::id()));
+    let _ = fs::remove_file(&log);
+    let log_s = log.to_string_lossy().into_owned();
+    let env = [
+        ("MLX5_EMU_FLAVOUR", "write"),
+        ("MLX5_EMU_WQE_LOG", log_s.as_str()),
+    ];
     let args = ["-n", "50", "-s", "32", "-e", "-c"];
-    two_process(
-        "ibv_rc_pingpong",
-        18712,
-        &args,
-        "write",
-        both("3200 bytes in"),
-    );
+    let _ = two_process_env("ibv_rc_pingpong", &args, &env, both("3200 bytes in"));
+    let wqes = fs::read_to_string(&log).unwrap_or_default();
+    let _ = fs::remove_file(&log);
+    // Each side posts one SEND per iteration.
+    let sends = wqes.lines().filter(|l| l.contains("qpn=")).count();
+    assert!(sends >= 100, "{sends} WQEs logged:\n{wqes}");
 }
 
 #[test]
 fn ibv_uc_pingpong_runs_between_two_processes() {
     let args = ["-n", "50", "-s", "4096"];
-    two_process(
-        "ibv_uc_pingpong",
-        18715,
-        &args,
-        "eproto",
-        both("409600 bytes in"),
-    );
+    two_process("ibv_uc_pingpong", &args, "eproto", both("409600 bytes in"));
 }
 
 #[test]
 fn ibv_ud_pingpong_runs_between_two_processes() {
     let args = ["-n", "50", "-s", "1024"];
-    two_process(
-        "ibv_ud_pingpong",
-        18716,
-        &args,
-        "modern",
-        both("102400 bytes in"),
-    );
+    two_process("ibv_ud_pingpong", &args, "modern", both("102400 bytes in"));
 }
 
 #[test]
 fn ibv_srq_pingpong_runs_between_two_processes() {
     // 16 RC QPs sharing one SRQ on each side.
     let args = ["-n", "50", "-s", "4096"];
-    two_process(
-        "ibv_srq_pingpong",
-        18717,
-        &args,
-        "modern",
-        both("409600 bytes in"),
-    );
+    two_process("ibv_srq_pingpong", &args, "modern", both("409600 bytes in"));
+}
+
+#[test]
+fn ibv_rc_pingpong_survives_a_lossy_fabric() {
+    // 5% drops, 1% duplicates, 2% reordering on both sides' wire: RC retransmission and
+    // duplicate detection must still deliver every message once, in order (-c checks
+    // every payload).
+    let faults = [
+        ("MLX5_EMU_FAULT_SEED", "7"),
+        ("MLX5_EMU_DROP_PPM", "50000"),
+        ("MLX5_EMU_DUP_PPM", "10000"),
+        ("MLX5_EMU_REORDER_PPM", "20000"),
+    ];
+    let args = ["-n", "100", "-s", "1024", "-c"];
+    let _ = two_process_env("ibv_rc_pingpong", &args, &faults, both("204800 bytes in"));
+}
+
+#[test]
+fn each_side_captures_its_packets_with_mlx5_emu_pcap() {
+    let base = std::env::temp_dir().join(format!("mlx5-emu-preload.{}", std::process::id()));
+    let pattern = format!("{}.{{side}}.pcap", base.display());
+    let args = ["-n", "20", "-s", "256"];
+    let env = [("MLX5_EMU_PCAP", pattern.as_str())];
+    let _ = two_process_env("ibv_ud_pingpong", &args, &env, both("10240 bytes in"));
+    for side in ["server", "client"] {
+        let path = PathBuf::from(pattern.replace("{side}", side));
+        let bytes = fs::read(&path).unwrap_or_default();
+        let _ = fs::remove_file(&path);
+        // pcap global header (24 B, magic a1b2c3d4 in either byte order), then >= 20 UD
+        // SENDs of 256 B as Ethernet/IPv4/UDP 4791 records.
+        assert!(bytes.len() > 24 + 20 * 256, "{side}: {} bytes", bytes.len());
+        let magic = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+        assert!(
+            matches!(magic, 0xa1b2_c3d4 | 0xd4c3_b2a1),
+            "{side}: magic {magic:#x}"
+        );
+    }
 }
 
 #[test]
 fn ib_send_lat_runs_between_two_processes() {
-    two_process(
-        "ib_send_lat",
-        18713,
-        &["-n", "100"],
-        "modern",
-        both("t_avg"),
-    );
+    two_process("ib_send_lat", &["-n", "100"], "modern", both("t_avg"));
 }
 
 #[test]
 fn ib_write_lat_runs_between_two_processes() {
-    two_process(
-        "ib_write_lat",
-        18714,
-        &["-n", "100"],
-        "eproto",
-        both("t_avg"),
-    );
+    two_process("ib_write_lat", &["-n", "100"], "eproto", both("t_avg"));
 }
 
 #[test]
 fn ib_read_and_atomic_lat_run_between_two_processes() {
-    two_process(
-        "ib_read_lat",
-        18718,
-        &["-n", "100"],
-        "modern",
-        both("t_avg"),
-    );
-    two_process(
-        "ib_atomic_lat",
-        18719,
-        &["-n", "100"],
-        "write",
-        both("t_avg"),
-    );
+    // The responder of READ and atomics is passive: only the client prints results.
+    let client_only = Success {
+        text: "t_avg",
+        server_too: false,
+    };
+    two_process("ib_read_lat", &["-n", "100"], "modern", client_only);
+    two_process("ib_atomic_lat", &["-n", "100"], "write", client_only);
 }
 
 #[test]
 fn ib_write_bw_runs_between_two_processes() {
-    // 4 KiB messages (the emulator's wire carries a message in one datagram: see report).
+    // 4 KiB messages: the emulator's wire carries a whole message in one UDP datagram, so
+    // perftest's default 64 KiB does not fit (reported to the emulator).
     let args = ["-n", "500", "-s", "4096"];
     let success = Success {
         text: "4096       500",
         server_too: false,
     };
-    two_process("ib_write_bw", 18720, &args, "modern", success);
+    two_process("ib_write_bw", &args, "modern", success);
 }

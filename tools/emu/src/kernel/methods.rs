@@ -4,14 +4,21 @@
 //! validation is shared; attribute plumbing (inline vs pointer inputs, IDR/FD outputs in
 //! `data`, `UVERBS_ATTR_F_VALID_OUTPUT`) is done here.
 
-use super::{EINVAL, EPROTONOSUPPORT, EmuFile, Out, Req, cmd, le32};
+use super::{
+    DYN_PAGE_ID_BASE, DYN_PGOFF_BASE, EINVAL, EPROTONOSUPPORT, EmuFile, MAX_DYN_UARS, Out, Req,
+    cmd, le32,
+};
 use crate::abi::Errno;
 use crate::mem;
+use crate::state::Obj;
+use crate::uar::PAGE;
 
 /// `UVERBS_ATTR_F_MANDATORY`, `UVERBS_ATTR_F_VALID_OUTPUT`.
 const F_MANDATORY: u16 = 1;
 const F_VALID_OUTPUT: u16 = 2;
 const UHW_IN: u16 = 0x1000;
+/// `MLX5_IB_OBJECT_UAR` (DEVX + 8).
+const MLX5_OBJECT_UAR: u16 = 0x1008;
 const UHW_OUT: u16 = 0x1001;
 
 /// One decoded attribute: (offset in the buffer, id, len, flags, data).
@@ -296,6 +303,23 @@ impl EmuFile {
                 Ok(())
             }
             (5, 1) => self.destroy_with_resp(cmd::DESTROY_SRQ, 4, &mut a),
+            // mlx5 UAR / ALLOC: 0x1000 HANDLE (IDR out), 0x1001 TYPE (0 BF, 1 NC),
+            // 0x1002 MMAP_OFFSET (out u64), 0x1003 MMAP_LENGTH (out u32), 0x1004 PAGE_ID (out u32).
+            (MLX5_OBJECT_UAR, 0x1000) => {
+                a.only(&[0x1000, 0x1001, 0x1002, 0x1003, 0x1004])?;
+                let ty = Attrs::need(a.u32(0x1001)?)?;
+                let (handle, page_id, pgoff) = self.alloc_uar(ty)?;
+                a.out_data(0x1000, u64::from(handle));
+                a.out(0x1002, &(pgoff * PAGE as u64).to_ne_bytes())?;
+                a.out(0x1003, &(PAGE as u32).to_ne_bytes())?;
+                a.out(0x1004, &page_id.to_ne_bytes())
+            }
+            // mlx5 UAR / DESTROY: 0x1000 HANDLE.
+            (MLX5_OBJECT_UAR, 0x1001) => {
+                a.only(&[0x1000])?;
+                let h = Attrs::need(a.data(0x1000))? as u32;
+                self.destroy_uar(h)
+            }
             _ => Err(EPROTONOSUPPORT),
         }
     }
@@ -364,7 +388,49 @@ impl EmuFile {
                 | (6, 0)
                 | (7, 1)
                 | (16, 0)
+                | (MLX5_OBJECT_UAR, 0x1000 | 0x1001)
         )
+    }
+
+    /// Allocate a dynamic UAR page: (handle, page id, mmap page offset).
+    fn alloc_uar(&self, ty: u32) -> Result<(u32, u32, u64), Errno> {
+        let ctx = self.ctx().ok_or(EINVAL)?;
+        let mut w = self.shared.lock();
+        if ty > 1 {
+            return Err(EINVAL);
+        }
+        if ty == 0 && w.cfg.bf_reg_size == 0 {
+            return Err(Errno(libc::EOPNOTSUPP));
+        }
+        let c = w.contexts.get_mut(&ctx).ok_or(EINVAL)?;
+        let k = c.next_dyn as usize;
+        if k >= MAX_DYN_UARS {
+            return Err(Errno(libc::ENOMEM));
+        }
+        c.next_dyn += 1;
+        let page = c.uar_pages + 2 + k;
+        let page_id = DYN_PAGE_ID_BASE + k as u32;
+        let pgoff = DYN_PGOFF_BASE + k as u64;
+        c.dyn_pages.insert(page_id, (page, pgoff));
+        c.uar_active.push(page);
+        let h = c.next_handle;
+        c.next_handle += 1;
+        c.handles.insert(h, Obj::Uar(page_id));
+        Ok((h, page_id, pgoff))
+    }
+
+    /// Destroy a dynamic UAR object. Its page stays watched (a mapping may outlive the
+    /// object, as with the kernel's mmap entries) but can no longer be mapped or named.
+    fn destroy_uar(&self, handle: u32) -> Result<(), Errno> {
+        let ctx = self.ctx().ok_or(EINVAL)?;
+        let mut w = self.shared.lock();
+        let c = w.contexts.get_mut(&ctx).ok_or(EINVAL)?;
+        let Some(Obj::Uar(id)) = c.handles.get(&handle).copied() else {
+            return Err(EINVAL);
+        };
+        c.handles.remove(&handle);
+        c.dyn_pages.remove(&id);
+        Ok(())
     }
 
     /// The context's async-event fd, handed out once (ASYNC_EVENT alloc).

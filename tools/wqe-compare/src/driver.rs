@@ -1,0 +1,314 @@
+//! The corpus posted through the `mlx5` crate on an in-process (stepped) emulator with WQE
+//! recording on: "our" side of the comparison.
+
+use std::sync::Mutex;
+
+use mlx5::{
+    Access, Ah, AhAttr, BfPolicy, Context, ContextConfig, Cq, CqInit, Mr, Pd, Qp, QpCap,
+    QpInitAttr, QpType, RecvWr, RemoteQp, SendFlags, SendWr, Sge, UdDest, UserMemory,
+    WorkCompletion, WrOp,
+};
+use mlx5_emu::{EmuConfig, Emulator, Fabric, RunMode, WqeRecord};
+
+use crate::corpus::{
+    BUF_LEN, BUF_VA, Caps, Corpus, QKEY, QpSel, RC_CAPS, RC_RECV_OFF, RECV_LEN, SRC_OFF, UD_CAPS,
+    UD_RECV_OFF, Wr, flag, op, src_byte,
+};
+use crate::{FixedBuf, Knobs, SideInfo};
+
+/// The buffer lives at one fixed address: one run at a time per process.
+static FIXED_VA: Mutex<()> = Mutex::new(());
+
+/// Node (LID) of the emulated HCA on both sides: same LID, GUID and first object numbers.
+pub const NODE: u16 = 9;
+
+/// Path MTU for the RC pair (`IBV_MTU_1024`).
+pub const PATH_MTU: u8 = 3;
+
+/// Everything one side produced.
+#[derive(Debug)]
+pub struct SideRun {
+    /// Object numbers, keys and reported caps.
+    pub info: SideInfo,
+    /// The WQEs the device fetched, in fetch order.
+    pub records: Vec<WqeRecord>,
+}
+
+fn err(what: &str, e: impl std::fmt::Display) -> String {
+    format!("driver side: {what}: {e}")
+}
+
+fn qp_cap(c: Caps) -> QpCap {
+    QpCap {
+        max_send_wr: c.max_send_wr,
+        max_recv_wr: c.max_recv_wr,
+        max_send_sge: c.max_send_sge,
+        max_recv_sge: 1,
+        max_inline_data: c.max_inline_data,
+    }
+}
+
+/// Run `corpus` through the `mlx5` crate with `knobs`. Objects are created in the same order
+/// as the C harness creates them (PD, MR, send CQ, receive CQ, RC requester, RC responder,
+/// UD requester, UD responder, AH), so the emulator hands out the same numbers.
+///
+/// # Errors
+/// A description of the first failure (object creation, post, error completion).
+pub fn run(corpus: &Corpus, knobs: &Knobs) -> Result<SideRun, String> {
+    let _one_at_a_time = FIXED_VA
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let emu = Emulator::new(EmuConfig {
+        num_hcas: 1,
+        mode: RunMode::Stepped,
+        fabric: Fabric::InProcess,
+        node: Some(NODE),
+        bf_reg_size: knobs.bf_reg_size,
+        dyn_uar: knobs.dyn_uar,
+        ..EmuConfig::default()
+    });
+    emu.record_wqes(true);
+    let buf = FixedBuf::map(BUF_VA, BUF_LEN as usize).map_err(|e| err("fixed mapping", e))?;
+    let src: Vec<u8> = (0..crate::corpus::REMOTE_OFF).map(src_byte).collect();
+    buf.write(SRC_OFF as usize, &src);
+
+    let surface = emu.open(0).map_err(|e| err("open", e))?;
+    // libmlx5's defaults (16 static bfregs, 4 low-latency, ask for dynamic UARs, CQE v1),
+    // and MLX5_SHUT_UP_BF's counterpart; explicit, so our own environment cannot change it.
+    let config = ContextConfig {
+        no_bf: knobs.shut_up_bf,
+        ..ContextConfig::default()
+    };
+    let ctx = Context::open_with(surface, config).map_err(|e| err("Context::open", e))?;
+    let lid = ctx.query_port(1).map_err(|e| err("query_port", e))?.lid;
+    let pd = Pd::new(&ctx).map_err(|e| err("Pd::new", e))?;
+    // SAFETY: `buf` is a private anonymous mapping owned by this function; it stays mapped
+    // until `buf` drops, after every object registered over it (declared later, dropped
+    // earlier).
+    let mem = unsafe { UserMemory::from_raw_parts(buf.ptr(), buf.len()) };
+    let mr = pd
+        .reg_user_mr(mem, Access::ALL)
+        .map_err(|e| err("reg_user_mr", e))?;
+    let cq_init = |cqe| CqInit {
+        cqe,
+        ..CqInit::default()
+    };
+    let mut scq = Cq::new(&ctx, cq_init(256), None).map_err(|e| err("send CQ", e))?;
+    let mut rcq = Cq::new(&ctx, cq_init(1024), None).map_err(|e| err("recv CQ", e))?;
+    let new_qp = |t: QpType, caps: Caps, sig_all: bool| {
+        let mut a = QpInitAttr::new(t, &scq, &rcq);
+        a.cap = qp_cap(caps);
+        a.bf_policy = if knobs.prefer_bf {
+            BfPolicy::PreferBf
+        } else {
+            BfPolicy::InlineOnly
+        };
+        a.sq_sig_all = sig_all;
+        Qp::new(&pd, &a).map_err(|e| err("Qp::new", e))
+    };
+    let mut rc = new_qp(QpType::Rc, RC_CAPS, corpus.sq_sig_all)?;
+    let mut rc_peer = new_qp(QpType::Rc, RC_CAPS, false)?;
+    let mut ud = new_qp(QpType::Ud, UD_CAPS, corpus.sq_sig_all)?;
+    let mut ud_peer = new_qp(QpType::Ud, UD_CAPS, false)?;
+    let ah = Ah::new(
+        &pd,
+        AhAttr {
+            dlid: lid,
+            port_num: 1,
+            ..AhAttr::default()
+        },
+    )
+    .map_err(|e| err("Ah::new", e))?;
+
+    // Connect: RC in loopback, UD to RTS.
+    let (a, b) = (rc.qpn(), rc_peer.qpn());
+    for (qp, remote) in [(&mut rc, b), (&mut rc_peer, a)] {
+        qp.to_init(1, Access::ALL, 0)
+            .map_err(|e| err("RC INIT", e))?;
+        let r = RemoteQp {
+            qpn: remote,
+            psn: 0,
+            lid,
+            gid: None,
+        };
+        qp.to_rtr(&r, PATH_MTU, 0).map_err(|e| err("RC RTR", e))?;
+        qp.to_rts(0, 7).map_err(|e| err("RC RTS", e))?;
+    }
+    for qp in [&mut ud, &mut ud_peer] {
+        qp.to_init(1, Access::LOCAL_WRITE, QKEY)
+            .map_err(|e| err("UD INIT", e))?;
+        let r = RemoteQp {
+            qpn: 0,
+            psn: 0,
+            lid,
+            gid: None,
+        };
+        qp.to_rtr(&r, PATH_MTU, 0).map_err(|e| err("UD RTR", e))?;
+        qp.to_rts(0, 0).map_err(|e| err("UD RTS", e))?;
+    }
+    // Receives for every WR that consumes one.
+    for (qp, sel, off) in [
+        (&mut rc_peer, QpSel::Rc, RC_RECV_OFF),
+        (&mut ud_peer, QpSel::Ud, UD_RECV_OFF),
+    ] {
+        let sge = [mr.sge(off, RECV_LEN)];
+        for i in 0..corpus.recvs_needed(sel) {
+            let wr = RecvWr {
+                wr_id: u64::from(i),
+                sg_list: &sge,
+            };
+            qp.post_recv(&[wr]).map_err(|(_, e)| err("post_recv", e))?;
+        }
+    }
+
+    let mut posted = [0u64; 2];
+    let mut wcs = [WorkCompletion::default(); 32];
+    for (n, post) in corpus.posts.iter().enumerate() {
+        let sel = post[0].qp;
+        let qp = match sel {
+            QpSel::Rc => &mut rc,
+            QpSel::Ud => &mut ud,
+        };
+        let sges: Vec<Vec<Sge>> = post.iter().map(|w| gather(w, &mr)).collect();
+        let inl: Vec<Vec<&[u8]>> = post.iter().map(|w| inline(w, &src)).collect();
+        let dest = UdDest {
+            ah: &ah,
+            remote_qpn: ud_peer.qpn(),
+            remote_qkey: QKEY,
+        };
+        let wrs: Vec<SendWr<'_>> = post
+            .iter()
+            .zip(&sges)
+            .zip(&inl)
+            .enumerate()
+            .map(|(i, ((w, s), d))| {
+                let mut wr = SendWr::new(
+                    n as u64 * 8 + i as u64,
+                    wr_op(w, &mr),
+                    s,
+                    SendFlags(w.flags),
+                );
+                if w.has(flag::INLINE) {
+                    wr = wr.with_inline(d);
+                }
+                if sel == QpSel::Ud {
+                    wr = wr.to(dest);
+                }
+                wr
+            })
+            .collect();
+        qp.post_send(&wrs)
+            .map_err(|(i, e)| err(&format!("post {n} WR {i} ({})", post[i].describe()), e))?;
+        posted[sel as usize] += post.len() as u64;
+        emu.run_until_idle();
+        // Wait for this post's signaled WRs (all earlier ones are then retired too).
+        let mut want = corpus.completions(post);
+        let mut spins = 0;
+        while want > 0 {
+            let got = scq.poll(&mut wcs);
+            for wc in &wcs[..got] {
+                if !wc.is_ok() {
+                    return Err(err(
+                        &format!("post {n}: send completion"),
+                        format!("{wc:?}"),
+                    ));
+                }
+            }
+            want = want.saturating_sub(got);
+            drain(&mut rcq, &mut wcs)?;
+            if got == 0 {
+                spins += 1;
+                if spins > 10_000 {
+                    return Err(err(&format!("post {n}"), "no send completion"));
+                }
+                emu.run_until_idle();
+            }
+        }
+        drain(&mut rcq, &mut wcs)?;
+    }
+    let geo = |q: &Qp| q.sq_ref().geometry();
+    let info = SideInfo {
+        rc_qpn: rc.qpn(),
+        rc_peer_qpn: rc_peer.qpn(),
+        ud_qpn: ud.qpn(),
+        ud_peer_qpn: ud_peer.qpn(),
+        lkey: mr.lkey(),
+        rkey: mr.rkey(),
+        rc_max_send_wr: rc.cap().max_send_wr,
+        rc_max_inline: rc.cap().max_inline_data,
+        rc_sq_wqe_cnt: geo(&rc).wqe_cnt,
+        ud_max_send_wr: ud.cap().max_send_wr,
+        ud_max_inline: ud.cap().max_inline_data,
+        ud_sq_wqe_cnt: geo(&ud).wqe_cnt,
+        rc_posted: posted[0],
+        ud_posted: posted[1],
+    };
+    let records = emu.wqe_log(0);
+    drop((ah, rc, rc_peer, ud, ud_peer, scq, rcq, mr, pd, ctx));
+    drop(buf);
+    Ok(SideRun { info, records })
+}
+
+fn drain(cq: &mut Cq, wcs: &mut [WorkCompletion]) -> Result<(), String> {
+    loop {
+        let n = cq.poll(wcs);
+        if let Some(bad) = wcs[..n].iter().find(|wc| !wc.is_ok()) {
+            return Err(err("receive completion", format!("{bad:?}")));
+        }
+        if n < wcs.len() {
+            return Ok(());
+        }
+    }
+}
+
+fn gather(w: &Wr, mr: &Mr) -> Vec<Sge> {
+    w.sges
+        .iter()
+        .map(|&(off, len)| Sge {
+            addr: BUF_VA + off,
+            length: len,
+            lkey: mr.lkey(),
+        })
+        .collect()
+}
+
+/// The inline pieces: the same bytes the C harness's SGEs point at.
+fn inline<'s>(w: &Wr, src: &'s [u8]) -> Vec<&'s [u8]> {
+    if !w.has(flag::INLINE) {
+        return Vec::new();
+    }
+    w.sges
+        .iter()
+        .map(|&(off, len)| &src[off as usize..off as usize + len as usize])
+        .collect()
+}
+
+fn wr_op(w: &Wr, mr: &Mr) -> WrOp {
+    let raddr = BUF_VA + w.remote_off;
+    let rkey = mr.rkey();
+    match w.opcode {
+        op::SEND_WITH_IMM => WrOp::SendImm {
+            imm: w.imm.to_be_bytes(),
+        },
+        op::SEND_WITH_INV => WrOp::SendInv { rkey: w.imm },
+        op::RDMA_WRITE => WrOp::Write { raddr, rkey },
+        op::RDMA_WRITE_WITH_IMM => WrOp::WriteImm {
+            raddr,
+            rkey,
+            imm: w.imm.to_be_bytes(),
+        },
+        op::RDMA_READ => WrOp::Read { raddr, rkey },
+        op::ATOMIC_CMP_AND_SWP => WrOp::CompareSwap {
+            raddr,
+            rkey,
+            compare: w.compare,
+            swap: w.swap_add,
+        },
+        op::ATOMIC_FETCH_AND_ADD => WrOp::FetchAdd {
+            raddr,
+            rkey,
+            add: w.swap_add,
+        },
+        _ => WrOp::Send,
+    }
+}

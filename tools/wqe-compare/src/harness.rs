@@ -1,0 +1,168 @@
+//! "Their" side: the C harness (`harness.c`) built against libibverbs/libmlx5 and run under
+//! the preload with the emulator's WQE log enabled.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use mlx5_emu::WqeRecord;
+
+use crate::driver::{NODE, SideRun};
+use crate::{Knobs, SideInfo};
+
+/// The harness source, next to this crate's manifest.
+pub fn source() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("harness.c")
+}
+
+/// Compile the harness into `out_dir` with the system C compiler (`cc`, or `$CC`).
+///
+/// # Errors
+/// A message naming the missing package when the libibverbs development files are absent
+/// (`libibverbs-dev`: `infiniband/verbs.h`, `libibverbs.so`; libmlx5's `mlx5dv.h` comes
+/// with it), or the compiler's output.
+pub fn build(out_dir: &Path) -> Result<PathBuf, String> {
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
+    let exe = out_dir.join("wqe-harness");
+    let out = Command::new(&cc)
+        .args(["-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(source())
+        .args(["-libverbs", "-lmlx5"])
+        .output()
+        .map_err(|e| format!("cannot run the C compiler `{cc}`: {e} (install gcc or set CC)"))?;
+    if out.status.success() {
+        return Ok(exe);
+    }
+    let err = String::from_utf8_lossy(&out.stderr);
+    if err.contains("infiniband/") || err.contains("-libverbs") || err.contains("-lmlx5") {
+        return Err(format!(
+            "the libibverbs development files are missing: install the package \
+             `libibverbs-dev` (rdma-core; it brings infiniband/verbs.h, mlx5dv.h, \
+             libibverbs.so and libmlx5.so)\n{err}"
+        ));
+    }
+    Err(format!("compiling {} failed:\n{err}", source().display()))
+}
+
+/// The preload shared object: `$MLX5_EMU_PRELOAD_SO`, or `libmlx5_emu_preload.so` built by
+/// cargo into the target directory this test binary lives in.
+///
+/// # Errors
+/// Where it looked.
+pub fn preload_so() -> Result<PathBuf, String> {
+    if let Some(p) = std::env::var_os("MLX5_EMU_PRELOAD_SO") {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let name = "libmlx5_emu_preload.so";
+    let mut tried = Vec::new();
+    for dir in exe.ancestors().skip(1).take(3) {
+        let p = dir.join(name);
+        if p.exists() {
+            return Ok(p);
+        }
+        tried.push(p.display().to_string());
+    }
+    Err(format!(
+        "{name} not found (looked at {}); build it with `cargo build -p mlx5-emu-preload` \
+         or set MLX5_EMU_PRELOAD_SO",
+        tried.join(", ")
+    ))
+}
+
+/// Run the harness on `corpus_file` under the preload with `knobs`; the emulator writes its
+/// WQE log to `log`. Returns the harness's report and the parsed log.
+///
+/// Environment of the run: every `MLX5_*` variable of ours removed, then
+/// `MLX5_EMU_FABRIC=inprocess`, `MLX5_EMU_NODE=`[`NODE`], `MLX5_EMU_HCAS=1`,
+/// `MLX5_EMU_WQE_LOG=<log>`, `MLX5_EMU_BF_REG_SIZE`, `MLX5_EMU_DYN_UAR`, and for libmlx5
+/// `MLX5_SCATTER_TO_CQE=0` (the `mlx5` crate never asks for scatter-to-CQE, so both QPs are
+/// created without it; it changes CQEs, not WQEs), `MLX5_POST_SEND_PREFER_BF=0` unless
+/// `knobs.prefer_bf`, `MLX5_SHUT_UP_BF=1` if `knobs.shut_up_bf`.
+///
+/// # Errors
+/// Start failure, timeout, non-zero exit (with its output), or a malformed log.
+pub fn run(
+    exe: &Path,
+    corpus_file: &Path,
+    log: &Path,
+    knobs: &Knobs,
+    limit: Duration,
+) -> Result<SideRun, String> {
+    let so = preload_so()?;
+    let _ = std::fs::remove_file(log);
+    let mut cmd = Command::new(exe);
+    cmd.arg(corpus_file)
+        .arg(if knobs.wr_api { "wr" } else { "post" });
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("MLX5_") {
+            cmd.env_remove(&k);
+        }
+    }
+    cmd.env_remove("SYSFS_PATH")
+        .env("LD_PRELOAD", &so)
+        .env("MLX5_EMU_FABRIC", "inprocess")
+        .env("MLX5_EMU_NODE", NODE.to_string())
+        .env("MLX5_EMU_HCAS", "1")
+        .env("MLX5_EMU_WQE_LOG", log)
+        .env("MLX5_EMU_BF_REG_SIZE", knobs.bf_reg_size.to_string())
+        .env("MLX5_EMU_DYN_UAR", if knobs.dyn_uar { "1" } else { "0" })
+        .env("MLX5_SCATTER_TO_CQE", "0")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if !knobs.prefer_bf {
+        cmd.env("MLX5_POST_SEND_PREFER_BF", "0");
+    }
+    if knobs.shut_up_bf {
+        cmd.env("MLX5_SHUT_UP_BF", "1");
+    }
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("cannot start {}: {e}", exe.display()))?;
+    let stdout = child.stdout.take();
+    let stderr = child.stderr.take();
+    let out = std::thread::spawn(move || stdout.map(std::io::read_to_string));
+    let err = std::thread::spawn(move || stderr.map(std::io::read_to_string));
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().map_err(|e| e.to_string())? {
+            break Some(s);
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let stdout = out
+        .join()
+        .ok()
+        .flatten()
+        .and_then(Result::ok)
+        .unwrap_or_default();
+    let stderr = err
+        .join()
+        .ok()
+        .flatten()
+        .and_then(Result::ok)
+        .unwrap_or_default();
+    let ctx = || format!("\n--- harness stdout:\n{stdout}\n--- stderr:\n{stderr}");
+    match status {
+        None => return Err(format!("harness did not finish in {limit:?}{}", ctx())),
+        Some(s) if !s.success() => return Err(format!("harness failed ({s}){}", ctx())),
+        Some(_) => {}
+    }
+    let info = SideInfo::parse(&stdout).map_err(|e| format!("{e}{}", ctx()))?;
+    let text = std::fs::read_to_string(log).map_err(|e| {
+        format!(
+            "no WQE log at {} ({e}): does the preload honour MLX5_EMU_WQE_LOG?{}",
+            log.display(),
+            ctx()
+        )
+    })?;
+    let records = WqeRecord::parse_log(&text)?;
+    Ok(SideRun { info, records })
+}
