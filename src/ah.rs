@@ -108,7 +108,7 @@ impl Ah {
                 attr: attr.to_uverbs(),
             };
             write_cmd(
-                &*ctx.inner.surface,
+                ctx.surface(),
                 "CREATE_AH",
                 IB_USER_VERBS_CMD_CREATE_AH,
                 cmd.as_bytes(),
@@ -199,17 +199,11 @@ impl Drop for Ah {
     fn drop(&mut self) {
         if let Some(h) = self.handle {
             let cmd = IbUverbsDestroyAh { ah_handle: h };
-            let r = write_cmd(
-                &*self.pd.inner.ctx.inner.surface,
+            self.pd.inner.ctx.destroy(
                 "DESTROY_AH",
                 IB_USER_VERBS_CMD_DESTROY_AH,
                 cmd.as_bytes(),
-                &[],
                 None,
-            );
-            debug_assert!(
-                r.is_ok() || std::thread::panicking(),
-                "DESTROY_AH failed: {r:?}"
             );
         }
     }
@@ -218,6 +212,22 @@ impl Drop for Ah {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn route(
+        dgid: [u8; 16],
+        flow_label: u32,
+        sgid_index: u8,
+        hop_limit: u8,
+        tc: u8,
+    ) -> GlobalRoute {
+        GlobalRoute {
+            dgid,
+            flow_label,
+            sgid_index,
+            hop_limit,
+            traffic_class: tc,
+        }
+    }
 
     #[test]
     fn ib_av_golden() {
@@ -233,13 +243,7 @@ mod tests {
         let b = av.as_bytes();
         assert_eq!(&b[8..16], &[0x80, 0, 0, 0, 0x85, 0x03, 0x12, 0x34]);
         assert_eq!(&b[28..32], &[0, 0, 0, 0], "no GRH");
-        let g = GlobalRoute {
-            dgid: [0xfe; 16],
-            flow_label: 0xABCDE,
-            sgid_index: 2,
-            hop_limit: 64,
-            traffic_class: 7,
-        };
+        let g = route([0xfe; 16], 0xABCDE, 2, 64, 7);
         let av = build_av(
             &AhAttr {
                 grh: Some(g),
@@ -259,13 +263,7 @@ mod tests {
 
     #[test]
     fn roce_av_golden() {
-        let g = GlobalRoute {
-            dgid: [1; 16],
-            flow_label: 0x12345,
-            sgid_index: 1,
-            hop_limit: 255,
-            traffic_class: 0,
-        };
+        let g = route([1; 16], 0x12345, 1, 255, 0);
         let attr = AhAttr {
             dlid: 0x99,
             sl: 6,

@@ -6,6 +6,7 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 
 use mlx5_ffi::ioctl::{
+    IB_UVERBS_GID_TYPE_IB, IB_UVERBS_GID_TYPE_ROCE_V1, IB_UVERBS_GID_TYPE_ROCE_V2,
     IbUverbsGidEntry, UVERBS_ATTR_QUERY_GID_ENTRY_FLAGS, UVERBS_ATTR_QUERY_GID_ENTRY_GID_INDEX,
     UVERBS_ATTR_QUERY_GID_ENTRY_PORT, UVERBS_ATTR_QUERY_GID_ENTRY_RESP_ENTRY,
     UVERBS_METHOD_QUERY_GID_ENTRY, UVERBS_OBJECT_DEVICE,
@@ -128,6 +129,15 @@ impl PortAttr {
     pub fn is_roce(&self) -> bool {
         self.link_layer == mlx5_ffi::uverbs::IB_LINK_LAYER_ETHERNET
     }
+}
+
+/// One GID table entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GidEntry {
+    /// The GID (16 bytes, network order).
+    pub gid: [u8; 16],
+    /// `IB_UVERBS_GID_TYPE_*`: 0 IB, 1 RoCE v1, 2 RoCE v2.
+    pub gid_type: u32,
 }
 
 /// How UARs are provided.
@@ -315,7 +325,10 @@ impl Context {
                         what: "tot_bfregs out of range",
                     });
                 }
-                let npages = (ucx.tot_bfregs as usize).div_ceil(2);
+                // 2 usable bfregs per 4 KiB UAR; `num_uars_per_page` UARs per system page
+                // (more than 1 on 64 KiB-page systems with 4K UARs).
+                let per_page = ucx.num_uars_per_page.clamp(1, 16) as usize;
+                let npages = (ucx.tot_bfregs as usize).div_ceil(2).div_ceil(per_page);
                 let p0 = map_static(&surface, 0)?;
                 let mut pages = vec![None; npages];
                 pages[0] = Some(p0.clone());
@@ -352,6 +365,28 @@ impl Context {
         Ok(Self {
             inner: Arc::new(inner),
         })
+    }
+
+    /// The uverbs surface commands go through.
+    pub(crate) fn surface(&self) -> &dyn UverbsSurface {
+        &*self.inner.surface
+    }
+
+    /// Destroy a kernel object from a `Drop`: a failure (a driver bug: children hold their
+    /// parents, so the kernel never sees a busy object) is debug-asserted, except while
+    /// unwinding.
+    pub(crate) fn destroy(
+        &self,
+        name: &'static str,
+        command: u32,
+        core: &[u8],
+        resp: Option<&mut RespBuf>,
+    ) {
+        let r = write_cmd(self.surface(), name, command, core, &[], resp);
+        debug_assert!(
+            r.is_ok() || std::thread::panicking(),
+            "{name} failed: {r:?}"
+        );
     }
 
     /// The device attributes queried at open.
@@ -396,7 +431,7 @@ impl Context {
             reserved: [0; 7],
         };
         write_cmd(
-            &*self.inner.surface,
+            self.surface(),
             "QUERY_PORT",
             IB_USER_VERBS_CMD_QUERY_PORT,
             cmd.as_bytes(),
@@ -431,44 +466,87 @@ impl Context {
     /// and the device's sysfs directory is known, `ports/<port>/gids/<index>`.
     ///
     /// # Errors
-    /// [`Error::Uverbs`] naming QUERY_GID_ENTRY (`EPROTONOSUPPORT`/`ENOTTY`/`EOPNOTSUPP` on
-    /// kernels without the ioctl and no sysfs directory); [`Error::BadResponse`] for an
-    /// unparsable sysfs GID.
+    /// As [`query_gid_entry`](Self::query_gid_entry).
     pub fn query_gid(&self, port: u8, index: u32) -> Result<[u8; 16]> {
-        match self.query_gid_ioctl(port, index) {
-            Err(Error::Uverbs {
-                errno: Errno::EPROTONOSUPPORT | Errno::ENOTTY | Errno::EOPNOTSUPP,
-                ..
-            }) if self
-                .inner
-                .sysfs_dev
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .is_some() =>
-            {
-                let dir = self
-                    .inner
-                    .sysfs_dev
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .clone();
-                let path = dir
-                    .unwrap_or_default()
-                    .join(format!("ports/{port}/gids/{index}"));
-                let text = std::fs::read_to_string(&path).map_err(|e| Error::Os {
-                    op: "read(sysfs gid)",
-                    errno: Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
-                })?;
-                parse_gid(text.trim()).ok_or(Error::BadResponse {
-                    cmd: "sysfs gid",
-                    what: "not 8 groups of 4 hex digits",
-                })
+        self.query_gid_entry(port, index).map(|e| e.gid)
+    }
+
+    /// The GID at `index` of `port` with its type (IB, RoCE v1, RoCE v2): the QUERY_GID_ENTRY
+    /// ioctl, or the sysfs files `ports/<port>/gids/<index>` and `gid_attrs/types/<index>`.
+    ///
+    /// # Errors
+    /// [`Error::Uverbs`] naming QUERY_GID_ENTRY (`EPROTONOSUPPORT`/`ENOTTY`/`EOPNOTSUPP` on
+    /// kernels without the ioctl and no sysfs directory); [`Error::Os`] or
+    /// [`Error::BadResponse`] for unreadable or unparsable sysfs files.
+    pub fn query_gid_entry(&self, port: u8, index: u32) -> Result<GidEntry> {
+        let sysfs = self
+            .inner
+            .sysfs_dev
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        match (self.query_gid_ioctl(port, index), sysfs) {
+            (
+                Err(Error::Uverbs {
+                    errno: Errno::EPROTONOSUPPORT | Errno::ENOTTY | Errno::EOPNOTSUPP,
+                    ..
+                }),
+                Some(dir),
+            ) => {
+                let read = |rel: String| {
+                    std::fs::read_to_string(dir.join(rel)).map_err(|e| Error::Os {
+                        op: "read(sysfs gid)",
+                        errno: Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
+                    })
+                };
+                let gid = parse_gid(read(format!("ports/{port}/gids/{index}"))?.trim()).ok_or(
+                    Error::BadResponse {
+                        cmd: "sysfs gid",
+                        what: "not 8 groups of 4 hex digits",
+                    },
+                )?;
+                let ty = read(format!("ports/{port}/gid_attrs/types/{index}")).unwrap_or_default();
+                let gid_type = match ty.trim() {
+                    "RoCE v2" => IB_UVERBS_GID_TYPE_ROCE_V2,
+                    "IB/RoCE v1" if self.query_port(port)?.is_roce() => IB_UVERBS_GID_TYPE_ROCE_V1,
+                    _ => IB_UVERBS_GID_TYPE_IB,
+                };
+                Ok(GidEntry { gid, gid_type })
             }
-            r => r,
+            (r, _) => r,
         }
     }
 
-    fn query_gid_ioctl(&self, port: u8, index: u32) -> Result<[u8; 16]> {
+    /// A usable RoCE v2 GID of `port` (the first non-zero one, preferring IPv4-mapped
+    /// addresses as rdma-core's tools do), or for IB ports the first non-zero GID: `(index, gid)`.
+    ///
+    /// # Errors
+    /// As [`query_port`](Self::query_port) and [`query_gid_entry`](Self::query_gid_entry).
+    pub fn find_gid(&self, port: u8) -> Result<Option<(u32, [u8; 16])>> {
+        let p = self.query_port(port)?;
+        let mut best: Option<(u32, [u8; 16], bool)> = None;
+        for i in 0..p.gid_tbl_len.min(256) {
+            let Ok(e) = self.query_gid_entry(port, i) else {
+                continue;
+            };
+            if e.gid == [0u8; 16] {
+                continue;
+            }
+            if p.is_roce() && e.gid_type != IB_UVERBS_GID_TYPE_ROCE_V2 {
+                continue;
+            }
+            let v4 = e.gid[..10] == [0u8; 10] && e.gid[10..12] == [0xff, 0xff];
+            if best.is_none_or(|(_, _, b)| v4 && !b) {
+                best = Some((i, e.gid, v4));
+            }
+            if !p.is_roce() {
+                break;
+            }
+        }
+        Ok(best.map(|(i, g, _)| (i, g)))
+    }
+
+    fn query_gid_ioctl(&self, port: u8, index: u32) -> Result<GidEntry> {
         let mut out = RespBuf::new(size_of::<IbUverbsGidEntry>());
         let mut c = Ioctl::new(UVERBS_OBJECT_DEVICE, UVERBS_METHOD_QUERY_GID_ENTRY);
         c.inline_in(
@@ -482,7 +560,10 @@ impl Context {
         let e: IbUverbsGidEntry = out.get(0);
         let mut gid = [0u8; 16];
         gid.copy_from_slice(e.gid.as_bytes());
-        Ok(gid)
+        Ok(GidEntry {
+            gid,
+            gid_type: e.gid_type,
+        })
     }
 
     /// Create a completion channel (an fd that becomes readable when an armed CQ fires).
@@ -495,7 +576,7 @@ impl Context {
             response: resp.addr(),
         };
         write_cmd(
-            &*self.inner.surface,
+            self.surface(),
             "CREATE_COMP_CHANNEL",
             IB_USER_VERBS_CMD_CREATE_COMP_CHANNEL,
             cmd.as_bytes(),
@@ -631,18 +712,20 @@ impl Context {
             });
         }
         let bfregn = uar as u32 * 2 + within;
+        let per_page = inner.ucx.num_uars_per_page.clamp(1, 16) as usize;
+        let (sys_page, uar_in_page) = (uar / per_page, uar % per_page);
         let mut st = inner.uars.lock().unwrap_or_else(|p| p.into_inner());
-        if uar >= st.static_pages.len() {
+        if sys_page >= st.static_pages.len() {
             return Err(Error::BadResponse {
                 cmd: "CREATE_QP",
                 what: "bfreg_index beyond tot_bfregs",
             });
         }
-        let page = match &st.static_pages[uar] {
+        let page = match &st.static_pages[sys_page] {
             Some(p) => p.clone(),
             None => {
-                let p = map_static(&inner.surface, uar as u32)?;
-                st.static_pages[uar] = Some(p.clone());
+                let p = map_static(&inner.surface, sys_page as u32)?;
+                st.static_pages[sys_page] = Some(p.clone());
                 p
             }
         };
@@ -652,7 +735,11 @@ impl Context {
         // bfreg 0 is doorbell-only (no BlueFlame, no lock); the rest are shared.
         let dedicated = bfregn != 0 && bfregn >= tot - low_lat;
         let half = if dedicated { self.bf_half() } else { 0 };
-        let reg = page.bf_reg(within as usize, inner.ucx.bf_reg_size.max(0x100) as usize);
+        let reg = page.bf_reg_in(
+            uar_in_page,
+            within as usize,
+            inner.ucx.bf_reg_size.max(0x100) as usize,
+        )?;
         *st.users.entry(bfregn).or_insert(0) += 1;
         Ok(BfregGrant {
             reg,

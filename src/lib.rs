@@ -21,6 +21,21 @@
 //! [`Cq::next_cqe`] / [`Cq::publish_ci`]). Neither allocates or locks on the fast path; posting
 //! takes `&mut self`.
 //!
+//! # Scope and deliberate differences from libmlx5
+//! - Transports RC, UC and UD; operations SEND (+IMM, +INV), RDMA WRITE (+IMM), RDMA READ,
+//!   8-byte compare-and-swap and fetch-and-add. No UMR-based operations (LOCAL_INV, BIND_MW),
+//!   so the RC WQE overhead is 48 bytes, not libmlx5's 192 ([`qp::sq::sq_overhead`]).
+//! - Inline payloads are Rust slices ([`SendWr::inline`]); the CPU never reads raw SGE
+//!   addresses, so inline posting stays safe code.
+//! - Scatter-to-CQE is not requested; CQE compression is never enabled.
+//! - A doorbell register shared by several QPs is used with 8-byte doorbells only (BlueFlame
+//!   needs a lock there); [`Context::bfreg_users`] shows the sharing.
+//! - CQ rings are never rewritten behind the poller ("CQ clean"): drain a QP's CQs before
+//!   moving it to RESET. CQE-v1 user indices are handed out round-robin, so CQEs of a
+//!   destroyed QP are never attributed to a new one.
+//! - Unsignaled send WRs can be reported as completions when a later CQE retires them
+//!   ([`QpInitAttr::report_unsignaled`]).
+//!
 //! ```no_run
 //! use std::sync::Arc;
 //! use mlx5::{Access, Cq, CqInit, DmaBuf, Pd, Qp, QpInitAttr, QpType, RemoteQp, SendFlags, SendWr};
@@ -69,7 +84,9 @@ mod uverbs;
 pub mod wr;
 
 pub use ah::{Ah, AhAttr, GlobalRoute};
-pub use context::{AsyncEvent, CompChannel, Context, ContextConfig, DeviceAttr, PortAttr, UarMode};
+pub use context::{
+    AsyncEvent, CompChannel, Context, ContextConfig, DeviceAttr, GidEntry, PortAttr, UarMode,
+};
 pub use cq::{Cq, CqInit};
 pub use device::{Device, devices};
 pub use error::{Error, Result};

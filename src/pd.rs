@@ -27,17 +27,11 @@ impl Drop for PdInner {
         let cmd = IbUverbsDeallocPd {
             pd_handle: self.handle,
         };
-        let r = write_cmd(
-            &*self.ctx.inner.surface,
+        self.ctx.destroy(
             "DEALLOC_PD",
             IB_USER_VERBS_CMD_DEALLOC_PD,
             cmd.as_bytes(),
-            &[],
             None,
-        );
-        debug_assert!(
-            r.is_ok() || std::thread::panicking(),
-            "DEALLOC_PD failed: {r:?}"
         );
     }
 }
@@ -66,19 +60,9 @@ impl Access {
     pub const REMOTE_ATOMIC: Self = Self(8);
     /// Everything above.
     pub const ALL: Self = Self(1 | 2 | 4 | 8);
-
-    /// Whether every bit of `other` is set.
-    pub const fn contains(self, other: Self) -> bool {
-        self.0 & other.0 == other.0
-    }
 }
 
-impl core::ops::BitOr for Access {
-    type Output = Self;
-    fn bitor(self, rhs: Self) -> Self {
-        Self(self.0 | rhs.0)
-    }
-}
+crate::wr::bit_set!(Access);
 
 impl Pd {
     /// Allocate a protection domain.
@@ -91,7 +75,7 @@ impl Pd {
             response: resp.addr(),
         };
         write_cmd(
-            &*ctx.inner.surface,
+            ctx.surface(),
             "ALLOC_PD",
             IB_USER_VERBS_CMD_ALLOC_PD,
             cmd.as_bytes(),
@@ -162,7 +146,7 @@ impl Pd {
             access_flags: access.0,
         };
         write_cmd(
-            &*self.inner.ctx.inner.surface,
+            self.inner.ctx.surface(),
             "REG_MR",
             IB_USER_VERBS_CMD_REG_MR,
             cmd.as_bytes(),
@@ -254,17 +238,9 @@ impl Drop for Mr {
         let cmd = IbUverbsDeregMr {
             mr_handle: self.handle,
         };
-        let r = write_cmd(
-            &*self.pd.inner.ctx.inner.surface,
-            "DEREG_MR",
-            IB_USER_VERBS_CMD_DEREG_MR,
-            cmd.as_bytes(),
-            &[],
-            None,
-        );
-        debug_assert!(
-            r.is_ok() || std::thread::panicking(),
-            "DEREG_MR failed: {r:?}"
-        );
+        self.pd
+            .inner
+            .ctx
+            .destroy("DEREG_MR", IB_USER_VERBS_CMD_DEREG_MR, cmd.as_bytes(), None);
     }
 }

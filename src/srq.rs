@@ -17,14 +17,14 @@ use mlx5_ffi::uverbs::{
     IB_USER_VERBS_CMD_CREATE_SRQ, IB_USER_VERBS_CMD_DESTROY_SRQ, IbUverbsCreateSrq,
     IbUverbsCreateSrqResp, IbUverbsDestroySrq,
 };
-use mlx5_hw::wqe::{DataSeg, SrqNextSeg};
+use mlx5_hw::wqe::SrqNextSeg;
 use zerocopy::IntoBytes;
 
 use crate::error::{Error, Result};
 use crate::mem::wq::WqRing;
 use crate::mem::{DbRec, DmaBuf};
-use crate::mmio::barrier;
 use crate::pd::Pd;
+use crate::qp::rq::{publish_recv, write_scatter};
 use crate::uverbs::{RespBuf, write_cmd};
 use crate::wr::{PostError, RecvWr};
 
@@ -68,17 +68,11 @@ impl Drop for SrqHandle {
             srq_handle: self.handle,
             reserved: 0,
         };
-        let r = write_cmd(
-            &*self.pd.inner.ctx.inner.surface,
+        self.pd.inner.ctx.destroy(
             "DESTROY_SRQ",
             IB_USER_VERBS_CMD_DESTROY_SRQ,
             cmd.as_bytes(),
-            &[],
             Some(&mut resp),
-        );
-        debug_assert!(
-            r.is_ok() || std::thread::panicking(),
-            "DESTROY_SRQ failed: {r:?}"
         );
     }
 }
@@ -153,7 +147,7 @@ impl Srq {
             srq_limit: 0,
         };
         write_cmd(
-            &*ctx.inner.surface,
+            ctx.surface(),
             "CREATE_SRQ",
             IB_USER_VERBS_CMD_CREATE_SRQ,
             cmd.as_bytes(),
@@ -248,26 +242,14 @@ impl Srq {
             }
             let idx = self.head;
             let base = (idx * self.stride) as usize + 16;
-            let mut k = 0usize;
-            for s in wr.sg_list.iter().filter(|s| s.length != 0) {
-                self.ring.write(
-                    base + k * 16,
-                    DataSeg::new(s.length, s.lkey, s.addr).as_bytes(),
-                );
-                k += 1;
-            }
-            if k < self.max_gs as usize {
-                self.ring
-                    .write(base + k * 16, DataSeg::terminator().as_bytes());
-            }
+            write_scatter(&mut self.ring, base, wr.sg_list, self.max_gs);
             self.shared.wr_ids[idx as usize].store(wr.wr_id, Ordering::Relaxed);
             self.head = self.next_of(idx);
             self.counter = self.counter.wrapping_add(1);
             posted += 1;
         }
         if posted > 0 {
-            barrier::to_device();
-            self.dbrec.word0().store_be32(self.counter & 0xFFFF);
+            publish_recv(&self.dbrec, self.counter);
         }
         res
     }

@@ -16,6 +16,26 @@ pub struct Sge {
     pub lkey: u32,
 }
 
+/// Implements `contains` and `|` for a `pub struct $name(pub u32)` bit set.
+macro_rules! bit_set {
+    ($name:ident) => {
+        impl $name {
+            /// Whether every bit of `other` is set.
+            pub const fn contains(self, other: Self) -> bool {
+                self.0 & other.0 == other.0
+            }
+        }
+
+        impl core::ops::BitOr for $name {
+            type Output = Self;
+            fn bitor(self, rhs: Self) -> Self {
+                Self(self.0 | rhs.0)
+            }
+        }
+    };
+}
+pub(crate) use bit_set;
+
 /// Send work-request flags (`enum ibv_send_flags`), as a bit set.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SendFlags(pub u32);
@@ -32,19 +52,9 @@ impl SendFlags {
     /// `IBV_SEND_INLINE`; informational here: a WR is inline when [`SendWr::inline`] is
     /// not empty.
     pub const INLINE: Self = Self(8);
-
-    /// Whether every bit of `other` is set.
-    pub const fn contains(self, other: Self) -> bool {
-        self.0 & other.0 == other.0
-    }
 }
 
-impl core::ops::BitOr for SendFlags {
-    type Output = Self;
-    fn bitor(self, rhs: Self) -> Self {
-        Self(self.0 | rhs.0)
-    }
-}
+bit_set!(SendFlags);
 
 /// What a send work request does, with the operands each operation needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -233,12 +243,9 @@ impl WcFlags {
     pub const UNSIGNALED: Self = Self(1 << 16);
     /// Driver extra: the CQE's solicited-event bit was set.
     pub const SOLICITED: Self = Self(1 << 17);
-
-    /// Whether every bit of `other` is set.
-    pub const fn contains(self, other: Self) -> bool {
-        self.0 & other.0 == other.0
-    }
 }
+
+bit_set!(WcFlags);
 
 /// A work completion (`struct ibv_wc`) with the whole CQE decoded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

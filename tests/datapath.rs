@@ -6,12 +6,12 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{PairOpts, QKEY, Rig, pair, poll_n, side};
+use common::{PairOpts, Rig, connect, pair, poll_n, side};
 use mlx5::hw::cqe::Cqe64;
 use mlx5::hw::opcodes::{CqeOpcode, SendOpcode};
 use mlx5::{
-    Access, Cq, CqInit, DmaBuf, HugePolicy, Qp, QpCap, QpInitAttr, QpType, RecvWr, RemoteQp,
-    SendFlags, SendWr, Srq, WcOpcode, WcStatus, WrOp,
+    Access, Cq, CqInit, DmaBuf, HugePolicy, Qp, QpInitAttr, QpType, RecvWr, SendFlags, SendWr, Srq,
+    WcOpcode, WcStatus, WrOp,
 };
 
 fn pattern(n: usize, seed: u8) -> Vec<u8> {
@@ -24,13 +24,7 @@ fn pattern(n: usize, seed: u8) -> Vec<u8> {
 /// and data segments all cross the ring end many times; every payload arrives intact.
 fn wqes_wrap_at_the_ring_end(rig: &dyn Rig) {
     let mut o = PairOpts::new(QpType::Rc);
-    o.cap = QpCap {
-        max_send_wr: 4,
-        max_recv_wr: 256,
-        max_send_sge: 8,
-        max_recv_sge: 1,
-        max_inline_data: 200,
-    };
+    o = o.caps(4, 256, 8, 1, 200);
     let (mut a, mut b) = pair(rig, o);
     let geo = a.qp.sq_ref().geometry();
     assert_eq!((geo.wqe_size, geo.wqe_cnt), (256, 16), "{geo:?}");
@@ -210,36 +204,8 @@ fn srq_shared_by_two_qps(rig: &dyn Rig) {
     };
     let mut b1 = mk();
     let mut b2 = mk();
-    let lid_a = a1.ctx.query_port(1).unwrap().lid;
-    let lid_b = bctx.query_port(1).unwrap().lid;
-    for (aq, bq) in [(&mut a1.qp, &mut b1), (&mut a2.qp, &mut b2)] {
-        aq.to_init(1, Access::ALL, QKEY).unwrap();
-        bq.to_init(1, Access::ALL, QKEY).unwrap();
-        aq.to_rtr(
-            &RemoteQp {
-                qpn: bq.qpn(),
-                psn: 7,
-                lid: lid_b,
-                gid: None,
-            },
-            3,
-            0,
-        )
-        .unwrap();
-        bq.to_rtr(
-            &RemoteQp {
-                qpn: aq.qpn(),
-                psn: 9,
-                lid: lid_a,
-                gid: None,
-            },
-            3,
-            0,
-        )
-        .unwrap();
-        aq.to_rts(9, 7).unwrap();
-        bq.to_rts(7, 7).unwrap();
-    }
+    connect((&mut a1.qp, &a1.ctx), (&mut b1, &bctx), Access::ALL, 7);
+    connect((&mut a2.qp, &a2.ctx), (&mut b2, &bctx), Access::ALL, 7);
     let mut next_id = 0u64;
     let mut post = |srq: &mut Srq, n: usize| {
         for _ in 0..n {
@@ -313,34 +279,7 @@ fn cqe128_and_hugepage_buffers(rig: &dyn Rig) {
         eprintln!("hugepage fallback: {n}");
     }
     let bmr = bpd.reg_mr(&huge, Access::ALL).unwrap();
-    let lid_a = a.ctx.query_port(1).unwrap().lid;
-    let lid_b = bctx.query_port(1).unwrap().lid;
-    a.qp.to_init(1, Access::ALL, QKEY).unwrap();
-    bqp.to_init(1, Access::ALL, QKEY).unwrap();
-    a.qp.to_rtr(
-        &RemoteQp {
-            qpn: bqp.qpn(),
-            psn: 3,
-            lid: lid_b,
-            gid: None,
-        },
-        3,
-        0,
-    )
-    .unwrap();
-    bqp.to_rtr(
-        &RemoteQp {
-            qpn: a.qp.qpn(),
-            psn: 4,
-            lid: lid_a,
-            gid: None,
-        },
-        3,
-        0,
-    )
-    .unwrap();
-    a.qp.to_rts(4, 7).unwrap();
-    bqp.to_rts(3, 7).unwrap();
+    connect((&mut a.qp, &a.ctx), (&mut bqp, &bctx), Access::ALL, 7);
     // More completions than the CQ has entries, to cross the owner-bit flip twice.
     for i in 0..150u64 {
         let off = (i * 8192) % (4 << 20);
@@ -374,79 +313,47 @@ fn cqe128_and_hugepage_buffers(rig: &dyn Rig) {
     }
 }
 
-/// ERR -> RESET -> INIT -> RTR -> RTS on both sides, and the pair works again.
-fn qp_reuse_after_reset(rig: &dyn Rig) {
-    let (mut a, mut b) = pair(rig, PairOpts::new(QpType::Rc));
+/// One SEND from `a` to `b`; both completions succeed.
+fn send_once(rig: &dyn Rig, a: &mut common::Side, b: &mut common::Side, id: u64) {
     let s = [a.mr.sge(0, 8)];
     let rsge = [b.mr.sge(0, 64)];
     b.qp.post_recv(&[RecvWr {
-        wr_id: 1,
+        wr_id: id,
         sg_list: &rsge,
     }])
     .unwrap();
-    a.qp.post_send(&[SendWr::send(1, &s, SendFlags::SIGNALED)])
-        .unwrap();
-    poll_n(rig, &mut a.cq, 1);
-    poll_n(rig, &mut b.cq, 1);
-    let lid_a = a.ctx.query_port(1).unwrap().lid;
-    let lid_b = b.ctx.query_port(1).unwrap().lid;
-    for q in [&mut a.qp, &mut b.qp] {
-        q.to_error().unwrap();
-        q.modify(
-            &mlx5::QpAttr {
-                qp_state: Some(mlx5::QpState::Reset),
-                ..Default::default()
-            },
-            1,
-        )
-        .unwrap();
-        assert_eq!(q.query().unwrap().0, mlx5::QpState::Reset);
-        assert_eq!(q.sq_ref().producer(), 0);
-        q.to_init(1, Access::ALL, QKEY).unwrap();
-    }
-    a.qp.to_rtr(
-        &RemoteQp {
-            qpn: b.qp.qpn(),
-            psn: 50,
-            lid: lid_b,
-            gid: None,
-        },
-        3,
-        0,
-    )
-    .unwrap();
-    b.qp.to_rtr(
-        &RemoteQp {
-            qpn: a.qp.qpn(),
-            psn: 60,
-            lid: lid_a,
-            gid: None,
-        },
-        3,
-        0,
-    )
-    .unwrap();
-    a.qp.to_rts(60, 7).unwrap();
-    b.qp.to_rts(50, 7).unwrap();
-    b.qp.post_recv(&[RecvWr {
-        wr_id: 2,
-        sg_list: &rsge,
-    }])
-    .unwrap();
-    a.qp.post_send(&[SendWr::send(2, &s, SendFlags::SIGNALED)])
+    a.qp.post_send(&[SendWr::send(id, &s, SendFlags::SIGNALED)])
         .unwrap();
     let sc = poll_n(rig, &mut a.cq, 1);
     assert_eq!(
         (sc[0].wr_id, sc[0].status),
-        (2, WcStatus::SUCCESS),
+        (id, WcStatus::SUCCESS),
         "{sc:?}"
     );
     let rc = poll_n(rig, &mut b.cq, 1);
     assert_eq!(
         (rc[0].wr_id, rc[0].status),
-        (2, WcStatus::SUCCESS),
+        (id, WcStatus::SUCCESS),
         "{rc:?}"
     );
+}
+
+/// ERR -> RESET -> INIT -> RTR -> RTS on both sides, and the pair works again.
+fn qp_reuse_after_reset(rig: &dyn Rig) {
+    let (mut a, mut b) = pair(rig, PairOpts::new(QpType::Rc));
+    send_once(rig, &mut a, &mut b, 1);
+    for q in [&mut a.qp, &mut b.qp] {
+        q.to_error().unwrap();
+        let reset = mlx5::QpAttr {
+            qp_state: Some(mlx5::QpState::Reset),
+            ..Default::default()
+        };
+        q.modify(&reset, 1).unwrap();
+        assert_eq!(q.query().unwrap().0, mlx5::QpState::Reset);
+        assert_eq!(q.sq_ref().producer(), 0);
+    }
+    connect((&mut a.qp, &a.ctx), (&mut b.qp, &b.ctx), Access::ALL, 7);
+    send_once(rig, &mut a, &mut b, 2);
 }
 
 scenarios!(

@@ -85,38 +85,18 @@ fn bad_lkey(rig: &dyn Rig) {
     );
 }
 
-/// RDMA WRITE with a wrong rkey: REM_ACCESS_ERR (0x13), then flush.
-fn bad_rkey(rig: &dyn Rig) {
-    let (mut a, b) = pair(rig, PairOpts::new(QpType::Rc));
-    let sge = [a.mr.sge(0, 64)];
-    let op = WrOp::Write {
-        raddr: b.mr.addr(),
-        rkey: b.mr.rkey() ^ 0x0010_0000,
-    };
-    a.qp.post_send(&[SendWr::new(1, op, &sge, SendFlags::SIGNALED)])
-        .unwrap();
-    let wcs = poll_n(rig, &mut a.cq, 1);
-    check_err(
-        &wcs[0],
-        1,
-        WcStatus::REM_ACCESS_ERR,
-        Syndrome::REMOTE_ACCESS,
-    );
-    assert_eq!(wcs[0].opcode, WcOpcode::RDMA_WRITE);
-    expect_send_flush(rig, &mut a, 10, 3);
-}
-
-/// RDMA READ of a region registered without REMOTE_READ: REM_ACCESS_ERR, then flush.
-fn read_without_remote_read(rig: &dyn Rig) {
-    let mut o = PairOpts::new(QpType::Rc);
-    o.access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+/// A remote operation the responder refuses: REM_ACCESS_ERR (0x13) carrying the WR's opcode,
+/// then the flush of `flushes` later WRs.
+fn remote_access_error(
+    rig: &dyn Rig,
+    o: PairOpts,
+    op: impl Fn(&Side) -> WrOp,
+    opcode: WcOpcode,
+    flushes: u64,
+) {
     let (mut a, b) = pair(rig, o);
     let sge = [a.mr.sge(0, 64)];
-    let op = WrOp::Read {
-        raddr: b.mr.addr(),
-        rkey: b.mr.rkey(),
-    };
-    a.qp.post_send(&[SendWr::new(7, op, &sge, SendFlags::SIGNALED)])
+    a.qp.post_send(&[SendWr::new(7, op(&b), &sge, SendFlags::SIGNALED)])
         .unwrap();
     let wcs = poll_n(rig, &mut a.cq, 1);
     check_err(
@@ -125,8 +105,28 @@ fn read_without_remote_read(rig: &dyn Rig) {
         WcStatus::REM_ACCESS_ERR,
         Syndrome::REMOTE_ACCESS,
     );
-    assert_eq!(wcs[0].opcode, WcOpcode::RDMA_READ);
-    expect_send_flush(rig, &mut a, 10, 2);
+    assert_eq!(wcs[0].opcode, opcode);
+    expect_send_flush(rig, &mut a, 10, flushes);
+}
+
+/// RDMA WRITE with a wrong rkey: REM_ACCESS_ERR (0x13), then flush.
+fn bad_rkey(rig: &dyn Rig) {
+    let op = |b: &Side| WrOp::Write {
+        raddr: b.mr.addr(),
+        rkey: b.mr.rkey() ^ 0x0010_0000,
+    };
+    remote_access_error(rig, PairOpts::new(QpType::Rc), op, WcOpcode::RDMA_WRITE, 3);
+}
+
+/// RDMA READ of a region registered without REMOTE_READ: REM_ACCESS_ERR, then flush.
+fn read_without_remote_read(rig: &dyn Rig) {
+    let mut o = PairOpts::new(QpType::Rc);
+    o.access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+    let op = |b: &Side| WrOp::Read {
+        raddr: b.mr.addr(),
+        rkey: b.mr.rkey(),
+    };
+    remote_access_error(rig, o, op, WcOpcode::RDMA_READ, 2);
 }
 
 /// A SEND larger than the receive buffer: the responder gets LOC_LEN_ERR (0x01) and its other

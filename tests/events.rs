@@ -6,10 +6,9 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{EmuRig, PairOpts, QKEY, Rig, side};
+use common::{EmuRig, PairOpts, Rig, connect, side};
 use mlx5::{
-    Cq, CqInit, Pd, Qp, QpInitAttr, QpType, RecvWr, RemoteQp, SendFlags, SendWr, WcFlags,
-    WorkCompletion,
+    Cq, CqInit, Pd, Qp, QpInitAttr, QpType, RecvWr, SendFlags, SendWr, WcFlags, WorkCompletion,
 };
 
 fn thread_cpu_time() -> Duration {
@@ -34,34 +33,7 @@ fn blocking_wait_wakes_on_solicited_without_cpu(rig: &dyn Rig) {
     let mut qp = Qp::new(&pd, &QpInitAttr::new(QpType::Rc, &cq, &cq)).unwrap();
     let buf = Arc::new(mlx5::DmaBuf::new(8192).unwrap());
     let mr = pd.reg_mr(&buf, mlx5::Access::ALL).unwrap();
-    let pa = a.ctx.query_port(1).unwrap();
-    let pb = ctx.query_port(1).unwrap();
-    qp.to_init(1, mlx5::Access::ALL, QKEY).unwrap();
-    qp.to_rtr(
-        &RemoteQp {
-            qpn: a.qp.qpn(),
-            psn: 1,
-            lid: pa.lid,
-            gid: None,
-        },
-        3,
-        0,
-    )
-    .unwrap();
-    qp.to_rts(2, 7).unwrap();
-    a.qp.to_init(1, mlx5::Access::ALL, QKEY).unwrap();
-    a.qp.to_rtr(
-        &RemoteQp {
-            qpn: qp.qpn(),
-            psn: 2,
-            lid: pb.lid,
-            gid: None,
-        },
-        3,
-        0,
-    )
-    .unwrap();
-    a.qp.to_rts(1, 7).unwrap();
+    connect((&mut a.qp, &a.ctx), (&mut qp, &ctx), mlx5::Access::ALL, 7);
     let rsge = [mr.sge(0, 256)];
     qp.post_recv(&[
         RecvWr {

@@ -5,7 +5,7 @@
 mod common;
 
 use common::{EmuRig, PairOpts, pair};
-use mlx5::{QpCap, QpType, RecvWr, SendFlags, SendWr, WcStatus, WorkCompletion};
+use mlx5::{QpType, RecvWr, SendFlags, SendWr, WcStatus, WorkCompletion};
 use mlx5_emu::{EmuConfig, FaultConfig, RunMode};
 
 const N: u64 = 20_000;
@@ -25,13 +25,7 @@ fn rc_over_a_lossy_fabric_delivers_in_order_exactly_once() {
         ..EmuConfig::default()
     });
     let mut o = PairOpts::new(QpType::Rc);
-    o.cap = QpCap {
-        max_send_wr: 64,
-        max_recv_wr: 256,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 16,
-    };
+    o = o.caps(64, 256, 1, 1, 16);
     o.cqe = 1024;
     let (mut a, mut b) = pair(&rig, o);
     let mut posted_recv = 0u64;

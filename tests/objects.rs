@@ -71,17 +71,19 @@ fn query_device_port_gid(rig: &dyn Rig) {
     let ucx = ctx.ucontext();
     assert_eq!(ctx.cqe_version(), 1, "asked for CQE version 1");
     assert!(ucx.max_sq_desc_sz >= 64 && ucx.max_send_wqebb > 0);
-    match ctx.query_gid(1, 0) {
-        Ok(gid) => assert_ne!(gid, [0u8; 16]),
-        Err(mlx5::Error::Uverbs { errno, .. }) => {
-            assert!(matches!(
-                errno,
-                mlx5::error::Errno::EPROTONOSUPPORT
-                    | mlx5::error::Errno::ENOTTY
-                    | mlx5::error::Errno::EOPNOTSUPP
-            ))
-        }
-        Err(e) => panic!("{e}"),
+    // GID 0 is the link-local prefix plus the port GUID (IB) or the MAC-derived EUI-64 (RoCE).
+    let e = ctx.query_gid_entry(1, 0).unwrap();
+    assert_eq!(&e.gid[..2], &[0xfe, 0x80], "{e:?}");
+    if p.is_roce() {
+        let (i, g) = ctx.find_gid(1).unwrap().expect("a RoCE v2 GID");
+        let t = ctx.query_gid_entry(1, i).unwrap();
+        assert_eq!(
+            (t.gid, t.gid_type),
+            (g, mlx5::ffi::ioctl::IB_UVERBS_GID_TYPE_ROCE_V2)
+        );
+    } else {
+        assert_eq!(e.gid_type, mlx5::ffi::ioctl::IB_UVERBS_GID_TYPE_IB);
+        assert_eq!(ctx.find_gid(1).unwrap(), Some((0, e.gid)));
     }
 }
 

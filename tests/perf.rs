@@ -9,19 +9,13 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use common::{EmuRig, PairOpts, pair};
-use mlx5::{QpCap, QpType, SendFlags, SendWr, WcStatus, WorkCompletion, WrOp};
+use mlx5::{QpType, SendFlags, SendWr, WcStatus, WorkCompletion, WrOp};
 
 #[test]
 fn fast_path_cost() {
     let rig = EmuRig::stepped();
     let mut o = PairOpts::new(QpType::Rc);
-    o.cap = QpCap {
-        max_send_wr: 4096,
-        max_recv_wr: 1,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 12,
-    };
+    o = o.caps(4096, 1, 1, 1, 12);
     o.cqe = 8192;
     let (mut a, b) = pair(&rig, o);
     let op = WrOp::Write {

@@ -6,7 +6,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{PairOpts, Rig, pair, poll_n, side};
+use common::{PairOpts, Rig, connect, pair, poll_n, side};
 use mlx5::hw::opcodes::SendOpcode;
 use mlx5::hw::types::Be32;
 use mlx5::hw::wqe::{
@@ -14,8 +14,8 @@ use mlx5::hw::wqe::{
     RaddrSeg, WqeView,
 };
 use mlx5::{
-    Cq, CqInit, PostError, QpCap, QpState, QpType, RecvWr, SendFlags, SendWr, WcStatus,
-    WorkCompletion, WrOp,
+    Cq, CqInit, PostError, QpState, QpType, RecvWr, SendFlags, SendWr, WcStatus, WorkCompletion,
+    WrOp,
 };
 use zerocopy::FromBytes;
 
@@ -23,13 +23,7 @@ use zerocopy::FromBytes;
 /// overwritten; one signaled WR (after room is made) retires everything.
 fn full_sq_is_refused(rig: &dyn Rig) {
     let mut o = PairOpts::new(QpType::Rc);
-    o.cap = QpCap {
-        max_send_wr: 8,
-        max_recv_wr: 8,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 0,
-    };
+    o = o.caps(8, 8, 1, 1, 0);
     let (mut a, b) = pair(rig, o);
     let cap = a.qp.cap().max_send_wr;
     assert!(cap >= 8);
@@ -208,43 +202,15 @@ fn arm_next_fires_once_per_arm(rig: &dyn Rig) {
     let mut init = mlx5::QpInitAttr::new(QpType::Rc, &cq, &cq);
     init.cap.max_send_wr = 8;
     let mut qp = mlx5::Qp::new(&a.pd, &init).unwrap();
-    let lid_a = a.ctx.query_port(1).unwrap().lid;
-    let lid_b = b.ctx.query_port(1).unwrap().lid;
     let mut init_b = mlx5::QpInitAttr::new(QpType::Rc, &b.cq, &b.cq);
     init_b.cap.max_recv_wr = 8;
     let mut qb = mlx5::Qp::new(&b.pd, &init_b).unwrap();
-    qp.to_init(1, mlx5::Access::ALL, 0).unwrap();
-    qb.to_init(1, mlx5::Access::ALL, 0).unwrap();
-    qp.to_rtr(
-        &mlx5::RemoteQp {
-            qpn: qb.qpn(),
-            psn: 0,
-            lid: lid_b,
-            gid: None,
-        },
-        3,
-        0,
-    )
-    .unwrap();
-    qb.to_rtr(
-        &mlx5::RemoteQp {
-            qpn: qp.qpn(),
-            psn: 0,
-            lid: lid_a,
-            gid: None,
-        },
-        3,
-        0,
-    )
-    .unwrap();
-    qp.to_rts(0, 7).unwrap();
-    qb.to_rts(0, 7).unwrap();
+    connect((&mut qp, &a.ctx), (&mut qb, &b.ctx), mlx5::Access::ALL, 7);
     let sge = [a.mr.sge(0, 8)];
     let op = WrOp::Write {
         raddr: b.mr.addr(),
         rkey: b.mr.rkey(),
     };
-    let mut wcs = [WorkCompletion::default(); 4];
     for round in 0..3u64 {
         cq.req_notify(false);
         assert_eq!(
@@ -268,27 +234,12 @@ fn arm_next_fires_once_per_arm(rig: &dyn Rig) {
             "round {round}: the armed CQ fired"
         );
         cq.event_received();
-        let mut n = 0;
-        for _ in 0..100_000 {
-            n += cq.poll(&mut wcs[n..]);
-            if n >= 1 {
-                break;
-            }
-            rig.progress();
-        }
-        assert_eq!((n, wcs[0].wr_id), (1, round));
+        let wc = poll_n(rig, &mut cq, 1);
+        assert_eq!(wc[0].wr_id, round);
         // Not re-armed: a second completion produces no event.
         qp.post_send(&[SendWr::new(100 + round, op, &sge, SendFlags::SIGNALED)])
             .unwrap();
-        let mut m = 0;
-        for _ in 0..100_000 {
-            m += cq.poll(&mut wcs[m..]);
-            if m >= 1 {
-                break;
-            }
-            rig.progress();
-        }
-        assert_eq!(m, 1);
+        assert_eq!(poll_n(rig, &mut cq, 1)[0].wr_id, 100 + round);
         assert_eq!(chan.get_event(0).unwrap(), None, "one event per arm");
     }
     if let Some(c) = rig.counters(0) {

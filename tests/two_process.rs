@@ -12,7 +12,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{EmuRig, PairOpts, side};
-use mlx5::{QpCap, QpType, RecvWr, RemoteQp, SendFlags, SendWr, WcStatus, WorkCompletion};
+use mlx5::{QpType, RecvWr, RemoteQp, SendFlags, SendWr, WcStatus, WorkCompletion};
 use mlx5_emu::{EmuConfig, Fabric, FaultConfig, RunMode};
 
 const N: u64 = 10_000;
@@ -38,13 +38,7 @@ fn rig(seed: u64) -> EmuRig {
 
 fn opts() -> PairOpts {
     let mut o = PairOpts::new(QpType::Rc);
-    o.cap = QpCap {
-        max_send_wr: 128,
-        max_recv_wr: 512,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 16,
-    };
+    o = o.caps(128, 512, 1, 1, 16);
     o.cqe = 2048;
     o
 }

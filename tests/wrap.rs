@@ -7,19 +7,13 @@ mod common;
 use std::time::Instant;
 
 use common::{PairOpts, Rig, pair};
-use mlx5::{QpCap, QpType, SendFlags, SendWr, WcFlags, WcStatus, WorkCompletion, WrOp};
+use mlx5::{QpType, SendFlags, SendWr, WcFlags, WcStatus, WorkCompletion, WrOp};
 
 const TOTAL: u64 = 1_000_000;
 
 fn million_writes_every_wr_id_once(rig: &dyn Rig) {
     let mut o = PairOpts::new(QpType::Rc);
-    o.cap = QpCap {
-        max_send_wr: 64,
-        max_recv_wr: 1,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 8,
-    };
+    o = o.caps(64, 1, 1, 1, 8);
     o.report_unsignaled = true;
     o.cqe = 256;
     let (mut a, b) = pair(rig, o);

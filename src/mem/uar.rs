@@ -103,6 +103,23 @@ impl UarPage {
         self.reg(UAR_CQ_DOORBELL, 8)
     }
 
+    /// Like [`bf_reg`](Self::bf_reg) for the `uar`-th 4 KiB UAR of a larger system page.
+    ///
+    /// # Errors
+    /// [`Error::BadResponse`] if that UAR is not inside the mapping.
+    pub fn bf_reg_in(self: &Arc<Self>, uar: usize, index: usize, size: usize) -> Result<UarReg> {
+        let base = uar * UAR_SIZE;
+        let off = UAR_BF_REG0 + index * size.max(0x100);
+        let len = if size == 0 { 8 } else { size };
+        if base + off + len > self.len {
+            return Err(Error::BadResponse {
+                cmd: "CREATE_QP",
+                what: "UAR outside the mapped page",
+            });
+        }
+        Ok(self.reg(base + off, len))
+    }
+
     /// BlueFlame register `index` (0-based, at 0x800 + index * bf_reg_size) of `size` bytes, or an
     /// 8-byte doorbell-only register at 0x800 + index * 0x100 when `size` is 0 (NC pages).
     pub fn bf_reg(self: &Arc<Self>, index: usize, size: usize) -> UarReg {

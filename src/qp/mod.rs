@@ -241,17 +241,11 @@ impl Drop for QpHandle {
             qp_handle: self.handle,
             reserved: 0,
         };
-        let r = write_cmd(
-            &*self.ctx.inner.surface,
+        self.ctx.destroy(
             "DESTROY_QP",
             IB_USER_VERBS_CMD_DESTROY_QP,
             cmd.as_bytes(),
-            &[],
             Some(&mut resp),
-        );
-        debug_assert!(
-            r.is_ok() || std::thread::panicking(),
-            "DESTROY_QP failed: {r:?}"
         );
         self.send_cq.detach(self.qpn);
         self.recv_cq.detach(self.qpn);
@@ -392,7 +386,7 @@ impl Qp {
             reserved: 0,
         };
         let created = write_cmd(
-            &*ctx.inner.surface,
+            ctx.surface(),
             "CREATE_QP",
             IB_USER_VERBS_CMD_CREATE_QP,
             cmd.as_bytes(),
@@ -651,7 +645,7 @@ impl Qp {
             reserved: [0; 2],
         };
         write_cmd(
-            &*self.handle.ctx.inner.surface,
+            self.handle.ctx.surface(),
             "MODIFY_QP",
             IB_USER_VERBS_CMD_MODIFY_QP,
             cmd.as_bytes(),
@@ -806,7 +800,7 @@ impl Qp {
             attr_mask: 0xFF_FFFF,
         };
         write_cmd(
-            &*self.handle.ctx.inner.surface,
+            self.handle.ctx.surface(),
             "QUERY_QP",
             IB_USER_VERBS_CMD_QUERY_QP,
             cmd.as_bytes(),

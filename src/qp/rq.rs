@@ -17,7 +17,7 @@ use zerocopy::IntoBytes;
 use crate::mem::DbRec;
 use crate::mem::wq::WqRing;
 use crate::mmio::barrier;
-use crate::wr::{PostError, RecvWr};
+use crate::wr::{PostError, RecvWr, Sge};
 
 /// Geometry of a receive queue (mlx5-datapath.md §2.3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,6 +66,30 @@ pub fn rq_geometry(
         wqe_cnt,
         max_gs: stride / 16,
     })
+}
+
+/// Write the data segments of one receive WQE at `base`: one per non-empty SGE (a 0-byte data
+/// segment would mean 2 GiB), then the invalid-lkey terminator if fewer than `max_gs` were used.
+/// Shared by RQs and SRQs (whose WQEs start with a 16-byte next segment, so `base` is past it).
+pub(crate) fn write_scatter(ring: &mut WqRing, base: usize, sg_list: &[Sge], max_gs: u32) {
+    let mut k = 0usize;
+    for s in sg_list.iter().filter(|s| s.length != 0) {
+        ring.write(
+            base + k * 16,
+            DataSeg::new(s.length, s.lkey, s.addr).as_bytes(),
+        );
+        k += 1;
+    }
+    if k < max_gs as usize {
+        ring.write(base + k * 16, DataSeg::terminator().as_bytes());
+    }
+}
+
+/// Publish receive WQEs to the device: WQE stores before the record, then record word 0 =
+/// the low 16 bits of `counter` (RQ producer count or SRQ posted counter). No MMIO.
+pub(crate) fn publish_recv(dbrec: &DbRec, counter: u32) {
+    barrier::to_device();
+    dbrec.word0().store_be32(counter & 0xFFFF);
 }
 
 /// State shared between a receive queue and the completion poller.
@@ -191,25 +215,13 @@ impl RecvQueue {
             }
             let slot = self.head & (self.geo.wqe_cnt - 1);
             let base = (slot * self.geo.stride) as usize;
-            let mut k = 0usize;
-            for s in wr.sg_list.iter().filter(|s| s.length != 0) {
-                self.ring.write(
-                    base + k * 16,
-                    DataSeg::new(s.length, s.lkey, s.addr).as_bytes(),
-                );
-                k += 1;
-            }
-            if k < self.geo.max_gs as usize {
-                self.ring
-                    .write(base + k * 16, DataSeg::terminator().as_bytes());
-            }
+            write_scatter(&mut self.ring, base, wr.sg_list, self.geo.max_gs);
             self.shared.record(slot, wr.wr_id);
             self.head = self.head.wrapping_add(1);
             n += 1;
         }
         if n > 0 {
-            barrier::to_device();
-            self.dbrec.word0().store_be32(self.head & 0xFFFF);
+            publish_recv(&self.dbrec, self.head);
         }
         res
     }

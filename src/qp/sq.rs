@@ -707,14 +707,18 @@ impl WqeBuilder<'_> {
     /// segment, record `wr_id`, advance the producer. The WQE is rung by the next [`SendQueue::ring`].
     #[inline]
     pub fn finish(mut self, wr_id: u64) {
-        // A zero total inline length produces no segment at all (mlx5-datapath.md §1.8).
-        if let Some(hdr) = self.inline_hdr.filter(|_| self.inline_len > 0) {
-            let len = self.inline_len;
-            self.sq
-                .ring
-                .write(hdr as usize, InlineHdr::new(len).as_bytes());
-            self.ds += (4 + len).div_ceil(16);
+        // An inline WR counts as inline for the BlueFlame policy even with 0 bytes (libmlx5
+        // sets its `inl` flag from IBV_SEND_INLINE), but a zero total length produces no
+        // segment at all (mlx5-datapath.md §1.8).
+        if let Some(hdr) = self.inline_hdr {
             self.sq.pend_inline = true;
+            let len = self.inline_len;
+            if len > 0 {
+                self.sq
+                    .ring
+                    .write(hdr as usize, InlineHdr::new(len).as_bytes());
+                self.ds += (4 + len).div_ceil(16);
+            }
         }
         let sq = &mut *self.sq;
         let ds = self.ds;
@@ -872,6 +876,18 @@ mod tests {
         assert_eq!(r.sq.producer(), 1);
         // ds = 1 is never BlueFlamed (mlx5-datapath.md §3.4).
         assert_eq!((r.sq.stats().doorbells, r.sq.stats().bf_copies), (1, 0));
+        // With BlueFlame for inline WRs only, a 0-byte inline WRITE (ds 2) still counts as inline.
+        r.sq.set_bf_policy(BfPolicy::InlineOnly);
+        let op = WrOp::Write {
+            raddr: 0x100,
+            rkey: 1,
+        };
+        let empty: [&[u8]; 1] = [&[]];
+        let wr = SendWr::new(2, op, &[], SendFlags::NONE).with_inline(&empty);
+        r.sq.post_send(&[wr]).unwrap();
+        let (c, _) = ctrl_at(&r.sq, 1);
+        assert_eq!(c.ds(), 2);
+        assert_eq!(r.sq.stats().bf_copies, 1);
     }
 
     #[test]

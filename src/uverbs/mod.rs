@@ -118,58 +118,43 @@ impl Ioctl {
         }
     }
 
+    /// Append one mandatory attribute.
+    fn push(&mut self, attr_id: u16, len: u16, data: u64) -> usize {
+        self.attrs.push(IbUverbsAttr {
+            attr_id,
+            len,
+            flags: UVERBS_ATTR_F_MANDATORY,
+            elem_id: 0,
+            elem_reserved: 0,
+            data,
+        });
+        self.attrs.len() - 1
+    }
+
     /// An input attribute of up to 8 bytes, inlined in `data`.
     pub(crate) fn inline_in(&mut self, id: u16, value: &[u8]) -> &mut Self {
         let mut d = [0u8; 8];
         let n = value.len().min(8);
         d[..n].copy_from_slice(&value[..n]);
-        self.attrs.push(IbUverbsAttr {
-            attr_id: id,
-            len: n as u16,
-            flags: UVERBS_ATTR_F_MANDATORY,
-            elem_id: 0,
-            elem_reserved: 0,
-            data: u64::from_ne_bytes(d),
-        });
+        self.push(id, n as u16, u64::from_ne_bytes(d));
         self
     }
 
     /// An object handle the kernel creates (IDR "new"): returned in the attribute's data.
     pub(crate) fn idr_new(&mut self, id: u16) -> usize {
-        self.attrs.push(IbUverbsAttr {
-            attr_id: id,
-            len: 0,
-            flags: UVERBS_ATTR_F_MANDATORY,
-            elem_id: 0,
-            elem_reserved: 0,
-            data: 0,
-        });
-        self.attrs.len() - 1
+        self.push(id, 0, 0)
     }
 
     /// An existing object handle (IDR in).
     pub(crate) fn idr_in(&mut self, id: u16, handle: u32) -> &mut Self {
-        self.attrs.push(IbUverbsAttr {
-            attr_id: id,
-            len: 0,
-            flags: UVERBS_ATTR_F_MANDATORY,
-            elem_id: 0,
-            elem_reserved: 0,
-            data: u64::from(handle),
-        });
+        self.push(id, 0, u64::from(handle));
         self
     }
 
     /// An output attribute written through a pointer into `resp`.
     pub(crate) fn ptr_out(&mut self, id: u16, resp: &mut RespBuf) -> &mut Self {
-        self.attrs.push(IbUverbsAttr {
-            attr_id: id,
-            len: resp.len() as u16,
-            flags: UVERBS_ATTR_F_MANDATORY,
-            elem_id: 0,
-            elem_reserved: 0,
-            data: resp.addr(),
-        });
+        let len = resp.len() as u16;
+        self.push(id, len, resp.addr());
         self
     }
 

@@ -158,6 +158,25 @@ pub struct PairOpts {
 }
 
 impl PairOpts {
+    /// The same options with these capabilities.
+    pub fn caps(
+        mut self,
+        send_wr: u32,
+        recv_wr: u32,
+        send_sge: u32,
+        recv_sge: u32,
+        inline: u32,
+    ) -> Self {
+        self.cap = QpCap {
+            max_send_wr: send_wr,
+            max_recv_wr: recv_wr,
+            max_send_sge: send_sge,
+            max_recv_sge: recv_sge,
+            max_inline_data: inline,
+        };
+        self
+    }
+
     pub fn new(qp_type: QpType) -> Self {
         Self {
             qp_type,
@@ -212,37 +231,44 @@ pub const QKEY: u32 = 0x1111_1111;
 pub fn pair(rig: &dyn Rig, o: PairOpts) -> (Side, Side) {
     let mut a = side(rig, 0, &o);
     let mut b = side(rig, 1, &o);
-    let pa = a.ctx.query_port(1).expect("query port");
-    let pb = b.ctx.query_port(1).expect("query port");
-    let ga = if pa.is_roce() {
-        Some(a.ctx.query_gid(1, 0).expect("gid"))
-    } else {
-        None
-    };
-    let gb = if pb.is_roce() {
-        Some(b.ctx.query_gid(1, 0).expect("gid"))
-    } else {
-        None
-    };
-    let ra = RemoteQp {
-        qpn: a.qp.qpn(),
-        psn: 0x100,
-        lid: pa.lid,
-        gid: ga,
-    };
-    let rb = RemoteQp {
-        qpn: b.qp.qpn(),
-        psn: 0x200,
-        lid: pb.lid,
-        gid: gb,
-    };
-    for (s, r) in [(&mut a, &rb), (&mut b, &ra)] {
-        s.qp.to_init(1, o.access, QKEY).expect("to INIT");
-        s.qp.to_rtr(r, 3, 0).expect("to RTR");
-    }
-    a.qp.to_rts(0x100, o.rnr_retry).expect("to RTS");
-    b.qp.to_rts(0x200, o.rnr_retry).expect("to RTS");
+    connect(
+        (&mut a.qp, &a.ctx),
+        (&mut b.qp, &b.ctx),
+        o.access,
+        o.rnr_retry,
+    );
     (a, b)
+}
+
+/// How `qp` on `ctx` is reached: QPN, its send PSN, LID and (RoCE) GID with its index.
+fn address(qp: &Qp, ctx: &Context, psn: u32) -> (RemoteQp, u8) {
+    let p = ctx.query_port(1).expect("query port");
+    // RoCE needs a GRH: use the port's RoCE v2 GID (its index is the source GID index).
+    let g = if p.is_roce() {
+        ctx.find_gid(1).expect("gid table")
+    } else {
+        None
+    };
+    let remote = RemoteQp {
+        qpn: qp.qpn(),
+        psn,
+        lid: p.lid,
+        gid: g.map(|g| g.1),
+    };
+    (remote, g.map_or(0, |g| g.0 as u8))
+}
+
+/// Bring two QPs (each with its context) from RESET to RTS, connected to each other (RC/UC;
+/// UD just reaches RTS). `a` sends with PSN 0x100, `b` with 0x200.
+pub fn connect(a: (&mut Qp, &Context), b: (&mut Qp, &Context), access: Access, rnr_retry: u8) {
+    let (ra, sgid_a) = address(a.0, a.1, 0x100);
+    let (rb, sgid_b) = address(b.0, b.1, 0x200);
+    for (qp, r, sgid) in [(&mut *a.0, &rb, sgid_a), (&mut *b.0, &ra, sgid_b)] {
+        qp.to_init(1, access, QKEY).expect("to INIT");
+        qp.to_rtr(r, 3, sgid).expect("to RTR");
+    }
+    a.0.to_rts(0x100, rnr_retry).expect("to RTS");
+    b.0.to_rts(0x200, rnr_retry).expect("to RTS");
 }
 
 /// Poll `cq` until `n` completions arrived (driving the rig); panics after a bound.

@@ -12,7 +12,8 @@
  *
  * Objects are created in this order (the Rust side uses the same order, so the emulator
  * gives both the same numbers): PD, MR (the whole buffer, every access right), send CQ (256),
- * receive CQ (1024), RC requester, RC responder, UD requester, UD responder, AH.
+ * receive CQ (1024), RC requester, RC responder, UD requester, UD responder, UC requester,
+ * UC responder, AH.
  *
  * After each ibv_post_send the harness waits until the device has consumed the doorbell
  * (both BlueFlame halves of the QP's register read back as zero: the emulator clears a
@@ -44,7 +45,8 @@
 #endif
 
 #define MAX_SGE 8
-enum { QP_RC = 0, QP_UD = 1 };
+enum { QP_RC = 0, QP_UD = 1, QP_UC = 2, NQP = 3 };
+static const char *const qp_names[NQP] = { "rc", "ud", "uc" };
 
 struct wrspec {
 	int qp;
@@ -62,10 +64,10 @@ struct caps {
 
 struct corpus {
 	uint64_t buf_va, buf_len, src_off, src_len;
-	struct caps caps[2];
-	unsigned recv_count[2];
-	uint64_t recv_off[2];
-	uint32_t recv_len[2];
+	struct caps caps[NQP];
+	unsigned recv_count[NQP];
+	uint64_t recv_off[NQP];
+	uint32_t recv_len[NQP];
 	uint32_t qkey;
 	int sig_all;
 	/* posts: post_start[i] .. post_start[i+1] index into wrs */
@@ -101,10 +103,11 @@ static uint8_t src_byte(uint64_t i)
 
 static int qp_index(const char *s)
 {
-	if (!strcmp(s, "rc"))
-		return QP_RC;
-	if (!strcmp(s, "ud"))
-		return QP_UD;
+	int q;
+
+	for (q = 0; q < NQP; q++)
+		if (!strcmp(s, qp_names[q]))
+			return q;
 	die("unknown QP selector '%s'", s);
 	return -1;
 }
@@ -316,10 +319,10 @@ int main(int argc, char **argv)
 	struct ibv_mr *mr;
 	struct ibv_cq *scq, *rcq;
 	struct ibv_ah *ah;
-	struct side sd[2], peer[2];
+	struct side sd[NQP], peer[NQP];
 	uint8_t *buf;
 	unsigned p, i, k;
-	uint64_t posted[2] = { 0, 0 };
+	uint64_t posted[NQP] = { 0, 0, 0 };
 	int rd_atom, q, wr_api = 0;
 
 	if (argc < 2 || argc > 3)
@@ -359,15 +362,15 @@ int main(int argc, char **argv)
 	if (!scq || !rcq)
 		die("ibv_create_cq failed");
 
-	for (k = 0; k < 4; k++) {
-		int ud = k >= 2;
-		struct caps *cp = &c.caps[ud ? QP_UD : QP_RC];
-		struct side *s = (k & 1) ? &peer[ud] : &sd[ud];
+	for (k = 0; k < 2 * NQP; k++) {
+		int qi = k / 2, ud = qi == QP_UD;
+		struct caps *cp = &c.caps[qi];
+		struct side *s = (k & 1) ? &peer[qi] : &sd[qi];
 		struct ibv_qp_init_attr_ex a;
 		struct mlx5dv_obj obj;
 
 		memset(&a, 0, sizeof(a));
-		a.qp_type = ud ? IBV_QPT_UD : IBV_QPT_RC;
+		a.qp_type = qi == QP_RC ? IBV_QPT_RC : qi == QP_UD ? IBV_QPT_UD : IBV_QPT_UC;
 		a.send_cq = scq;
 		a.recv_cq = rcq;
 		a.cap.max_send_wr = cp->max_send_wr;
@@ -382,6 +385,12 @@ int main(int argc, char **argv)
 			/* For the ibv_wr_* API; a UD QP's overhead is ctrl + AV either way. */
 			a.comp_mask |= IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
 			a.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
+		} else if (qi == QP_UC) {
+			/* ctrl + raddr (32 B) instead of the 192 B default for UMR ops. */
+			a.comp_mask |= IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+			a.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM |
+					   IBV_QP_EX_WITH_RDMA_WRITE |
+					   IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM;
 		} else {
 			/* Exactly the operations the corpus uses, so libmlx5 sizes WQEs for
 			 * ctrl + raddr + atomic (48 B) instead of its 192 B default for UMR ops. */
@@ -395,7 +404,7 @@ int main(int argc, char **argv)
 		}
 		s->qp = ibv_create_qp_ex(ctx, &a);
 		if (!s->qp)
-			die("ibv_create_qp_ex (%s) failed: %s", ud ? "UD" : "RC", strerror(errno));
+			die("ibv_create_qp_ex (%s) failed: %s", qp_names[qi], strerror(errno));
 		s->cap = a.cap;
 		obj.qp.in = s->qp;
 		obj.qp.out = &s->dv;
@@ -471,8 +480,35 @@ int main(int argc, char **argv)
 		a.sq_psn = 0;
 		modify(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN, "RTS");
 	}
+	/* UC pair in loopback; same attributes as the mlx5 crate's to_init/to_rtr/to_rts. */
+	for (k = 0; k < 2; k++) {
+		struct ibv_qp *qp = k ? peer[QP_UC].qp : sd[QP_UC].qp;
+		struct ibv_qp *remote = k ? sd[QP_UC].qp : peer[QP_UC].qp;
+		struct ibv_qp_attr a;
+
+		memset(&a, 0, sizeof(a));
+		a.qp_state = IBV_QPS_INIT;
+		a.port_num = 1;
+		a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+		modify(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS,
+		       "INIT");
+		memset(&a, 0, sizeof(a));
+		a.qp_state = IBV_QPS_RTR;
+		a.path_mtu = IBV_MTU_1024;
+		a.dest_qp_num = remote->qp_num;
+		a.rq_psn = 0;
+		a.ah_attr.dlid = port.lid;
+		a.ah_attr.port_num = 1;
+		modify(qp, &a,
+		       IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN,
+		       "RTR");
+		memset(&a, 0, sizeof(a));
+		a.qp_state = IBV_QPS_RTS;
+		a.sq_psn = 0;
+		modify(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN, "RTS");
+	}
 	/* Receives for every WR that consumes one. */
-	for (q = 0; q < 2; q++) {
+	for (q = 0; q < NQP; q++) {
 		struct ibv_sge sge = { .addr = c.buf_va + c.recv_off[q],
 				       .length = c.recv_len[q],
 				       .lkey = mr->lkey };
@@ -588,18 +624,17 @@ int main(int argc, char **argv)
 		drain(rcq);
 	}
 
-	printf("info rc_qpn=%#x rc_peer_qpn=%#x ud_qpn=%#x ud_peer_qpn=%#x lkey=%#x rkey=%#x\n",
-	       sd[QP_RC].qp->qp_num, peer[QP_RC].qp->qp_num, sd[QP_UD].qp->qp_num,
-	       peer[QP_UD].qp->qp_num, mr->lkey, mr->rkey);
-	printf("info rc_max_send_wr=%u rc_max_inline=%u rc_sq_wqe_cnt=%u\n",
-	       sd[QP_RC].cap.max_send_wr, sd[QP_RC].cap.max_inline_data, sd[QP_RC].dv.sq.wqe_cnt);
-	printf("info ud_max_send_wr=%u ud_max_inline=%u ud_sq_wqe_cnt=%u\n",
-	       sd[QP_UD].cap.max_send_wr, sd[QP_UD].cap.max_inline_data, sd[QP_UD].dv.sq.wqe_cnt);
-	printf("info rc_posted=%" PRIu64 " ud_posted=%" PRIu64 "\n", posted[QP_RC], posted[QP_UD]);
+	printf("info lkey=%#x rkey=%#x\n", mr->lkey, mr->rkey);
+	for (q = 0; q < NQP; q++)
+		printf("info %s_qpn=%#x %s_peer_qpn=%#x %s_max_send_wr=%u %s_max_inline=%u "
+		       "%s_sq_wqe_cnt=%u %s_posted=%" PRIu64 "\n",
+		       qp_names[q], sd[q].qp->qp_num, qp_names[q], peer[q].qp->qp_num, qp_names[q],
+		       sd[q].cap.max_send_wr, qp_names[q], sd[q].cap.max_inline_data, qp_names[q],
+		       sd[q].dv.sq.wqe_cnt, qp_names[q], posted[q]);
 	fflush(stdout);
 
 	ibv_destroy_ah(ah);
-	for (q = 0; q < 2; q++) {
+	for (q = 0; q < NQP; q++) {
 		ibv_destroy_qp(sd[q].qp);
 		ibv_destroy_qp(peer[q].qp);
 	}

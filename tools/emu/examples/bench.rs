@@ -14,17 +14,6 @@ use mlx5_hw::opcodes::SendOpcode;
 use mlx5_hw::wqe::{DataSeg, FM_CE_SE_CQ_UPDATE};
 use zerocopy::IntoBytes;
 
-fn cpu_seconds() -> f64 {
-    let mut ru = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-    // SAFETY: getrusage fills the struct we pass.
-    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, ru.as_mut_ptr()) };
-    assert_eq!(rc, 0);
-    // SAFETY: initialised by the successful call above.
-    let ru = unsafe { ru.assume_init() };
-    let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
-    t(ru.ru_utime) + t(ru.ru_stime)
-}
-
 fn main() {
     let n: usize = std::env::args()
         .nth(1)

@@ -361,6 +361,31 @@ fn translate(
     Some(mr.start + off)
 }
 
+/// A remote access by a peer: the MR checks of [`translate`] plus the QP's own remote
+/// access flags (`need` is one of REMOTE_READ, REMOTE_WRITE, REMOTE_ATOMIC).
+#[allow(clippy::too_many_arguments)]
+fn remote(
+    w: &World,
+    hca: usize,
+    pdn: u32,
+    qacc: u32,
+    rkey: u32,
+    va: u64,
+    len: u64,
+    need: u32,
+) -> Option<u64> {
+    translate(w, hca, rkey, pdn, va, len, need).filter(|_| qacc & need != 0)
+}
+
+/// [`remote`] for a RETH: a zero-length access needs no valid rkey (address 0).
+fn remote_reth(w: &World, hca: usize, pdn: u32, qacc: u32, r: Reth, need: u32) -> Option<u64> {
+    if r.len == 0 {
+        Some(0)
+    } else {
+        remote(w, hca, pdn, qacc, r.rkey, r.va, u64::from(r.len), need)
+    }
+}
+
 /// A scatter/gather list already translated to process addresses.
 type Sgl = Vec<(u64, u32)>;
 
@@ -440,13 +465,17 @@ fn read_wqe(sq: u64, cnt: u32, idx: u32, len: usize) -> Result<Vec<u8>, crate::E
 // ---------------------------------------------------------------------------------------
 // Send queues
 
-fn run_send_queues(w: &mut World) -> usize {
-    let keys: Vec<(usize, u32)> = w
-        .hcas
+/// Every (HCA, QPN), in a stable order.
+fn all_qps(w: &World) -> Vec<(usize, u32)> {
+    w.hcas
         .iter()
         .enumerate()
         .flat_map(|(i, h)| h.qps.keys().map(move |&q| (i, q)))
-        .collect();
+        .collect()
+}
+
+fn run_send_queues(w: &mut World) -> usize {
+    let keys = all_qps(w);
     let mut work = 0;
     for (hca, qpn) in keys {
         let Some(q) = w.hcas[hca].qps.get(&qpn) else {
@@ -511,21 +540,36 @@ struct Wqe {
     wqebbs: u32,
 }
 
-fn requester_error(w: &mut World, hca: usize, qpn: u32, idx: u16, send_op: u8, synd: Syndrome) {
+/// Fill in the QP's number and user index and write `spec` to the QP's send CQ.
+fn post_send_cqe(w: &mut World, hca: usize, qpn: u32, spec: CqeSpec) {
     let Some(q) = w.hcas[hca].qps.get(&qpn) else {
         return;
     };
     let spec = CqeSpec {
-        opcode: CqeOpcode::REQ_ERR.0,
         qpn,
         srqn_uidx: q.uidx,
-        wqe_counter: idx,
-        send_op,
-        err: Some((synd.0, VendorSyndrome::for_syndrome(synd).0)),
-        ..Default::default()
+        ..spec
     };
     let cq = q.send_cq;
     post_cqe(w, hca, cq, &spec);
+}
+
+/// Write a requester error CQE (REQ_ERR) for the send WQE at `idx`.
+fn req_err_cqe(w: &mut World, hca: usize, qpn: u32, idx: u16, send_op: u8, synd: Syndrome) {
+    let err = Some((synd.0, VendorSyndrome::for_syndrome(synd).0));
+    let spec = CqeSpec {
+        opcode: CqeOpcode::REQ_ERR.0,
+        wqe_counter: idx,
+        send_op,
+        err,
+        ..Default::default()
+    };
+    post_send_cqe(w, hca, qpn, spec);
+}
+
+/// A send WQE failed: its error CQE, the counters, and the QP to the error state.
+fn requester_error(w: &mut World, hca: usize, qpn: u32, idx: u16, send_op: u8, synd: Syndrome) {
+    req_err_cqe(w, hca, qpn, idx, send_op, synd);
     match synd {
         Syndrome::TRANSPORT_RETRY_EXC => w.hcas[hca].counters.req_transport_retries_exceeded += 1,
         Syndrome::RNR_RETRY_EXC => w.hcas[hca].counters.req_rnr_retries_exceeded += 1,
@@ -556,21 +600,15 @@ fn requester_ok(
     byte_cnt: u32,
     scatter: Option<Vec<u8>>,
 ) {
-    let Some(q) = w.hcas[hca].qps.get(&qpn) else {
-        return;
-    };
     let spec = CqeSpec {
         opcode: CqeOpcode::REQ.0,
-        qpn,
-        srqn_uidx: q.uidx,
         byte_cnt,
         wqe_counter: idx,
         send_op,
         scatter,
         ..Default::default()
     };
-    let cq = q.send_cq;
-    post_cqe(w, hca, cq, &spec);
+    post_send_cqe(w, hca, qpn, spec);
 }
 
 fn exec_wqe(w: &mut World, hca: usize, qpn: u32) -> Exec {
@@ -1114,7 +1152,8 @@ fn receive_udp(w: &mut World) -> usize {
     }
     let now = w.now();
     let mut n = 0;
-    let mut buf = vec![0u8; 65536];
+    let mut buf = std::mem::take(&mut w.rx_buf);
+    buf.resize(65536, 0);
     for hca in 0..w.hcas.len() {
         for _ in 0..256 {
             let Some(sock) = &w.hcas[hca].sock else { break };
@@ -1138,6 +1177,7 @@ fn receive_udp(w: &mut World) -> usize {
             }
         }
     }
+    w.rx_buf = buf;
     n
 }
 
@@ -1389,23 +1429,10 @@ fn read_response(
     let q = &w.hcas[hca].qps[&qpn];
     let (pdn, qacc, mtu) = (q.pdn, q.access, transport::mtu_bytes(q.path_mtu) as usize);
     let r = req.reth.unwrap_or_default();
-    let data = if r.len == 0 {
-        Vec::new()
-    } else {
-        let addr = translate(
-            w,
-            hca,
-            r.rkey,
-            pdn,
-            r.va,
-            u64::from(r.len),
-            access::REMOTE_READ,
-        )
-        .filter(|_| qacc & access::REMOTE_READ != 0)
+    let addr = remote_reth(w, hca, pdn, qacc, r, access::REMOTE_READ)
         .ok_or(RespErr::Nak(aeth::NAK_REM_ACCESS, ev::QP_ACCESS_ERR))?;
-        mem::read_vec(addr, r.len as usize)
-            .map_err(|_| RespErr::Nak(aeth::NAK_REM_OP, ev::QP_FATAL))?
-    };
+    let data = mem::read_vec(addr, r.len as usize)
+        .map_err(|_| RespErr::Nak(aeth::NAK_REM_OP, ev::QP_FATAL))?;
     let chunks: Vec<&[u8]> = if data.is_empty() {
         vec![&[][..]]
     } else {
@@ -1460,16 +1487,16 @@ fn execute_request(
         if a.va % u64::from(size) != 0 {
             return Err(RespErr::Nak(aeth::NAK_INV_REQ, ev::QP_REQ_ERR));
         }
-        let addr = translate(
+        let addr = remote(
             w,
             hca,
-            a.rkey,
             pdn,
+            qacc,
+            a.rkey,
             a.va,
             u64::from(size),
             access::REMOTE_ATOMIC,
         )
-        .filter(|_| qacc & access::REMOTE_ATOMIC != 0)
         .ok_or(RespErr::Nak(aeth::NAK_REM_ACCESS, ev::QP_ACCESS_ERR))?;
         let orig = do_atomic(addr, pkt.opcode, &a)
             .map_err(|_| RespErr::Nak(aeth::NAK_REM_OP, ev::QP_FATAL))?;
@@ -1508,45 +1535,21 @@ fn execute_request(
         (true, _) if is_write => {
             w.hcas[hca].counters.rx_write_requests += 1;
             let r = pkt.reth.unwrap_or_default();
-            let addr = if r.len == 0 {
-                0
-            } else {
-                let addr = translate(
-                    w,
-                    hca,
-                    r.rkey,
-                    pdn,
-                    r.va,
-                    u64::from(r.len),
-                    access::REMOTE_WRITE,
-                )
-                .filter(|_| qacc & access::REMOTE_WRITE != 0);
-                match addr {
-                    Some(a) => a,
-                    None => {
-                        // A WRITE with immediate consumes a receive WQE even when its rkey
-                        // check fails: that WQE completes with a local access error.
-                        if pkt.imm.is_some() {
-                            if let Some((_, ctr, srqn)) = take_recv_wqe(w, hca, qpn) {
-                                let s = Syndrome::LOCAL_ACCESS;
-                                responder_error_cqe(
-                                    w,
-                                    hca,
-                                    qpn,
-                                    ctr,
-                                    srqn,
-                                    s,
-                                    VendorSyndrome::for_responder_syndrome(s).0,
-                                );
-                            }
-                        }
-                        return Err(if qt == qpt::RC {
-                            RespErr::Nak(aeth::NAK_REM_ACCESS, ev::QP_ACCESS_ERR)
-                        } else {
-                            RespErr::Silent
-                        });
+            let Some(addr) = remote_reth(w, hca, pdn, qacc, r, access::REMOTE_WRITE) else {
+                // A WRITE with immediate consumes a receive WQE even when its rkey check
+                // fails: that WQE completes with a local access error.
+                if pkt.imm.is_some() {
+                    if let Some((_, ctr, srqn)) = take_recv_wqe(w, hca, qpn) {
+                        let s = Syndrome::LOCAL_ACCESS;
+                        let vend = VendorSyndrome::for_responder_syndrome(s).0;
+                        responder_error_cqe(w, hca, qpn, ctr, srqn, s, vend);
                     }
                 }
+                return Err(if qt == qpt::RC {
+                    RespErr::Nak(aeth::NAK_REM_ACCESS, ev::QP_ACCESS_ERR)
+                } else {
+                    RespErr::Silent
+                });
             };
             RxMsg {
                 write: true,
@@ -2087,12 +2090,7 @@ fn retransmit(w: &mut World, hca: usize, qpn: u32, from: u32) {
 fn run_timers(w: &mut World) -> usize {
     let now = w.now();
     let mut work = 0;
-    let keys: Vec<(usize, u32)> = w
-        .hcas
-        .iter()
-        .enumerate()
-        .flat_map(|(i, h)| h.qps.keys().map(move |&q| (i, q)))
-        .collect();
+    let keys = all_qps(w);
     for (hca, qpn) in keys {
         let Some(q) = w.hcas[hca].qps.get_mut(&qpn) else {
             continue;
@@ -2234,18 +2232,5 @@ fn flush_qp(w: &mut World, hca: usize, qpn: u32) -> usize {
 }
 
 fn flush_send(w: &mut World, hca: usize, qpn: u32, idx: u16, opcode: u8) {
-    let Some(q) = w.hcas[hca].qps.get(&qpn) else {
-        return;
-    };
-    let spec = CqeSpec {
-        opcode: CqeOpcode::REQ_ERR.0,
-        qpn,
-        srqn_uidx: q.uidx,
-        wqe_counter: idx,
-        send_op: opcode,
-        err: Some((Syndrome::WR_FLUSH.0, VendorSyndrome::WR_FLUSH.0)),
-        ..Default::default()
-    };
-    let cq = q.send_cq;
-    post_cqe(w, hca, cq, &spec);
+    req_err_cqe(w, hca, qpn, idx, opcode, Syndrome::WR_FLUSH);
 }

@@ -593,6 +593,11 @@ fn close_context(w: &mut World, ctx: u64) {
 fn new_channel(w: &mut World, record: usize) -> Result<(usize, i32), Errno> {
     let ch = EventChannel::new(record)?;
     let fd = ch.user_fd;
+    // Reuse the slot of a closed context's channel, if any.
+    if let Some(i) = w.channels.iter().position(Option::is_none) {
+        w.channels[i] = Some(ch);
+        return Ok((i, fd));
+    }
     w.channels.push(Some(ch));
     Ok((w.channels.len() - 1, fd))
 }
@@ -619,29 +624,26 @@ fn hca_of(w: &World, ctx: u64) -> usize {
     w.contexts.get(&ctx).map_or(0, |c| c.hca)
 }
 
-fn pd_of(w: &World, ctx: u64, handle: u32) -> Result<u32, Errno> {
-    match lookup(w, ctx, handle)? {
-        Obj::Pd(n) => Ok(n),
-        _ => Err(EINVAL),
+/// The object number behind `handle` if it is of the kind `kind` (`Obj::Pd`, ...).
+fn handle_of(w: &World, ctx: u64, handle: u32, kind: fn(u32) -> Obj) -> Result<u32, Errno> {
+    let obj = lookup(w, ctx, handle)?;
+    if kind(obj.id()) == obj {
+        Ok(obj.id())
+    } else {
+        Err(EINVAL)
     }
+}
+fn pd_of(w: &World, ctx: u64, handle: u32) -> Result<u32, Errno> {
+    handle_of(w, ctx, handle, Obj::Pd)
 }
 fn cq_of(w: &World, ctx: u64, handle: u32) -> Result<u32, Errno> {
-    match lookup(w, ctx, handle)? {
-        Obj::Cq(n) => Ok(n),
-        _ => Err(EINVAL),
-    }
+    handle_of(w, ctx, handle, Obj::Cq)
 }
 fn qp_of(w: &World, ctx: u64, handle: u32) -> Result<u32, Errno> {
-    match lookup(w, ctx, handle)? {
-        Obj::Qp(n) => Ok(n),
-        _ => Err(EINVAL),
-    }
+    handle_of(w, ctx, handle, Obj::Qp)
 }
 fn srq_of(w: &World, ctx: u64, handle: u32) -> Result<u32, Errno> {
-    match lookup(w, ctx, handle)? {
-        Obj::Srq(n) => Ok(n),
-        _ => Err(EINVAL),
-    }
+    handle_of(w, ctx, handle, Obj::Srq)
 }
 
 fn remove_handle(w: &mut World, ctx: u64, handle: u32) {
@@ -901,10 +903,26 @@ fn dealloc_pd(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> {
     Ok(())
 }
 
-fn pd_use(w: &mut World, hca: usize, pdn: u32, delta: i32) {
-    if let Some(p) = w.hcas[hca].pds.get_mut(&pdn) {
-        p.users = p.users.saturating_add_signed(delta);
+/// "Pin" a queue buffer and its doorbell record as the kernel does at create time: the
+/// buffer 64-byte aligned, the record `db_align`-aligned (CQ 8, QP/SRQ 4), both readable
+/// (EFAULT otherwise).
+fn pin_queue(buf: u64, bytes: u64, db: u64, db_bytes: u64, db_align: u64) -> Result<(), Errno> {
+    if buf % 64 != 0 || db % db_align != 0 {
+        return Err(EINVAL);
     }
+    mem::probe(buf, bytes)?;
+    mem::probe(db, db_bytes)
+}
+
+/// Adjust a reference count (PD, CQ, SRQ users) if the object still exists.
+fn bump(users: Option<&mut u32>, delta: i32) {
+    if let Some(u) = users {
+        *u = u.saturating_add_signed(delta);
+    }
+}
+
+fn pd_use(w: &mut World, hca: usize, pdn: u32, delta: i32) {
+    bump(w.hcas[hca].pds.get_mut(&pdn).map(|p| &mut p.users), delta);
 }
 
 fn reg_mr(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> {
@@ -957,13 +975,24 @@ fn reg_mr(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> {
 }
 
 fn dereg_mr(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> {
-    let handle = le32(&r.core, 0);
-    let Obj::Mr(idx) = lookup(w, ctx, handle)? else {
-        return Err(EINVAL);
-    };
+    destroy_pd_child(w, ctx, le32(&r.core, 0), Obj::Mr, |h, id| {
+        h.mrs.remove(&id).map(|m| m.pdn)
+    })
+}
+
+/// Destroy an object that only holds a reference on its PD (MR, AH): `remove` takes it out
+/// of the HCA and returns its PD number.
+fn destroy_pd_child(
+    w: &mut World,
+    ctx: u64,
+    handle: u32,
+    kind: fn(u32) -> Obj,
+    remove: impl FnOnce(&mut crate::state::Hca, u32) -> Option<u32>,
+) -> Result<(), Errno> {
+    let id = handle_of(w, ctx, handle, kind)?;
     let hca = hca_of(w, ctx);
-    if let Some(m) = w.hcas[hca].mrs.remove(&idx) {
-        pd_use(w, hca, m.pdn, -1);
+    if let Some(pdn) = remove(&mut w.hcas[hca], id) {
+        pd_use(w, hca, pdn, -1);
     }
     remove_handle(w, ctx, handle);
     Ok(())
@@ -1001,16 +1030,9 @@ fn create_ah(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> {
 }
 
 fn destroy_ah(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> {
-    let handle = le32(&r.core, 0);
-    let Obj::Ah(id) = lookup(w, ctx, handle)? else {
-        return Err(EINVAL);
-    };
-    let hca = hca_of(w, ctx);
-    if let Some(a) = w.hcas[hca].ahs.remove(&id) {
-        pd_use(w, hca, a.pdn, -1);
-    }
-    remove_handle(w, ctx, handle);
-    Ok(())
+    destroy_pd_child(w, ctx, le32(&r.core, 0), Obj::Ah, |h, id| {
+        h.ahs.remove(&id).map(|a| a.pdn)
+    })
 }
 
 fn create_comp_channel(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> {
@@ -1090,11 +1112,7 @@ fn create_cq(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> {
         return Err(EOPNOTSUPP);
     }
     let ncqe = (cqe + 1).next_power_of_two();
-    if db % 8 != 0 || buf % 64 != 0 {
-        return Err(EINVAL);
-    }
-    mem::probe(buf, ncqe as u64 * cqe_size as u64)?;
-    mem::probe(db, 8)?;
+    pin_queue(buf, u64::from(ncqe) * u64::from(cqe_size), db, 8, 8)?;
     let hca = hca_of(w, ctx);
     let cqn = next_id(w, hca);
     let handle = w.contexts[&ctx].next_handle;
@@ -1155,10 +1173,23 @@ fn destroy_cq(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> {
     Ok(())
 }
 
-fn cq_use(w: &mut World, hca: usize, cqn: u32, delta: i32) {
-    if let Some(c) = w.hcas[hca].cqs.get_mut(&cqn) {
-        c.users = c.users.saturating_add_signed(delta);
+/// Take (`delta` 1) or drop (-1) a QP's references on its PD, CQs and SRQ.
+fn qp_refs(
+    w: &mut World,
+    hca: usize,
+    (pdn, scq, rcq, srq): (u32, u32, u32, Option<u32>),
+    delta: i32,
+) {
+    pd_use(w, hca, pdn, delta);
+    cq_use(w, hca, scq, delta);
+    cq_use(w, hca, rcq, delta);
+    if let Some(s) = srq {
+        bump(w.hcas[hca].srqs.get_mut(&s).map(|s| &mut s.users), delta);
     }
+}
+
+fn cq_use(w: &mut World, hca: usize, cqn: u32, delta: i32) {
+    bump(w.hcas[hca].cqs.get_mut(&cqn).map(|c| &mut c.users), delta);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1252,11 +1283,7 @@ fn create_qp(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> {
         return Err(EINVAL);
     }
     let bytes = ((rq_cnt as u64) << rq_shift) + sq_cnt as u64 * 64;
-    if buf % 64 != 0 || db % 4 != 0 {
-        return Err(EINVAL);
-    }
-    mem::probe(buf, bytes)?;
-    mem::probe(db, 8)?;
+    pin_queue(buf, bytes, db, 8, 4)?;
     let hca = hca_of(w, ctx);
     // bfreg choice, static scheme: dedicated low-latency bfregs from the top first, then the
     // least used medium one, else bfreg 0 (doorbell only).
@@ -1308,12 +1335,7 @@ fn create_qp(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> {
         return Err(e);
     }
     new_handle(w, ctx, Obj::Qp(qpn));
-    pd_use(w, hca, pdn, 1);
-    cq_use(w, hca, send_cq, 1);
-    cq_use(w, hca, recv_cq, 1);
-    if let Some(s) = srq.and_then(|s| w.hcas[hca].srqs.get_mut(&s)) {
-        s.users += 1;
-    }
+    qp_refs(w, hca, (pdn, send_cq, recv_cq, srq), 1);
     w.hcas[hca].qps.insert(
         qpn,
         Qp {
@@ -1566,17 +1588,35 @@ fn modify_qp(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> {
         }
     }
     let qp = w.hcas[hca].qps.get_mut(&qpn).ok_or(EINVAL)?;
-    if m & mask::ACCESS_FLAGS != 0 {
-        qp.access = le32(c, 88);
+    // Byte-wide attributes: (mask bit, offset in ib_uverbs_modify_qp, field).
+    for (bit, off, field) in [
+        (mask::PORT, 104, &mut qp.port),
+        (mask::PATH_MTU, 98, &mut qp.path_mtu),
+        (mask::TIMEOUT, 105, &mut qp.timeout),
+        (mask::RETRY_CNT, 106, &mut qp.retry_cnt),
+        (mask::RNR_RETRY, 107, &mut qp.rnr_retry),
+        (mask::MAX_QP_RD_ATOMIC, 101, &mut qp.max_rd_atomic),
+        (mask::MAX_DEST_RD_ATOMIC, 102, &mut qp.max_dest_rd_atomic),
+        (mask::MIN_RNR_TIMER, 103, &mut qp.min_rnr_timer),
+    ] {
+        if m & bit != 0 {
+            *field = u8at(c, off);
+        }
+    }
+    // 32-bit attributes: (mask bit, offset, value mask, field); PSNs are 24 bits.
+    for (bit, off, keep, field) in [
+        (mask::ACCESS_FLAGS, 88, u32::MAX, &mut qp.access),
+        (mask::QKEY, 72, u32::MAX, &mut qp.qkey),
+        (mask::RQ_PSN, 76, 0xff_ffff, &mut qp.rq_psn),
+        (mask::SQ_PSN, 80, 0xff_ffff, &mut qp.sq_psn),
+        (mask::DEST_QPN, 84, u32::MAX, &mut qp.dest_qpn),
+    ] {
+        if m & bit != 0 {
+            *field = le32(c, off) & keep;
+        }
     }
     if m & mask::PKEY_INDEX != 0 {
         qp.pkey_index = le16(c, 92);
-    }
-    if m & mask::PORT != 0 {
-        qp.port = u8at(c, 104);
-    }
-    if m & mask::QKEY != 0 {
-        qp.qkey = le32(c, 72);
     }
     if m & mask::AV != 0 {
         let mut dgid = [0u8; 16];
@@ -1588,36 +1628,6 @@ fn modify_qp(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> {
             sl: u8at(c, 27),
             port: u8at(c, 31),
         };
-    }
-    if m & mask::PATH_MTU != 0 {
-        qp.path_mtu = u8at(c, 98);
-    }
-    if m & mask::TIMEOUT != 0 {
-        qp.timeout = u8at(c, 105);
-    }
-    if m & mask::RETRY_CNT != 0 {
-        qp.retry_cnt = u8at(c, 106);
-    }
-    if m & mask::RNR_RETRY != 0 {
-        qp.rnr_retry = u8at(c, 107);
-    }
-    if m & mask::RQ_PSN != 0 {
-        qp.rq_psn = le32(c, 76) & 0xff_ffff;
-    }
-    if m & mask::SQ_PSN != 0 {
-        qp.sq_psn = le32(c, 80) & 0xff_ffff;
-    }
-    if m & mask::MAX_QP_RD_ATOMIC != 0 {
-        qp.max_rd_atomic = u8at(c, 101);
-    }
-    if m & mask::MAX_DEST_RD_ATOMIC != 0 {
-        qp.max_dest_rd_atomic = u8at(c, 102);
-    }
-    if m & mask::MIN_RNR_TIMER != 0 {
-        qp.min_rnr_timer = u8at(c, 103);
-    }
-    if m & mask::DEST_QPN != 0 {
-        qp.dest_qpn = le32(c, 84);
     }
     if next == qps::RESET {
         qp.sq_head = 0;
@@ -1700,12 +1710,7 @@ fn destroy_qp(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> {
     o.u32(0, q.events_reported);
     r.respond(&o)?;
     let q = w.hcas[hca].qps.remove(&qpn).ok_or(EINVAL)?;
-    pd_use(w, hca, q.pdn, -1);
-    cq_use(w, hca, q.send_cq, -1);
-    cq_use(w, hca, q.recv_cq, -1);
-    if let Some(s) = q.srq.and_then(|s| w.hcas[hca].srqs.get_mut(&s)) {
-        s.users -= 1;
-    }
+    qp_refs(w, hca, (q.pdn, q.send_cq, q.recv_cq, q.srq), -1);
     if let Some(cx) = w.contexts.get_mut(&ctx) {
         if let Some(u) = cx.bfreg_users.get_mut(q.bfreg as usize) {
             *u = u.saturating_sub(1);
@@ -1742,11 +1747,7 @@ fn create_srq(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> {
         return Err(EINVAL);
     }
     let eff_sge = (stride - 16) / 16;
-    if buf % 64 != 0 || db % 4 != 0 {
-        return Err(EINVAL);
-    }
-    mem::probe(buf, wqe_cnt as u64 * stride as u64)?;
-    mem::probe(db, 4)?;
+    pin_queue(buf, u64::from(wqe_cnt) * u64::from(stride), db, 4, 4)?;
     let hca = hca_of(w, ctx);
     let srqn = next_id(w, hca);
     let handle = w.contexts[&ctx].next_handle;

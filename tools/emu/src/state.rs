@@ -58,6 +58,21 @@ pub(crate) enum Obj {
     Uar(u32),
 }
 
+impl Obj {
+    /// The object number (PDN, MR index, CQN, QPN, SRQN, AH id, UAR page id).
+    pub(crate) fn id(self) -> u32 {
+        match self {
+            Obj::Pd(n)
+            | Obj::Mr(n)
+            | Obj::Cq(n)
+            | Obj::Qp(n)
+            | Obj::Srq(n)
+            | Obj::Ah(n)
+            | Obj::Uar(n) => n,
+        }
+    }
+}
+
 /// One open "file" after GET_CONTEXT.
 #[derive(Debug)]
 pub(crate) struct Context {
@@ -310,6 +325,8 @@ pub(crate) struct World {
     pub(crate) vclock: u64,
     pub(crate) started: std::time::Instant,
     pub(crate) rng: u64,
+    /// Reused receive buffer of the UDP fabric.
+    pub(crate) rx_buf: Vec<u8>,
     /// pcap capture of every packet put on the fabric.
     pub(crate) pcap: Option<std::io::BufWriter<std::fs::File>>,
     /// Recording of fetched send WQEs (tools/wqe-compare), off by default.

@@ -190,18 +190,32 @@ pub(crate) fn node_ip(n: u16) -> [u8; 4] {
     [127, 1, (n >> 8) as u8, n as u8]
 }
 
+/// CRC-32 (IEEE 802.3, reflected, polynomial 0xEDB88320) lookup table.
+const CRC_TABLE: [u32; 256] = {
+    let mut t = [0u32; 256];
+    let mut i = 0;
+    while i < 256 {
+        let mut c = i as u32;
+        let mut k = 0;
+        while k < 8 {
+            c = if c & 1 != 0 {
+                (c >> 1) ^ 0xEDB8_8320
+            } else {
+                c >> 1
+            };
+            k += 1;
+        }
+        t[i] = c;
+        i += 1;
+    }
+    t
+};
+
 fn crc32(data: &[&[u8]]) -> u32 {
     let mut crc = 0xFFFF_FFFFu32;
     for part in data {
         for &b in *part {
-            crc ^= u32::from(b);
-            for _ in 0..8 {
-                crc = if crc & 1 != 0 {
-                    (crc >> 1) ^ 0xEDB8_8320
-                } else {
-                    crc >> 1
-                };
-            }
+            crc = CRC_TABLE[((crc ^ u32::from(b)) & 0xff) as usize] ^ (crc >> 8);
         }
     }
     !crc
@@ -416,6 +430,12 @@ pub(crate) const UNKNOWN_QPN: u32 = u32::MAX;
 #[cfg(test)]
 mod wire_tests {
     use super::*;
+
+    #[test]
+    fn crc32_matches_the_ieee_check_value() {
+        assert_eq!(crc32(&[b"123456789"]), 0xCBF4_3926);
+        assert_eq!(crc32(&[b"1234", b"56789"]), 0xCBF4_3926);
+    }
 
     #[test]
     fn encode_decode_round_trip_and_icrc() {

@@ -56,7 +56,7 @@ fn header_and_size_validation() {
     );
     // No context yet.
     assert_eq!(
-        write_cmd(&dev, IB_USER_VERBS_CMD_ALLOC_PD, &[0u8; 8], &[], 4, 0).map(|_| ()),
+        run_cmd(&dev, IB_USER_VERBS_CMD_ALLOC_PD, &[0u8; 8], &[], (4, 0)),
         Err(EINVAL)
     );
     let ctx = Ctx::open(&emu, 0);
@@ -67,15 +67,13 @@ fn header_and_size_validation() {
         ..Default::default()
     };
     assert_eq!(
-        write_cmd(
+        run_cmd(
             &ctx.dev,
             IB_USER_VERBS_CMD_GET_CONTEXT,
             &[0u8; 8],
             req.as_bytes(),
-            8,
-            72
-        )
-        .map(|_| ()),
+            (8, 72)
+        ),
         Err(EINVAL)
     );
     // Core request shorter than the struct, response shorter than the struct.
@@ -221,15 +219,13 @@ fn bad_pointers_are_efault_and_bad_handles_einval() {
         reserved: 0,
     };
     assert_eq!(
-        write_cmd(
+        run_cmd(
             &ctx.dev,
             IB_USER_VERBS_CMD_DESTROY_CQ,
             d.as_bytes(),
             &[],
-            8,
-            0
-        )
-        .map(|_| ()),
+            (8, 0)
+        ),
         Err(EBUSY)
     );
 }
@@ -351,15 +347,13 @@ fn queries_and_extended_commands() {
         ..Default::default()
     };
     assert_eq!(
-        write_cmd(
+        run_cmd(
             &ctx.dev,
             IB_USER_VERBS_CMD_QUERY_PORT,
             q.as_bytes(),
             &[],
-            40,
-            0
-        )
-        .map(|_| ()),
+            (40, 0)
+        ),
         Err(EINVAL)
     );
     // Extended QUERY_DEVICE: 304-byte core + mlx5 part.
@@ -593,24 +587,17 @@ fn srq_receives_from_two_qps() {
     let (mut a, mut d2) = (a, d2);
     data.write(1024, b"from-a");
     data.write(1100, b"from-d");
-    let seg = mlx5_hw::wqe::DataSeg::new(6, lkey, data.addr() + 1024);
-    let i = a.build_send(
-        mlx5_hw::opcodes::SendOpcode::SEND,
-        0,
-        8,
-        [0; 4],
-        seg.as_bytes(),
-    );
-    a.ring(&ctx, i, Ring::Doorbell);
-    let seg = mlx5_hw::wqe::DataSeg::new(6, lkey, data.addr() + 1100);
-    let i = d2.build_send(
-        mlx5_hw::opcodes::SendOpcode::SEND,
-        0,
-        8,
-        [0; 4],
-        seg.as_bytes(),
-    );
-    d2.ring(&ctx, i, Ring::Doorbell);
+    for (qp, off) in [(&mut a, 1024u64), (&mut d2, 1100)] {
+        let seg = mlx5_hw::wqe::DataSeg::new(6, lkey, data.addr() + off);
+        let i = qp.build_send(
+            mlx5_hw::opcodes::SendOpcode::SEND,
+            0,
+            8,
+            [0; 4],
+            seg.as_bytes(),
+        );
+        qp.ring(&ctx, i, Ring::Doorbell);
+    }
     emu.run_until_idle();
     let all = drain(&mut cq);
     let recv: Vec<_> = all.iter().filter(|c| c.opcode == 2).collect();

@@ -30,15 +30,12 @@ fn rc_send_lands_in_receive_buffer_and_both_sides_complete() {
     let data = pattern(3, 100);
     p.ma.0.write(0, &data);
     p.qb.post_recv(&[(p.mb.0.addr(), 256, p.mb.1)]);
-    let idx = p.qa.build_send(
+    let idx = p.send(
         SendOpcode::SEND,
-        0,
         SIG,
         [0; 4],
         &dseg(100, p.ma.1, p.ma.0.addr()),
     );
-    p.qa.ring(&p.a, idx, Ring::Doorbell);
-    p.emu.run_until_idle();
     let ca = drain(&mut p.cqa);
     let cb = drain(&mut p.cqb);
     assert_eq!(ca.len(), 1, "{ca:?}");
@@ -119,15 +116,12 @@ fn rc_every_opcode_end_to_end() {
     // SEND_IMM
     p.qb.post_recv(&[(bb, 64, p.mb.1)]);
     p.ma.0.write(0, b"imm-data");
-    let i = p.qa.build_send(
+    p.send(
         SendOpcode::SEND_IMM,
-        0,
         SIG | FM_CE_SE_SOLICITED,
         [1, 2, 3, 4],
         &dseg(8, la, ba),
     );
-    p.qa.ring(&p.a, i, Ring::Doorbell);
-    p.emu.run_until_idle();
     let cb = drain(&mut p.cqb);
     assert_eq!(
         (cb[0].opcode, cb[0].imm, cb[0].byte_cnt),
@@ -137,15 +131,12 @@ fn rc_every_opcode_end_to_end() {
     assert_eq!(drain(&mut p.cqa)[0].send_op, SendOpcode::SEND_IMM.0);
     // SEND_INV: the invalidated rkey arrives in the CQE.
     p.qb.post_recv(&[(bb + 64, 64, p.mb.1)]);
-    let i = p.qa.build_send(
+    p.send(
         SendOpcode::SEND_INVAL,
-        0,
         SIG,
         0x1234u32.to_be_bytes(),
         &dseg(4, la, ba),
     );
-    p.qa.ring(&p.a, i, Ring::Doorbell);
-    p.emu.run_until_idle();
     let cb = drain(&mut p.cqb);
     assert_eq!((cb[0].opcode, cb[0].imm), (4, 0x1234u32.to_be_bytes()));
     assert_eq!(drain(&mut p.cqa)[0].send_op, SendOpcode::SEND_INVAL.0);
@@ -157,10 +148,7 @@ fn rc_every_opcode_end_to_end() {
         &dseg(50, la, ba + 100),
         &dseg(30, la, ba + 300),
     ]);
-    let i =
-        p.qa.build_send(SendOpcode::RDMA_WRITE, 0, SIG, [0; 4], &segs);
-    p.qa.ring(&p.a, i, Ring::Doorbell);
-    p.emu.run_until_idle();
+    p.send(SendOpcode::RDMA_WRITE, SIG, [0; 4], &segs);
     assert_eq!(p.mb.0.read(1000, 50), pattern(1, 50));
     assert_eq!(p.mb.0.read(1050, 30), pattern(2, 30));
     assert!(p.cqb.poll().is_none(), "plain WRITE consumes no receive");
@@ -172,10 +160,7 @@ fn rc_every_opcode_end_to_end() {
         RaddrSeg::new(bb + 2000, rb).as_bytes(),
         &dseg(16, la, ba + 100),
     ]);
-    let i =
-        p.qa.build_send(SendOpcode::RDMA_WRITE_IMM, 0, SIG, [9, 9, 9, 9], &segs);
-    p.qa.ring(&p.a, i, Ring::Doorbell);
-    p.emu.run_until_idle();
+    p.send(SendOpcode::RDMA_WRITE_IMM, SIG, [9, 9, 9, 9], &segs);
     let cb = drain(&mut p.cqb);
     assert_eq!((cb[0].opcode, cb[0].byte_cnt, cb[0].imm), (1, 16, [9; 4]));
     assert_eq!(p.mb.0.read(2000, 16), pattern(1, 16));
@@ -186,10 +171,7 @@ fn rc_every_opcode_end_to_end() {
         RaddrSeg::new(bb + 500, rb).as_bytes(),
         &dseg(77, la, ba + 3000),
     ]);
-    let i =
-        p.qa.build_send(SendOpcode::RDMA_READ, 0, SIG, [0; 4], &segs);
-    p.qa.ring(&p.a, i, Ring::Doorbell);
-    p.emu.run_until_idle();
+    p.send(SendOpcode::RDMA_READ, SIG, [0; 4], &segs);
     assert_eq!(p.ma.0.read(3000, 77), pattern(5, 77));
     let ca = drain(&mut p.cqa);
     assert_eq!(
@@ -203,10 +185,7 @@ fn rc_every_opcode_end_to_end() {
         AtomicSeg::new(555, 100).as_bytes(),
         &dseg(8, la, ba + 4000),
     ]);
-    let i =
-        p.qa.build_send(SendOpcode::ATOMIC_CS, 0, SIG, [0; 4], &segs);
-    p.qa.ring(&p.a, i, Ring::Doorbell);
-    p.emu.run_until_idle();
+    p.send(SendOpcode::ATOMIC_CS, SIG, [0; 4], &segs);
     assert_eq!(p.mb.0.read(4000, 8), 555u64.to_ne_bytes());
     assert_eq!(
         p.ma.0.read(4000, 8),
@@ -218,10 +197,7 @@ fn rc_every_opcode_end_to_end() {
         AtomicSeg::new(45, 0).as_bytes(),
         &dseg(8, la, ba + 4008),
     ]);
-    let i =
-        p.qa.build_send(SendOpcode::ATOMIC_FA, 0, SIG, [0; 4], &segs);
-    p.qa.ring(&p.a, i, Ring::Doorbell);
-    p.emu.run_until_idle();
+    p.send(SendOpcode::ATOMIC_FA, SIG, [0; 4], &segs);
     assert_eq!(p.mb.0.read(4000, 8), 600u64.to_ne_bytes());
     assert_eq!(p.ma.0.read(4008, 8), 555u64.to_ne_bytes());
     let ca = drain(&mut p.cqa);
@@ -316,10 +292,7 @@ fn uc_send_write_and_write_imm() {
         RaddrSeg::new(bb + 2000, rb).as_bytes(),
         &dseg(16, la, ba + 16),
     ]);
-    let i =
-        p.qa.build_send(SendOpcode::RDMA_WRITE_IMM, 0, SIG, [7; 4], &segs);
-    p.qa.ring(&p.a, i, Ring::Doorbell);
-    p.emu.run_until_idle();
+    p.send(SendOpcode::RDMA_WRITE_IMM, SIG, [7; 4], &segs);
     assert_eq!(p.mb.0.read(0, 64), pattern(4, 64));
     assert_eq!(p.mb.0.read(1000, 32), pattern(4, 32));
     assert_eq!(p.mb.0.read(2000, 16), p.ma.0.read(16, 16));
@@ -333,10 +306,7 @@ fn uc_send_write_and_write_imm() {
     assert_eq!(cb[1].imm, [7; 4]);
     // READ is not a UC operation: local QP operation error.
     let segs = cat(&[RaddrSeg::new(bb, rb).as_bytes(), &dseg(8, la, ba)]);
-    let i =
-        p.qa.build_send(SendOpcode::RDMA_READ, 0, SIG, [0; 4], &segs);
-    p.qa.ring(&p.a, i, Ring::Doorbell);
-    p.emu.run_until_idle();
+    p.send(SendOpcode::RDMA_READ, SIG, [0; 4], &segs);
     let ca = drain(&mut p.cqa);
     assert_eq!((ca[0].opcode, ca[0].syndrome), (13, 0x02));
 }
@@ -366,9 +336,7 @@ fn ud_send_and_send_imm_with_grh_area_and_source_qp() {
     p.qa.ring(&p.a, i, Ring::Doorbell);
     // Wrong Q_Key: silently dropped at the receiver.
     let segs = cat(&[&ud_av(p.qb.qpn, 2, 0x2222), &dseg(10, la, ba)]);
-    let i = p.qa.build_send(SendOpcode::SEND, 0, SIG, [0; 4], &segs);
-    p.qa.ring(&p.a, i, Ring::Doorbell);
-    p.emu.run_until_idle();
+    p.send(SendOpcode::SEND, SIG, [0; 4], &segs);
     let cb = drain(&mut p.cqb);
     assert_eq!(cb.len(), 2, "{cb:?}");
     assert_eq!(
@@ -397,15 +365,12 @@ fn cqe_128_bytes_and_scatter_into_cqe_format_bits() {
     let mut p = pair_cfg(RC, Knobs::default(), 128);
     p.ma.0.write(0, &pattern(6, 20));
     p.qb.post_recv(&[(p.mb.0.addr(), 64, p.mb.1)]);
-    let i = p.qa.build_send(
+    p.send(
         SendOpcode::SEND,
-        0,
         SIG,
         [0; 4],
         &dseg(20, p.ma.1, p.ma.0.addr()),
     );
-    p.qa.ring(&p.a, i, Ring::Doorbell);
-    p.emu.run_until_idle();
     let (d, first) = p.cqb.poll().expect("a 128-byte CQE");
     let c = decode(&d);
     assert_eq!(
@@ -469,15 +434,12 @@ fn sq_drain_stops_new_work_and_reports_sq_drained() {
     p.a.modify(&m).expect("RTS -> SQD");
     p.qb.post_recv(&[(p.mb.0.addr(), 64, p.mb.1)]);
     p.ma.0.write(0, b"later");
-    let i = p.qa.build_send(
+    let i = p.send(
         SendOpcode::SEND,
-        0,
         SIG,
         [0; 4],
         &dseg(5, p.ma.1, p.ma.0.addr()),
     );
-    p.qa.ring(&p.a, i, Ring::Doorbell);
-    p.emu.run_until_idle();
     let mut rec = [0u8; 16];
     // SAFETY: non-blocking read of one 16-byte async event record into a local buffer.
     let n = unsafe {
@@ -500,9 +462,7 @@ fn sq_drain_stops_new_work_and_reports_sq_drained() {
     m.qp_state = 3;
     p.a.modify(&m).expect("SQD -> RTS");
     // The doorbell already rang; the device resumes with the next one.
-    let j = p.qa.build_send(SendOpcode::NOP, 0, SIG, [0; 4], &[]);
-    p.qa.ring(&p.a, j, Ring::Doorbell);
-    p.emu.run_until_idle();
+    let j = p.send(SendOpcode::NOP, SIG, [0; 4], &[]);
     assert_eq!(
         drain(&mut p.cqa)
             .iter()
@@ -511,4 +471,134 @@ fn sq_drain_stops_new_work_and_reports_sq_drained() {
         vec![i, j]
     );
     assert_eq!(p.mb.0.read(0, 5), b"later");
+}
+
+/// Two RC QPs on one HCA with SCATTER_CQE (all-signaled) and CQEs of `cqe_size` bytes.
+fn scatter_pair(cqe_size: u32) -> (mlx5_emu::Emulator, Ctx, Cq, Qp, Qp, Buf, u32, u32) {
+    let emu = stepped(1);
+    let mut a = Ctx::open(&emu, 0);
+    let pd = a.alloc_pd();
+    let cq = a.create_cq(32, cqe_size, -1);
+    let spec = QpSpec {
+        qp_type: RC,
+        sq_cnt: 64,
+        rq_cnt: 8,
+        srq: None,
+        flags: 0x2,
+        sig_all: true,
+    };
+    let q1 = a.create_qp_spec(pd, &cq, &cq, spec);
+    let q2 = a.create_qp_spec(pd, &cq, &cq, spec);
+    let lid = emu.hca_info(0).unwrap().lid;
+    bring_up(&a, &q1, lid, q2.qpn, Knobs::default());
+    bring_up(&a, &q2, lid, q1.qpn, Knobs::default());
+    let m = Buf::new(8192);
+    let (_, lkey, rkey) = a.reg_mr(pd, m.addr(), 8192, ALL_ACCESS).unwrap();
+    (emu, a, cq, q1, q2, m, lkey, rkey)
+}
+
+#[test]
+fn scatter_to_cqe_for_small_receives_and_read_results() {
+    // 64-byte CQEs: a 20-byte SEND lands in the CQE (format 1), not in the buffer.
+    let (emu, a, mut cq, mut q1, mut q2, m, lkey, rkey) = scatter_pair(64);
+    m.write(0, &pattern(7, 20));
+    q2.post_recv(&[(m.addr() + 4096, 64, lkey)]);
+    let i = q1.build_send(SendOpcode::SEND, 0, SIG, [0; 4], &dseg(20, lkey, m.addr()));
+    q1.ring(&a, i, Ring::Doorbell);
+    emu.run_until_idle();
+    let mut seen = Vec::new();
+    while let Some((d, _)) = cq.poll() {
+        seen.push((decode(&d), d));
+    }
+    let (c, d) = seen
+        .iter()
+        .find(|(c, _)| c.opcode == 2)
+        .expect("a receive CQE");
+    assert_eq!((c.format, c.byte_cnt), (1, 20));
+    assert_eq!(d[..20], pattern(7, 20)[..], "payload in CQE bytes 0..32");
+    assert_eq!(
+        m.read(4096, 20),
+        vec![0; 20],
+        "and not in the receive buffer"
+    );
+    // A 40-byte SEND does not fit a 64-byte CQE: normal placement.
+    q2.post_recv(&[(m.addr() + 4096, 64, lkey)]);
+    let i = q1.build_send(SendOpcode::SEND, 0, SIG, [0; 4], &dseg(40, lkey, m.addr()));
+    q1.ring(&a, i, Ring::Doorbell);
+    emu.run_until_idle();
+    let c = drain(&mut cq);
+    assert!(
+        c.iter()
+            .any(|c| c.opcode == 2 && c.format == 0 && c.byte_cnt == 40)
+    );
+    // Requester scatter: a 16-byte READ on an all-signaled QP returns its data in the CQE.
+    m.write(6000, &pattern(9, 16));
+    let segs = [
+        RaddrSeg::new(m.addr() + 6000, rkey).as_bytes(),
+        &dseg(16, lkey, m.addr() + 7000),
+    ]
+    .concat();
+    let i = q1.build_send(SendOpcode::RDMA_READ, 0, SIG, [0; 4], &segs);
+    q1.ring(&a, i, Ring::Doorbell);
+    emu.run_until_idle();
+    let (d, _) = cq.poll().expect("the READ completion");
+    let c = decode(&d);
+    assert_eq!(
+        (c.opcode, c.send_op, c.format, c.byte_cnt),
+        (0, 0x10, 1, 16)
+    );
+    assert_eq!(d[..16], pattern(9, 16)[..]);
+    assert_eq!(
+        m.read(7000, 16),
+        vec![0; 16],
+        "the provider copies it, not the device"
+    );
+
+    // 128-byte CQEs: up to 64 bytes go into the first half of the entry (format 2).
+    let (emu, a, mut cq, mut q1, mut q2, m, lkey, _) = scatter_pair(128);
+    m.write(0, &pattern(3, 50));
+    q2.post_recv(&[(m.addr() + 4096, 64, lkey)]);
+    let i = q1.build_send(SendOpcode::SEND, 0, SIG, [0; 4], &dseg(50, lkey, m.addr()));
+    q1.ring(&a, i, Ring::Doorbell);
+    emu.run_until_idle();
+    let mut found = false;
+    while let Some((d, first)) = cq.poll() {
+        let c = decode(&d);
+        if c.opcode == 2 {
+            assert_eq!((c.format, c.byte_cnt), (2, 50));
+            assert_eq!(first[..50], pattern(3, 50)[..]);
+            found = true;
+        }
+    }
+    assert!(found);
+}
+
+#[test]
+fn ud_with_a_global_route_gets_a_grh_in_the_buffer() {
+    let mut p = pair(UD, Knobs::default());
+    let info_a = p.emu.hca_info(0).unwrap();
+    let info_b = p.emu.hca_info(1).unwrap();
+    p.ma.0.write(0, b"with grh");
+    p.qb.post_recv(&[(p.mb.0.addr(), 128, p.mb.1)]);
+    let mut av = DatagramSeg::zeroed();
+    av.set_qkey(0x1111_1111);
+    av.set_dqpn(p.qb.qpn);
+    av.grh_gid_fl = mlx5_hw::types::Be32::new(mlx5_hw::wqe::AV_GRH_PRESENT | 0x12345);
+    av.hop_limit = 64;
+    av.tclass = 3;
+    av.rgid = info_b.port_gid;
+    let segs = [av.as_bytes(), &dseg(8, p.ma.1, p.ma.0.addr())].concat();
+    p.send(SendOpcode::SEND, SIG, [0; 4], &segs);
+    let cb = drain(&mut p.cqb);
+    assert_eq!(
+        (cb[0].opcode, cb[0].byte_cnt, cb[0].grh, cb[0].src_qp),
+        (2, 48, true, p.qa.qpn)
+    );
+    let grh = p.mb.0.read(0, 40);
+    assert_eq!(grh[0] >> 4, 6, "IP version 6");
+    assert_eq!(grh[6], 0x1B, "next header: IB BTH");
+    assert_eq!(grh[7], 64, "hop limit");
+    assert_eq!(grh[8..24], info_a.port_gid, "source GID");
+    assert_eq!(grh[24..40], info_b.port_gid, "destination GID");
+    assert_eq!(p.mb.0.read(40, 8), b"with grh");
 }

@@ -11,19 +11,6 @@ use zerocopy::IntoBytes;
 
 const CANARY: u8 = 0x5A;
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 fn reset_and_reconnect(p: &mut Pair, k: Knobs) {
     for (ctx, qp, cq) in [(&p.a, &mut p.qa, &mut p.cqa), (&p.b, &mut p.qb, &mut p.cqb)] {
         let mut m = modify_base(qp);

@@ -55,17 +55,19 @@ fn async_event(fd: i32) -> Option<u32> {
     (n == 16).then(|| u32::from_ne_bytes([rec[8], rec[9], rec[10], rec[11]]))
 }
 
+/// One signaled 8-byte SEND from a's buffer, run to idle.
+fn send8(p: &mut Pair) -> u16 {
+    p.send(
+        SendOpcode::SEND,
+        SIG,
+        [0; 4],
+        &dseg(8, p.ma.1, p.ma.0.addr()),
+    )
+}
+
 /// Post one more signaled SEND and check it is flushed.
 fn assert_flushes(p: &mut Pair) {
-    let i = p.qa.build_send(
-        SendOpcode::SEND,
-        0,
-        0,
-        [0; 4],
-        &dseg(4, p.ma.1, p.ma.0.addr()),
-    );
-    p.qa.ring(&p.a, i, Ring::Doorbell);
-    p.emu.run_until_idle();
+    let i = p.send(SendOpcode::SEND, 0, [0; 4], &dseg(4, p.ma.1, p.ma.0.addr()));
     let ca = drain(&mut p.cqa);
     assert_eq!(
         ca.len(),
@@ -83,15 +85,12 @@ fn assert_flushes(p: &mut Pair) {
 fn local_protection_on_a_bad_lkey_then_flush() {
     let mut p = pair(RC, Knobs::default());
     p.qb.post_recv(&[(p.mb.0.addr(), 64, p.mb.1)]);
-    let i = p.qa.build_send(
+    let i = p.send(
         SendOpcode::SEND,
-        0,
         SIG,
         [0; 4],
         &dseg(8, p.ma.1 ^ 0x100, p.ma.0.addr()),
     );
-    p.qa.ring(&p.a, i, Ring::Doorbell);
-    p.emu.run_until_idle();
     let ca = drain(&mut p.cqa);
     assert_eq!(
         (ca[0].opcode, ca[0].syndrome, ca[0].vendor),
@@ -110,15 +109,7 @@ fn gather_beyond_the_mr_is_local_protection_and_reads_nothing() {
     let mut p = pair(RC, Knobs::default());
     let g = Guarded::new(&p.a, p.pda, ALL_ACCESS);
     p.qb.post_recv(&[(p.mb.0.addr(), 8192, p.mb.1)]);
-    let i = p.qa.build_send(
-        SendOpcode::SEND,
-        0,
-        SIG,
-        [0; 4],
-        &dseg(4097, g.lkey, g.addr()),
-    );
-    p.qa.ring(&p.a, i, Ring::Doorbell);
-    p.emu.run_until_idle();
+    p.send(SendOpcode::SEND, SIG, [0; 4], &dseg(4097, g.lkey, g.addr()));
     assert_eq!(drain(&mut p.cqa)[0].syndrome, Syndrome::LOCAL_PROT.0);
     assert!(p.mb.0.read(0, 64).iter().all(|&b| b == 0));
     g.assert_canaries();
@@ -132,15 +123,12 @@ fn local_length_at_the_responder_is_remote_invalid_request_at_the_requester() {
     p.qb.post_recv(&[(g.addr() + 4096 - 16, 16, g.lkey)]);
     p.qb.post_recv(&[(g.addr(), 16, g.lkey)]);
     p.ma.0.write(0, &[0x77; 100]);
-    let i = p.qa.build_send(
+    p.send(
         SendOpcode::SEND,
-        0,
         SIG,
         [0; 4],
         &dseg(100, p.ma.1, p.ma.0.addr()),
     );
-    p.qa.ring(&p.a, i, Ring::Doorbell);
-    p.emu.run_until_idle();
     let cb = drain(&mut p.cqb);
     assert_eq!(
         (cb[0].opcode, cb[0].syndrome),
@@ -183,9 +171,7 @@ fn remote_access_errors_bad_rkey_bounds_and_rights() {
             &dseg(len, p.ma.1, p.ma.0.addr()),
         ]
         .concat();
-        let i = p.qa.build_send(opcode, 0, SIG, [0; 4], &segs);
-        p.qa.ring(&p.a, i, Ring::Doorbell);
-        p.emu.run_until_idle();
+        p.send(opcode, SIG, [0; 4], &segs);
         let ca = drain(&mut p.cqa);
         assert_eq!(
             (ca[0].opcode, ca[0].syndrome),
@@ -217,10 +203,7 @@ fn write_with_immediate_and_a_bad_rkey_is_a_local_access_error_at_the_responder(
         &dseg(8, p.ma.1, p.ma.0.addr()),
     ]
     .concat();
-    let i =
-        p.qa.build_send(SendOpcode::RDMA_WRITE_IMM, 0, SIG, [1; 4], &segs);
-    p.qa.ring(&p.a, i, Ring::Doorbell);
-    p.emu.run_until_idle();
+    p.send(SendOpcode::RDMA_WRITE_IMM, SIG, [1; 4], &segs);
     let cb = drain(&mut p.cqb);
     assert_eq!(
         (cb[0].opcode, cb[0].syndrome),
@@ -239,15 +222,7 @@ fn write_with_immediate_and_a_bad_rkey_is_a_local_access_error_at_the_responder(
 fn bad_receive_lkey_is_remote_operation_error() {
     let mut p = pair(RC, Knobs::default());
     p.qb.post_recv(&[(p.mb.0.addr(), 64, p.mb.1 ^ 0x100)]);
-    let i = p.qa.build_send(
-        SendOpcode::SEND,
-        0,
-        SIG,
-        [0; 4],
-        &dseg(8, p.ma.1, p.ma.0.addr()),
-    );
-    p.qa.ring(&p.a, i, Ring::Doorbell);
-    p.emu.run_until_idle();
+    send8(&mut p);
     let cb = drain(&mut p.cqb);
     assert_eq!(
         (cb[0].opcode, cb[0].syndrome, cb[0].vendor),
@@ -264,15 +239,12 @@ fn bad_receive_lkey_is_remote_operation_error() {
 #[test]
 fn unknown_opcode_and_bad_ctrl_are_local_qp_operation_errors() {
     let mut p = pair(RC, Knobs::default());
-    let i = p.qa.build_send(
+    p.send(
         SendOpcode(0x3E),
-        0,
         SIG,
         [0; 4],
         &dseg(8, p.ma.1, p.ma.0.addr()),
     );
-    p.qa.ring(&p.a, i, Ring::Doorbell);
-    p.emu.run_until_idle();
     let ca = drain(&mut p.cqa);
     assert_eq!(
         (ca[0].opcode, ca[0].syndrome, ca[0].send_op),
@@ -322,15 +294,7 @@ fn rnr_retry_exceeded_without_a_receive_then_success_with_one() {
         ..Knobs::default()
     };
     let mut p = pair(RC, k);
-    let i = p.qa.build_send(
-        SendOpcode::SEND,
-        0,
-        SIG,
-        [0; 4],
-        &dseg(8, p.ma.1, p.ma.0.addr()),
-    );
-    p.qa.ring(&p.a, i, Ring::Doorbell);
-    p.emu.run_until_idle();
+    send8(&mut p);
     let ca = drain(&mut p.cqa);
     assert_eq!(
         (ca[0].syndrome, ca[0].vendor),
@@ -415,4 +379,23 @@ fn cq_overrun_raises_the_cq_error_event() {
         "the third CQE does not fit"
     );
     assert_eq!(async_event(a.async_fd), Some(0), "IBV_EVENT_CQ_ERR");
+}
+
+#[test]
+fn hw_counters_are_listed_by_their_sysfs_names() {
+    let k = Knobs {
+        rnr_retry: 0,
+        min_rnr_timer: 1,
+        ..Knobs::default()
+    };
+    let mut p = pair(RC, k);
+    send8(&mut p);
+    let a: Vec<(&str, u64)> = p.emu.counters(0).hw_counters().collect();
+    assert_eq!(a.len(), 15);
+    assert!(a.contains(&("req_rnr_retries_exceeded", 1)), "{a:?}");
+    assert!(a.contains(&("rnr_nak_retry_err", 1)), "{a:?}");
+    assert!(a.contains(&("req_cqe_error", 1)), "{a:?}");
+    let b = p.emu.counters(1);
+    assert_eq!(b.get("out_of_buffer"), Some(1));
+    assert_eq!(b.get("no_such_counter"), None);
 }

@@ -17,19 +17,6 @@ use mlx5_ffi::mlx5::*;
 use mlx5_ffi::uverbs::*;
 use zerocopy::IntoBytes;
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
-
 /// A template: the command buffer and the byte offsets of response pointers in it.
 struct Template {
     ioctl: bool,
@@ -294,11 +281,7 @@ fn templates(ctx: &mut Ctx, scratch: u64, mem: &Buf) -> Vec<Template> {
         .out_ptr(UVERBS_ATTR_QUERY_PORT_RESP, scratch, 48)
         .build()
         .unwrap();
-    t.push(Template {
-        ioctl: true,
-        buf: io,
-        out_ptrs: vec![],
-    });
+    t.push(method_tpl(io));
     let d = Mlx5IbCreateCq {
         buf_addr: mem.addr(),
         db_addr: db,
@@ -315,31 +298,28 @@ fn templates(ctx: &mut Ctx, scratch: u64, mem: &Buf) -> Vec<Template> {
         .out_ptr(UVERBS_ATTR_UHW_OUT, scratch + 64, 8)
         .build()
         .unwrap();
-    t.push(Template {
-        ioctl: true,
-        buf: io,
-        out_ptrs: vec![],
-    });
+    t.push(method_tpl(io));
     let io = IoctlBuilder::new(UVERBS_OBJECT_QP, UVERBS_METHOD_QP_DESTROY)
         .in_obj(UVERBS_ATTR_DESTROY_QP_HANDLE, qp.handle)
         .out_ptr(UVERBS_ATTR_DESTROY_QP_RESP, scratch, 4)
         .build()
         .unwrap();
-    t.push(Template {
-        ioctl: true,
-        buf: io,
-        out_ptrs: vec![],
-    });
+    t.push(method_tpl(io));
     let io = IoctlBuilder::new(UVERBS_OBJECT_PD, UVERBS_METHOD_PD_DESTROY)
         .in_obj(UVERBS_ATTR_DESTROY_PD_HANDLE, pd)
         .build()
         .unwrap();
-    t.push(Template {
-        ioctl: true,
-        buf: io,
-        out_ptrs: vec![],
-    });
+    t.push(method_tpl(io));
     t
+}
+
+/// An ioctl object-method template (its attribute values are never mutated).
+fn method_tpl(buf: Vec<u8>) -> Template {
+    Template {
+        ioctl: true,
+        buf,
+        out_ptrs: vec![],
+    }
 }
 
 /// Store bytes into the harness's own scratch area.
@@ -397,22 +377,22 @@ fn a_million_mutated_commands_do_not_crash() {
                 break;
             }
             done += 1;
-            let tpl = &t[rng.below(t.len())];
+            let tpl = &t[rng.pick(t.len())];
             let mut b = tpl.buf.clone();
-            for _ in 0..=rng.below(4) {
-                match rng.below(6) {
+            for _ in 0..=rng.pick(4) {
+                match rng.pick(6) {
                     0 if !b.is_empty() => {
-                        let i = rng.below(b.len());
-                        b[i] ^= 1 << rng.below(8);
+                        let i = rng.pick(b.len());
+                        b[i] ^= 1 << rng.pick(8);
                     }
                     1 if b.len() >= 4 => {
-                        let i = rng.below(b.len() - 3) & !3;
-                        b[i..i + 4].copy_from_slice(&interesting[rng.below(8)].to_ne_bytes());
+                        let i = rng.pick(b.len() - 3) & !3;
+                        b[i..i + 4].copy_from_slice(&interesting[rng.pick(8)].to_ne_bytes());
                     }
-                    2 => b.truncate(rng.below(b.len() + 1)),
-                    3 => b.extend((0..rng.below(24)).map(|_| rng.next() as u8)),
+                    2 => b.truncate(rng.pick(b.len() + 1)),
+                    3 => b.extend((0..rng.pick(24)).map(|_| rng.next() as u8)),
                     4 if !b.is_empty() => {
-                        let i = rng.below(b.len());
+                        let i = rng.pick(b.len());
                         b[i] = rng.next() as u8;
                     }
                     _ => {}
@@ -421,8 +401,8 @@ fn a_million_mutated_commands_do_not_crash() {
             // Response pointers: only valid, NULL or unmapped.
             for &o in &tpl.out_ptrs {
                 if b.len() >= o + 8 {
-                    let n = if rng.below(8) == 0 { 4 } else { 1 };
-                    let p = bad_ptrs[rng.below(n)];
+                    let n = if rng.pick(8) == 0 { 4 } else { 1 };
+                    let p = bad_ptrs[rng.pick(n)];
                     b[o..o + 8].copy_from_slice(&p.to_ne_bytes());
                 }
             }

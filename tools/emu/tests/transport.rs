@@ -30,37 +30,7 @@ fn faulty_pair(seed: u64) -> Pair {
         min_rnr_timer: 1,
         access: ALL_ACCESS,
     };
-    let mut a = Ctx::open(&emu, 0);
-    let mut b = Ctx::open(&emu, 1);
-    let pda = a.alloc_pd();
-    let pdb = b.alloc_pd();
-    let cqa = a.create_cq(256, 64, -1);
-    let cqb = b.create_cq(256, 64, -1);
-    let qa = a.create_qp(pda, &cqa, &cqa, RC, 64, 64, None);
-    let qb = b.create_qp(pdb, &cqb, &cqb, RC, 64, 64, None);
-    let bufa = Buf::new(4 * 4096);
-    let bufb = Buf::new(4 * 4096);
-    let (_, la, ra) = a
-        .reg_mr(pda, bufa.addr(), bufa.len as u64, ALL_ACCESS)
-        .unwrap();
-    let (_, lb, rb) = b
-        .reg_mr(pdb, bufb.addr(), bufb.len as u64, ALL_ACCESS)
-        .unwrap();
-    bring_up(&a, &qa, 2, qb.qpn, k);
-    bring_up(&b, &qb, 1, qa.qpn, k);
-    Pair {
-        emu,
-        a,
-        b,
-        qa,
-        qb,
-        cqa,
-        cqb,
-        pda,
-        pdb,
-        ma: (bufa, la, ra),
-        mb: (bufb, lb, rb),
-    }
+    pair_in(emu, RC, k, 64, 256, 64)
 }
 
 #[test]
@@ -112,10 +82,7 @@ fn rc_delivers_in_order_exactly_once_despite_faults() {
                 DataSeg::new(8, p.ma.1, p.ma.0.addr() + 8192 + k * 8).as_bytes(),
             ]
             .concat();
-            let i =
-                p.qa.build_send(SendOpcode::ATOMIC_FA, 0, FM_CE_SE_CQ_UPDATE, [0; 4], &segs);
-            p.qa.ring(&p.a, i, Ring::Doorbell);
-            p.emu.run_until_idle();
+            p.send(SendOpcode::ATOMIC_FA, FM_CE_SE_CQ_UPDATE, [0; 4], &segs);
         }
         assert_eq!(drain(&mut p.cqa).len(), 10);
         assert_eq!(
@@ -174,15 +141,12 @@ fn messages_larger_than_the_mtu_travel_as_several_packets() {
         let (ba, la, bb, lb, rb) = (p.ma.0.addr(), p.ma.1, p.mb.0.addr(), p.mb.1, p.mb.2);
         p.ma.0.write(0, &pattern(10000, 1));
         p.qb.post_recv(&[(bb, 6000, lb), (bb + 8192, 6000, lb)]);
-        let i = p.qa.build_send(
+        p.send(
             SendOpcode::SEND,
-            0,
             FM_CE_SE_CQ_UPDATE,
             [0; 4],
             DataSeg::new(10000, la, ba).as_bytes(),
         );
-        p.qa.ring(&p.a, i, Ring::Doorbell);
-        p.emu.run_until_idle();
         let cb = drain(&mut p.cqb);
         assert_eq!((cb[0].opcode, cb[0].byte_cnt), (2, 10000), "{qp_type}");
         assert!(p.mb.0.read(0, 6000) == pattern(10000, 1)[..6000]);
@@ -195,15 +159,12 @@ fn messages_larger_than_the_mtu_travel_as_several_packets() {
             DataSeg::new(5000, la, ba).as_bytes(),
         ]
         .concat();
-        let i = p.qa.build_send(
+        p.send(
             SendOpcode::RDMA_WRITE_IMM,
-            0,
             FM_CE_SE_CQ_UPDATE,
             [4; 4],
             &segs,
         );
-        p.qa.ring(&p.a, i, Ring::Doorbell);
-        p.emu.run_until_idle();
         let cb = drain(&mut p.cqb);
         assert_eq!((cb[0].opcode, cb[0].byte_cnt, cb[0].imm), (1, 5000, [4; 4]));
         assert!(p.mb.0.read(16384 - 5000, 5000) == pattern(10000, 1)[..5000]);
@@ -215,10 +176,7 @@ fn messages_larger_than_the_mtu_travel_as_several_packets() {
                 DataSeg::new(7000, la, ba + 2 * 4096).as_bytes(),
             ]
             .concat();
-            let i =
-                p.qa.build_send(SendOpcode::RDMA_READ, 0, FM_CE_SE_CQ_UPDATE, [0; 4], &segs);
-            p.qa.ring(&p.a, i, Ring::Doorbell);
-            p.emu.run_until_idle();
+            p.send(SendOpcode::RDMA_READ, FM_CE_SE_CQ_UPDATE, [0; 4], &segs);
             let ca = drain(&mut p.cqa);
             assert_eq!(
                 (ca.last().unwrap().send_op, ca.last().unwrap().byte_cnt),
@@ -241,15 +199,12 @@ fn large_messages_survive_faults() {
         for k in 0..6usize {
             p.ma.0.write(0, &pattern(3000, k as u8));
             p.qb.post_recv(&[(bb, 4096, lb)]);
-            let i = p.qa.build_send(
+            p.send(
                 SendOpcode::SEND,
-                0,
                 FM_CE_SE_CQ_UPDATE,
                 [0; 4],
                 DataSeg::new(3000, la, ba).as_bytes(),
             );
-            p.qa.ring(&p.a, i, Ring::Doorbell);
-            p.emu.run_until_idle();
             assert_eq!(drain(&mut p.cqa).len(), 1, "seed {seed} msg {k}");
             let cb = drain(&mut p.cqb);
             assert_eq!((cb.len(), cb[0].byte_cnt), (1, 3000), "seed {seed} msg {k}");
@@ -263,10 +218,7 @@ fn large_messages_survive_faults() {
                 DataSeg::new(3000, la, ba + 8192).as_bytes(),
             ]
             .concat();
-            let i =
-                p.qa.build_send(SendOpcode::RDMA_READ, 0, FM_CE_SE_CQ_UPDATE, [0; 4], &segs);
-            p.qa.ring(&p.a, i, Ring::Doorbell);
-            p.emu.run_until_idle();
+            p.send(SendOpcode::RDMA_READ, FM_CE_SE_CQ_UPDATE, [0; 4], &segs);
             assert_eq!(drain(&mut p.cqa).len(), 1);
             assert!(
                 p.ma.0.read(8192, 3000) == pattern(3000, k as u8),

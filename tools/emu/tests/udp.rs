@@ -143,3 +143,61 @@ fn rc_between_two_emulators_over_udp_with_pcap() {
     assert_eq!(ops[3..97], [0x07; 94], "WRITE_MIDDLE");
     assert_eq!(ops[97], 0x08, "WRITE_LAST");
 }
+
+#[test]
+fn a_burst_larger_than_the_socket_buffer_recovers() {
+    let ea = node(None);
+    let eb = node(None);
+    let (ia, ib) = (ea.hca_info(0).unwrap(), eb.hca_info(0).unwrap());
+    let mut a = Ctx::open(&ea, 0);
+    let mut b = Ctx::open(&eb, 0);
+    let (pda, pdb) = (a.alloc_pd(), b.alloc_pd());
+    let mut cqa = a.create_cq(512, 64, -1);
+    let qa = a.create_qp(pda, &cqa, &cqa, RC, 256, 8, None);
+    let cqb = b.create_cq(16, 64, -1);
+    let qb = b.create_qp(pdb, &cqb, &cqb, RC, 16, 8, None);
+    let src = Buf::new(4096);
+    let dst = Buf::new(256 * 4096);
+    let (_, ls, _) = a.reg_mr(pda, src.addr(), 4096, ALL_ACCESS).unwrap();
+    let (_, _, rd) = b
+        .reg_mr(pdb, dst.addr(), dst.len as u64, ALL_ACCESS)
+        .unwrap();
+    let k = Knobs {
+        timeout: 14,
+        retry_cnt: 7,
+        ..Knobs::default()
+    };
+    let mut qa = qa;
+    bring_up(&a, &qa, ib.lid, qb.qpn, Knobs { ..k });
+    let mut mq = modify_base(&qb);
+    mq.attr_mask = 0;
+    let _ = mq;
+    bring_up(&b, &qb, ia.lid, qa.qpn, k);
+    src.write(0, &[0xAB; 4096]);
+    let n = 120u64;
+    let mut last = 0;
+    for i in 0..n {
+        let segs = [
+            RaddrSeg::new(dst.addr() + i * 4096, rd).as_bytes(),
+            DataSeg::new(4096, ls, src.addr()).as_bytes(),
+        ]
+        .concat();
+        last = qa.build_send(SendOpcode::RDMA_WRITE, 0, FM_CE_SE_CQ_UPDATE, [0; 4], &segs);
+    }
+    qa.ring(&a, last, Ring::Doorbell);
+    settle(&ea, &eb);
+    let ca = drain(&mut cqa);
+    assert_eq!(
+        ca.len(),
+        n as usize,
+        "{:?} {:?}",
+        ea.counters(0),
+        eb.counters(0)
+    );
+    assert!(
+        ca.iter().all(|c| c.opcode == 0),
+        "{:?}",
+        ca.iter().find(|c| c.opcode != 0)
+    );
+    assert!(dst.read(0, 4096 * n as usize).iter().all(|&x| x == 0xAB));
+}

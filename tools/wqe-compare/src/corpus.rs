@@ -9,12 +9,12 @@
 //! ```text
 //! buf <va> <len>
 //! src <offset> <length>          -- fill with corpus::src_byte(i) (i = offset within buffer)
-//! caps <rc|ud> <max_send_wr> <max_send_sge> <max_inline_data> <max_recv_wr>
-//! recv <rc|ud> <count> <offset> <length>
+//! caps <rc|ud|uc> <max_send_wr> <max_send_sge> <max_inline_data> <max_recv_wr>
+//! recv <rc|ud|uc> <count> <offset> <length>
 //! qkey <qkey>
 //! sigall <0|1>                   -- create the requester QPs with sq_sig_all
 //! post <n>                       -- one ibv_post_send call of the n `wr` lines that follow
-//! wr <rc|ud> <opcode> <flags> <imm> <remote_off> <compare> <swap_add> <nsge> [<off>:<len>]...
+//! wr <rc|ud|uc> <opcode> <flags> <imm> <remote_off> <compare> <swap_add> <nsge> [<off>:<len>]...
 //! end
 //! ```
 
@@ -33,6 +33,8 @@ pub const REMOTE_OFF: u64 = 0x4_0000;
 pub const RESULT_OFF: u64 = 0x8_0000;
 /// Receive buffers of the RC responder (all receives share it).
 pub const RC_RECV_OFF: u64 = 0xC_0000;
+/// Receive buffers of the UC responder.
+pub const UC_RECV_OFF: u64 = 0xD_0000;
 /// Receive buffers of the UD responder (GRH + payload).
 pub const UD_RECV_OFF: u64 = 0xE_0000;
 /// Length of one receive SGE.
@@ -94,14 +96,43 @@ pub enum QpSel {
     Rc,
     /// The UD requester (addressing the UD responder through an AH to the own port).
     Ud,
+    /// The UC requester (connected in loopback to the UC responder).
+    Uc,
 }
 
 impl QpSel {
-    /// `rc` / `ud`.
+    /// Every sending QP, in creation order.
+    pub const ALL: [QpSel; 3] = [QpSel::Rc, QpSel::Ud, QpSel::Uc];
+
+    /// `rc` / `ud` / `uc`.
     pub fn name(self) -> &'static str {
         match self {
             QpSel::Rc => "rc",
             QpSel::Ud => "ud",
+            QpSel::Uc => "uc",
+        }
+    }
+
+    /// The requested caps of this QP (and of its responder).
+    pub fn caps(self) -> Caps {
+        match self {
+            QpSel::Rc => RC_CAPS,
+            QpSel::Ud => UD_CAPS,
+            QpSel::Uc => UC_CAPS,
+        }
+    }
+
+    /// (WQE size, SQ WQEBBs, reported `max_inline_data`) both drivers must arrive at.
+    pub fn geometry(self) -> (u32, u32, u32) {
+        self.caps().geometry(overhead(self))
+    }
+
+    /// Where the responder's receives land.
+    pub fn recv_off(self) -> u64 {
+        match self {
+            QpSel::Rc => RC_RECV_OFF,
+            QpSel::Ud => UD_RECV_OFF,
+            QpSel::Uc => UC_RECV_OFF,
         }
     }
 }
@@ -137,12 +168,14 @@ impl Caps {
 }
 
 /// Header bytes of the operations each QP may post (ctrl + raddr + atomic for RC, ctrl + AV
-/// for UD). The harness creates its RC QP with exactly these `send_ops_flags`, so libmlx5
-/// uses the same overhead as the `mlx5` crate (not its default 192 B for UMR ops).
+/// for UD, ctrl + raddr for UC). The harness creates its QPs with exactly the
+/// `send_ops_flags` the corpus uses, so libmlx5 uses the same overhead as the `mlx5` crate
+/// (not its default 192 B for the UMR operations LOCAL_INV/BIND_MW on RC and UC).
 pub fn overhead(qp: QpSel) -> u32 {
     match qp {
         QpSel::Rc => 48,
         QpSel::Ud => 64,
+        QpSel::Uc => 32,
     }
 }
 
@@ -151,6 +184,14 @@ pub const RC_CAPS: Caps = Caps {
     max_send_wr: 16,
     max_send_sge: 4,
     max_inline_data: 120,
+    max_recv_wr: 512,
+};
+
+/// UC requester caps: 12 WRs of up to 3 SGEs or 92 inline bytes -> 128 B WQEs, 32 WQEBBs.
+pub const UC_CAPS: Caps = Caps {
+    max_send_wr: 12,
+    max_send_sge: 3,
+    max_inline_data: 40,
     max_recv_wr: 512,
 };
 
@@ -313,9 +354,9 @@ pub fn inline_sizes(max: u32) -> Vec<u32> {
 #[derive(Debug)]
 struct Builder {
     posts: Vec<Vec<Wr>>,
-    unsignaled: [u32; 2],
+    unsignaled: [u32; 3],
     /// Free-running WQEBB producer counter per QP, as the drivers will advance it.
-    cur_post: [u32; 2],
+    cur_post: [u32; 3],
     rng: Rng,
 }
 
@@ -349,7 +390,7 @@ impl Builder {
                 break;
             }
             let s = match qp {
-                QpSel::Rc => self.sges(1, &[8]),
+                QpSel::Rc | QpSel::Uc => self.sges(1, &[8]),
                 QpSel::Ud => Vec::new(),
             };
             let filler = self.wr(qp, op::SEND, 0, s);
@@ -427,6 +468,14 @@ impl Builder {
                 op::ATOMIC_FETCH_AND_ADD,
             ],
             QpSel::Ud => &[op::SEND, op::SEND_WITH_IMM],
+            // No SEND_WITH_INV: IB defines no invalidate opcodes for UC (both drivers build
+            // the WQE; the device completes it with a local QP operation error).
+            QpSel::Uc => &[
+                op::SEND,
+                op::SEND_WITH_IMM,
+                op::RDMA_WRITE,
+                op::RDMA_WRITE_WITH_IMM,
+            ],
         };
         let opcode = self.rng.pick(ops);
         let mut flags = 0;
@@ -473,17 +522,18 @@ impl Builder {
 }
 
 impl Corpus {
-    /// The standard corpus. `rc_max_inline` / `ud_max_inline` are the QPs' reported inline
-    /// limits (both drivers must report the same; see [`Caps::geometry`]).
-    pub fn standard(rc_max_inline: u32, ud_max_inline: u32) -> Corpus {
+    /// The standard corpus, for QPs with the inline limits of [`QpSel::geometry`] (both
+    /// drivers must report them).
+    pub fn standard() -> Corpus {
+        let (_, rc_ring, rc_max_inline) = QpSel::Rc.geometry();
+        let (_, ud_ring, ud_max_inline) = QpSel::Ud.geometry();
+        let (_, uc_ring, uc_max_inline) = QpSel::Uc.geometry();
         let mut b = Builder {
             posts: Vec::new(),
-            unsignaled: [0; 2],
-            cur_post: [0; 2],
+            unsignaled: [0; 3],
+            cur_post: [0; 3],
             rng: Rng(0x005E_ED0F_C0DE_2026),
         };
-        let rc_ring = RC_CAPS.geometry(overhead(QpSel::Rc)).1;
-        let ud_ring = UD_CAPS.geometry(overhead(QpSel::Ud)).1;
         let sig = flag::SIGNALED;
         let rc_sge = RC_CAPS.max_send_sge as usize;
         // 1. Every RC opcode with 1..=max SGEs, signaled, one WR per post.
@@ -615,8 +665,42 @@ impl Corpus {
         let s = b.sges(ud_sge, &[9, 10]);
         let wr = b.wr(QpSel::Ud, op::SEND, sig, s);
         b.wrap_with(ud_ring, 1, wr);
+        // UC: every UC opcode with 1..=max SGEs and every inline size, random WRs and
+        // chains, WQEs across the ring end.
+        let uc_sge = UC_CAPS.max_send_sge as usize;
+        for opcode in [
+            op::SEND,
+            op::SEND_WITH_IMM,
+            op::RDMA_WRITE,
+            op::RDMA_WRITE_WITH_IMM,
+        ] {
+            for n in 1..=uc_sge {
+                let s = b.sges(n, &[1, 7, 64, 300]);
+                let wr = b.wr(QpSel::Uc, opcode, sig, s);
+                b.post(vec![wr]);
+            }
+            for (i, size) in inline_sizes(uc_max_inline).into_iter().enumerate() {
+                let s = vec![(SRC_OFF + 0x30 * i as u64, size)];
+                let flags = flag::INLINE | if i % 2 == 1 { sig } else { 0 };
+                let wr = b.wr(QpSel::Uc, opcode, flags, s);
+                b.post(vec![wr]);
+            }
+        }
+        for i in 0..60 {
+            let n = if i % 4 == 2 { 2 + (i % 3) } else { 1 };
+            let chain = (0..n)
+                .map(|_| b.random(QpSel::Uc, uc_max_inline, UC_CAPS.max_send_sge))
+                .collect();
+            b.post(chain);
+        }
+        let s = vec![(SRC_OFF + 0xabc, uc_max_inline)];
+        let wr = b.wr(QpSel::Uc, op::RDMA_WRITE_WITH_IMM, sig | flag::INLINE, s);
+        b.wrap_with(uc_ring, 1, wr);
+        let s = b.sges(uc_sge, &[11, 12]);
+        let wr = b.wr(QpSel::Uc, op::RDMA_WRITE, sig, s);
+        b.wrap_with(uc_ring, 1, wr);
         // Finish each QP with a signaled WR, so every WQE is known executed at the end.
-        for qp in [QpSel::Rc, QpSel::Ud] {
+        for qp in QpSel::ALL {
             let s = b.sges(1, &[4]);
             let wr = b.wr(qp, op::SEND, sig, s);
             b.post(vec![wr]);
@@ -652,7 +736,8 @@ impl Corpus {
         let mut s = String::new();
         let _ = writeln!(s, "buf {BUF_VA:#x} {BUF_LEN:#x}");
         let _ = writeln!(s, "src {SRC_OFF:#x} {:#x}", REMOTE_OFF - SRC_OFF);
-        for (qp, c) in [(QpSel::Rc, RC_CAPS), (QpSel::Ud, UD_CAPS)] {
+        for qp in QpSel::ALL {
+            let c = qp.caps();
             let _ = writeln!(
                 s,
                 "caps {} {} {} {} {}",
@@ -663,12 +748,13 @@ impl Corpus {
                 c.max_recv_wr
             );
         }
-        for (qp, off) in [(QpSel::Rc, RC_RECV_OFF), (QpSel::Ud, UD_RECV_OFF)] {
+        for qp in QpSel::ALL {
             let _ = writeln!(
                 s,
-                "recv {} {} {off:#x} {RECV_LEN:#x}",
+                "recv {} {} {:#x} {RECV_LEN:#x}",
                 qp.name(),
-                self.recvs_needed(qp)
+                self.recvs_needed(qp),
+                qp.recv_off()
             );
         }
         let _ = writeln!(s, "qkey {QKEY:#x}");
@@ -723,6 +809,7 @@ mod tests {
         assert_eq!(ud.geometry(192), (256, 4, 60));
         assert_eq!(RC_CAPS.geometry(overhead(QpSel::Rc)), (192, 64, 140));
         assert_eq!(UD_CAPS.geometry(overhead(QpSel::Ud)), (128, 32, 60));
+        assert_eq!(QpSel::Uc.geometry(), (128, 32, 92));
     }
 
     #[test]
@@ -764,8 +851,8 @@ mod tests {
 
     #[test]
     fn corpus_keeps_the_rules() {
-        let c = Corpus::standard(140, 60);
-        for qp in [QpSel::Rc, QpSel::Ud] {
+        let c = Corpus::standard();
+        for qp in QpSel::ALL {
             let wrs = c.wrs(qp);
             assert!(wrs.len() > 50, "{qp:?}: {}", wrs.len());
             let mut run = 0;
@@ -774,20 +861,19 @@ mod tests {
                 assert!(run <= MAX_UNSIGNALED_RUN);
                 let total: u32 = w.sges.iter().map(|s| s.1).sum();
                 if w.has(flag::INLINE) {
-                    assert!(total <= if qp == QpSel::Rc { 140 } else { 60 });
+                    assert!(total <= qp.geometry().2);
                 }
                 for (off, len) in &w.sges {
                     assert!(off + u64::from(*len) <= BUF_LEN);
                 }
-                let caps = if qp == QpSel::Rc { RC_CAPS } else { UD_CAPS };
                 assert!(
-                    w.sges.len() <= caps.max_send_sge as usize,
+                    w.sges.len() <= qp.caps().max_send_sge as usize,
                     "{}",
                     w.describe()
                 );
             }
             assert!(wrs.last().unwrap().has(flag::SIGNALED));
-            assert!(c.recvs_needed(qp) <= RC_CAPS.max_recv_wr);
+            assert!(c.recvs_needed(qp) <= qp.caps().max_recv_wr);
         }
         // Every opcode appears; the text form has one line per WR.
         let rc = c.wrs(QpSel::Rc);
@@ -795,8 +881,8 @@ mod tests {
             assert!(rc.iter().any(|w| w.opcode == o), "opcode {o}");
         }
         // The ring-end WQEs are where they were meant to be.
-        for (qp, caps) in [(QpSel::Rc, RC_CAPS), (QpSel::Ud, UD_CAPS)] {
-            let ring = caps.geometry(overhead(qp)).1;
+        for qp in QpSel::ALL {
+            let ring = qp.geometry().1;
             let mut cur = 0u32;
             let mut wrapped = 0;
             for w in c.wrs(qp) {

@@ -11,10 +11,9 @@ use mlx5::{
 use mlx5_emu::{EmuConfig, Emulator, Fabric, RunMode, WqeRecord};
 
 use crate::corpus::{
-    BUF_LEN, BUF_VA, Caps, Corpus, QKEY, QpSel, RC_CAPS, RC_RECV_OFF, RECV_LEN, SRC_OFF, UD_CAPS,
-    UD_RECV_OFF, Wr, flag, op, src_byte,
+    BUF_LEN, BUF_VA, Caps, Corpus, QKEY, QpSel, RECV_LEN, SRC_OFF, Wr, flag, op, src_byte,
 };
-use crate::{FixedBuf, Knobs, SideInfo};
+use crate::{FixedBuf, Knobs, QpInfo, SideInfo};
 
 /// The buffer lives at one fixed address: one run at a time per process.
 static FIXED_VA: Mutex<()> = Mutex::new(());
@@ -38,6 +37,14 @@ fn err(what: &str, e: impl std::fmt::Display) -> String {
     format!("driver side: {what}: {e}")
 }
 
+fn qp_type(sel: QpSel) -> QpType {
+    match sel {
+        QpSel::Rc => QpType::Rc,
+        QpSel::Ud => QpType::Ud,
+        QpSel::Uc => QpType::Uc,
+    }
+}
+
 fn qp_cap(c: Caps) -> QpCap {
     QpCap {
         max_send_wr: c.max_send_wr,
@@ -50,7 +57,8 @@ fn qp_cap(c: Caps) -> QpCap {
 
 /// Run `corpus` through the `mlx5` crate with `knobs`. Objects are created in the same order
 /// as the C harness creates them (PD, MR, send CQ, receive CQ, RC requester, RC responder,
-/// UD requester, UD responder, AH), so the emulator hands out the same numbers.
+/// UD requester, UD responder, UC requester, UC responder, AH), so the emulator hands out
+/// the same numbers.
 ///
 /// # Errors
 /// A description of the first failure (object creation, post, error completion).
@@ -77,6 +85,7 @@ pub fn run(corpus: &Corpus, knobs: &Knobs) -> Result<SideRun, String> {
     // and MLX5_SHUT_UP_BF's counterpart; explicit, so our own environment cannot change it.
     let config = ContextConfig {
         no_bf: knobs.shut_up_bf,
+        low_latency_bfregs: knobs.low_latency_bfregs,
         ..ContextConfig::default()
     };
     let ctx = Context::open_with(surface, config).map_err(|e| err("Context::open", e))?;
@@ -106,10 +115,14 @@ pub fn run(corpus: &Corpus, knobs: &Knobs) -> Result<SideRun, String> {
         a.sq_sig_all = sig_all;
         Qp::new(&pd, &a).map_err(|e| err("Qp::new", e))
     };
-    let mut rc = new_qp(QpType::Rc, RC_CAPS, corpus.sq_sig_all)?;
-    let mut rc_peer = new_qp(QpType::Rc, RC_CAPS, false)?;
-    let mut ud = new_qp(QpType::Ud, UD_CAPS, corpus.sq_sig_all)?;
-    let mut ud_peer = new_qp(QpType::Ud, UD_CAPS, false)?;
+    // Requester and responder of each QpSel, in the order the harness creates them.
+    let mut req: Vec<Qp> = Vec::new();
+    let mut peer: Vec<Qp> = Vec::new();
+    for sel in QpSel::ALL {
+        let t = qp_type(sel);
+        req.push(new_qp(t, sel.caps(), corpus.sq_sig_all)?);
+        peer.push(new_qp(t, sel.caps(), false)?);
+    }
     let ah = Ah::new(
         &pd,
         AhAttr {
@@ -120,62 +133,54 @@ pub fn run(corpus: &Corpus, knobs: &Knobs) -> Result<SideRun, String> {
     )
     .map_err(|e| err("Ah::new", e))?;
 
-    // Connect: RC in loopback, UD to RTS.
-    let (a, b) = (rc.qpn(), rc_peer.qpn());
-    for (qp, remote) in [(&mut rc, b), (&mut rc_peer, a)] {
-        qp.to_init(1, Access::ALL, 0)
-            .map_err(|e| err("RC INIT", e))?;
-        let r = RemoteQp {
-            qpn: remote,
-            psn: 0,
-            lid,
-            gid: None,
-        };
-        qp.to_rtr(&r, PATH_MTU, 0).map_err(|e| err("RC RTR", e))?;
-        qp.to_rts(0, 7).map_err(|e| err("RC RTS", e))?;
-    }
-    for qp in [&mut ud, &mut ud_peer] {
-        qp.to_init(1, Access::LOCAL_WRITE, QKEY)
-            .map_err(|e| err("UD INIT", e))?;
-        let r = RemoteQp {
-            qpn: 0,
-            psn: 0,
-            lid,
-            gid: None,
-        };
-        qp.to_rtr(&r, PATH_MTU, 0).map_err(|e| err("UD RTR", e))?;
-        qp.to_rts(0, 0).map_err(|e| err("UD RTS", e))?;
-    }
-    // Receives for every WR that consumes one.
-    for (qp, sel, off) in [
-        (&mut rc_peer, QpSel::Rc, RC_RECV_OFF),
-        (&mut ud_peer, QpSel::Ud, UD_RECV_OFF),
-    ] {
-        let sge = [mr.sge(off, RECV_LEN)];
-        for i in 0..corpus.recvs_needed(sel) {
+    // Connect: RC and UC in loopback (same attributes as the harness), UD to RTS.
+    for sel in QpSel::ALL {
+        let i = sel as usize;
+        let (a, b) = (req[i].qpn(), peer[i].qpn());
+        for (qp, remote) in [(&mut req[i], b), (&mut peer[i], a)] {
+            let (access, qkey) = match sel {
+                QpSel::Rc => (Access::ALL, 0),
+                QpSel::Uc => (Access::LOCAL_WRITE | Access::REMOTE_WRITE, 0),
+                QpSel::Ud => (Access::LOCAL_WRITE, QKEY),
+            };
+            qp.to_init(1, access, qkey)
+                .map_err(|e| err(&format!("{} INIT", sel.name()), e))?;
+            let r = RemoteQp {
+                qpn: remote,
+                psn: 0,
+                lid,
+                gid: None,
+            };
+            qp.to_rtr(&r, PATH_MTU, 0)
+                .map_err(|e| err(&format!("{} RTR", sel.name()), e))?;
+            qp.to_rts(0, 7)
+                .map_err(|e| err(&format!("{} RTS", sel.name()), e))?;
+        }
+        // Receives for every WR that consumes one.
+        let sge = [mr.sge(sel.recv_off(), RECV_LEN)];
+        for n in 0..corpus.recvs_needed(sel) {
             let wr = RecvWr {
-                wr_id: u64::from(i),
+                wr_id: u64::from(n),
                 sg_list: &sge,
             };
-            qp.post_recv(&[wr]).map_err(|(_, e)| err("post_recv", e))?;
+            peer[i]
+                .post_recv(&[wr])
+                .map_err(|(_, e)| err("post_recv", e))?;
         }
     }
 
-    let mut posted = [0u64; 2];
+    let mut posted = [0u64; 3];
     let mut wcs = [WorkCompletion::default(); 32];
+    let ud_dest = UdDest {
+        ah: &ah,
+        remote_qpn: peer[QpSel::Ud as usize].qpn(),
+        remote_qkey: QKEY,
+    };
     for (n, post) in corpus.posts.iter().enumerate() {
         let sel = post[0].qp;
-        let qp = match sel {
-            QpSel::Rc => &mut rc,
-            QpSel::Ud => &mut ud,
-        };
+        let qp = &mut req[sel as usize];
         let sges: Vec<Vec<Sge>> = post.iter().map(|w| gather(w, &mr)).collect();
         let inl: Vec<Vec<&[u8]>> = post.iter().map(|w| inline(w, &src)).collect();
-        let dest = UdDest {
-            ah: &ah,
-            remote_qpn: ud_peer.qpn(),
-            remote_qkey: QKEY,
-        };
         let wrs: Vec<SendWr<'_>> = post
             .iter()
             .zip(&sges)
@@ -192,7 +197,7 @@ pub fn run(corpus: &Corpus, knobs: &Knobs) -> Result<SideRun, String> {
                     wr = wr.with_inline(d);
                 }
                 if sel == QpSel::Ud {
-                    wr = wr.to(dest);
+                    wr = wr.to(ud_dest);
                 }
                 wr
             })
@@ -226,25 +231,25 @@ pub fn run(corpus: &Corpus, knobs: &Knobs) -> Result<SideRun, String> {
         }
         drain(&mut rcq, &mut wcs)?;
     }
-    let geo = |q: &Qp| q.sq_ref().geometry();
-    let info = SideInfo {
-        rc_qpn: rc.qpn(),
-        rc_peer_qpn: rc_peer.qpn(),
-        ud_qpn: ud.qpn(),
-        ud_peer_qpn: ud_peer.qpn(),
+    let mut info = SideInfo {
         lkey: mr.lkey(),
         rkey: mr.rkey(),
-        rc_max_send_wr: rc.cap().max_send_wr,
-        rc_max_inline: rc.cap().max_inline_data,
-        rc_sq_wqe_cnt: geo(&rc).wqe_cnt,
-        ud_max_send_wr: ud.cap().max_send_wr,
-        ud_max_inline: ud.cap().max_inline_data,
-        ud_sq_wqe_cnt: geo(&ud).wqe_cnt,
-        rc_posted: posted[0],
-        ud_posted: posted[1],
+        ..SideInfo::default()
     };
+    for sel in QpSel::ALL {
+        let (q, p) = (&req[sel as usize], &peer[sel as usize]);
+        info.qps[sel as usize] = QpInfo {
+            qpn: q.qpn(),
+            peer_qpn: p.qpn(),
+            max_send_wr: q.cap().max_send_wr,
+            max_inline: q.cap().max_inline_data,
+            sq_wqe_cnt: q.sq_ref().geometry().wqe_cnt,
+            posted: posted[sel as usize],
+            bfreg_shared: !q.sq_ref().bfreg().dedicated,
+        };
+    }
     let records = emu.wqe_log(0);
-    drop((ah, rc, rc_peer, ud, ud_peer, scq, rcq, mr, pd, ctx));
+    drop((ah, req, peer, scq, rcq, mr, pd, ctx));
     drop(buf);
     Ok(SideRun { info, records })
 }

@@ -23,8 +23,16 @@ pub fn source() -> PathBuf {
 /// with it), or the compiler's output.
 pub fn build(out_dir: &Path) -> Result<PathBuf, String> {
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
+    build_with(&cc, out_dir)
+}
+
+/// [`build`] with the compiler `cc`.
+///
+/// # Errors
+/// As [`build`].
+pub fn build_with(cc: &str, out_dir: &Path) -> Result<PathBuf, String> {
     let exe = out_dir.join("wqe-harness");
-    let out = Command::new(&cc)
+    let out = Command::new(cc)
         .args(["-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", "-o"])
         .arg(&exe)
         .arg(source())
@@ -78,7 +86,8 @@ pub fn preload_so() -> Result<PathBuf, String> {
 /// `MLX5_EMU_FABRIC=inprocess`, `MLX5_EMU_NODE=`[`NODE`], `MLX5_EMU_HCAS=1`,
 /// `MLX5_EMU_WQE_LOG=<log>`, `MLX5_EMU_BF_REG_SIZE`, `MLX5_EMU_DYN_UAR`, and for libmlx5
 /// `MLX5_SCATTER_TO_CQE=0` (the `mlx5` crate never asks for scatter-to-CQE, so both QPs are
-/// created without it; it changes CQEs, not WQEs), `MLX5_POST_SEND_PREFER_BF=0` unless
+/// created without it; it changes CQEs, not WQEs), `MLX5_NUM_LOW_LAT_UUARS`,
+/// `MLX5_POST_SEND_PREFER_BF=0` unless
 /// `knobs.prefer_bf`, `MLX5_SHUT_UP_BF=1` if `knobs.shut_up_bf`.
 ///
 /// # Errors
@@ -109,6 +118,10 @@ pub fn run(
         .env("MLX5_EMU_BF_REG_SIZE", knobs.bf_reg_size.to_string())
         .env("MLX5_EMU_DYN_UAR", if knobs.dyn_uar { "1" } else { "0" })
         .env("MLX5_SCATTER_TO_CQE", "0")
+        .env(
+            "MLX5_NUM_LOW_LAT_UUARS",
+            knobs.low_latency_bfregs.to_string(),
+        )
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -165,4 +178,39 @@ pub fn run(
     })?;
     let records = WqeRecord::parse_log(&text)?;
     Ok(SideRun { info, records })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A "compiler" that fails like gcc does without the libibverbs headers.
+    fn fake_cc(dir: &Path, stderr: &str) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let p = dir.join("fake-cc");
+        let script = format!("#!/bin/sh\necho '{stderr}' >&2\nexit 1\n");
+        std::fs::write(&p, script).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        p
+    }
+
+    #[test]
+    fn missing_verbs_headers_name_the_package() {
+        let dir = std::env::temp_dir().join(format!("wqe-compare-cc-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let missing =
+            "harness.c:22:10: fatal error: infiniband/mlx5dv.h: No such file or directory";
+        let cc = fake_cc(&dir, missing);
+        let e = build_with(cc.to_str().unwrap(), &dir).unwrap_err();
+        assert!(e.contains("libibverbs-dev"), "{e}");
+        let other = fake_cc(&dir, "harness.c:1:1: error: expected expression");
+        let e = build_with(other.to_str().unwrap(), &dir).unwrap_err();
+        assert!(
+            !e.contains("libibverbs-dev") && e.contains("expected expression"),
+            "{e}"
+        );
+        let e = build_with("/nonexistent/cc", &dir).unwrap_err();
+        assert!(e.contains("cannot run the C compiler"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -10,6 +10,12 @@
 //!  compare.rs: per QP, WQE by WQE: index, doorbell kind, length, every byte
 //! ```
 //!
+//! Three sending QPs, each with a responder on the same HCA: RC (loopback; every opcode incl.
+//! READ and atomics), UD (through an AH to the own port), UC (loopback; SEND/WRITE with and
+//! without immediate). The corpus covers 1..max SGEs, every inline size boundary up to the
+//! QP's `max_inline_data`, flag combinations (signaled, fence, solicited), chains and WQEs
+//! straddling the end of each SQ ring ([`corpus::Corpus::standard`]).
+//!
 //! Both sides use the same emulator identity (node [`driver::NODE`]), create their objects in
 //! the same order, map their data buffer at the same virtual address ([`corpus::BUF_VA`]) and
 //! request identical QP caps, so the WQEs should be identical to the byte. What may differ is
@@ -21,7 +27,9 @@
 //!
 //! Configurations ([`Knobs`], one test each in `tests/compare.rs`): libmlx5's defaults; dynamic
 //! UARs; `MLX5_POST_SEND_PREFER_BF=0` (BlueFlame for inline WQEs only); `MLX5_SHUT_UP_BF=1`;
-//! an HCA without BlueFlame registers; requester QPs with `sq_sig_all`. Both sides always run
+//! an HCA without BlueFlame registers; 256-byte BlueFlame registers; 8 low-latency registers
+//! (every QP its own); requester QPs with `sq_sig_all`; the harness posting through the
+//! `ibv_wr_*` API (perftest's) instead of `ibv_post_send`. Both sides always run
 //! without scatter-to-CQE (`MLX5_SCATTER_TO_CQE=0` for libmlx5; the crate never asks for it):
 //! it changes CQEs, not WQEs, and keeps READ/atomic results in memory on both sides.
 
@@ -48,6 +56,9 @@ pub struct Knobs {
     pub prefer_bf: bool,
     /// libmlx5 `MLX5_SHUT_UP_BF=1` / `ContextConfig::no_bf`: never BlueFlame.
     pub shut_up_bf: bool,
+    /// libmlx5 `MLX5_NUM_LOW_LAT_UUARS` / `ContextConfig::low_latency_bfregs`: how many QPs
+    /// of a context get a doorbell register of their own (libmlx5's default: 4).
+    pub low_latency_bfregs: u32,
     /// The harness posts with the extended API (`ibv_wr_start` .. `ibv_wr_complete`, what
     /// perftest uses) instead of `ibv_post_send`. The `mlx5` crate side is the same.
     pub wr_api: bool,
@@ -61,6 +72,7 @@ impl Knobs {
         dyn_uar: false,
         prefer_bf: true,
         shut_up_bf: false,
+        low_latency_bfregs: 4,
         wr_api: false,
     };
 
@@ -70,59 +82,60 @@ impl Knobs {
     }
 }
 
+/// What one side reports about one of its sending QPs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QpInfo {
+    /// QPN of the requester.
+    pub qpn: u32,
+    /// QPN of its responder.
+    pub peer_qpn: u32,
+    /// Reported `max_send_wr`.
+    pub max_send_wr: u32,
+    /// Reported `max_inline_data`.
+    pub max_inline: u32,
+    /// WQEBBs in the SQ ring.
+    pub sq_wqe_cnt: u32,
+    /// WRs posted.
+    pub posted: u64,
+    /// The QP rings a doorbell register shared with other QPs. Known for the `mlx5` crate
+    /// side only (the harness cannot see it through mlx5dv and reports `false`).
+    pub bfreg_shared: bool,
+}
+
 /// What one side reports besides its WQEs: object numbers, keys and the caps its driver
 /// reported for the QPs it created.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SideInfo {
-    /// QPN of the RC requester.
-    pub rc_qpn: u32,
-    /// QPN of the RC responder.
-    pub rc_peer_qpn: u32,
-    /// QPN of the UD requester.
-    pub ud_qpn: u32,
-    /// QPN of the UD responder.
-    pub ud_peer_qpn: u32,
+    /// Per sending QP, indexed by [`QpSel`](corpus::QpSel) (`as usize`).
+    pub qps: [QpInfo; 3],
     /// lkey of the one memory region.
     pub lkey: u32,
     /// rkey of the one memory region.
     pub rkey: u32,
-    /// RC requester: reported `max_send_wr`.
-    pub rc_max_send_wr: u32,
-    /// RC requester: reported `max_inline_data`.
-    pub rc_max_inline: u32,
-    /// RC requester: WQEBBs in the SQ ring.
-    pub rc_sq_wqe_cnt: u32,
-    /// UD requester: reported `max_send_wr`.
-    pub ud_max_send_wr: u32,
-    /// UD requester: reported `max_inline_data`.
-    pub ud_max_inline: u32,
-    /// UD requester: WQEBBs in the SQ ring.
-    pub ud_sq_wqe_cnt: u32,
-    /// WRs posted on the RC requester.
-    pub rc_posted: u64,
-    /// WRs posted on the UD requester.
-    pub ud_posted: u64,
 }
 
 impl SideInfo {
-    /// The `key=value` pairs, in the order the harness prints them.
-    pub fn pairs(&self) -> [(&'static str, u64); 14] {
-        [
-            ("rc_qpn", self.rc_qpn.into()),
-            ("rc_peer_qpn", self.rc_peer_qpn.into()),
-            ("ud_qpn", self.ud_qpn.into()),
-            ("ud_peer_qpn", self.ud_peer_qpn.into()),
-            ("lkey", self.lkey.into()),
-            ("rkey", self.rkey.into()),
-            ("rc_max_send_wr", self.rc_max_send_wr.into()),
-            ("rc_max_inline", self.rc_max_inline.into()),
-            ("rc_sq_wqe_cnt", self.rc_sq_wqe_cnt.into()),
-            ("ud_max_send_wr", self.ud_max_send_wr.into()),
-            ("ud_max_inline", self.ud_max_inline.into()),
-            ("ud_sq_wqe_cnt", self.ud_sq_wqe_cnt.into()),
-            ("rc_posted", self.rc_posted),
-            ("ud_posted", self.ud_posted),
-        ]
+    /// The QP `sel`.
+    pub fn qp(&self, sel: corpus::QpSel) -> &QpInfo {
+        &self.qps[sel as usize]
+    }
+
+    /// The `key=value` pairs the harness prints (`rc_qpn=..`, `ud_max_inline=..`, `lkey=..`).
+    pub fn pairs(&self) -> Vec<(String, u64)> {
+        let mut v = Vec::new();
+        for sel in corpus::QpSel::ALL {
+            let q = self.qp(sel);
+            let n = sel.name();
+            v.push((format!("{n}_qpn"), q.qpn.into()));
+            v.push((format!("{n}_peer_qpn"), q.peer_qpn.into()));
+            v.push((format!("{n}_max_send_wr"), q.max_send_wr.into()));
+            v.push((format!("{n}_max_inline"), q.max_inline.into()));
+            v.push((format!("{n}_sq_wqe_cnt"), q.sq_wqe_cnt.into()));
+            v.push((format!("{n}_posted"), q.posted));
+        }
+        v.push(("lkey".to_string(), self.lkey.into()));
+        v.push(("rkey".to_string(), self.rkey.into()));
+        v
     }
 
     /// Parse the harness's `info <key>=<value>` lines (values in C notation). Every key of
@@ -155,22 +168,24 @@ impl SideInfo {
         let get32 = |k: &str| {
             get(k).and_then(|v| u32::try_from(v).map_err(|_| format!("{k}={v} out of range")))
         };
-        Ok(SideInfo {
-            rc_qpn: get32("rc_qpn")?,
-            rc_peer_qpn: get32("rc_peer_qpn")?,
-            ud_qpn: get32("ud_qpn")?,
-            ud_peer_qpn: get32("ud_peer_qpn")?,
+        let mut info = SideInfo {
             lkey: get32("lkey")?,
             rkey: get32("rkey")?,
-            rc_max_send_wr: get32("rc_max_send_wr")?,
-            rc_max_inline: get32("rc_max_inline")?,
-            rc_sq_wqe_cnt: get32("rc_sq_wqe_cnt")?,
-            ud_max_send_wr: get32("ud_max_send_wr")?,
-            ud_max_inline: get32("ud_max_inline")?,
-            ud_sq_wqe_cnt: get32("ud_sq_wqe_cnt")?,
-            rc_posted: get("rc_posted")?,
-            ud_posted: get("ud_posted")?,
-        })
+            ..SideInfo::default()
+        };
+        for sel in corpus::QpSel::ALL {
+            let n = sel.name();
+            info.qps[sel as usize] = QpInfo {
+                qpn: get32(&format!("{n}_qpn"))?,
+                peer_qpn: get32(&format!("{n}_peer_qpn"))?,
+                max_send_wr: get32(&format!("{n}_max_send_wr"))?,
+                max_inline: get32(&format!("{n}_max_inline"))?,
+                sq_wqe_cnt: get32(&format!("{n}_sq_wqe_cnt"))?,
+                posted: get(&format!("{n}_posted"))?,
+                bfreg_shared: false,
+            };
+        }
+        Ok(info)
     }
 }
 
@@ -257,12 +272,12 @@ mod tests {
 
     #[test]
     fn side_info_round_trips_through_the_harness_format() {
-        let i = SideInfo {
-            rc_qpn: 0x9_0005,
+        let mut i = SideInfo {
             rkey: 0x9001,
-            rc_posted: 300,
             ..SideInfo::default()
         };
+        i.qps[corpus::QpSel::Uc as usize].qpn = 0x9_0005;
+        i.qps[corpus::QpSel::Rc as usize].posted = 300;
         let line: Vec<String> = i
             .pairs()
             .iter()
@@ -270,7 +285,7 @@ mod tests {
             .collect();
         let text = format!("hello\ninfo {}\n", line.join(" "));
         assert_eq!(SideInfo::parse(&text), Ok(i));
-        assert!(SideInfo::parse("info rc_qpn=1").is_err());
+        assert!(SideInfo::parse("info rc_qpn=1 lkey=1 rkey=2").is_err());
     }
 
     #[test]

@@ -9,8 +9,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use mlx5_wqe_compare::compare::{Report, Side, compare};
-use mlx5_wqe_compare::corpus::{Corpus, QpSel, RC_CAPS, UD_CAPS, overhead};
+use mlx5_wqe_compare::compare::{Allowance, Report, Side, compare};
+use mlx5_wqe_compare::corpus::{Corpus, QpSel, op};
 use mlx5_wqe_compare::driver::SideRun;
 use mlx5_wqe_compare::{Knobs, driver, harness};
 
@@ -39,11 +39,20 @@ fn sides<'a>(theirs: &'a SideRun, ours: &'a SideRun) -> (Side<'a>, Side<'a>) {
 /// have exercised, and return everything for further checks.
 fn run(knobs: Knobs, sq_sig_all: bool) -> (Corpus, SideRun, SideRun, Report) {
     let dir = scratch(knobs.name);
-    // Both drivers must report the geometry of mlx5-datapath.md §2.2 for the requested caps.
-    let (_, rc_cnt, rc_inl) = RC_CAPS.geometry(overhead(QpSel::Rc));
-    let (_, ud_cnt, ud_inl) = UD_CAPS.geometry(overhead(QpSel::Ud));
-    let mut corpus = Corpus::standard(rc_inl, ud_inl);
+    let mut corpus = Corpus::standard();
     corpus.sq_sig_all = sq_sig_all;
+    if knobs.wr_api {
+        // libmlx5's ibv_wr_* path copies an atomic's SGE length into the data segment
+        // (ibv_post_send and the mlx5 crate force 8); the device then completes a 16-byte
+        // result SGE with a local length error. The verbs rule is one 8-byte SGE: keep to it.
+        for wr in corpus.posts.iter_mut().flatten() {
+            if matches!(wr.opcode, op::ATOMIC_CMP_AND_SWP | op::ATOMIC_FETCH_AND_ADD) {
+                for sge in &mut wr.sges {
+                    sge.1 = 8;
+                }
+            }
+        }
+    }
     let corpus_file = dir.join("corpus.txt");
     std::fs::write(&corpus_file, corpus.to_text()).expect("write corpus");
 
@@ -53,39 +62,45 @@ fn run(knobs: Knobs, sq_sig_all: bool) -> (Corpus, SideRun, SideRun, Report) {
         .unwrap_or_else(|e| panic!("{}: {e}", knobs.name));
     let ours = driver::run(&corpus, &knobs).unwrap_or_else(|e| panic!("{}: {e}", knobs.name));
 
-    for (name, i) in [("libmlx5", &theirs.info), ("mlx5 crate", &ours.info)] {
-        let got = (
-            i.rc_max_inline,
-            i.rc_sq_wqe_cnt,
-            i.ud_max_inline,
-            i.ud_sq_wqe_cnt,
-        );
+    // Both drivers must report the geometry of mlx5-datapath.md §2.2 for the requested caps
+    // (so the rings, and every WQE index, line up), and must have posted every WR.
+    for sel in QpSel::ALL {
+        let (_, wqebbs, max_inline) = sel.geometry();
+        for (name, i) in [("libmlx5", &theirs.info), ("mlx5 crate", &ours.info)] {
+            let q = i.qp(sel);
+            assert_eq!(
+                (q.max_inline, q.sq_wqe_cnt, q.posted),
+                (max_inline, wqebbs, corpus.wrs(sel).len() as u64),
+                "{name} {}: (max_inline_data, SQ WQEBBs, WRs posted)",
+                sel.name()
+            );
+        }
         assert_eq!(
-            got,
-            (rc_inl, rc_cnt, ud_inl, ud_cnt),
-            "{name}: (rc max_inline, rc SQ WQEBBs, ud max_inline, ud SQ WQEBBs)"
+            theirs.info.qp(sel).max_send_wr,
+            ours.info.qp(sel).max_send_wr,
+            "{}: reported max_send_wr",
+            sel.name()
         );
-        let posted = (
-            corpus.wrs(QpSel::Rc).len() as u64,
-            corpus.wrs(QpSel::Ud).len() as u64,
-        );
-        assert_eq!((i.rc_posted, i.ud_posted), posted, "{name}: WRs posted");
     }
-    assert_eq!(
-        (theirs.info.rc_max_send_wr, theirs.info.ud_max_send_wr),
-        (ours.info.rc_max_send_wr, ours.info.ud_max_send_wr),
-        "reported max_send_wr"
-    );
 
     let (t, o) = sides(&theirs, &ours);
     let report = compare(&corpus, t, o);
     println!("[{}]\n{}", knobs.name, report.summary());
     assert!(
         report.failures.is_empty(),
-        "[{}]\n{}",
+        "[{}]\n{}(corpus, harness and libmlx5's WQE log kept in {})",
         knobs.name,
-        report.summary()
+        report.summary(),
+        dir.display()
     );
+    if !knobs.wr_api {
+        // ibv_post_send clears ctrl.imm of every WQE, like the crate.
+        assert!(
+            !report.allowed_wqes.contains_key(&Allowance::UnusedImm),
+            "{}",
+            report.summary()
+        );
+    }
     // The corpus really exercised what it is meant to: every WR, every opcode, the ring end
     // on both QPs, doorbells and chains (and BlueFlame where possible).
     assert_eq!(
@@ -94,7 +109,7 @@ fn run(knobs: Knobs, sq_sig_all: bool) -> (Corpus, SideRun, SideRun, Report) {
         "every WR compared"
     );
     assert_eq!(report.opcodes.len(), 8, "{:?}", report.opcodes);
-    for qp in ["rc", "ud"] {
+    for qp in ["rc", "ud", "uc"] {
         assert!(
             report.wrapped.get(qp).copied().unwrap_or(0) >= 2,
             "{qp}: WQEs across the ring end: {:?}",
@@ -124,10 +139,15 @@ fn identical_wqes_with_libmlx5_defaults() {
     // once, naming its field.
     let n = ours.records.len();
     assert!(n > 100);
+    let send_imm = ours
+        .records
+        .iter()
+        .rposition(|r| r.bytes[3] == 0x0B)
+        .expect("a SEND_IMM WQE");
     for (victim, byte, bit, field) in [
         (n / 2, 11, 0x02, "ctrl.signature/stream/fm_ce_se"), // solicited bit
         (n / 3, 3, 0x01, "ctrl.opmod_idx_opcode"),           // opcode
-        (n - 1, 12, 0x80, "ctrl.imm"),
+        (send_imm, 12, 0x80, "ctrl.imm"),                    // immediate data
     ] {
         let mut changed = ours.records.clone();
         changed[victim].bytes[byte] ^= bit;
@@ -212,5 +232,48 @@ fn identical_wqes_with_the_ibv_wr_api() {
             ..Knobs::DEFAULT
         },
         false,
+    );
+}
+
+#[test]
+fn identical_wqes_with_small_blueflame_registers() {
+    // 256-byte registers: 128-byte halves, so WQEs of more than 8 units go by doorbell.
+    let (_, theirs, _, _) = run(
+        Knobs {
+            name: "bf-reg-256",
+            bf_reg_size: 256,
+            ..Knobs::DEFAULT
+        },
+        false,
+    );
+    let big = |v: mlx5_emu::WqeVia| {
+        theirs
+            .records
+            .iter()
+            .filter(|r| r.bytes.len() > 128 && r.via == v)
+            .count()
+    };
+    assert_eq!(big(mlx5_emu::WqeVia::BlueFlame), 0);
+    assert!(big(mlx5_emu::WqeVia::Doorbell) > 0);
+}
+
+#[test]
+fn identical_wqes_and_doorbells_when_every_qp_has_its_own_register() {
+    // 8 low-latency registers: all 6 QPs get one, so libmlx5 and the crate must choose
+    // BlueFlame or doorbell identically for every WQE (no shared-register allowance).
+    let (_, _, _, report) = run(
+        Knobs {
+            name: "low-lat-8",
+            low_latency_bfregs: 8,
+            ..Knobs::DEFAULT
+        },
+        false,
+    );
+    assert!(
+        !report
+            .allowed_wqes
+            .contains_key(&Allowance::SharedBfregNoBlueFlame),
+        "{}",
+        report.summary()
     );
 }

@@ -121,6 +121,18 @@ pub fn write_cmd(
     Ok((out, drv))
 }
 
+/// `write_cmd` when only the outcome matters.
+/// `out` = (core response bytes, driver response bytes).
+pub fn run_cmd(
+    dev: &Arc<dyn UverbsSurface>,
+    command: u32,
+    core: &[u8],
+    driver: &[u8],
+    out: (usize, usize),
+) -> Result<(), Errno> {
+    write_cmd(dev, command, core, driver, out.0, out.1).map(|_| ())
+}
+
 /// Legacy command without a response pointer (DEALLOC_PD, MODIFY_QP, ...).
 pub fn write_noresp(
     dev: &Arc<dyn UverbsSurface>,
@@ -314,6 +326,27 @@ impl Ctx {
         rq_cnt: u32,
         srq: Option<u32>,
     ) -> Qp {
+        let spec = QpSpec {
+            qp_type,
+            sq_cnt,
+            rq_cnt,
+            srq,
+            flags: 0,
+            sig_all: false,
+        };
+        self.create_qp_spec(pd, scq, rcq, spec)
+    }
+
+    /// `create_qp` with every knob, including mlx5 QP `flags` (e.g. SCATTER_CQE = 2).
+    pub fn create_qp_spec(&mut self, pd: u32, scq: &Cq, rcq: &Cq, spec: QpSpec) -> Qp {
+        let QpSpec {
+            qp_type,
+            sq_cnt,
+            rq_cnt,
+            srq,
+            flags,
+            sig_all,
+        } = spec;
         let rq_shift = 5; // 2 data segments per receive WQE
         let bytes = ((rq_cnt as usize) << rq_shift) + sq_cnt as usize * 64;
         let buf = Buf::new(bytes);
@@ -330,7 +363,7 @@ impl Ctx {
             max_send_sge: 2,
             max_recv_sge: if srq.is_some() { 0 } else { 2 },
             max_inline_data: 64,
-            sq_sig_all: 0,
+            sq_sig_all: u8::from(sig_all),
             qp_type,
             is_srq: u8::from(srq.is_some()),
             reserved: 0,
@@ -341,7 +374,7 @@ impl Ctx {
             sq_wqe_count: sq_cnt,
             rq_wqe_count: rq_cnt,
             rq_wqe_shift: rq_shift,
-            flags: 0,
+            flags,
             uidx: 0x100 + self.next_db as u32,
             ..Default::default()
         };
@@ -395,6 +428,18 @@ impl Ctx {
             u64::from_ne_bytes(bytes),
         );
     }
+}
+
+/// What `Ctx::create_qp_spec` creates.
+#[derive(Clone, Copy, Debug)]
+pub struct QpSpec {
+    pub qp_type: u8,
+    pub sq_cnt: u32,
+    pub rq_cnt: u32,
+    pub srq: Option<u32>,
+    /// mlx5 QP flags (SCATTER_CQE = 2, ...).
+    pub flags: u32,
+    pub sig_all: bool,
 }
 
 /// A CQ with its software consumer state.
@@ -662,15 +707,27 @@ pub fn pair(qp_type: u8, k: Knobs) -> Pair {
 }
 
 pub fn pair_cfg(qp_type: u8, k: Knobs, cqe_size: u32) -> Pair {
-    let emu = stepped(2);
+    pair_in(stepped(2), qp_type, k, cqe_size, 64, 16)
+}
+
+/// A connected pair on HCAs 0 and 1 of `emu`: CQs of `cq_entries` entries of `cqe_size`
+/// bytes, 64-WQEBB send queues and `rq` receive WQEs.
+pub fn pair_in(
+    emu: Emulator,
+    qp_type: u8,
+    k: Knobs,
+    cqe_size: u32,
+    cq_entries: u32,
+    rq: u32,
+) -> Pair {
     let mut a = Ctx::open(&emu, 0);
     let mut b = Ctx::open(&emu, 1);
     let pda = a.alloc_pd();
     let pdb = b.alloc_pd();
-    let cqa = a.create_cq(64, cqe_size, -1);
-    let cqb = b.create_cq(64, cqe_size, -1);
-    let qa = a.create_qp(pda, &cqa, &cqa, qp_type, 64, 16, None);
-    let qb = b.create_qp(pdb, &cqb, &cqb, qp_type, 64, 16, None);
+    let cqa = a.create_cq(cq_entries, cqe_size, -1);
+    let cqb = b.create_cq(cq_entries, cqe_size, -1);
+    let qa = a.create_qp(pda, &cqa, &cqa, qp_type, 64, rq, None);
+    let qb = b.create_qp(pdb, &cqb, &cqb, qp_type, 64, rq, None);
     let bufa = Buf::new(4 * 4096);
     let bufb = Buf::new(4 * 4096);
     let (_, la, ra) = a
@@ -679,8 +736,8 @@ pub fn pair_cfg(qp_type: u8, k: Knobs, cqe_size: u32) -> Pair {
     let (_, lb, rb) = b
         .reg_mr(pdb, bufb.addr(), bufb.len as u64, k.access | LOCAL_WRITE)
         .expect("mr b");
-    bring_up(&a, &qa, 2, qb.qpn, k);
-    bring_up(&b, &qb, 1, qa.qpn, k);
+    bring_up(&a, &qa, emu.hca_info(1).expect("hca 1").lid, qb.qpn, k);
+    bring_up(&b, &qb, emu.hca_info(0).expect("hca 0").lid, qa.qpn, k);
     Pair {
         emu,
         a,
@@ -694,6 +751,47 @@ pub fn pair_cfg(qp_type: u8, k: Knobs, cqe_size: u32) -> Pair {
         ma: (bufa, la, ra),
         mb: (bufb, lb, rb),
     }
+}
+
+impl Pair {
+    /// Post one WQE on `qa` (ctrl built from the arguments, `segs` after it), ring the
+    /// 8-byte doorbell and run the emulator until idle. Returns the WQE index.
+    pub fn send(&mut self, opcode: SendOpcode, fm_ce_se: u8, imm: [u8; 4], segs: &[u8]) -> u16 {
+        let i = self.qa.build_send(opcode, 0, fm_ce_se, imm, segs);
+        self.qa.ring(&self.a, i, Ring::Doorbell);
+        self.emu.run_until_idle();
+        i
+    }
+}
+
+/// A deterministic xorshift generator for the fuzzers.
+pub struct Rng(pub u64);
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    /// An index below `n`.
+    pub fn pick(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+/// User + system CPU seconds of this process (getrusage).
+pub fn cpu_seconds() -> f64 {
+    let mut ru = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage fills the struct we pass.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, ru.as_mut_ptr()) };
+    assert_eq!(rc, 0);
+    // SAFETY: initialised by the successful call above (and zeroed before).
+    let ru = unsafe { ru.assume_init() };
+    let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
+    t(ru.ru_utime) + t(ru.ru_stime)
 }
 
 /// Decoded fields of a CQE descriptor that the tests check.
