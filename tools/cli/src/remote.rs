@@ -19,17 +19,20 @@ use crate::exchange::{self, DONE, PINGPONG_MSG_LEN, PerftestKey, PingpongDest, R
 /// How long the client keeps trying to reach the server.
 const CONNECT_PATIENCE: Duration = Duration::from_secs(10);
 
-/// Key exchanges (before the measurements, the first carrying the keys; before each message
-/// size; after the measurements) as perftest 4.5 (v4.5-0.17) does them in its non-duplex runs:
-/// SEND tests three before, one per size (after posting receives), one when closing; WRITE
-/// latency four before and none after; READ and atomic latency four before, one when closing;
-/// WRITE and READ bandwidth three before and two after (the client's report goes between them).
-pub fn handshakes(op: Op, lat: bool) -> (u32, u32, u32) {
+/// Key exchanges as perftest 4.5 (v4.5-0.17) does them in its non-duplex runs, so that either
+/// side can be perftest's binary: `(before, per size before the run, per size after the run,
+/// after)`; the first one before carries the keys. SEND tests: three before, one per size (after
+/// posting receives), one when closing; with `-a` (`all`) SEND bandwidth also exchanges after
+/// each size. WRITE latency: four before, none after. READ and atomic latency: four before, one
+/// when closing. WRITE and READ bandwidth: three before, two after (the client's report goes
+/// between them).
+pub fn handshakes(op: Op, lat: bool, all: bool) -> (u32, u32, u32, u32) {
     match (op, lat) {
-        (Op::Send, _) => (3, 1, 1),
-        (Op::Write, true) => (4, 0, 0),
-        (_, true) => (4, 0, 1),
-        (_, false) => (3, 0, 2),
+        (Op::Send, true) => (3, 1, 0, 1),
+        (Op::Send, false) => (3, 1, u32::from(all), 1),
+        (Op::Write, true) => (4, 0, 0, 0),
+        (_, true) => (4, 0, 0, 1),
+        (_, false) => (3, 0, 0, 2),
     }
 }
 
@@ -85,21 +88,23 @@ where
     let peer: PerftestKey =
         exchange::perftest_keys(&mut s, role, &key).map_err(io("key exchange"))?;
     end.connect(&peer, mtu)?;
-    let (before, per_size, after) = handshakes(op, lat);
-    for _ in 1..before {
-        exchange::perftest_keys(&mut s, role, &key).map_err(io("barrier"))?;
-    }
-    let mut remote = crate::report::Endpoint {
+    let mut barrier = |s: &mut TcpStream, n: u32| -> Result<(), String> {
+        for _ in 0..n {
+            exchange::perftest_keys(s, role, &key).map_err(io("barrier"))?;
+        }
+        Ok(())
+    };
+    let (before, per_size, per_size_after, after) = handshakes(op, lat, plan.sizes.len() > 1);
+    barrier(&mut s, before - 1)?;
+    let rdma = matches!(op, Op::Write | Op::Read | Op::FetchAdd | Op::CmpSwap);
+    let remote = crate::report::Endpoint {
         lid: peer.lid,
         qpn: peer.qpn,
         psn: peer.psn,
-        rkey_vaddr: Some((peer.rkey, peer.vaddr)),
+        rkey_vaddr: rdma.then_some((peer.rkey, peer.vaddr)),
     };
-    if !matches!(op, Op::Write | Op::Read | Op::FetchAdd | Op::CmpSwap) {
-        remote.rkey_vaddr = None;
-    }
     let mut local = end.endpoint();
-    if remote.rkey_vaddr.is_none() {
+    if !rdma {
         local.rkey_vaddr = None;
     }
     let mut rep = Reporter::new(plan, a);
@@ -114,66 +119,36 @@ where
         remote,
     );
     rep.begin(end.emulated(), &header)?;
-    // WRITE and READ bandwidth: the client sends its figures to the server after the run
-    let bw_report = !lat && op != Op::Send;
     let mut ours = exchange::BwReport::default();
-    let mut server_prints = false;
     for &size in &plan.sizes {
-        let mut p = plan.params;
-        p.size = size as u32;
-        // receives first, then the barrier: the peer may send as soon as it is done
+        // receives first, then the barrier: the peer may send as soon as it is through
         if op == Op::Send && (lat || role == Role::Server) {
-            end.side()
-                .ensure_recv(if lat { 1 } else { p.tx_depth.max(1) }, p.size)?;
+            let n = if lat { 1 } else { plan.params.tx_depth.max(1) };
+            end.side().ensure_recv(n, size as u32)?;
         }
-        for _ in 0..per_size {
-            exchange::perftest_keys(&mut s, role, &key).map_err(io("barrier"))?;
+        barrier(&mut s, per_size)?;
+        if !a.connect_only {
+            if let Some(report) = run_size(&mut end, &mut rep, role, plan, size)? {
+                ours = report;
+            }
         }
-        if a.connect_only {
-            continue;
-        }
-        let label = format!("{} {size} B", crate::app::title(op, lat));
-        match (role, lat, op) {
-            (_, true, Op::Send | Op::Write) => {
-                // perftest: the client sends first in SEND latency, the server in WRITE latency
-                let first = (role == Role::Client) == (op == Op::Send);
-                let run = bench::lat_remote(op, end.side(), &p, &label, first)?;
-                rep.lat_result(size, &run.samples_us)?;
-            }
-            (Role::Client, true, _) => {
-                let run = bench::lat_rtt(op, end.side(), &p, &label)?;
-                rep.lat_result(size, &run.samples_us)?;
-            }
-            (Role::Client, false, _) => {
-                let run = bench::bw_stream(op, end.side(), None, &p, &label)?;
-                let st = rep.bw_result(size, &run)?;
-                ours = exchange::BwReport {
-                    size,
-                    iters: st.iterations,
-                    bw_peak: st.bw_peak_mib,
-                    bw_avg: st.bw_average_mib,
-                    msg_rate: st.msg_rate_mpps,
-                };
-            }
-            (Role::Server, false, Op::Send) => {
-                bench::bw_server(end.side(), &p, &label)?;
-            }
-            (Role::Server, false, _) => server_prints = true,
-            (Role::Server, true, _) => {}
-        }
+        barrier(&mut s, per_size_after)?;
     }
+    // who measures: both sides in SEND/WRITE latency, else the client
+    let server_measures = lat && matches!(op, Op::Send | Op::Write);
+    // WRITE and READ bandwidth: the client sends its figures to the server, which prints them
+    let bw_report = !lat && op != Op::Send;
     if a.connect_only {
         rep.note("--connect_only: addresses exchanged and QPs connected; nothing measured")?;
-    } else if role == Role::Server && !(lat && matches!(op, Op::Send | Op::Write)) && !server_prints
-    {
+    } else if role == Role::Server && !server_measures && !bw_report {
         rep.note("server side: the client issues the requests and reports the results")?;
     }
     for i in 0..after {
-        exchange::perftest_keys(&mut s, role, &key).map_err(io("barrier"))?;
+        barrier(&mut s, 1)?;
         if bw_report && i == 0 {
             let theirs =
                 exchange::bw_reports(&mut s, role, &ours).map_err(io("report exchange"))?;
-            if server_prints && !a.connect_only {
+            if role == Role::Server && !a.connect_only {
                 rep.bw_stats(&crate::stats::BwStats {
                     bytes: theirs.size,
                     iterations: theirs.iters,
@@ -204,6 +179,50 @@ where
         end.driver_counters(),
         end.cost(),
     )
+}
+
+/// Runs one message size on this side and prints its row; a bandwidth client returns the
+/// report perftest's server expects.
+fn run_size(
+    end: &mut SingleEnd,
+    rep: &mut Reporter,
+    role: Role,
+    plan: &Plan,
+    size: u64,
+) -> Result<Option<exchange::BwReport>, String> {
+    let (op, lat) = (plan.op, plan.lat);
+    let mut p = plan.params;
+    p.size = size as u32;
+    let label = format!("{} {size} B", crate::app::title(op, lat));
+    match (role, lat, op) {
+        (_, true, Op::Send | Op::Write) => {
+            // perftest: the client sends first in SEND latency, the server in WRITE latency
+            let first = (role == Role::Client) == (op == Op::Send);
+            let run = bench::lat_remote(op, end.side(), &p, &label, first)?;
+            rep.lat_result(size, &run.samples_us)?;
+        }
+        (Role::Client, true, _) => {
+            let run = bench::lat_rtt(op, end.side(), &p, &label)?;
+            rep.lat_result(size, &run.samples_us)?;
+        }
+        (Role::Client, false, _) => {
+            let run = bench::bw_stream(op, end.side(), None, &p, &label)?;
+            let st = rep.bw_result(size, &run)?;
+            return Ok(Some(exchange::BwReport {
+                size,
+                iters: st.iterations,
+                bw_peak: st.bw_peak_mib,
+                bw_avg: st.bw_average_mib,
+                msg_rate: st.msg_rate_mpps,
+            }));
+        }
+        (Role::Server, false, Op::Send) => {
+            bench::bw_server(end.side(), &p, &label)?;
+        }
+        // the client issues the requests
+        (Role::Server, _, _) => {}
+    }
+    Ok(None)
 }
 
 /// `mlx5 pingpong` against a peer process, in ibv_rc_pingpong's exchange: the client writes its

@@ -29,115 +29,147 @@ const NETLINK_RDMA: c_int = 20;
 // Same layout, so one patch routine serves `stat` and `stat64` (64-bit glibc targets).
 const _: () = assert!(size_of::<libc::stat>() == size_of::<libc::stat64>());
 
-/// Forward to a real function, or fail with `ENOSYS` if libc lacks it.
+/// Forward to a real function, or fail with `ENOSYS` if libc lacks it (returning -1, or
+/// the given failure value: `MAP_FAILED`, a null pointer).
 macro_rules! forward {
     ($real:expr, |$f:ident| $call:expr) => {
+        forward!($real, |$f| $call, -1 as _)
+    };
+    ($real:expr, |$f:ident| $call:expr, $failed:expr) => {
         match $real {
             Some($f) => $call,
-            None => fail(libc::ENOSYS) as _,
+            None => {
+                shim::set_errno(libc::ENOSYS);
+                $failed
+            }
         }
     };
+}
+
+/// The `open` family: our device node paths open the emulated device, everything else is
+/// forwarded. Only absolute paths are ours (`openat`'s `dirfd` is then irrelevant).
+macro_rules! open_hooks {
+    ($(
+        $(#[$doc:meta])*
+        fn $name:ident($([$dirfd:ident])? $path:ident, $flags:ident $(, $mode:ident)?)
+            => $real:ident;
+    )*) => {$(
+        $(#[$doc])*
+        /// See the module's safety section.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(
+            $($dirfd: c_int,)? $path: *const c_char, $flags: c_int $(, $mode: c_uint)?
+        ) -> c_int {
+            // SAFETY: `path` is a C string by open(2)'s contract.
+            if let Some(hca) = unsafe { shim::device_of_path($path) } {
+                return shim::open_device(hca, $flags);
+            }
+            // SAFETY: the caller's arguments, forwarded unchanged.
+            forward!(real::$real(), |f| unsafe { f($($dirfd,)? $path, $flags $(, $mode)?) })
+        }
+    )*};
+}
+
+/// The path-based `stat` family (`ver` is the `__xstat` ABI version argument).
+macro_rules! stat_path_hooks {
+    ($(
+        $(#[$doc:meta])*
+        fn $name:ident($([$ver:ident])? $path:ident, $buf:ident) => $real:ident;
+    )*) => {$(
+        $(#[$doc])*
+        /// See the module's safety section.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(
+            $($ver: c_int,)? $path: *const c_char, $buf: *mut libc::stat
+        ) -> c_int {
+            // SAFETY: the caller's arguments (or the backing node path), forwarded to libc.
+            let call = |p| forward!(real::$real(), |f| unsafe { f($($ver,)? p, $buf) });
+            // SAFETY: stat(2)'s contract on the caller's pointers, forwarded.
+            unsafe { stat_path($path, $buf, call) }
+        }
+    )*};
+}
+
+/// The descriptor-based `stat` family.
+macro_rules! stat_fd_hooks {
+    ($(
+        $(#[$doc:meta])*
+        fn $name:ident($([$ver:ident])? $fd:ident, $buf:ident) => $real:ident;
+    )*) => {$(
+        $(#[$doc])*
+        /// See the module's safety section.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name($($ver: c_int,)? $fd: c_int, $buf: *mut libc::stat) -> c_int {
+            // SAFETY: the caller's arguments, forwarded to libc.
+            let call = || forward!(real::$real(), |f| unsafe { f($($ver,)? $fd, $buf) });
+            // SAFETY: fstat(2)'s contract on the caller's pointers, forwarded.
+            unsafe { stat_fd($fd, $buf, call) }
+        }
+    )*};
+}
+
+/// The `fstatat` family.
+macro_rules! stat_at_hooks {
+    ($(
+        $(#[$doc:meta])*
+        fn $name:ident($([$ver:ident])? $dirfd:ident, $path:ident, $buf:ident, $flags:ident)
+            => $real:ident;
+    )*) => {$(
+        $(#[$doc])*
+        /// See the module's safety section.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(
+            $($ver: c_int,)? $dirfd: c_int, $path: *const c_char, $buf: *mut libc::stat,
+            $flags: c_int,
+        ) -> c_int {
+            // SAFETY: the caller's arguments (or the backing node path), forwarded to libc.
+            let call = |d, p| forward!(real::$real(), |f| unsafe { f($($ver,)? d, p, $buf, $flags) });
+            // SAFETY: fstatat(2)'s contract on the caller's pointers, forwarded.
+            unsafe { stat_at($dirfd, $path, $buf, $flags, call) }
+        }
+    )*};
+}
+
+/// Library calls that are only watched: a path inside the sysfs tree creates it first.
+macro_rules! watch_hooks {
+    ($(
+        $(#[$doc:meta])*
+        fn $name:ident($path:ident $(, $arg:ident: $ty:ty)*) -> $ret:ty => $real:ident;
+    )*) => {$(
+        $(#[$doc])*
+        /// See the module's safety section.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name($path: *const c_char $(, $arg: $ty)*) -> $ret {
+            // SAFETY: `path` is a C string by the function's contract.
+            if let Some(bytes) = unsafe { shim::path_bytes($path) } {
+                shim::touch(bytes);
+            }
+            // SAFETY: the caller's arguments, forwarded unchanged.
+            forward!(real::$real(), |f| unsafe { f($path $(, $arg)*) }, std::ptr::null_mut())
+        }
+    )*};
 }
 
 // ---------------------------------------------------------------------------------------
 // open
 
-/// `open(2)`; see the module's safety section.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn open(path: *const c_char, flags: c_int, mode: c_uint) -> c_int {
-    // SAFETY: `path` is a C string by open(2)'s contract.
-    if let Some(hca) = unsafe { shim::device_of_path(path) } {
-        return shim::open_device(hca, flags);
-    }
-    // SAFETY: the caller's arguments, forwarded unchanged.
-    forward!(real::open(), |f| unsafe { f(path, flags, mode) })
-}
-
-/// `open64(2)`; see the module's safety section.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn open64(path: *const c_char, flags: c_int, mode: c_uint) -> c_int {
-    // SAFETY: `path` is a C string by open(2)'s contract.
-    if let Some(hca) = unsafe { shim::device_of_path(path) } {
-        return shim::open_device(hca, flags);
-    }
-    // SAFETY: the caller's arguments, forwarded unchanged.
-    forward!(real::open64(), |f| unsafe { f(path, flags, mode) })
-}
-
-/// `__open_2` (fortified `open` without a mode); see the module's safety section.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __open_2(path: *const c_char, flags: c_int) -> c_int {
-    // SAFETY: `path` is a C string by open(2)'s contract.
-    if let Some(hca) = unsafe { shim::device_of_path(path) } {
-        return shim::open_device(hca, flags);
-    }
-    // SAFETY: the caller's arguments, forwarded unchanged.
-    forward!(real::open_2(), |f| unsafe { f(path, flags) })
-}
-
-/// `__open64_2`; see the module's safety section.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __open64_2(path: *const c_char, flags: c_int) -> c_int {
-    // SAFETY: `path` is a C string by open(2)'s contract.
-    if let Some(hca) = unsafe { shim::device_of_path(path) } {
-        return shim::open_device(hca, flags);
-    }
-    // SAFETY: the caller's arguments, forwarded unchanged.
-    forward!(real::open64_2(), |f| unsafe { f(path, flags) })
-}
-
-/// `openat(2)`; only absolute device paths are ours. See the module's safety section.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn openat(
-    dirfd: c_int,
-    path: *const c_char,
-    flags: c_int,
-    mode: c_uint,
-) -> c_int {
-    // SAFETY: `path` is a C string by openat(2)'s contract.
-    if let Some(hca) = unsafe { shim::device_of_path(path) } {
-        return shim::open_device(hca, flags);
-    }
-    // SAFETY: the caller's arguments, forwarded unchanged.
-    forward!(real::openat(), |f| unsafe { f(dirfd, path, flags, mode) })
-}
-
-/// `openat64(2)`; see the module's safety section.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn openat64(
-    dirfd: c_int,
-    path: *const c_char,
-    flags: c_int,
-    mode: c_uint,
-) -> c_int {
-    // SAFETY: `path` is a C string by openat(2)'s contract.
-    if let Some(hca) = unsafe { shim::device_of_path(path) } {
-        return shim::open_device(hca, flags);
-    }
-    // SAFETY: the caller's arguments, forwarded unchanged.
-    forward!(real::openat64(), |f| unsafe { f(dirfd, path, flags, mode) })
-}
-
-/// `__openat_2`; see the module's safety section.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __openat_2(dirfd: c_int, path: *const c_char, flags: c_int) -> c_int {
-    // SAFETY: `path` is a C string by openat(2)'s contract.
-    if let Some(hca) = unsafe { shim::device_of_path(path) } {
-        return shim::open_device(hca, flags);
-    }
-    // SAFETY: the caller's arguments, forwarded unchanged.
-    forward!(real::openat_2(), |f| unsafe { f(dirfd, path, flags) })
-}
-
-/// `__openat64_2`; see the module's safety section.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __openat64_2(dirfd: c_int, path: *const c_char, flags: c_int) -> c_int {
-    // SAFETY: `path` is a C string by openat(2)'s contract.
-    if let Some(hca) = unsafe { shim::device_of_path(path) } {
-        return shim::open_device(hca, flags);
-    }
-    // SAFETY: the caller's arguments, forwarded unchanged.
-    forward!(real::openat64_2(), |f| unsafe { f(dirfd, path, flags) })
+open_hooks! {
+    /// `open(2)`.
+    fn open(path, flags, mode) => open;
+    /// `open64(2)`.
+    fn open64(path, flags, mode) => open64;
+    /// `__open_2` (fortified `open` without a mode).
+    fn __open_2(path, flags) => open_2;
+    /// `__open64_2`.
+    fn __open64_2(path, flags) => open64_2;
+    /// `openat(2)`.
+    fn openat([dirfd] path, flags, mode) => openat;
+    /// `openat64(2)`.
+    fn openat64([dirfd] path, flags, mode) => openat64;
+    /// `__openat_2`.
+    fn __openat_2([dirfd] path, flags) => openat_2;
+    /// `__openat64_2`.
+    fn __openat64_2([dirfd] path, flags) => openat64_2;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -220,174 +252,45 @@ unsafe fn stat_at(
     rc
 }
 
-/// `stat(2)`; see the module's safety section.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn stat(path: *const c_char, buf: *mut libc::stat) -> c_int {
-    // SAFETY: the caller's arguments (or the backing node path), forwarded to libc.
-    let call = |p| forward!(real::stat(), |f| unsafe { f(p, buf) });
-    // SAFETY: stat(2)'s contract on the caller's pointers, forwarded.
-    unsafe { stat_path(path, buf, call) }
+stat_path_hooks! {
+    /// `stat(2)`.
+    fn stat(path, buf) => stat;
+    /// `stat64(2)`.
+    fn stat64(path, buf) => stat64;
+    /// `lstat(2)`.
+    fn lstat(path, buf) => lstat;
+    /// `lstat64(2)`.
+    fn lstat64(path, buf) => lstat64;
+    /// `__xstat` (glibc before 2.33).
+    fn __xstat([ver] path, buf) => xstat;
+    /// `__xstat64`.
+    fn __xstat64([ver] path, buf) => xstat64;
+    /// `__lxstat`.
+    fn __lxstat([ver] path, buf) => lxstat;
+    /// `__lxstat64`.
+    fn __lxstat64([ver] path, buf) => lxstat64;
 }
 
-/// `stat64(2)`; see the module's safety section.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn stat64(path: *const c_char, buf: *mut libc::stat) -> c_int {
-    // SAFETY: the caller's arguments (or the backing node path), forwarded to libc.
-    let call = |p| forward!(real::stat64(), |f| unsafe { f(p, buf) });
-    // SAFETY: stat(2)'s contract on the caller's pointers, forwarded.
-    unsafe { stat_path(path, buf, call) }
+stat_fd_hooks! {
+    /// `fstat(2)`.
+    fn fstat(fd, buf) => fstat;
+    /// `fstat64(2)`.
+    fn fstat64(fd, buf) => fstat64;
+    /// `__fxstat`.
+    fn __fxstat([ver] fd, buf) => fxstat;
+    /// `__fxstat64`.
+    fn __fxstat64([ver] fd, buf) => fxstat64;
 }
 
-/// `lstat(2)`; see the module's safety section.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn lstat(path: *const c_char, buf: *mut libc::stat) -> c_int {
-    // SAFETY: the caller's arguments (or the backing node path), forwarded to libc.
-    let call = |p| forward!(real::lstat(), |f| unsafe { f(p, buf) });
-    // SAFETY: stat(2)'s contract on the caller's pointers, forwarded.
-    unsafe { stat_path(path, buf, call) }
-}
-
-/// `lstat64(2)`; see the module's safety section.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn lstat64(path: *const c_char, buf: *mut libc::stat) -> c_int {
-    // SAFETY: the caller's arguments (or the backing node path), forwarded to libc.
-    let call = |p| forward!(real::lstat64(), |f| unsafe { f(p, buf) });
-    // SAFETY: stat(2)'s contract on the caller's pointers, forwarded.
-    unsafe { stat_path(path, buf, call) }
-}
-
-/// `fstat(2)`; see the module's safety section.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn fstat(fd: c_int, buf: *mut libc::stat) -> c_int {
-    // SAFETY: the caller's arguments (or the backing node path), forwarded to libc.
-    let call = || forward!(real::fstat(), |f| unsafe { f(fd, buf) });
-    // SAFETY: fstat(2)'s contract on the caller's pointers, forwarded.
-    unsafe { stat_fd(fd, buf, call) }
-}
-
-/// `fstat64(2)`; see the module's safety section.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn fstat64(fd: c_int, buf: *mut libc::stat) -> c_int {
-    // SAFETY: the caller's arguments (or the backing node path), forwarded to libc.
-    let call = || forward!(real::fstat64(), |f| unsafe { f(fd, buf) });
-    // SAFETY: fstat(2)'s contract on the caller's pointers, forwarded.
-    unsafe { stat_fd(fd, buf, call) }
-}
-
-/// `fstatat(2)`; see the module's safety section.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn fstatat(
-    dirfd: c_int,
-    path: *const c_char,
-    buf: *mut libc::stat,
-    flags: c_int,
-) -> c_int {
-    // SAFETY: the caller's arguments (or the backing node path), forwarded to libc.
-    let call = |d, p| forward!(real::fstatat(), |f| unsafe { f(d, p, buf, flags) });
-    // SAFETY: fstatat(2)'s contract on the caller's pointers, forwarded.
-    unsafe { stat_at(dirfd, path, buf, flags, call) }
-}
-
-/// `fstatat64(2)`; see the module's safety section.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn fstatat64(
-    dirfd: c_int,
-    path: *const c_char,
-    buf: *mut libc::stat,
-    flags: c_int,
-) -> c_int {
-    // SAFETY: the caller's arguments (or the backing node path), forwarded to libc.
-    let call = |d, p| forward!(real::fstatat64(), |f| unsafe { f(d, p, buf, flags) });
-    // SAFETY: fstatat(2)'s contract on the caller's pointers, forwarded.
-    unsafe { stat_at(dirfd, path, buf, flags, call) }
-}
-
-/// `__xstat` (glibc before 2.33); see the module's safety section.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __xstat(ver: c_int, path: *const c_char, buf: *mut libc::stat) -> c_int {
-    // SAFETY: the caller's arguments (or the backing node path), forwarded to libc.
-    let call = |p| forward!(real::xstat(), |f| unsafe { f(ver, p, buf) });
-    // SAFETY: stat(2)'s contract on the caller's pointers, forwarded.
-    unsafe { stat_path(path, buf, call) }
-}
-
-/// `__xstat64`; see the module's safety section.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __xstat64(ver: c_int, path: *const c_char, buf: *mut libc::stat) -> c_int {
-    // SAFETY: the caller's arguments (or the backing node path), forwarded to libc.
-    let call = |p| forward!(real::xstat64(), |f| unsafe { f(ver, p, buf) });
-    // SAFETY: stat(2)'s contract on the caller's pointers, forwarded.
-    unsafe { stat_path(path, buf, call) }
-}
-
-/// `__lxstat`; see the module's safety section.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __lxstat(ver: c_int, path: *const c_char, buf: *mut libc::stat) -> c_int {
-    // SAFETY: the caller's arguments (or the backing node path), forwarded to libc.
-    let call = |p| forward!(real::lxstat(), |f| unsafe { f(ver, p, buf) });
-    // SAFETY: stat(2)'s contract on the caller's pointers, forwarded.
-    unsafe { stat_path(path, buf, call) }
-}
-
-/// `__lxstat64`; see the module's safety section.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __lxstat64(
-    ver: c_int,
-    path: *const c_char,
-    buf: *mut libc::stat,
-) -> c_int {
-    // SAFETY: the caller's arguments (or the backing node path), forwarded to libc.
-    let call = |p| forward!(real::lxstat64(), |f| unsafe { f(ver, p, buf) });
-    // SAFETY: stat(2)'s contract on the caller's pointers, forwarded.
-    unsafe { stat_path(path, buf, call) }
-}
-
-/// `__fxstat`; see the module's safety section.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __fxstat(ver: c_int, fd: c_int, buf: *mut libc::stat) -> c_int {
-    // SAFETY: the caller's arguments (or the backing node path), forwarded to libc.
-    let call = || forward!(real::fxstat(), |f| unsafe { f(ver, fd, buf) });
-    // SAFETY: fstat(2)'s contract on the caller's pointers, forwarded.
-    unsafe { stat_fd(fd, buf, call) }
-}
-
-/// `__fxstat64`; see the module's safety section.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __fxstat64(ver: c_int, fd: c_int, buf: *mut libc::stat) -> c_int {
-    // SAFETY: the caller's arguments (or the backing node path), forwarded to libc.
-    let call = || forward!(real::fxstat64(), |f| unsafe { f(ver, fd, buf) });
-    // SAFETY: fstat(2)'s contract on the caller's pointers, forwarded.
-    unsafe { stat_fd(fd, buf, call) }
-}
-
-/// `__fxstatat`; see the module's safety section.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __fxstatat(
-    ver: c_int,
-    dirfd: c_int,
-    path: *const c_char,
-    buf: *mut libc::stat,
-    flags: c_int,
-) -> c_int {
-    // SAFETY: the caller's arguments (or the backing node path), forwarded to libc.
-    let call = |d, p| forward!(real::fxstatat(), |f| unsafe { f(ver, d, p, buf, flags) });
-    // SAFETY: fstatat(2)'s contract on the caller's pointers, forwarded.
-    unsafe { stat_at(dirfd, path, buf, flags, call) }
-}
-
-/// `__fxstatat64`; see the module's safety section.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __fxstatat64(
-    ver: c_int,
-    dirfd: c_int,
-    path: *const c_char,
-    buf: *mut libc::stat,
-    flags: c_int,
-) -> c_int {
-    // SAFETY: the caller's arguments (or the backing node path), forwarded to libc.
-    let call = |d, p| forward!(real::fxstatat64(), |f| unsafe { f(ver, d, p, buf, flags) });
-    // SAFETY: fstatat(2)'s contract on the caller's pointers, forwarded.
-    unsafe { stat_at(dirfd, path, buf, flags, call) }
+stat_at_hooks! {
+    /// `fstatat(2)`.
+    fn fstatat(dirfd, path, buf, flags) => fstatat;
+    /// `fstatat64(2)`.
+    fn fstatat64(dirfd, path, buf, flags) => fstatat64;
+    /// `__fxstatat`.
+    fn __fxstatat([ver] dirfd, path, buf, flags) => fxstatat;
+    /// `__fxstatat64`.
+    fn __fxstatat64([ver] dirfd, path, buf, flags) => fxstatat64;
 }
 
 /// `statx(2)`; see the module's safety section.
@@ -460,50 +363,39 @@ pub unsafe extern "C" fn ioctl(fd: c_int, request: c_ulong, arg: *mut c_void) ->
     forward!(real::ioctl(), |f| unsafe { f(fd, request, arg) })
 }
 
-/// `mmap(2)`: device pages of our descriptors; see the module's safety section.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn mmap(
-    addr: *mut c_void,
-    len: size_t,
-    prot: c_int,
-    flags: c_int,
-    fd: c_int,
-    offset: off_t,
-) -> *mut c_void {
-    if let Some(file) = REGISTRY.fd(fd) {
-        return shim::device_mmap(fd, &file, addr, len, prot, flags, offset);
-    }
-    match real::mmap() {
-        // SAFETY: the caller's arguments, forwarded unchanged.
-        Some(f) => unsafe { f(addr, len, prot, flags, fd, offset) },
-        None => {
-            shim::set_errno(libc::ENOSYS);
-            libc::MAP_FAILED
+/// The `mmap` pair: device pages of our descriptors come from the emulator.
+macro_rules! mmap_hooks {
+    ($($(#[$doc:meta])* fn $name:ident => $real:ident;)*) => {$(
+        $(#[$doc])*
+        /// See the module's safety section.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(
+            addr: *mut c_void,
+            len: size_t,
+            prot: c_int,
+            flags: c_int,
+            fd: c_int,
+            offset: off_t,
+        ) -> *mut c_void {
+            if let Some(file) = REGISTRY.fd(fd) {
+                return shim::device_mmap(fd, &file, addr, len, prot, flags, offset);
+            }
+            // SAFETY: the caller's arguments, forwarded unchanged.
+            let call = |f: RealMmap| unsafe { f(addr, len, prot, flags, fd, offset) };
+            forward!(real::$real(), |f| call(f), libc::MAP_FAILED)
         }
-    }
+    )*};
 }
 
-/// `mmap64(2)`; see the module's safety section.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn mmap64(
-    addr: *mut c_void,
-    len: size_t,
-    prot: c_int,
-    flags: c_int,
-    fd: c_int,
-    offset: off_t,
-) -> *mut c_void {
-    if let Some(file) = REGISTRY.fd(fd) {
-        return shim::device_mmap(fd, &file, addr, len, prot, flags, offset);
-    }
-    match real::mmap64() {
-        // SAFETY: the caller's arguments, forwarded unchanged.
-        Some(f) => unsafe { f(addr, len, prot, flags, fd, offset) },
-        None => {
-            shim::set_errno(libc::ENOSYS);
-            libc::MAP_FAILED
-        }
-    }
+/// Prototype of the real `mmap`.
+type RealMmap =
+    unsafe extern "C" fn(*mut c_void, size_t, c_int, c_int, c_int, off_t) -> *mut c_void;
+
+mmap_hooks! {
+    /// `mmap(2)`.
+    fn mmap => mmap;
+    /// `mmap64(2)`.
+    fn mmap64 => mmap64;
 }
 
 /// `munmap(2)`; see the module's safety section.
@@ -568,15 +460,23 @@ pub unsafe extern "C" fn dup(old: c_int) -> c_int {
     new
 }
 
+/// After a successful `dup2`/`dup3` onto `new`: whatever `new` was is closed, and it is
+/// now a copy of `old`.
+fn duplicated_onto(old: c_int, new: c_int) {
+    if old != new {
+        let replaced = REGISTRY.remove_fd(new);
+        shim::guard((), || drop(replaced));
+        alias(old, new);
+    }
+}
+
 /// `dup2(2)`: a descriptor of ours that is overwritten is closed; see the module's safety section.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
     // SAFETY: the caller's arguments, forwarded unchanged.
     let rc = forward!(real::dup2(), |f| unsafe { f(old, new) });
-    if rc >= 0 && old != new {
-        let replaced = REGISTRY.remove_fd(new);
-        shim::guard((), || drop(replaced));
-        alias(old, new);
+    if rc >= 0 {
+        duplicated_onto(old, new);
     }
     rc
 }
@@ -587,88 +487,44 @@ pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
     // SAFETY: the caller's arguments, forwarded unchanged.
     let rc = forward!(real::dup3(), |f| unsafe { f(old, new, flags) });
     if rc >= 0 {
-        let replaced = REGISTRY.remove_fd(new);
-        shim::guard((), || drop(replaced));
-        alias(old, new);
+        duplicated_onto(old, new);
     }
     rc
 }
 
-/// `opendir(3)`: only watched, so that listing the sysfs tree first creates it.
-/// See the module's safety section.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn opendir(path: *const c_char) -> *mut libc::DIR {
-    // SAFETY: `path` is a C string by opendir(3)'s contract.
-    if let Some(bytes) = unsafe { shim::path_bytes(path) } {
-        shim::touch(bytes);
-    }
-    match real::opendir() {
-        // SAFETY: the caller's argument, forwarded unchanged.
-        Some(f) => unsafe { f(path) },
-        None => {
-            shim::set_errno(libc::ENOSYS);
-            std::ptr::null_mut()
+watch_hooks! {
+    /// `opendir(3)`: listing the sysfs tree first creates it.
+    fn opendir(path) -> *mut libc::DIR => opendir;
+    /// `fopen(3)` (libc opens the file internally, past our `open`).
+    fn fopen(path, mode: *const c_char) -> *mut libc::FILE => fopen;
+    /// `fopen64(3)`.
+    fn fopen64(path, mode: *const c_char) -> *mut libc::FILE => fopen64;
+}
+
+/// The `fcntl` pair: `F_DUPFD`/`F_DUPFD_CLOEXEC` of one of our descriptors makes another
+/// one. The variadic argument is taken as one register-sized value (an int or a pointer)
+/// and forwarded bit for bit.
+macro_rules! fcntl_hooks {
+    ($($(#[$doc:meta])* fn $name:ident => $real:ident;)*) => {$(
+        $(#[$doc])*
+        /// See the module's safety section.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+            // SAFETY: the caller's arguments, forwarded unchanged.
+            let rc = forward!(real::$real(), |f| unsafe { f(fd, cmd, arg) });
+            if rc >= 0 && matches!(cmd, libc::F_DUPFD | libc::F_DUPFD_CLOEXEC) {
+                alias(fd, rc);
+            }
+            rc
         }
-    }
+    )*};
 }
 
-/// `fopen(3)`: only watched (libc opens the file internally, past our `open`).
-/// See the module's safety section.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn fopen(path: *const c_char, mode: *const c_char) -> *mut libc::FILE {
-    // SAFETY: `path` is a C string by fopen(3)'s contract.
-    if let Some(bytes) = unsafe { shim::path_bytes(path) } {
-        shim::touch(bytes);
-    }
-    match real::fopen() {
-        // SAFETY: the caller's arguments, forwarded unchanged.
-        Some(f) => unsafe { f(path, mode) },
-        None => {
-            shim::set_errno(libc::ENOSYS);
-            std::ptr::null_mut()
-        }
-    }
-}
-
-/// `fopen64(3)`; see [`fopen`].
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn fopen64(path: *const c_char, mode: *const c_char) -> *mut libc::FILE {
-    // SAFETY: `path` is a C string by fopen(3)'s contract.
-    if let Some(bytes) = unsafe { shim::path_bytes(path) } {
-        shim::touch(bytes);
-    }
-    match real::fopen64() {
-        // SAFETY: the caller's arguments, forwarded unchanged.
-        Some(f) => unsafe { f(path, mode) },
-        None => {
-            shim::set_errno(libc::ENOSYS);
-            std::ptr::null_mut()
-        }
-    }
-}
-
-/// `fcntl(2)`: `F_DUPFD`/`F_DUPFD_CLOEXEC` of one of our descriptors makes another one.
-/// The variadic argument is taken as one register-sized value (an int or a pointer) and
-/// forwarded bit for bit. See the module's safety section.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
-    // SAFETY: the caller's arguments, forwarded unchanged.
-    let rc = forward!(real::fcntl(), |f| unsafe { f(fd, cmd, arg) });
-    if rc >= 0 && matches!(cmd, libc::F_DUPFD | libc::F_DUPFD_CLOEXEC) {
-        alias(fd, rc);
-    }
-    rc
-}
-
-/// `fcntl64(2)`; see [`fcntl`].
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
-    // SAFETY: the caller's arguments, forwarded unchanged.
-    let rc = forward!(real::fcntl64(), |f| unsafe { f(fd, cmd, arg) });
-    if rc >= 0 && matches!(cmd, libc::F_DUPFD | libc::F_DUPFD_CLOEXEC) {
-        alias(fd, rc);
-    }
-    rc
+fcntl_hooks! {
+    /// `fcntl(2)`.
+    fn fcntl => fcntl;
+    /// `fcntl64(2)`.
+    fn fcntl64 => fcntl64;
 }
 
 /// `socket(2)`: RDMA netlink is refused, so that libibverbs enumerates through sysfs even on

@@ -6,7 +6,7 @@
 
 use std::fs;
 use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
@@ -107,8 +107,16 @@ fn wait_limited(child: &mut Child, limit: Duration) -> Option<std::process::Exit
     }
 }
 
-/// Run to completion (bounded), capturing output.
-fn run(mut cmd: Command, limit: Duration) -> Output {
+/// What a finished single-process tool left.
+struct Ran {
+    status: ExitStatus,
+    out: String,
+    err: String,
+}
+
+/// Run to completion (at most 30 s), capturing output.
+fn run(mut cmd: Command) -> Ran {
+    let limit = Duration::from_secs(30);
     let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -120,30 +128,31 @@ fn run(mut cmd: Command, limit: Duration) -> Output {
     let out = std::thread::spawn(move || std::io::read_to_string(stdout).unwrap_or_default());
     let err = std::thread::spawn(move || std::io::read_to_string(stderr).unwrap_or_default());
     let status = wait_limited(&mut child, limit);
-    let stdout = out.join().unwrap_or_default();
-    let stderr = err.join().unwrap_or_default();
+    let out = out.join().unwrap_or_default();
+    let err = err.join().unwrap_or_default();
     let status =
-        status.unwrap_or_else(|| panic!("{cmd:?} did not finish in {limit:?}\n{stdout}\n{stderr}"));
-    Output {
-        status,
-        stdout: stdout.into_bytes(),
-        stderr: stderr.into_bytes(),
-    }
+        status.unwrap_or_else(|| panic!("{cmd:?} did not finish in {limit:?}\n{out}\n{err}"));
+    Ran { status, out, err }
 }
 
-fn text(o: &Output) -> (String, String) {
-    (
-        String::from_utf8_lossy(&o.stdout).into_owned(),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    )
+/// [`run`], which must succeed; its stdout and stderr.
+fn run_ok(cmd: Command) -> (String, String) {
+    let program = format!("{:?}", cmd.get_program());
+    let r = run(cmd);
+    assert!(
+        r.status.success(),
+        "{program} failed ({}):\n{}\n{}",
+        r.status,
+        r.out,
+        r.err
+    );
+    (r.out, r.err)
 }
 
 #[test]
 fn ibv_devices_lists_the_emulated_hca() {
     let info = hca(1, 0);
-    let o = run(local_tool("ibv_devices", &[]), Duration::from_secs(30));
-    let (out, err) = text(&o);
-    assert!(o.status.success(), "ibv_devices failed: {out}\n{err}");
+    let (out, _) = run_ok(local_tool("ibv_devices", &[]));
     let line = out
         .lines()
         .find(|l| l.contains(&info.name))
@@ -158,12 +167,7 @@ fn ibv_devices_lists_the_emulated_hca() {
 
 #[test]
 fn ibv_devices_lists_every_configured_hca() {
-    let o = run(
-        local_tool("ibv_devices", &[("MLX5_EMU_HCAS", "3")]),
-        Duration::from_secs(30),
-    );
-    let (out, err) = text(&o);
-    assert!(o.status.success(), "ibv_devices failed: {out}\n{err}");
+    let (out, _) = run_ok(local_tool("ibv_devices", &[("MLX5_EMU_HCAS", "3")]));
     for i in 0..3 {
         let info = hca(3, i);
         assert!(
@@ -180,8 +184,7 @@ fn without_the_shim_no_device_is_found() {
     // The control: the machine itself has no RDMA device, so the listing above is ours.
     let mut cmd = tool("ibv_devices", &[]);
     cmd.env_remove("LD_PRELOAD");
-    let o = run(cmd, Duration::from_secs(30));
-    let (out, _) = text(&o);
+    let out = run(cmd).out;
     assert!(!out.contains("mlx5_0"), "{out}");
 }
 
@@ -194,12 +197,7 @@ fn devinfo_verbose(flavour: &str) {
         &[("MLX5_EMU_FLAVOUR", flavour), ("MLX5_EMU_TRACE", "1")],
     );
     cmd.arg("-v");
-    let o = run(cmd, Duration::from_secs(30));
-    let (out, err) = text(&o);
-    assert!(
-        o.status.success(),
-        "ibv_devinfo -v ({flavour}) failed: {out}\n{err}"
-    );
+    let (out, err) = run_ok(cmd);
     let field = |name: &str| -> String {
         out.lines()
             .find_map(|l| {
@@ -259,12 +257,7 @@ fn ibv_devinfo_verbose_when_every_ioctl_method_is_unsupported() {
 
 #[test]
 fn device_calls_reach_the_emulator_and_everything_is_released() {
-    let o = run(
-        local_tool("ibv_devinfo", &[("MLX5_EMU_TRACE", "1")]),
-        Duration::from_secs(30),
-    );
-    let (out, err) = text(&o);
-    assert!(o.status.success(), "{out}\n{err}");
+    let (_, err) = run_ok(local_tool("ibv_devinfo", &[("MLX5_EMU_TRACE", "1")]));
     let count = |needle: &str| err.lines().filter(|l| l.contains(needle)).count();
     let maps = err
         .lines()
@@ -295,21 +288,11 @@ fn the_sysfs_tree_is_private_and_removed_at_exit() {
         let rest = &line[line.find("sysfs tree ").unwrap() + "sysfs tree ".len()..];
         PathBuf::from(rest.split(' ').next().unwrap())
     };
-    let o = run(
-        local_tool("ibv_devices", &[("MLX5_EMU_TRACE", "1")]),
-        Duration::from_secs(30),
-    );
-    let tree = tree_of(&text(&o).1);
+    let tree = tree_of(&run_ok(local_tool("ibv_devices", &[("MLX5_EMU_TRACE", "1")])).1);
     assert!(!tree.exists(), "{} left behind", tree.display());
 
-    let o = run(
-        local_tool(
-            "ibv_devices",
-            &[("MLX5_EMU_TRACE", "1"), ("MLX5_EMU_KEEP_SYSFS", "1")],
-        ),
-        Duration::from_secs(30),
-    );
-    let tree = tree_of(&text(&o).1);
+    let keep = [("MLX5_EMU_TRACE", "1"), ("MLX5_EMU_KEEP_SYSFS", "1")];
+    let tree = tree_of(&run_ok(local_tool("ibv_devices", &keep)).1);
     let abi = fs::read_to_string(tree.join("class/infiniband_verbs/abi_version"));
     fs::remove_dir_all(&tree).expect("kept tree");
     assert_eq!(abi.expect("kept tree has abi_version").trim(), "6");
@@ -320,8 +303,7 @@ fn the_sysfs_tree_is_private_and_removed_at_exit() {
     dead.wait().expect("wait true");
     let stale = std::env::temp_dir().join(format!("mlx5-emu-sysfs.{dead_pid}"));
     fs::create_dir_all(stale.join("class/infiniband_verbs")).unwrap();
-    let o = run(local_tool("ibv_devices", &[]), Duration::from_secs(30));
-    assert!(o.status.success());
+    run_ok(local_tool("ibv_devices", &[]));
     let left = stale.exists();
     let _ = fs::remove_dir_all(&stale);
     assert!(!left, "stale tree {} not removed", stale.display());
@@ -330,9 +312,7 @@ fn the_sysfs_tree_is_private_and_removed_at_exit() {
 #[test]
 fn every_interposed_call_behaves_like_the_kernel_device() {
     let probe = env!("CARGO_BIN_EXE_mlx5-emu-preload-probe");
-    let o = run(local_tool(probe, &[]), Duration::from_secs(30));
-    let (out, err) = text(&o);
-    assert!(o.status.success(), "{out}\n{err}");
+    let (out, err) = run_ok(local_tool(probe, &[]));
     let dev = "chr 231:192"; // the `dev` file of uverbs0 in the sysfs tree
     let expected = [
         format!("stat={dev}"),
@@ -359,7 +339,7 @@ fn every_interposed_call_behaves_like_the_kernel_device() {
     // The control: without the shim there is no device node at all.
     let mut cmd = local_tool(probe, &[]);
     cmd.env_remove("LD_PRELOAD");
-    let (out, _) = text(&run(cmd, Duration::from_secs(30)));
+    let out = run(cmd).out;
     assert!(out.starts_with("stat=ENOENT\n"), "{out}");
 }
 
@@ -371,18 +351,13 @@ fn ordinary_io_of_the_host_program_is_untouched() {
         "printf 'hello\\n' > f && cat f f > g && wc -c < g && ls /dev/null && exec 3<f && cat <&3";
     let mut cmd = tool("sh", &[]);
     cmd.current_dir(&dir).args(["-c", script]);
-    let o = run(cmd, Duration::from_secs(30));
-    let (out, err) = text(&o);
+    let r = run(cmd);
     fs::remove_dir_all(&dir).unwrap();
-    assert!(o.status.success(), "{out}\n{err}");
-    assert_eq!(out, "12\n/dev/null\nhello\n");
+    assert!(r.status.success(), "{}\n{}", r.out, r.err);
+    assert_eq!(r.out, "12\n/dev/null\nhello\n");
     // A malformed setting is reported, never fatal.
-    let o = run(
-        local_tool("ibv_devices", &[("MLX5_EMU_HCAS", "many")]),
-        Duration::from_secs(30),
-    );
-    let (out, err) = text(&o);
-    assert!(o.status.success() && out.contains("mlx5_0"), "{out}\n{err}");
+    let (out, err) = run_ok(local_tool("ibv_devices", &[("MLX5_EMU_HCAS", "many")]));
+    assert!(out.contains("mlx5_0"), "{out}\n{err}");
     assert!(err.contains("MLX5_EMU_HCAS"), "{err}");
 }
 
@@ -503,20 +478,29 @@ fn words(text: &str) -> String {
 }
 
 /// What a successful run prints.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct Success {
     /// Text in the client's output (and the server's, with `server_too`), compared with runs
     /// of white space collapsed to one space.
-    text: &'static str,
-    /// Whether the server prints the result as well (the perftest bandwidth servers do not).
+    text: String,
+    /// Whether the server prints the result as well (perftest's servers of one-sided and
+    /// bandwidth tests do not).
     server_too: bool,
 }
 
 /// Both sides print `text`.
-const fn both(text: &'static str) -> Success {
+fn both(text: &str) -> Success {
     Success {
-        text,
+        text: text.to_string(),
         server_too: true,
+    }
+}
+
+/// Only the client prints `text`.
+fn client_only(text: &str) -> Success {
+    Success {
+        text: text.to_string(),
+        server_too: false,
     }
 }
 
@@ -525,24 +509,7 @@ const fn both(text: &'static str) -> Success {
 /// (CREATE_QP, then MODIFY_QP to RTR, and to RTS on the client), run the whole exchange,
 /// exit 0 and print `success`; each must see the other's LID as the remote one.
 fn two_process(program: &str, args: &[&str], flavour: &str, success: Success) {
-    two_process_env(program, args, &[("MLX5_EMU_FLAVOUR", flavour)], success);
-}
-
-#[test]
-fn ibv_rc_pingpong_runs_with_dynamic_uars() {
-    // libmlx5 asks for dynamic UARs (lib_caps DYN_UAR); with MLX5_EMU_DYN_UAR the emulated
-    // kernel grants them: no static UAR pages, one UAR object per CQ/QP page instead.
-    let args = ["-n", "50", "-s", "1024"];
-    let env = [("MLX5_EMU_DYN_UAR", "1")];
-    let traces = two_process_env("ibv_rc_pingpong", &args, &env, both("102400 bytes in"));
-    for trace in traces {
-        assert!(ok_verbs(&trace, "MLX5_UAR_OBJ_ALLOC") >= 1, "{trace}");
-        assert_eq!(
-            ok_verbs(&trace, "MLX5_UAR_OBJ_ALLOC"),
-            ok_verbs(&trace, "MLX5_UAR_OBJ_DESTROY"),
-            "{trace}"
-        );
-    }
+    two_process_env(program, args, &[("MLX5_EMU_FLAVOUR", flavour)], &success);
 }
 
 /// [`two_process`] with extra `MLX5_EMU_*` settings for both sides; `{side}` in a value
@@ -551,7 +518,7 @@ fn two_process_env(
     program: &str,
     args: &[&str],
     extra: &[(&str, &str)],
-    success: Success,
+    success: &Success,
 ) -> [String; 2] {
     let port = free_port();
     let env_for = |side: &str| -> Vec<(String, String)> {
@@ -619,7 +586,7 @@ fn two_process_env(
         );
         if who == "client" || success.server_too {
             assert!(
-                words(&bg.stdout()).contains(success.text),
+                words(&bg.stdout()).contains(&success.text),
                 "{program} {who} lacks {:?}\n{}",
                 success.text,
                 report()
@@ -648,11 +615,27 @@ fn two_process_env(
     [server.stderr(), client.stderr()]
 }
 
+/// An `ibv_*_pingpong` run of `iters` round trips of `size` bytes plus `more` arguments; both
+/// sides must report the bytes moved (`size * iters * 2`). Returns the two traces.
+fn pingpong(
+    program: &str,
+    iters: u32,
+    size: u32,
+    more: &[&str],
+    env: &[(&str, &str)],
+) -> [String; 2] {
+    let (n, s) = (iters.to_string(), size.to_string());
+    let mut args = vec!["-n", n.as_str(), "-s", s.as_str()];
+    args.extend_from_slice(more);
+    let bytes = u64::from(size) * u64::from(iters) * 2;
+    two_process_env(program, &args, env, &both(&format!("{bytes} bytes in")))
+}
+
+const MODERN: [(&str, &str); 1] = [("MLX5_EMU_FLAVOUR", "modern")];
+
 #[test]
 fn ibv_rc_pingpong_runs_between_two_processes() {
-    // 100 round trips of 4096 bytes each way: the pingpong tools report size * iters * 2.
-    let args = ["-n", "100", "-s", "4096"];
-    two_process("ibv_rc_pingpong", &args, "modern", both("819200 bytes in"));
+    pingpong("ibv_rc_pingpong", 100, 4096, &[], &MODERN);
 }
 
 #[test]
@@ -666,8 +649,7 @@ fn ibv_rc_pingpong_runs_on_a_write_only_kernel_with_events_and_checks() {
         ("MLX5_EMU_FLAVOUR", "write"),
         ("MLX5_EMU_WQE_LOG", log_s.as_str()),
     ];
-    let args = ["-n", "50", "-s", "32", "-e", "-c"];
-    let _ = two_process_env("ibv_rc_pingpong", &args, &env, both("3200 bytes in"));
+    pingpong("ibv_rc_pingpong", 50, 32, &["-e", "-c"], &env);
     let wqes = fs::read_to_string(&log).unwrap_or_default();
     let _ = fs::remove_file(&log);
     // Each side posts one SEND per iteration.
@@ -676,29 +658,52 @@ fn ibv_rc_pingpong_runs_on_a_write_only_kernel_with_events_and_checks() {
 }
 
 #[test]
+fn ibv_rc_pingpong_runs_with_dynamic_uars() {
+    // libmlx5 asks for dynamic UARs (lib_caps DYN_UAR); with MLX5_EMU_DYN_UAR the emulated
+    // kernel grants them: no static UAR pages, one UAR object per CQ/QP page instead.
+    let traces = pingpong(
+        "ibv_rc_pingpong",
+        50,
+        1024,
+        &[],
+        &[("MLX5_EMU_DYN_UAR", "1")],
+    );
+    for trace in traces {
+        assert!(ok_verbs(&trace, "MLX5_UAR_OBJ_ALLOC") >= 1, "{trace}");
+        assert_eq!(
+            ok_verbs(&trace, "MLX5_UAR_OBJ_ALLOC"),
+            ok_verbs(&trace, "MLX5_UAR_OBJ_DESTROY"),
+            "{trace}"
+        );
+    }
+}
+
+#[test]
 fn ibv_rc_pingpong_runs_with_global_routing() {
     // -g 0: GID index 0 in the address vector (GRH), GIDs exchanged over TCP.
-    let args = ["-n", "50", "-s", "1024", "-g", "0"];
-    two_process("ibv_rc_pingpong", &args, "modern", both("102400 bytes in"));
+    pingpong("ibv_rc_pingpong", 50, 1024, &["-g", "0"], &MODERN);
 }
 
 #[test]
 fn ibv_uc_pingpong_runs_between_two_processes() {
-    let args = ["-n", "50", "-s", "4096"];
-    two_process("ibv_uc_pingpong", &args, "eproto", both("409600 bytes in"));
+    pingpong(
+        "ibv_uc_pingpong",
+        50,
+        4096,
+        &[],
+        &[("MLX5_EMU_FLAVOUR", "eproto")],
+    );
 }
 
 #[test]
 fn ibv_ud_pingpong_runs_between_two_processes() {
-    let args = ["-n", "50", "-s", "1024"];
-    two_process("ibv_ud_pingpong", &args, "modern", both("102400 bytes in"));
+    pingpong("ibv_ud_pingpong", 50, 1024, &[], &MODERN);
 }
 
 #[test]
 fn ibv_srq_pingpong_runs_between_two_processes() {
     // 16 RC QPs sharing one SRQ on each side.
-    let args = ["-n", "50", "-s", "4096"];
-    two_process("ibv_srq_pingpong", &args, "modern", both("409600 bytes in"));
+    pingpong("ibv_srq_pingpong", 50, 4096, &[], &MODERN);
 }
 
 #[test]
@@ -712,24 +717,32 @@ fn ibv_rc_pingpong_survives_a_lossy_fabric() {
         ("MLX5_EMU_DUP_PPM", "10000"),
         ("MLX5_EMU_REORDER_PPM", "20000"),
     ];
-    let args = ["-n", "100", "-s", "1024", "-c"];
-    let _ = two_process_env("ibv_rc_pingpong", &args, &faults, both("204800 bytes in"));
+    pingpong("ibv_rc_pingpong", 100, 1024, &["-c"], &faults);
 }
 
 #[test]
 fn each_side_captures_its_packets_with_mlx5_emu_pcap() {
     let base = std::env::temp_dir().join(format!("mlx5-emu-preload.{}", std::process::id()));
     let pattern = format!("{}.{{side}}.pcap", base.display());
-    let args = ["-n", "20", "-s", "256"];
-    let env = [("MLX5_EMU_PCAP", pattern.as_str())];
-    let _ = two_process_env("ibv_ud_pingpong", &args, &env, both("10240 bytes in"));
+    let (iters, size) = (20, 256);
+    pingpong(
+        "ibv_ud_pingpong",
+        iters,
+        size,
+        &[],
+        &[("MLX5_EMU_PCAP", pattern.as_str())],
+    );
     for side in ["server", "client"] {
         let path = PathBuf::from(pattern.replace("{side}", side));
         let bytes = fs::read(&path).unwrap_or_default();
         let _ = fs::remove_file(&path);
-        // pcap global header (24 B, magic a1b2c3d4 in either byte order), then >= 20 UD
-        // SENDs of 256 B as Ethernet/IPv4/UDP 4791 records.
-        assert!(bytes.len() > 24 + 20 * 256, "{side}: {} bytes", bytes.len());
+        // pcap global header (24 B, magic a1b2c3d4 in either byte order), then one
+        // Ethernet/IPv4/UDP 4791 record per UD SEND of `size` bytes at least.
+        assert!(
+            bytes.len() > 24 + (iters * size) as usize,
+            "{side}: {} bytes",
+            bytes.len()
+        );
         let magic = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
         assert!(
             matches!(magic, 0xa1b2_c3d4 | 0xd4c3_b2a1),
@@ -751,37 +764,42 @@ fn ib_write_lat_runs_between_two_processes() {
 #[test]
 fn ib_read_and_atomic_lat_run_between_two_processes() {
     // The responder of READ and atomics is passive: only the client prints results.
-    let client_only = Success {
-        text: "t_avg",
-        server_too: false,
-    };
-    two_process("ib_read_lat", &["-n", "100"], "modern", client_only);
-    two_process("ib_atomic_lat", &["-n", "100"], "write", client_only);
+    two_process(
+        "ib_read_lat",
+        &["-n", "100"],
+        "modern",
+        client_only("t_avg"),
+    );
+    two_process(
+        "ib_atomic_lat",
+        &["-n", "100"],
+        "write",
+        client_only("t_avg"),
+    );
 }
 
-/// A bandwidth result line: "<bytes> <iterations> ..." (client only: perftest's bandwidth
-/// servers print no result).
-const fn bw_line(text: &'static str) -> Success {
-    Success {
-        text,
-        server_too: false,
+/// A perftest bandwidth run of `iters` messages of `size` bytes (perftest's default 64 KiB
+/// when `None`): the client's result line starts with "<size> <iters>".
+fn bw(program: &str, iters: u32, size: Option<u32>, flavour: &str) {
+    let n = iters.to_string();
+    let s = size.map(|s| s.to_string());
+    let mut args = vec!["-n", n.as_str()];
+    if let Some(s) = &s {
+        args.extend(["-s", s.as_str()]);
     }
+    let line = format!("{} {iters}", size.unwrap_or(65536));
+    two_process(program, &args, flavour, client_only(&line));
 }
 
 #[test]
 fn ib_write_bw_runs_between_two_processes() {
     // 4 KiB messages (one packet each), then perftest's default 64 KiB (16 packets each).
-    two_process(
-        "ib_write_bw",
-        &["-n", "500", "-s", "4096"],
-        "modern",
-        bw_line("4096 500"),
-    );
-    two_process("ib_write_bw", &["-n", "50"], "modern", bw_line("65536 50"));
+    bw("ib_write_bw", 500, Some(4096), "modern");
+    bw("ib_write_bw", 50, None, "modern");
 }
 
 #[test]
 fn ib_send_and_read_bw_run_between_two_processes() {
-    two_process("ib_send_bw", &["-n", "50"], "modern", bw_line("65536 50"));
-    two_process("ib_read_bw", &["-n", "50"], "write", bw_line("65536 50"));
+    bw("ib_send_bw", 50, None, "modern");
+    bw("ib_read_bw", 50, None, "write");
 }
