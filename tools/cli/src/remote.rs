@@ -88,7 +88,7 @@ where
     let peer: PerftestKey =
         exchange::perftest_keys(&mut s, role, &key).map_err(io("key exchange"))?;
     end.connect(&peer, mtu)?;
-    let mut barrier = |s: &mut TcpStream, n: u32| -> Result<(), String> {
+    let barrier = |s: &mut TcpStream, n: u32| -> Result<(), String> {
         for _ in 0..n {
             exchange::perftest_keys(s, role, &key).map_err(io("barrier"))?;
         }
@@ -280,4 +280,25 @@ pub fn pingpong(a: &PingpongArgs, cfg: &TestbedConfig, p: &RunParams) -> Result<
     println!("{l1}");
     println!("{l2}");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handshake_counts_match_perftest_4_5() {
+        // observed totals for one size: ib_send_lat 5, ib_write_lat 4
+        let total = |(b, s, sa, a): (u32, u32, u32, u32), sizes: u32| b + sizes * (s + sa) + a;
+        assert_eq!(total(handshakes(Op::Send, true, false), 1), 5);
+        assert_eq!(total(handshakes(Op::Write, true, false), 1), 4);
+        assert_eq!(total(handshakes(Op::Read, true, false), 1), 5);
+        assert_eq!(total(handshakes(Op::FetchAdd, true, false), 1), 5);
+        assert_eq!(total(handshakes(Op::Send, false, false), 1), 5);
+        assert_eq!(total(handshakes(Op::Write, false, false), 1), 5);
+        // -a: SEND bandwidth exchanges before and after every size
+        assert_eq!(total(handshakes(Op::Send, false, true), 23), 3 + 46 + 1);
+        assert_eq!(total(handshakes(Op::Send, true, true), 23), 3 + 23 + 1);
+        assert_eq!(total(handshakes(Op::Write, true, true), 23), 4);
+    }
 }

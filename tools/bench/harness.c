@@ -1,0 +1,552 @@
+/*
+ * mlx5-bench C harness: the libmlx5 side of the per-operation CPU-cost benchmark.
+ *
+ * Usage: bench-harness <calls>
+ * Runs on the first RDMA device, which under LD_PRELOAD=libmlx5_emu_preload.so (with
+ * MLX5_EMU_FABRIC=inprocess) is the emulated ConnectX. One RC QP connected to itself, a send
+ * CQ created with ibv_create_cq_ex (so both ibv_poll_cq and ibv_start_poll work on it) and a
+ * receive CQ. Each operation is one noinline wrapper function (bench_c_*), so that
+ * `valgrind --tool=callgrind --collect-atstart=no --toggle-collect=bench_c_<op>` counts the
+ * instructions of the wrapper and of libibverbs/libmlx5 below it, and nothing of the
+ * emulator's device thread. Each wrapper call is also timed (clock_gettime, and the TSC on
+ * x86_64). Between measured calls the harness waits until the device has taken the doorbell
+ * (BlueFlame halves read back as zero), so every call sees an idle device.
+ *
+ * Output, one line per operation:
+ *   result <op> <api> calls=<n> wrs_per_call=<k> ns=<median ns per call> ticks=<median TSC ticks per call>
+ * (ticks=0 where there is no TSC). Failures: message on stderr, exit status 1.
+ * libmlx5 knobs come from the environment the Rust side sets (MLX5_POST_SEND_PREFER_BF=0:
+ * BlueFlame for single inline WQEs only, 8-byte doorbells otherwise).
+ */
+#define _GNU_SOURCE
+#include <endian.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <infiniband/mlx5dv.h>
+#include <infiniband/verbs.h>
+
+#if defined(__x86_64__)
+#include <x86intrin.h>
+static inline uint64_t ticks(void) { return __rdtsc(); }
+#else
+static inline uint64_t ticks(void) { return 0; }
+#endif
+
+#define CHAIN 32
+#define PAYLOAD 64
+#define SQ_WRS 128
+#define RQ_WRS 256
+#define CQ_SIZE 512
+#define ROUND 32
+
+static void die(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	fputs("bench-harness: ", stderr);
+	vfprintf(stderr, fmt, ap);
+	fputc('\n', stderr);
+	va_end(ap);
+	exit(1);
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + ts.tv_nsec;
+}
+
+struct bench {
+	struct ibv_context *ctx;
+	struct ibv_pd *pd;
+	struct ibv_mr *mr;
+	struct ibv_cq_ex *scq_ex;
+	struct ibv_cq *scq, *rcq;
+	struct ibv_qp *qp;
+	struct ibv_qp_ex *qpx;
+	struct mlx5dv_qp dv;
+	struct mlx5dv_cq dvcq;
+	uint8_t buf[4096] __attribute__((aligned(64)));
+	struct ibv_sge sge;              /* 64 bytes at buf + 0 */
+	struct ibv_send_wr one_inline;   /* 64-byte inline SEND */
+	struct ibv_send_wr one_sge;      /* 64-byte SEND, one SGE */
+	struct ibv_send_wr chain[CHAIN]; /* 32 SENDs with one SGE each */
+	unsigned recv_posted;
+	uint64_t next_wr_id;
+	unsigned pending_cqes; /* send CQEs the device owes or the CQ holds */
+};
+
+/* ---- the measured wrappers (noinline: callgrind toggles on them) ---- */
+
+__attribute__((noinline)) int bench_c_send_inline_verbs(struct ibv_qp *qp, struct ibv_send_wr *wr)
+{
+	struct ibv_send_wr *bad;
+	return ibv_post_send(qp, wr, &bad);
+}
+
+__attribute__((noinline)) int bench_c_send_inline_wr(struct ibv_qp_ex *x, uint64_t wr_id,
+						      const void *data)
+{
+	ibv_wr_start(x);
+	x->wr_id = wr_id;
+	x->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_send(x);
+	ibv_wr_set_inline_data(x, (void *)data, PAYLOAD);
+	return ibv_wr_complete(x);
+}
+
+__attribute__((noinline)) int bench_c_send_sge_verbs(struct ibv_qp *qp, struct ibv_send_wr *wr)
+{
+	struct ibv_send_wr *bad;
+	return ibv_post_send(qp, wr, &bad);
+}
+
+__attribute__((noinline)) int bench_c_send_sge_wr(struct ibv_qp_ex *x, uint64_t wr_id,
+						   const struct ibv_sge *sge)
+{
+	ibv_wr_start(x);
+	x->wr_id = wr_id;
+	x->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_send(x);
+	ibv_wr_set_sge(x, sge->lkey, sge->addr, sge->length);
+	return ibv_wr_complete(x);
+}
+
+__attribute__((noinline)) int bench_c_chain_verbs(struct ibv_qp *qp, struct ibv_send_wr *wr)
+{
+	struct ibv_send_wr *bad;
+	return ibv_post_send(qp, wr, &bad);
+}
+
+__attribute__((noinline)) int bench_c_chain_wr(struct ibv_qp_ex *x, uint64_t wr_id,
+						const struct ibv_sge *sge)
+{
+	int i;
+
+	ibv_wr_start(x);
+	for (i = 0; i < CHAIN; i++) {
+		x->wr_id = wr_id + i;
+		x->wr_flags = IBV_SEND_SIGNALED;
+		ibv_wr_send(x);
+		ibv_wr_set_sge(x, sge->lkey, sge->addr, sge->length);
+	}
+	return ibv_wr_complete(x);
+}
+
+__attribute__((noinline)) int bench_c_poll_verbs(struct ibv_cq *cq, struct ibv_wc *wc)
+{
+	return ibv_poll_cq(cq, 1, wc);
+}
+
+/* One CQE through the extended CQ API; returns 1 with *wr_id and *status, or 0. */
+__attribute__((noinline)) int bench_c_poll_wr(struct ibv_cq_ex *cq, uint64_t *wr_id,
+					       int *status)
+{
+	struct ibv_poll_cq_attr attr = { .comp_mask = 0 };
+
+	if (ibv_start_poll(cq, &attr))
+		return 0;
+	*wr_id = cq->wr_id;
+	*status = cq->status;
+	ibv_end_poll(cq);
+	return 1;
+}
+
+/* ---- device synchronisation and bookkeeping (not measured) ---- */
+
+static void wait_doorbell_taken(const struct bench *b)
+{
+	volatile uint64_t *h0 = (volatile uint64_t *)b->dv.bf.reg;
+	volatile uint64_t *h1 = (volatile uint64_t *)((char *)b->dv.bf.reg + b->dv.bf.size);
+	double t0 = now_s();
+
+	while (*h0 != 0 || (b->dv.bf.size && *h1 != 0)) {
+		if (now_s() - t0 > 30.0)
+			die("the device did not take a doorbell in 30 s");
+		sched_yield();
+	}
+}
+
+/* Wait until the send CQ holds `n` software-owned CQEs past the published consumer index. */
+static void wait_cqes(const struct bench *b, unsigned n)
+{
+	double t0 = now_s();
+	uint32_t ci, idx;
+	const volatile uint8_t *cqe;
+	uint8_t op_own;
+
+	if (!n)
+		return;
+	for (;;) {
+		ci = be32toh(((volatile uint32_t *)b->dvcq.dbrec)[0]) & 0xffffff;
+		idx = ci + n - 1;
+		cqe = (const volatile uint8_t *)b->dvcq.buf +
+		      (size_t)(idx & (b->dvcq.cqe_cnt - 1)) * b->dvcq.cqe_size +
+		      (b->dvcq.cqe_size - 64);
+		op_own = cqe[63];
+		if ((op_own >> 4) != 0xf && (op_own & 1) == !!(idx & b->dvcq.cqe_cnt))
+			return;
+		if (now_s() - t0 > 30.0)
+			die("the device did not write %u CQEs in 30 s", n);
+		sched_yield();
+	}
+}
+
+static void refill_recv(struct bench *b)
+{
+	struct ibv_wc wc[32];
+	struct ibv_sge sge = { .addr = (uintptr_t)b->buf + 2048, .length = 1024, .lkey = b->mr->lkey };
+	struct ibv_recv_wr rw = { .wr_id = 0, .sg_list = &sge, .num_sge = 1 }, *bad;
+	int n, i;
+
+	do {
+		n = ibv_poll_cq(b->rcq, 32, wc);
+		if (n < 0)
+			die("ibv_poll_cq (recv) failed");
+		for (i = 0; i < n; i++)
+			if (wc[i].status != IBV_WC_SUCCESS)
+				die("receive completion: %s", ibv_wc_status_str(wc[i].status));
+		b->recv_posted -= n;
+	} while (n > 0);
+	while (b->recv_posted < RQ_WRS) {
+		if (ibv_post_recv(b->qp, &rw, &bad))
+			die("ibv_post_recv failed");
+		b->recv_posted++;
+	}
+}
+
+/* Poll every send completion the device owes (unmeasured) and top up the receive queue. */
+static void drain_send(struct bench *b)
+{
+	struct ibv_wc wc[32];
+	double t0 = now_s();
+	int n, i;
+
+	while (b->pending_cqes > 0) {
+		n = ibv_poll_cq(b->scq, 32, wc);
+		if (n < 0)
+			die("ibv_poll_cq failed");
+		for (i = 0; i < n; i++)
+			if (wc[i].status != IBV_WC_SUCCESS)
+				die("send completion: %s (vendor_err %#x)",
+				    ibv_wc_status_str(wc[i].status), wc[i].vendor_err);
+		b->pending_cqes -= n;
+		if (!n) {
+			if (now_s() - t0 > 30.0)
+				die("%u send completions missing after 30 s", b->pending_cqes);
+			sched_yield();
+		}
+	}
+	refill_recv(b);
+}
+
+/* ---- timing ---- */
+
+struct samples {
+	uint64_t *ns, *tk;
+	unsigned n;
+};
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+static uint64_t median(uint64_t *v, unsigned n)
+{
+	qsort(v, n, sizeof(*v), cmp_u64);
+	return n ? v[n / 2] : 0;
+}
+
+static void report(const char *op, const char *api, struct samples *s, unsigned per_call)
+{
+	printf("result %s %s calls=%u wrs_per_call=%u ns=%" PRIu64 " ticks=%" PRIu64 "\n", op, api,
+	       s->n, per_call, median(s->ns, s->n), median(s->tk, s->n));
+	fflush(stdout);
+	s->n = 0;
+}
+
+#define TIMED(s, call)                                                                  \
+	do {                                                                            \
+		uint64_t t0_ = now_ns(), k0_ = ticks();                                 \
+		int rc_ = (call);                                                       \
+		uint64_t k1_ = ticks(), t1_ = now_ns();                                 \
+		(s)->ns[(s)->n] = t1_ - t0_;                                            \
+		(s)->tk[(s)->n] = k1_ - k0_;                                            \
+		(s)->n++;                                                               \
+		if (rc_)                                                                \
+			die("%s failed: %s", #call, strerror(rc_ > 0 ? rc_ : errno));   \
+	} while (0)
+
+/* Single-WR post operations: rounds of ROUND measured posts, each followed by a wait for
+ * the device to take the doorbell; the completions are drained between rounds. */
+static void single_posts(struct bench *b, const char *op, int inline_data, unsigned calls,
+			 struct samples *s)
+{
+	unsigned api, i;
+
+	for (api = 0; api < 2; api++) {
+		for (i = 0; i < calls; i++) {
+			uint64_t id = b->next_wr_id++;
+
+			if (api == 0) {
+				struct ibv_send_wr *wr = inline_data ? &b->one_inline : &b->one_sge;
+
+				wr->wr_id = id;
+				if (inline_data)
+					TIMED(s, bench_c_send_inline_verbs(b->qp, wr));
+				else
+					TIMED(s, bench_c_send_sge_verbs(b->qp, wr));
+			} else if (inline_data) {
+				TIMED(s, bench_c_send_inline_wr(b->qpx, id, b->buf));
+			} else {
+				TIMED(s, bench_c_send_sge_wr(b->qpx, id, &b->sge));
+			}
+			b->pending_cqes++;
+			wait_doorbell_taken(b);
+			if ((i + 1) % ROUND == 0)
+				drain_send(b);
+		}
+		drain_send(b);
+		report(op, api ? "lowlevel" : "verbs", s, 1);
+	}
+}
+
+static void chains(struct bench *b, unsigned calls, struct samples *s)
+{
+	unsigned api, i, k;
+
+	for (api = 0; api < 2; api++) {
+		for (i = 0; i < calls; i++) {
+			uint64_t id = b->next_wr_id;
+
+			b->next_wr_id += CHAIN;
+			if (api == 0) {
+				for (k = 0; k < CHAIN; k++)
+					b->chain[k].wr_id = id + k;
+				TIMED(s, bench_c_chain_verbs(b->qp, b->chain));
+			} else {
+				TIMED(s, bench_c_chain_wr(b->qpx, id, &b->sge));
+			}
+			b->pending_cqes += CHAIN;
+			wait_doorbell_taken(b);
+			drain_send(b);
+		}
+		report("chain32", api ? "lowlevel" : "verbs", s, CHAIN);
+	}
+}
+
+/* Polling: the CQ is filled with 2 * CHAIN completions (posted unmeasured), then each is
+ * polled with one measured call. */
+static void polls(struct bench *b, unsigned calls, struct samples *s)
+{
+	unsigned api, i = 0, k;
+
+	for (api = 0; api < 2; api++) {
+		for (i = 0; i < calls;) {
+			unsigned fill = 2 * CHAIN, j;
+			struct ibv_send_wr *bad;
+
+			for (j = 0; j < fill; j += CHAIN) {
+				for (k = 0; k < CHAIN; k++)
+					b->chain[k].wr_id = b->next_wr_id++;
+				if (ibv_post_send(b->qp, b->chain, &bad))
+					die("ibv_post_send (fill) failed");
+				wait_doorbell_taken(b);
+			}
+			wait_cqes(b, fill);
+			for (j = 0; j < fill; j++, i++) {
+				if (api == 0) {
+					struct ibv_wc wc;
+					uint64_t t0 = now_ns(), k0 = ticks();
+					int n = bench_c_poll_verbs(b->scq, &wc);
+					uint64_t k1 = ticks(), t1 = now_ns();
+
+					if (n != 1 || wc.status != IBV_WC_SUCCESS)
+						die("ibv_poll_cq returned %d (status %d)", n, wc.status);
+					if (i < calls) {
+						s->ns[s->n] = t1 - t0;
+						s->tk[s->n++] = k1 - k0;
+					}
+				} else {
+					uint64_t wr_id = 0, t0 = now_ns(), k0 = ticks();
+					int status = -1;
+					int n = bench_c_poll_wr(b->scq_ex, &wr_id, &status);
+					uint64_t k1 = ticks(), t1 = now_ns();
+
+					if (n != 1 || status != IBV_WC_SUCCESS)
+						die("ibv_start_poll returned %d (status %d)", n, status);
+					if (i < calls) {
+						s->ns[s->n] = t1 - t0;
+						s->tk[s->n++] = k1 - k0;
+					}
+				}
+			}
+			refill_recv(b);
+		}
+		report("poll_cqe", api ? "lowlevel" : "verbs", s, 1);
+	}
+}
+
+/* ---- setup ---- */
+
+static void setup(struct bench *b)
+{
+	struct ibv_device **list;
+	struct ibv_port_attr port;
+	struct ibv_cq_init_attr_ex cqa;
+	struct ibv_qp_init_attr_ex qa;
+	struct ibv_qp_attr a;
+	struct mlx5dv_obj obj;
+	unsigned k;
+
+	list = ibv_get_device_list(NULL);
+	if (!list || !list[0])
+		die("no RDMA device (is the preload loaded?)");
+	b->ctx = ibv_open_device(list[0]);
+	if (!b->ctx)
+		die("ibv_open_device failed");
+	ibv_free_device_list(list);
+	if (ibv_query_port(b->ctx, 1, &port))
+		die("ibv_query_port failed");
+	b->pd = ibv_alloc_pd(b->ctx);
+	if (!b->pd)
+		die("ibv_alloc_pd failed");
+	memset(b->buf, 0x5a, sizeof(b->buf));
+	b->mr = ibv_reg_mr(b->pd, b->buf, sizeof(b->buf), IBV_ACCESS_LOCAL_WRITE);
+	if (!b->mr)
+		die("ibv_reg_mr failed: %s", strerror(errno));
+
+	memset(&cqa, 0, sizeof(cqa));
+	cqa.cqe = CQ_SIZE;
+	cqa.wc_flags = IBV_WC_STANDARD_FLAGS;
+	b->scq_ex = ibv_create_cq_ex(b->ctx, &cqa);
+	if (!b->scq_ex)
+		die("ibv_create_cq_ex failed: %s", strerror(errno));
+	b->scq = ibv_cq_ex_to_cq(b->scq_ex);
+	b->rcq = ibv_create_cq(b->ctx, CQ_SIZE, NULL, NULL, 0);
+	if (!b->rcq)
+		die("ibv_create_cq failed");
+
+	memset(&qa, 0, sizeof(qa));
+	qa.qp_type = IBV_QPT_RC;
+	qa.send_cq = b->scq;
+	qa.recv_cq = b->rcq;
+	qa.cap.max_send_wr = SQ_WRS;
+	qa.cap.max_recv_wr = RQ_WRS;
+	qa.cap.max_send_sge = 1;
+	qa.cap.max_recv_sge = 1;
+	qa.cap.max_inline_data = PAYLOAD;
+	qa.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+	qa.pd = b->pd;
+	qa.send_ops_flags = IBV_QP_EX_WITH_SEND;
+	b->qp = ibv_create_qp_ex(b->ctx, &qa);
+	if (!b->qp)
+		die("ibv_create_qp_ex failed: %s", strerror(errno));
+	b->qpx = ibv_qp_to_qp_ex(b->qp);
+	if (!b->qpx)
+		die("ibv_qp_to_qp_ex failed");
+	obj.qp.in = b->qp;
+	obj.qp.out = &b->dv;
+	obj.cq.in = b->scq;
+	obj.cq.out = &b->dvcq;
+	if (mlx5dv_init_obj(&obj, MLX5DV_OBJ_QP | MLX5DV_OBJ_CQ))
+		die("mlx5dv_init_obj failed");
+
+	/* RC loopback: the QP is connected to itself. */
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_INIT;
+	a.port_num = 1;
+	a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE;
+	if (ibv_modify_qp(b->qp, &a,
+			  IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
+		die("modify to INIT failed");
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTR;
+	a.path_mtu = IBV_MTU_1024;
+	a.dest_qp_num = b->qp->qp_num;
+	a.max_dest_rd_atomic = 1;
+	a.min_rnr_timer = 12;
+	a.ah_attr.dlid = port.lid;
+	a.ah_attr.port_num = 1;
+	if (ibv_modify_qp(b->qp, &a,
+			  IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+				  IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+		die("modify to RTR failed");
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTS;
+	a.timeout = 14;
+	a.retry_cnt = 7;
+	a.rnr_retry = 7;
+	a.max_rd_atomic = 1;
+	if (ibv_modify_qp(b->qp, &a,
+			  IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+				  IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC))
+		die("modify to RTS failed");
+
+	b->sge = (struct ibv_sge){ .addr = (uintptr_t)b->buf, .length = PAYLOAD, .lkey = b->mr->lkey };
+	memset(&b->one_inline, 0, sizeof(b->one_inline));
+	b->one_inline.sg_list = &b->sge;
+	b->one_inline.num_sge = 1;
+	b->one_inline.opcode = IBV_WR_SEND;
+	b->one_inline.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+	b->one_sge = b->one_inline;
+	b->one_sge.send_flags = IBV_SEND_SIGNALED;
+	for (k = 0; k < CHAIN; k++) {
+		b->chain[k] = b->one_sge;
+		b->chain[k].next = k + 1 < CHAIN ? &b->chain[k + 1] : NULL;
+	}
+	refill_recv(b);
+}
+
+int main(int argc, char **argv)
+{
+	static struct bench b;
+	struct samples s;
+	unsigned calls, calls_done;
+
+	if (argc != 2 || (calls = strtoul(argv[1], NULL, 0)) == 0)
+		die("usage: %s <calls per operation>", argv[0]);
+	s.ns = calloc(calls + 2 * CHAIN, sizeof(uint64_t));
+	s.tk = calloc(calls + 2 * CHAIN, sizeof(uint64_t));
+	s.n = 0;
+	if (!s.ns || !s.tk)
+		die("out of memory");
+	setup(&b);
+	/* The cost of an empty timed region (subtracted by the Rust side). */
+	for (calls_done = 0; calls_done < calls; calls_done++)
+		TIMED(&s, 0);
+	report("timer_overhead", "none", &s, 1);
+	/* Warm-up: touch the rings and the code once (unmeasured). */
+	single_posts(&b, "warmup", 1, ROUND, &s);
+	single_posts(&b, "send_inline64", 1, calls, &s);
+	single_posts(&b, "send_sge64", 0, calls, &s);
+	chains(&b, calls, &s);
+	polls(&b, calls, &s);
+	printf("info bf_size=%u sq_wqe_cnt=%u cqe_cnt=%u\n", b.dv.bf.size, b.dv.sq.wqe_cnt,
+	       b.dvcq.cqe_cnt);
+	ibv_destroy_qp(b.qp);
+	ibv_destroy_cq(b.scq);
+	ibv_destroy_cq(b.rcq);
+	ibv_dereg_mr(b.mr);
+	ibv_dealloc_pd(b.pd);
+	ibv_close_device(b.ctx);
+	return 0;
+}

@@ -1,0 +1,55 @@
+//! `mlx5-bench`: the CPU cost of each data-path operation, for the `mlx5` crate and for
+//! rdma-core's libmlx5, on the same emulated ConnectX, in one run, with the ratios.
+//!
+//! ```text
+//! cargo run --release -p mlx5-bench               # full run: table on stdout
+//! cargo run --release -p mlx5-bench -- --json     # the same as JSON
+//! cargo run --release -p mlx5-bench -- --quick    # few iterations (smoke test)
+//! cargo run --release -p mlx5-bench -- --no-valgrind   # timer figures only
+//! ```
+//! (Run it with `nice -n 10` on a shared machine; build in release mode, debug numbers mean
+//! nothing.) Options: `--calls N` (timed calls per operation, default 10000), `--cg-calls N`
+//! (calls per operation under callgrind, default 1000).
+//!
+//! # What is measured
+//! One RC QP connected to itself on one emulated HCA, 64-byte payloads, every WR signaled:
+//!
+//! | operation | ours, `verbs` API | ours, `lowlevel` API | libmlx5, `verbs` | libmlx5, `lowlevel` |
+//! |---|---|---|---|---|
+//! | `send_inline64`: one inline SEND, BlueFlame | `Qp::post_send` | `SendQueue::start`, `inline`, `finish`, `ring` | `ibv_post_send` | `ibv_wr_start`, `ibv_wr_send`, `ibv_wr_set_inline_data`, `ibv_wr_complete` |
+//! | `send_sge64`: one SEND with one SGE, 8-byte doorbell | `Qp::post_send` | `start`, `sge`, `finish`, `ring` | `ibv_post_send` | `ibv_wr_*` with `ibv_wr_set_sge` |
+//! | `chain32`: 32 SGE SENDs, one doorbell (cost per WR) | `Qp::post_send` of 32 | 32 × (`start`..`finish`), `ring` | `ibv_post_send` of a 32-WR chain | `ibv_wr_start`, 32 × (`ibv_wr_send`, `ibv_wr_set_sge`), `ibv_wr_complete` |
+//! | `poll_cqe`: one CQE from a CQ holding 64 | `Cq::poll` (1 entry) | `Cq::next_cqe`, `SendQueue::retire`, `Cq::publish_ci` | `ibv_poll_cq` (1 entry) | `ibv_start_poll`, read `wr_id`/`status`, `ibv_end_poll` |
+//!
+//! Both sides use the BlueFlame policy of libmlx5 with `MLX5_POST_SEND_PREFER_BF=0`:
+//! BlueFlame for a single inline WQE, 8-byte doorbells otherwise ([`mlx5::BfPolicy::InlineOnly`]).
+//!
+//! **Instructions** (repeatable on a noisy machine): each operation is one
+//! `#[inline(never)]` wrapper function (`bench_rs_<op>_<api>` here, `bench_c_<op>_<api>` in the
+//! C harness `harness.c`, which calls libibverbs/libmlx5). Each side runs once under
+//! `valgrind --tool=callgrind --collect-atstart=no --toggle-collect=<wrapper>...`, so only
+//! the wrappers and what they call are counted; the wrapper's inclusive cost is read from the
+//! callgrind output file and divided by the number of operations ([`callgrind`]). The device
+//! never counts: our side uses the emulator in stepped mode and runs it between measured
+//! calls; the C side runs under the `LD_PRELOAD` front door (`mlx5-emu-preload`, in-process
+//! fabric), whose device thread is outside the toggled functions (callgrind toggles per
+//! thread).
+//!
+//! **Time** (noisy): every measured call is timed on its own (monotonic clock, and the TSC
+//! on x86_64); the median is reported after subtracting the median cost of an empty timed
+//! region. These columns move with machine load; the instruction columns do not.
+//!
+//! The ratio column is ours / libmlx5: below 1 means the `mlx5` crate executes fewer
+//! instructions (or takes less time) for that operation.
+//!
+//! # Requirements
+//! `valgrind` (else only the timer figures are printed), a C compiler (`cc` or `$CC`) and
+//! the libibverbs development files (`libibverbs-dev`) for the C harness, and the preload's
+//! shared object, which cargo builds next to this binary (or `$MLX5_EMU_PRELOAD_SO`).
+
+pub mod callgrind;
+pub mod harness;
+pub mod ops;
+pub mod ours;
+pub mod report;
+pub mod timing;

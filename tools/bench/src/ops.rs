@@ -1,0 +1,224 @@
+//! The measured operations and the two API levels.
+
+/// One measured operation at one API level.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OpSpec {
+    /// Operation key: `send_inline64`, `send_sge64`, `chain32`, `poll_cqe`.
+    pub op: &'static str,
+    /// API level: `verbs` or `lowlevel`.
+    pub api: &'static str,
+    /// Work requests (or CQEs) per wrapper call; costs are reported per WR.
+    pub per_call: u32,
+    /// What the row means, for the table.
+    pub label: &'static str,
+    /// The `mlx5` crate calls measured.
+    pub ours: &'static str,
+    /// The libibverbs/libmlx5 calls measured.
+    pub theirs: &'static str,
+}
+
+impl OpSpec {
+    /// Name of our wrapper function (`bench_rs_<op>_<api>`), a callgrind toggle.
+    pub fn ours_symbol(&self) -> String {
+        format!("bench_rs_{}_{}", self.op, self.api)
+    }
+
+    /// Name of the C harness's wrapper function (`bench_c_<op>_<api>`).
+    pub fn theirs_symbol(&self) -> String {
+        format!("bench_c_{}_{}", self.op_c(), self.api_c())
+    }
+
+    fn op_c(&self) -> &'static str {
+        match self.op {
+            "send_inline64" => "send_inline",
+            "send_sge64" => "send_sge",
+            "chain32" => "chain",
+            _ => "poll",
+        }
+    }
+
+    fn api_c(&self) -> &'static str {
+        if self.api == "verbs" { "verbs" } else { "wr" }
+    }
+}
+
+/// WRs per chain in `chain32`.
+pub const CHAIN: usize = 32;
+/// Payload bytes of every SEND.
+pub const PAYLOAD: usize = 64;
+
+/// Every row of the table, in order.
+pub const OPS: [OpSpec; 8] = [
+    OpSpec {
+        op: "send_inline64",
+        api: "verbs",
+        per_call: 1,
+        label: "post 1 inline 64 B SEND (BlueFlame)",
+        ours: "Qp::post_send",
+        theirs: "ibv_post_send",
+    },
+    OpSpec {
+        op: "send_inline64",
+        api: "lowlevel",
+        per_call: 1,
+        label: "post 1 inline 64 B SEND (BlueFlame)",
+        ours: "start/inline/finish/ring",
+        theirs: "ibv_wr_*",
+    },
+    OpSpec {
+        op: "send_sge64",
+        api: "verbs",
+        per_call: 1,
+        label: "post 1 SEND, 1 SGE (8 B doorbell)",
+        ours: "Qp::post_send",
+        theirs: "ibv_post_send",
+    },
+    OpSpec {
+        op: "send_sge64",
+        api: "lowlevel",
+        per_call: 1,
+        label: "post 1 SEND, 1 SGE (8 B doorbell)",
+        ours: "start/sge/finish/ring",
+        theirs: "ibv_wr_*",
+    },
+    OpSpec {
+        op: "chain32",
+        api: "verbs",
+        per_call: CHAIN as u32,
+        label: "post chain of 32 SENDs (per WR)",
+        ours: "Qp::post_send",
+        theirs: "ibv_post_send",
+    },
+    OpSpec {
+        op: "chain32",
+        api: "lowlevel",
+        per_call: CHAIN as u32,
+        label: "post chain of 32 SENDs (per WR)",
+        ours: "start/sge/finish x32, ring",
+        theirs: "ibv_wr_*",
+    },
+    OpSpec {
+        op: "poll_cqe",
+        api: "verbs",
+        per_call: 1,
+        label: "poll 1 CQE (CQ holds 64)",
+        ours: "Cq::poll",
+        theirs: "ibv_poll_cq",
+    },
+    OpSpec {
+        op: "poll_cqe",
+        api: "lowlevel",
+        per_call: 1,
+        label: "poll 1 CQE (CQ holds 64)",
+        ours: "next_cqe/retire/publish_ci",
+        theirs: "ibv_start/end_poll",
+    },
+];
+
+/// One side's timer figures for one operation, per WR.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct TimeResult {
+    /// Measured wrapper calls.
+    pub calls: u64,
+    /// WRs (or CQEs) per call.
+    pub per_call: u32,
+    /// Median nanoseconds per WR, timer overhead subtracted.
+    pub ns: f64,
+    /// Median TSC ticks per WR, timer overhead subtracted (`None` without a TSC).
+    pub ticks: Option<f64>,
+}
+
+/// Parse the `result <op> <api> calls=.. wrs_per_call=.. ns=.. ticks=..` lines both sides
+/// print (raw medians per call). Returns `(op, api, calls, per_call, ns, ticks)` tuples;
+/// lines that are not results are skipped.
+pub fn parse_results(text: &str) -> Vec<(String, String, u64, u32, u64, u64)> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let mut it = line.split_whitespace();
+        if it.next() != Some("result") {
+            continue;
+        }
+        let (Some(op), Some(api)) = (it.next(), it.next()) else {
+            continue;
+        };
+        let mut vals = [None::<u64>; 4];
+        for kv in it {
+            let Some((k, v)) = kv.split_once('=') else {
+                continue;
+            };
+            let slot = match k {
+                "calls" => 0,
+                "wrs_per_call" => 1,
+                "ns" => 2,
+                "ticks" => 3,
+                _ => continue,
+            };
+            vals[slot] = v.parse().ok();
+        }
+        if let [Some(c), Some(p), Some(ns), Some(t)] = vals {
+            out.push((op.to_string(), api.to_string(), c, p as u32, ns, t));
+        }
+    }
+    out
+}
+
+/// Turn raw per-call medians into per-WR [`TimeResult`]s, subtracting the timer overhead
+/// (the `timer_overhead` line) and keeping only the known operations.
+pub fn time_results(text: &str) -> Vec<(OpSpec, TimeResult)> {
+    let rows = parse_results(text);
+    let (o_ns, o_tk) = rows
+        .iter()
+        .find(|r| r.0 == "timer_overhead")
+        .map_or((0, 0), |r| (r.4, r.5));
+    let mut out = Vec::new();
+    for spec in OPS {
+        if let Some(r) = rows.iter().find(|r| r.0 == spec.op && r.1 == spec.api) {
+            let per = f64::from(r.3.max(1));
+            out.push((
+                spec,
+                TimeResult {
+                    calls: r.2,
+                    per_call: r.3,
+                    ns: r.4.saturating_sub(o_ns) as f64 / per,
+                    ticks: (r.5 > 0).then(|| r.5.saturating_sub(o_tk) as f64 / per),
+                },
+            ));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn result_lines_parse_and_overhead_is_subtracted() {
+        let text = "info x=1\nresult timer_overhead none calls=10 wrs_per_call=1 ns=20 ticks=30\n\
+                    result chain32 verbs calls=5 wrs_per_call=32 ns=660 ticks=990\n\
+                    result bogus\n";
+        let r = time_results(text);
+        assert_eq!(r.len(), 1);
+        assert_eq!(r[0].0.op, "chain32");
+        assert_eq!(r[0].1.calls, 5);
+        assert!((r[0].1.ns - 20.0).abs() < 1e-9);
+        assert_eq!(r[0].1.ticks, Some(30.0));
+    }
+
+    #[test]
+    fn symbols_are_distinct() {
+        let mut names: Vec<String> = OPS
+            .iter()
+            .flat_map(|s| [s.ours_symbol(), s.theirs_symbol()])
+            .collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), 2 * OPS.len());
+        // No name is a prefix of another (callgrind toggles are matched as patterns).
+        for a in &names {
+            for b in &names {
+                assert!(a == b || !b.starts_with(a.as_str()), "{a} / {b}");
+            }
+        }
+    }
+}

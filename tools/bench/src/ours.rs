@@ -1,0 +1,380 @@
+//! Our side: the `mlx5` crate on the emulator in stepped mode (the device runs only between
+//! measured calls, never inside them).
+//!
+//! Each measured operation is one `#[inline(never)]` wrapper `bench_rs_<op>_<api>`; under
+//! callgrind these are the toggle functions. [`run`] prints the same `result` lines as the
+//! C harness.
+
+use std::hint::black_box;
+use std::sync::Arc;
+
+use mlx5::hw::cqe::Cqe64;
+use mlx5::hw::opcodes::{CqeOpcode, SendOpcode};
+use mlx5::{
+    Access, BfPolicy, Context, Cq, CqInit, DmaBuf, Mr, Pd, PostError, Qp, QpCap, QpInitAttr,
+    QpType, RecvWr, RemoteQp, SendFlags, SendQueue, SendWr, Sge, WcStatus, WorkCompletion,
+};
+use mlx5_emu::{EmuConfig, Emulator, RunMode};
+
+use crate::ops::{CHAIN, PAYLOAD};
+use crate::timing::Samples;
+
+const SQ_WRS: u32 = 128;
+const RQ_WRS: u32 = 256;
+const CQ_SIZE: u32 = 512;
+/// Single posts between two drains of the send CQ.
+const ROUND: usize = 32;
+
+// ---- the measured wrappers (callgrind toggles on them) ----
+
+/// One inline 64-byte SEND through the verbs-shaped API.
+#[inline(never)]
+pub fn bench_rs_send_inline64_verbs(
+    qp: &mut Qp,
+    wr: &[SendWr<'_>],
+) -> Result<(), (usize, PostError)> {
+    qp.post_send(wr)
+}
+
+/// One inline SEND through the low-level API.
+#[inline(never)]
+pub fn bench_rs_send_inline64_lowlevel(
+    sq: &mut SendQueue,
+    wr_id: u64,
+    data: &[u8],
+) -> Result<(), PostError> {
+    let mut w = sq.start(SendOpcode::SEND, SendFlags::SIGNALED, [0; 4])?;
+    w.inline(data)?;
+    w.finish(wr_id);
+    sq.ring();
+    Ok(())
+}
+
+/// One SEND with one SGE through the verbs-shaped API.
+#[inline(never)]
+pub fn bench_rs_send_sge64_verbs(qp: &mut Qp, wr: &[SendWr<'_>]) -> Result<(), (usize, PostError)> {
+    qp.post_send(wr)
+}
+
+/// One SEND with one SGE through the low-level API.
+#[inline(never)]
+pub fn bench_rs_send_sge64_lowlevel(
+    sq: &mut SendQueue,
+    wr_id: u64,
+    sge: &Sge,
+) -> Result<(), PostError> {
+    let mut w = sq.start(SendOpcode::SEND, SendFlags::SIGNALED, [0; 4])?;
+    w.sge(sge)?;
+    w.finish(wr_id);
+    sq.ring();
+    Ok(())
+}
+
+/// A chain of 32 SENDs, one doorbell, through the verbs-shaped API.
+#[inline(never)]
+pub fn bench_rs_chain32_verbs(qp: &mut Qp, wrs: &[SendWr<'_>]) -> Result<(), (usize, PostError)> {
+    qp.post_send(wrs)
+}
+
+/// A chain of 32 SENDs, one doorbell, through the low-level API.
+#[inline(never)]
+pub fn bench_rs_chain32_lowlevel(
+    sq: &mut SendQueue,
+    wr_id: u64,
+    sge: &Sge,
+) -> Result<(), PostError> {
+    for i in 0..CHAIN as u64 {
+        let mut w = sq.start(SendOpcode::SEND, SendFlags::SIGNALED, [0; 4])?;
+        w.sge(sge)?;
+        w.finish(wr_id + i);
+    }
+    sq.ring();
+    Ok(())
+}
+
+/// Poll one CQE through the verbs-shaped API.
+#[inline(never)]
+pub fn bench_rs_poll_cqe_verbs(cq: &mut Cq, wc: &mut [WorkCompletion; 1]) -> usize {
+    cq.poll(wc)
+}
+
+/// Poll one CQE through the low-level API: take it, retire its WR, publish the consumer
+/// index. Returns the WR id and the CQE opcode.
+#[inline(never)]
+pub fn bench_rs_poll_cqe_lowlevel(cq: &mut Cq, sq: &mut SendQueue) -> Option<(u64, CqeOpcode)> {
+    let cqe: Cqe64 = cq.next_cqe()?;
+    let wr_id = sq.retire(cqe.wqe_counter());
+    cq.publish_ci();
+    Some((wr_id, cqe.opcode()))
+}
+
+// ---- the rig ----
+
+/// Our side's objects: one RC QP connected to itself on a stepped emulator.
+#[derive(Debug)]
+struct Rig {
+    emu: Emulator,
+    qp: Qp,
+    scq: Cq,
+    rcq: Cq,
+    mr: Mr,
+    recv_posted: u32,
+    pending_cqes: u32,
+    next_wr_id: u64,
+    // Kept alive for the QP (dropped after it).
+    _pd: Pd,
+    _buf: Arc<DmaBuf>,
+    _ctx: Context,
+}
+
+type BoxErr = Box<dyn std::error::Error>;
+
+impl Rig {
+    fn new() -> Result<Self, BoxErr> {
+        let emu = Emulator::new(EmuConfig {
+            num_hcas: 1,
+            mode: RunMode::Stepped,
+            ..EmuConfig::default()
+        });
+        let ctx = Context::open(emu.open(0).map_err(|e| format!("emulator open: {e}"))?)?;
+        let pd = Pd::new(&ctx)?;
+        let init = CqInit {
+            cqe: CQ_SIZE,
+            ..CqInit::default()
+        };
+        let scq = Cq::new(&ctx, init, None)?;
+        let rcq = Cq::new(&ctx, init, None)?;
+        let mut qa = QpInitAttr::new(QpType::Rc, &scq, &rcq);
+        qa.cap = QpCap {
+            max_send_wr: SQ_WRS,
+            max_recv_wr: RQ_WRS,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: PAYLOAD as u32,
+        };
+        qa.bf_policy = BfPolicy::InlineOnly;
+        let mut qp = Qp::new(&pd, &qa)?;
+        let buf = Arc::new(DmaBuf::new(4096)?);
+        buf.write(0, &[0x5a; PAYLOAD]);
+        let mr = pd.reg_mr(&buf, Access::LOCAL_WRITE)?;
+        let lid = ctx.query_port(1)?.lid;
+        qp.to_init(1, Access::LOCAL_WRITE, 0)?;
+        let me = RemoteQp {
+            qpn: qp.qpn(),
+            psn: 0,
+            lid,
+            gid: None,
+        };
+        qp.to_rtr(&me, 3, 0)?;
+        qp.to_rts(0, 7)?;
+        let mut rig = Self {
+            emu,
+            qp,
+            scq,
+            rcq,
+            mr,
+            recv_posted: 0,
+            pending_cqes: 0,
+            next_wr_id: 0,
+            _pd: pd,
+            _buf: buf,
+            _ctx: ctx,
+        };
+        rig.refill_recv()?;
+        Ok(rig)
+    }
+
+    fn sge(&self) -> Sge {
+        self.mr.sge(0, PAYLOAD as u32)
+    }
+
+    fn refill_recv(&mut self) -> Result<(), BoxErr> {
+        let mut wcs = [WorkCompletion::default(); 32];
+        loop {
+            let n = self.rcq.poll(&mut wcs);
+            for wc in &wcs[..n] {
+                if wc.status != WcStatus::SUCCESS {
+                    return Err(format!("receive completion {wc:?}").into());
+                }
+            }
+            self.recv_posted -= n as u32;
+            if n == 0 {
+                break;
+            }
+        }
+        let sge = [self.mr.sge(2048, 1024)];
+        while self.recv_posted < RQ_WRS {
+            let wr = RecvWr {
+                wr_id: 0,
+                sg_list: &sge,
+            };
+            self.qp.post_recv(&[wr]).map_err(|(_, e)| e)?;
+            self.recv_posted += 1;
+        }
+        Ok(())
+    }
+
+    /// Let the device execute everything posted, poll every send completion (unmeasured) and
+    /// top up the receive queue.
+    fn drain_send(&mut self) -> Result<(), BoxErr> {
+        self.emu.run_until_idle();
+        let mut wcs = [WorkCompletion::default(); 32];
+        while self.pending_cqes > 0 {
+            let n = self.scq.poll(&mut wcs);
+            if n == 0 {
+                return Err(format!("{} send completions missing", self.pending_cqes).into());
+            }
+            for wc in &wcs[..n] {
+                if wc.status != WcStatus::SUCCESS {
+                    return Err(format!("send completion {wc:?}").into());
+                }
+            }
+            self.pending_cqes -= n as u32;
+        }
+        self.refill_recv()
+    }
+
+    fn single_posts(
+        &mut self,
+        op: &str,
+        inline: bool,
+        calls: usize,
+        s: &mut Samples,
+        out: &mut Vec<String>,
+    ) -> Result<(), BoxErr> {
+        let payload = [0x5au8; PAYLOAD];
+        let parts: [&[u8]; 1] = [&payload];
+        let sge = [self.sge()];
+        for api in ["verbs", "lowlevel"] {
+            for i in 0..calls {
+                let id = self.next_wr_id;
+                self.next_wr_id += 1;
+                let r = match (api, inline) {
+                    ("verbs", true) => {
+                        let wr = [SendWr::send_inline(id, &parts, SendFlags::SIGNALED)];
+                        s.time(|| bench_rs_send_inline64_verbs(&mut self.qp, black_box(&wr)))
+                            .map_err(|(_, e)| e)
+                    }
+                    ("verbs", false) => {
+                        let wr = [SendWr::send(id, &sge, SendFlags::SIGNALED)];
+                        s.time(|| bench_rs_send_sge64_verbs(&mut self.qp, black_box(&wr)))
+                            .map_err(|(_, e)| e)
+                    }
+                    (_, true) => s.time(|| {
+                        bench_rs_send_inline64_lowlevel(self.qp.sq(), id, black_box(&payload))
+                    }),
+                    (_, false) => s.time(|| {
+                        bench_rs_send_sge64_lowlevel(self.qp.sq(), id, black_box(&sge[0]))
+                    }),
+                };
+                r?;
+                self.pending_cqes += 1;
+                // The device takes the doorbell before the next measured call.
+                self.emu.run_until_idle();
+                if (i + 1) % ROUND == 0 {
+                    self.drain_send()?;
+                }
+            }
+            self.drain_send()?;
+            out.push(s.report(op, api, 1));
+        }
+        Ok(())
+    }
+
+    fn chains(&mut self, calls: usize, s: &mut Samples, out: &mut Vec<String>) -> Result<(), BoxErr> {
+        let sge = [self.sge()];
+        let mut wrs = [SendWr::send(0, &sge, SendFlags::SIGNALED); CHAIN];
+        for api in ["verbs", "lowlevel"] {
+            for _ in 0..calls {
+                let id = self.next_wr_id;
+                self.next_wr_id += CHAIN as u64;
+                if api == "verbs" {
+                    for (k, wr) in wrs.iter_mut().enumerate() {
+                        wr.wr_id = id + k as u64;
+                    }
+                    s.time(|| bench_rs_chain32_verbs(&mut self.qp, black_box(&wrs)))
+                        .map_err(|(_, e)| e)?;
+                } else {
+                    s.time(|| bench_rs_chain32_lowlevel(self.qp.sq(), id, black_box(&sge[0])))?;
+                }
+                self.pending_cqes += CHAIN as u32;
+                self.drain_send()?;
+            }
+            out.push(s.report("chain32", api, CHAIN as u32));
+        }
+        Ok(())
+    }
+
+    fn polls(&mut self, calls: usize, s: &mut Samples, out: &mut Vec<String>) -> Result<(), BoxErr> {
+        let sge = [self.sge()];
+        let mut wrs = [SendWr::send(0, &sge, SendFlags::SIGNALED); CHAIN];
+        for api in ["verbs", "lowlevel"] {
+            let mut i = 0;
+            while i < calls {
+                let fill = 2 * CHAIN;
+                for _ in 0..2 {
+                    for wr in wrs.iter_mut() {
+                        wr.wr_id = self.next_wr_id;
+                        self.next_wr_id += 1;
+                    }
+                    self.qp.post_send(&wrs).map_err(|(_, e)| e)?;
+                }
+                self.emu.run_until_idle();
+                for _ in 0..fill {
+                    let mut one = [WorkCompletion::default(); 1];
+                    let got = if api == "verbs" {
+                        let t = if i < calls {
+                            s.time(|| bench_rs_poll_cqe_verbs(&mut self.scq, &mut one))
+                        } else {
+                            bench_rs_poll_cqe_verbs(&mut self.scq, &mut one)
+                        };
+                        t == 1 && one[0].status == WcStatus::SUCCESS
+                    } else {
+                        let (cq, sq) = (&mut self.scq, self.qp.sq());
+                        let r = if i < calls {
+                            s.time(|| bench_rs_poll_cqe_lowlevel(cq, sq))
+                        } else {
+                            bench_rs_poll_cqe_lowlevel(cq, sq)
+                        };
+                        matches!(r, Some((_, op)) if op == CqeOpcode::REQ)
+                    };
+                    if !got {
+                        return Err(format!("poll {api}: no successful CQE").into());
+                    }
+                    i += 1;
+                }
+                self.refill_recv()?;
+            }
+            out.push(s.report("poll_cqe", api, 1));
+        }
+        Ok(())
+    }
+}
+
+/// Run every operation `calls` times (after a short warm-up) and return the `result` lines,
+/// plus an `info` line with the send queue's doorbell statistics.
+///
+/// # Errors
+/// Any failure of the driver or a completion that is not a success.
+pub fn run(calls: usize) -> Result<Vec<String>, BoxErr> {
+    let mut rig = Rig::new()?;
+    let mut s = Samples::with_capacity(calls + 2 * CHAIN);
+    let mut out = Vec::new();
+    for _ in 0..calls {
+        s.time(|| black_box(0));
+    }
+    out.push(s.report("timer_overhead", "none", 1));
+    let mut warm = Vec::new();
+    rig.single_posts("warmup", true, ROUND, &mut s, &mut warm)?;
+    rig.single_posts("send_inline64", true, calls, &mut s, &mut out)?;
+    rig.single_posts("send_sge64", false, calls, &mut s, &mut out)?;
+    rig.chains(calls, &mut s, &mut out)?;
+    rig.polls(calls, &mut s, &mut out)?;
+    let st = rig.qp.sq_ref().stats();
+    let bf = rig.qp.sq_ref().bfreg();
+    out.push(format!(
+        "info wqes={} doorbells={} bf_copies={} bf_size={} dedicated={}",
+        st.wqes, st.doorbells, st.bf_copies, bf.bf_size, bf.dedicated
+    ));
+    Ok(out)
+}
