@@ -29,23 +29,34 @@
 //! C harness `harness.c`, which calls libibverbs/libmlx5). Each side runs once under
 //! `valgrind --tool=callgrind --collect-atstart=no --toggle-collect=<wrapper>...`, so only
 //! the wrappers and what they call are counted; the wrapper's inclusive cost is read from the
-//! callgrind output file and divided by the number of operations ([`callgrind`]). The device
+//! callgrind output file and divided by the number of operations ([`callgrind`]). Each side
+//! first runs every operation through the same wrappers as a warm-up and then calls
+//! `bench_zero_stats`, on which callgrind zeroes its counters (`--zero-before`), so one-time
+//! costs (lazy symbol binding, first use) are left out. The number of calls callgrind saw per
+//! wrapper is checked against the run's own count, so a wrapper that the compiler inlined or
+//! merged with another shows up as an error, not as a wrong figure. The device
 //! never counts: our side uses the emulator in stepped mode and runs it between measured
 //! calls; the C side runs under the `LD_PRELOAD` front door (`mlx5-emu-preload`, in-process
 //! fabric), whose device thread is outside the toggled functions (callgrind toggles per
 //! thread).
 //!
-//! **Time** (noisy): every measured call is timed on its own (monotonic clock, and the TSC
-//! on x86_64); the median is reported after subtracting the median cost of an empty timed
-//! region. These columns move with machine load; the instruction columns do not.
+//! **Time** (noisy): the clock is too coarse for one ~30 ns call, so single posts are timed
+//! in batches of 32 back-to-back calls and polls in batches of 64 (the device runs between
+//! batches), chains one call each; monotonic clock, and the TSC on x86_64. The median batch,
+//! minus the median empty timed region, divided by the WRs in a batch, is reported. These
+//! columns move with machine load; the instruction columns do not.
 //!
 //! The ratio column is ours / libmlx5: below 1 means the `mlx5` crate executes fewer
 //! instructions (or takes less time) for that operation.
 //!
 //! # Requirements
-//! `valgrind` (else only the timer figures are printed), a C compiler (`cc` or `$CC`) and
+//! `valgrind` (or `$MLX5_BENCH_VALGRIND`; without it only the timer figures are printed, with
+//! a note saying so), a C compiler (`cc` or `$CC`) and
 //! the libibverbs development files (`libibverbs-dev`) for the C harness, and the preload's
 //! shared object, which cargo builds next to this binary (or `$MLX5_EMU_PRELOAD_SO`).
+
+/// Calls per operation (timed, and under callgrind) in `--quick` mode.
+pub const QUICK_CALLS: usize = 64;
 
 pub mod callgrind;
 pub mod harness;

@@ -128,10 +128,28 @@ pub struct TimeResult {
     pub ticks: Option<f64>,
 }
 
-/// Parse the `result <op> <api> calls=.. wrs_per_call=.. ns=.. ticks=..` lines both sides
-/// print (raw medians per call). Returns `(op, api, calls, per_call, ns, ticks)` tuples;
-/// lines that are not results are skipped.
-pub fn parse_results(text: &str) -> Vec<(String, String, u64, u32, u64, u64)> {
+/// One `result` line as printed by both sides.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResultLine {
+    /// Operation key (or `timer_overhead`, `warmup`).
+    pub op: String,
+    /// API level.
+    pub api: String,
+    /// Wrapper calls in total.
+    pub calls: u64,
+    /// Calls per timed region.
+    pub batch: u64,
+    /// WRs per call.
+    pub per_call: u32,
+    /// Median nanoseconds per timed region.
+    pub ns: u64,
+    /// Median TSC ticks per timed region (0: no TSC).
+    pub ticks: u64,
+}
+
+/// Parse the `result <op> <api> calls=.. batch=.. wrs_per_call=.. ns=.. ticks=..` lines both
+/// sides print; other lines are skipped.
+pub fn parse_results(text: &str) -> Vec<ResultLine> {
     let mut out = Vec::new();
     for line in text.lines() {
         let mut it = line.split_whitespace();
@@ -141,46 +159,63 @@ pub fn parse_results(text: &str) -> Vec<(String, String, u64, u32, u64, u64)> {
         let (Some(op), Some(api)) = (it.next(), it.next()) else {
             continue;
         };
-        let mut vals = [None::<u64>; 4];
+        let mut vals = [None::<u64>; 5];
         for kv in it {
             let Some((k, v)) = kv.split_once('=') else {
                 continue;
             };
             let slot = match k {
                 "calls" => 0,
-                "wrs_per_call" => 1,
-                "ns" => 2,
-                "ticks" => 3,
+                "batch" => 1,
+                "wrs_per_call" => 2,
+                "ns" => 3,
+                "ticks" => 4,
                 _ => continue,
             };
             vals[slot] = v.parse().ok();
         }
-        if let [Some(c), Some(p), Some(ns), Some(t)] = vals {
-            out.push((op.to_string(), api.to_string(), c, p as u32, ns, t));
+        if let [
+            Some(calls),
+            Some(batch),
+            Some(per_call),
+            Some(ns),
+            Some(ticks),
+        ] = vals
+        {
+            out.push(ResultLine {
+                op: op.to_string(),
+                api: api.to_string(),
+                calls,
+                batch: batch.max(1),
+                per_call: u32::try_from(per_call).unwrap_or(u32::MAX).max(1),
+                ns,
+                ticks,
+            });
         }
     }
     out
 }
 
-/// Turn raw per-call medians into per-WR [`TimeResult`]s, subtracting the timer overhead
-/// (the `timer_overhead` line) and keeping only the known operations.
+/// Turn the `result` lines into per-WR [`TimeResult`]s of the known operations: the median
+/// region time minus the median empty-region time (`timer_overhead`), divided by the WRs in
+/// a region.
 pub fn time_results(text: &str) -> Vec<(OpSpec, TimeResult)> {
     let rows = parse_results(text);
     let (o_ns, o_tk) = rows
         .iter()
-        .find(|r| r.0 == "timer_overhead")
-        .map_or((0, 0), |r| (r.4, r.5));
+        .find(|r| r.op == "timer_overhead")
+        .map_or((0, 0), |r| (r.ns, r.ticks));
     let mut out = Vec::new();
     for spec in OPS {
-        if let Some(r) = rows.iter().find(|r| r.0 == spec.op && r.1 == spec.api) {
-            let per = f64::from(r.3.max(1));
+        if let Some(r) = rows.iter().find(|r| r.op == spec.op && r.api == spec.api) {
+            let wrs = (r.batch * u64::from(r.per_call)) as f64;
             out.push((
                 spec,
                 TimeResult {
-                    calls: r.2,
-                    per_call: r.3,
-                    ns: r.4.saturating_sub(o_ns) as f64 / per,
-                    ticks: (r.5 > 0).then(|| r.5.saturating_sub(o_tk) as f64 / per),
+                    calls: r.calls,
+                    per_call: r.per_call,
+                    ns: r.ns.saturating_sub(o_ns) as f64 / wrs,
+                    ticks: (r.ticks > 0).then(|| r.ticks.saturating_sub(o_tk) as f64 / wrs),
                 },
             ));
         }
@@ -194,15 +229,20 @@ mod tests {
 
     #[test]
     fn result_lines_parse_and_overhead_is_subtracted() {
-        let text = "info x=1\nresult timer_overhead none calls=10 wrs_per_call=1 ns=20 ticks=30\n\
-                    result chain32 verbs calls=5 wrs_per_call=32 ns=660 ticks=990\n\
-                    result bogus\n";
+        let text = "info x=1\n\
+            result timer_overhead none calls=10 batch=1 wrs_per_call=1 ns=20 ticks=30\n\
+            result chain32 verbs calls=5 batch=1 wrs_per_call=32 ns=660 ticks=990\n\
+            result poll_cqe lowlevel calls=128 batch=64 wrs_per_call=1 ns=660 ticks=0\n\
+            result bogus\n";
         let r = time_results(text);
-        assert_eq!(r.len(), 1);
+        assert_eq!(r.len(), 2);
         assert_eq!(r[0].0.op, "chain32");
         assert_eq!(r[0].1.calls, 5);
         assert!((r[0].1.ns - 20.0).abs() < 1e-9);
         assert_eq!(r[0].1.ticks, Some(30.0));
+        assert_eq!((r[1].0.op, r[1].0.api), ("poll_cqe", "lowlevel"));
+        assert!((r[1].1.ns - 10.0).abs() < 1e-9);
+        assert_eq!(r[1].1.ticks, None);
     }
 
     #[test]

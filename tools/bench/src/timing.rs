@@ -1,8 +1,9 @@
-//! Per-call timing: monotonic nanoseconds and, on x86_64, TSC ticks.
+//! Timing of regions (one call, or a batch of back-to-back calls): monotonic nanoseconds
+//! and, on x86_64, TSC ticks.
 
 use std::time::Instant;
 
-/// Samples of one operation (one entry per measured call).
+/// Samples of one operation (one entry per timed region).
 #[derive(Debug, Default)]
 pub struct Samples {
     ns: Vec<u64>,
@@ -14,8 +15,9 @@ pub struct Samples {
 pub fn ticks() -> u64 {
     #[cfg(target_arch = "x86_64")]
     {
-        // `_rdtsc` reads the time-stamp counter; it has no preconditions.
-        std::arch::x86_64::_rdtsc()
+        // SAFETY: `rdtsc` only reads the time-stamp counter; it touches no memory and is
+        // available on every x86_64 CPU (the intrinsic needs no target feature).
+        unsafe { std::arch::x86_64::_rdtsc() }
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -55,11 +57,12 @@ impl Samples {
         self.ns.is_empty()
     }
 
-    /// The `result` line for these samples (same format as the C harness prints), then clear.
-    pub fn report(&mut self, op: &str, api: &str, per_call: u32) -> String {
+    /// The `result` line for these samples, each a region of `batch` calls of `per_call` WRs
+    /// (same format as the C harness prints), then clear.
+    pub fn report(&mut self, op: &str, api: &str, batch: usize, per_call: u32) -> String {
         let line = format!(
-            "result {op} {api} calls={} wrs_per_call={per_call} ns={} ticks={}",
-            self.ns.len(),
+            "result {op} {api} calls={} batch={batch} wrs_per_call={per_call} ns={} ticks={}",
+            self.ns.len() * batch,
             median(&mut self.ns),
             median(&mut self.ticks)
         );
@@ -93,8 +96,11 @@ mod tests {
             s.time(|| std::hint::black_box(1 + 1));
         }
         assert_eq!(s.len(), 3);
-        let line = s.report("op", "api", 2);
-        assert!(line.starts_with("result op api calls=3 wrs_per_call=2 ns="), "{line}");
+        let line = s.report("op", "api", 4, 2);
+        assert!(
+            line.starts_with("result op api calls=12 batch=4 wrs_per_call=2 ns="),
+            "{line}"
+        );
         assert!(s.is_empty());
     }
 }

@@ -1012,9 +1012,10 @@ fn post_request(w: &mut World, hca: usize, qpn: u32, wqe: &Wqe, pkt: Packet, loc
         if q.rc.deadline.is_none() {
             q.rc.deadline = transport::ack_timeout_ns(q.timeout).map(|t| now + t);
         }
-        for p in packets {
-            send_packet(w, p);
+        if q.rc.tx_next.is_none() {
+            q.rc.tx_next = Some(first);
         }
+        pump(w, hca, qpn);
     } else {
         let n: usize = packets.iter().map(|p| p.payload.len()).sum();
         for p in packets {
@@ -1040,7 +1041,10 @@ fn segment(pkt: Packet, mtu: usize, first_psn: u32) -> Vec<Packet> {
             ..pkt
         }];
     }
-    let chunks: Vec<&[u8]> = pkt.payload.chunks(mtu).collect();
+    // The header fields are copied into every packet; the payload only chunk by chunk.
+    let mut pkt = pkt;
+    let payload = std::mem::take(&mut pkt.payload);
+    let chunks: Vec<&[u8]> = payload.chunks(mtu).collect();
     let n = chunks.len();
     let last_op = match base {
         0x04 => op::RC_SEND_LAST,
@@ -1997,6 +2001,7 @@ fn requester_response(w: &mut World, pkt: Packet) {
         w.hcas[hca].counters.rnr_nak_retry_err += 1;
     }
     retire(w, hca, qpn);
+    pump(w, hca, qpn);
     if let Some((idx, opc, s)) = err {
         // Complete everything before the failed one, then fail it.
         drop_outstanding_until(w, hca, qpn, idx);
@@ -2057,34 +2062,83 @@ fn contains(o: &Outstanding, psn: u32) -> bool {
     !psn_before(psn, o.psn) && !psn_before(o.last_psn, psn)
 }
 
-/// Go back to `from`: resend every unacknowledged packet from that PSN on. A READ whose
-/// span reaches `from` is re-requested whole.
+/// Packets an RC requester may have in flight beyond the oldest unacknowledged PSN. Like
+/// a real HCA's limit on outstanding packets, it keeps a go-back-N recovery of a multi-MiB
+/// message from flooding the receiver (on UDP: its socket buffer).
+const TX_WINDOW: u32 = 256;
+
+/// Transmit the requester's pending packets, in PSN order, as far as the window allows.
+fn pump(w: &mut World, hca: usize, qpn: u32) {
+    let Some(q) = w.hcas[hca].qps.get_mut(&qpn) else {
+        return;
+    };
+    let Some(mut next) = q.rc.tx_next else { return };
+    let Some(base) = q.rc.outstanding.iter().find(|o| !o.done).map(|o| o.psn) else {
+        q.rc.tx_next = None;
+        return;
+    };
+    // The window starts after the highest acknowledged PSN when that is newer.
+    let start = match q.rc.acked.map(|a| (a + 1) & 0xff_ffff) {
+        Some(a) if psn_before(base, a) => a,
+        _ => base,
+    };
+    let in_window = |psn: u32| psn.wrapping_sub(start) & 0xff_ffff < TX_WINDOW;
+    let mut out = Vec::new();
+    let mut blocked = false;
+    'entries: for o in
+        q.rc.outstanding
+            .iter()
+            .filter(|o| !o.done && !o.packets.is_empty())
+    {
+        if o.is_read_like {
+            // One request packet; its response PSNs are the entry's span.
+            if !psn_before(o.psn, next) {
+                if !in_window(o.psn) {
+                    blocked = true;
+                    break 'entries;
+                }
+                out.extend(o.packets.first().cloned());
+                next = (o.last_psn + 1) & 0xff_ffff;
+            }
+            continue;
+        }
+        for p in &o.packets {
+            if psn_before(p.psn, next) {
+                continue;
+            }
+            if !in_window(p.psn) {
+                blocked = true;
+                break 'entries;
+            }
+            out.push(p.clone());
+            next = (p.psn + 1) & 0xff_ffff;
+        }
+    }
+    q.rc.tx_next = if blocked { Some(next) } else { None };
+    for p in out {
+        send_packet(w, p);
+    }
+}
+
+/// Go back to `from`: everything unacknowledged from that PSN on is sent again (through
+/// the window). A READ whose span reaches `from` is re-requested whole.
 fn retransmit(w: &mut World, hca: usize, qpn: u32, from: u32) {
     let Some(q) = w.hcas[hca].qps.get_mut(&qpn) else {
         return;
     };
-    let mut pkts = Vec::new();
-    for o in
-        q.rc.outstanding
-            .iter_mut()
-            .filter(|o| !o.done && !psn_before(o.last_psn, from))
-    {
-        if o.is_read_like {
-            o.read_buf.clear();
-            o.read_next = o.psn;
-            pkts.extend(o.packets.first().cloned());
-        } else {
-            pkts.extend(
-                o.packets
-                    .iter()
-                    .filter(|p| !psn_before(p.psn, from))
-                    .cloned(),
-            );
+    let mut start = from;
+    for o in q.rc.outstanding.iter_mut() {
+        if o.done || psn_before(o.last_psn, from) || !o.is_read_like {
+            continue;
+        }
+        o.read_buf.clear();
+        o.read_next = o.psn;
+        if psn_before(o.psn, start) {
+            start = o.psn;
         }
     }
-    for p in pkts {
-        send_packet(w, p);
-    }
+    q.rc.tx_next = Some(start);
+    pump(w, hca, qpn);
 }
 
 fn run_timers(w: &mut World) -> usize {

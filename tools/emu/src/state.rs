@@ -239,6 +239,8 @@ pub(crate) struct Rc {
     pub(crate) rx: Option<RxMsg>,
     /// Requester: the highest PSN acknowledged so far.
     pub(crate) acked: Option<u32>,
+    /// Requester: the next PSN to transmit (None: everything posted is on the wire).
+    pub(crate) tx_next: Option<u32>,
 }
 
 /// A queue pair.

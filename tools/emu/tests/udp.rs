@@ -201,3 +201,43 @@ fn a_burst_larger_than_the_socket_buffer_recovers() {
     );
     assert!(dst.read(0, 4096 * n as usize).iter().all(|&x| x == 0xAB));
 }
+
+#[test]
+fn an_eight_mib_write_streams_through_the_window_without_retransmissions() {
+    let (ea, eb) = (node(None), node(None));
+    let (ia, ib) = (ea.hca_info(0).unwrap(), eb.hca_info(0).unwrap());
+    let mut a = Ctx::open(&ea, 0);
+    let mut b = Ctx::open(&eb, 0);
+    let (pda, pdb) = (a.alloc_pd(), b.alloc_pd());
+    let mut cqa = a.create_cq(16, 64, -1);
+    let mut qa = a.create_qp(pda, &cqa, &cqa, RC, 16, 8, None);
+    let cqb = b.create_cq(16, 64, -1);
+    let qb = b.create_qp(pdb, &cqb, &cqb, RC, 16, 8, None);
+    let size = 8usize << 20;
+    let src = Buf::new(size);
+    let dst = Buf::new(size);
+    let pattern: Vec<u8> = (0..size).map(|i| (i % 253) as u8).collect();
+    src.write(0, &pattern);
+    let (_, ls, _) = a.reg_mr(pda, src.addr(), size as u64, ALL_ACCESS).unwrap();
+    let (_, _, rd) = b.reg_mr(pdb, dst.addr(), size as u64, ALL_ACCESS).unwrap();
+    bring_up(&a, &qa, ib.lid, qb.qpn, Knobs::default());
+    bring_up(&b, &qb, ia.lid, qa.qpn, Knobs::default());
+    let segs = [
+        RaddrSeg::new(dst.addr(), rd).as_bytes(),
+        DataSeg::new(size as u32, ls, src.addr()).as_bytes(),
+    ]
+    .concat();
+    let i = qa.build_send(SendOpcode::RDMA_WRITE, 0, FM_CE_SE_CQ_UPDATE, [0; 4], &segs);
+    qa.ring(&a, i, Ring::Doorbell);
+    settle(&ea, &eb);
+    let ca = drain(&mut cqa);
+    assert_eq!(
+        (ca.len(), ca[0].opcode, ca[0].byte_cnt),
+        (1, 0, size as u32)
+    );
+    assert!(dst.read(0, size) == pattern);
+    // 8 MiB at the 1024-byte path MTU, each packet sent once: the window (not a burst of
+    // 8192 packets) keeps the receiver's socket from overflowing.
+    assert_eq!(ea.counters(0).packets_sent, 8192);
+    assert_eq!(eb.counters(0).duplicate_request, 0);
+}
