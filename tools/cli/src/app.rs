@@ -50,6 +50,14 @@ pub struct TestbedConfig {
     pub pcap: Option<PathBuf>,
     /// Time the driver's data-path calls.
     pub cpu_cost: bool,
+    /// Port of the device (1-based).
+    pub ib_port: u8,
+    /// GID index of the port: the path carries a GRH from this GID (`None`: only on RoCE,
+    /// from index 0).
+    pub gid_index: Option<u8>,
+    /// SENDs go out of the receive area, as ibv_rc_pingpong's single buffer (each side echoes
+    /// the message it last received).
+    pub echo: bool,
 }
 
 /// A connected pair of RC QPs, both ends in this process.
@@ -249,6 +257,9 @@ where
         cross_process: a.host.is_some() || a.server,
         pcap: a.pcap.clone(),
         cpu_cost: a.cpu_cost,
+        ib_port: 1,
+        gid_index: None,
+        echo: false,
     };
     Ok(Plan {
         op,
@@ -630,28 +641,46 @@ fn counters_text(driver: &serde_json::Value, device: Option<&serde_json::Value>)
     s
 }
 
-/// `mlx5 pingpong`: ibv_rc_pingpong's exchange of SENDs, in this process, with its two result
-/// lines (full round trips per iteration, not halved).
+/// `mlx5 pingpong`: ibv_rc_pingpong's exchange of SENDs with its options and its two result
+/// lines (full round trips per iteration, not halved): a server without HOST, a client with
+/// one, both ends in this process with `--loopback`.
 fn pingpong(a: &PingpongArgs) -> Result<(), String> {
-    if a.iters == 0 || a.size == 0 {
-        return Err("-n and -s must be at least 1".into());
+    if a.iters == 0 || a.size == 0 || a.rx_depth == 0 {
+        return Err("-n, -s and -r must be at least 1".into());
     }
-    let remote = a.host.is_some() || a.server;
+    if !mtu_ok(a.mtu) {
+        return Err(format!("-m {}: one of 256, 512, 1024, 2048, 4096", a.mtu));
+    }
+    if a.ib_port == 0 {
+        return Err("-i: ports are numbered from 1".into());
+    }
+    if a.sl != 0 {
+        return Err(format!(
+            "-l {}: the driver's RTR transition sets service level 0 only",
+            a.sl
+        ));
+    }
+    if a.loopback && (a.chk || a.chk_all) {
+        return Err("-c checks a peer's messages: drop --loopback".into());
+    }
     let cfg = TestbedConfig {
         dev: a.dev.clone(),
         force_emu: a.emu,
         max_size: u64::from(a.size),
         sq_depth: 2,
-        rq_depth: 2,
+        rq_depth: a.rx_depth.max(2),
         max_inline: 0,
         bf: None,
-        events: false,
+        events: a.events,
         hugepages: false,
-        mtu: 1024,
+        mtu: a.mtu,
         max_rd_atomic: 1,
-        cross_process: remote,
+        cross_process: !a.loopback,
         pcap: None,
         cpu_cost: false,
+        ib_port: a.ib_port,
+        gid_index: a.gid_idx,
+        echo: !a.loopback,
     };
     let p = RunParams {
         size: a.size,
@@ -661,10 +690,14 @@ fn pingpong(a: &PingpongArgs) -> Result<(), String> {
         tx_depth: 1,
         post_list: 1,
         cq_mod: 1,
-        poll: PollMode::Busy,
+        poll: if a.events {
+            PollMode::Event
+        } else {
+            PollMode::Busy
+        },
         warm_up: 0,
     };
-    if remote {
+    if !a.loopback {
         return crate::remote::pingpong(a, &cfg, &p);
     }
     let mut tb = crate::backend::open(&cfg)?;

@@ -119,6 +119,13 @@ struct End {
     cost: Option<Box<crate::cost::CostLog>>,
     wcs: [WorkCompletion; 16],
     psn: u32,
+    /// Port the QP uses (1-based).
+    port: u8,
+    /// Source GID index of the path (with a GRH).
+    sgid_index: u8,
+    /// SENDs go out of the rx area (ibv_rc_pingpong's single buffer: each side echoes what it
+    /// last received).
+    echo: bool,
 }
 
 impl End {
@@ -131,38 +138,27 @@ impl End {
         };
         let buf = Arc::new(DmaBuf::with_policy(2 * area, policy).map_err(err("buffer"))?);
         let mr = pd.reg_mr(&buf, Access::ALL).map_err(err("REG_MR"))?;
+        let channel = || -> Result<Arc<CompChannel>, String> {
+            Ok(Arc::new(
+                ctx.create_comp_channel()
+                    .map_err(err("completion channel"))?,
+            ))
+        };
+        // one channel per CQ: [send, receive]
         let channels = if cfg.events {
-            Some([
-                Arc::new(
-                    ctx.create_comp_channel()
-                        .map_err(err("completion channel"))?,
-                ),
-                Arc::new(
-                    ctx.create_comp_channel()
-                        .map_err(err("completion channel"))?,
-                ),
-            ])
+            Some([channel()?, channel()?])
         } else {
             None
         };
-        let send_cq = Cq::new(
-            ctx,
-            CqInit {
-                cqe: cfg.sq_depth.max(16),
+        let cq = |depth: u32, which: usize| {
+            let init = CqInit {
+                cqe: depth.max(16),
                 ..CqInit::default()
-            },
-            channels.as_ref().map(|c| &c[0]),
-        )
-        .map_err(err("CREATE_CQ"))?;
-        let recv_cq = Cq::new(
-            ctx,
-            CqInit {
-                cqe: cfg.rq_depth.max(16),
-                ..CqInit::default()
-            },
-            channels.as_ref().map(|c| &c[1]),
-        )
-        .map_err(err("CREATE_CQ"))?;
+            };
+            Cq::new(ctx, init, channels.as_ref().map(|c| &c[which])).map_err(err("CREATE_CQ"))
+        };
+        let send_cq = cq(cfg.sq_depth, 0)?;
+        let recv_cq = cq(cfg.rq_depth, 1)?;
         let mut init = QpInitAttr::new(QpType::Rc, &send_cq, &recv_cq);
         init.cap = QpCap {
             max_send_wr: cfg.sq_depth,
@@ -197,6 +193,9 @@ impl End {
             cost: cfg.cpu_cost.then(Box::default),
             wcs: [WorkCompletion::default(); 16],
             psn,
+            port: cfg.ib_port,
+            sgid_index: cfg.gid_index.unwrap_or(0),
+            echo: cfg.echo,
         })
     }
 
@@ -248,6 +247,7 @@ impl Side for End {
         }
         let len = first.len.min(self.area as u32);
         let (op, local_off) = match first.op {
+            Op::Send if self.echo => (WrOp::Send, self.area as u64),
             Op::Send => (WrOp::Send, 0),
             Op::Write => (
                 WrOp::Write {
@@ -292,7 +292,8 @@ impl Side for End {
             if wr.signaled {
                 slot.flags = slot.flags | SendFlags::SIGNALED;
             }
-            if wr.inline {
+            // inline payloads come from the tx area's shadow; echoed SENDs are never inline
+            if wr.inline && !self.echo {
                 *slot = slot.with_inline(&inline_data);
             }
         }
@@ -376,6 +377,16 @@ impl Side for End {
         self.shadow[off] = v;
         self.buf.write(off, &[v]);
     }
+
+    fn read_rx(&self, off: usize, out: &mut [u8]) {
+        // as read_byte: the device wrote the rx area behind the compiler's back
+        fence(Ordering::Acquire);
+        self.buf.read(self.area + off, out);
+    }
+
+    fn write_rx(&mut self, off: usize, data: &[u8]) {
+        self.buf.write(self.area + off, data);
+    }
 }
 
 /// Two connected RC QPs on one device.
@@ -443,6 +454,7 @@ struct Opened {
     device: String,
     lid: u16,
     gid: Option<[u8; 16]>,
+    roce: bool,
     mtu: u8,
 }
 
@@ -461,11 +473,18 @@ fn open_device(cfg: &TestbedConfig) -> Result<Opened, String> {
             (ctx, Some(emu), format!("{name} (emulated)"))
         }
     };
-    let port = ctx.query_port(1).map_err(err("QUERY_PORT"))?;
-    let gid = if port.is_roce() {
-        Some(ctx.query_gid(1, 0).map_err(err("QUERY_GID"))?)
-    } else {
-        None
+    let port_num = cfg.ib_port;
+    let port = ctx
+        .query_port(port_num)
+        .map_err(|e| format!("QUERY_PORT {port_num}: {e}"))?;
+    // a GID index given (-g) puts a GRH on the path; RoCE always needs one (index 0 by default)
+    let gid = match (cfg.gid_index, port.is_roce()) {
+        (Some(i), _) => Some(
+            ctx.query_gid(port_num, u32::from(i))
+                .map_err(|e| format!("QUERY_GID {port_num}/{i}: {e}"))?,
+        ),
+        (None, true) => Some(ctx.query_gid(port_num, 0).map_err(err("QUERY_GID"))?),
+        (None, false) => None,
     };
     let mtu = mtu_enum(cfg.mtu).min(port.active_mtu.max(1));
     Ok(Opened {
@@ -474,6 +493,7 @@ fn open_device(cfg: &TestbedConfig) -> Result<Opened, String> {
         device,
         lid: port.lid,
         gid,
+        roce: port.is_roce(),
         mtu,
     })
 }
@@ -483,7 +503,9 @@ impl End {
     /// rkey).
     fn connect(&mut self, remote: &RemoteQp, window: (u64, u32), mtu: u8) -> Result<(), String> {
         self.init()?;
-        self.qp.to_rtr(remote, mtu, 0).map_err(err("RTR"))?;
+        self.qp
+            .to_rtr(remote, mtu, self.sgid_index)
+            .map_err(err("RTR"))?;
         self.qp.to_rts(self.psn, 7).map_err(err("RTS"))?;
         (self.remote_addr, self.remote_rkey) = window;
         Ok(())
@@ -493,7 +515,7 @@ impl End {
     fn init(&mut self) -> Result<(), String> {
         if self.qp.state() == QpState::Reset {
             let access = Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
-            self.qp.to_init(1, access, 0).map_err(err("INIT"))?;
+            self.qp.to_init(self.port, access, 0).map_err(err("INIT"))?;
         }
         Ok(())
     }
@@ -593,6 +615,7 @@ pub struct SingleEnd {
     device: String,
     lid: u16,
     gid: Option<[u8; 16]>,
+    roce: bool,
     mtu: u8,
     max_inline: u32,
     bf: bool,
@@ -622,6 +645,7 @@ impl SingleEnd {
             device: dev.device,
             lid: dev.lid,
             gid: dev.gid,
+            roce: dev.roce,
             mtu: dev.mtu,
             max_inline,
             bf,
@@ -663,17 +687,20 @@ impl SingleEnd {
         self.end.init()
     }
 
-    /// Connects to an ibv_rc_pingpong-style peer (SENDs only: no buffer window). A zero GID
-    /// from the peer means "no GRH", as that tool sends without a GID index.
+    /// Connects to an ibv_rc_pingpong-style peer (SENDs only: no buffer window). As that tool:
+    /// a GID from the peer puts a GRH on the path (source GID index: ours, `-g`); a zero GID
+    /// means none (on RoCE, which always needs one, our own GID stands in).
     pub fn connect_pingpong(
         &mut self,
         peer: &crate::exchange::PingpongDest,
         mtu: u8,
     ) -> Result<(), String> {
-        let gid = if peer.gid == [0; 16] {
+        let gid = if peer.gid != [0; 16] {
+            Some(peer.gid)
+        } else if self.roce {
             self.gid
         } else {
-            Some(peer.gid)
+            None
         };
         let remote = RemoteQp {
             qpn: peer.qpn,

@@ -71,6 +71,15 @@ pub trait Side {
     fn read_byte(&self, off: usize) -> u8;
     /// Writes byte `off` of the local buffer (the payload of the next WRITE).
     fn write_byte(&mut self, off: usize, v: u8);
+    /// Copies `out.len()` bytes of the receive area from `off` into `out`.
+    fn read_rx(&self, off: usize, out: &mut [u8]) {
+        for (i, b) in out.iter_mut().enumerate() {
+            *b = self.read_byte(off + i);
+        }
+    }
+    /// Writes `data` into the receive area at `off` (ibv_rc_pingpong's single buffer: what
+    /// the next SEND echoes).
+    fn write_rx(&mut self, off: usize, data: &[u8]);
 }
 
 /// Waits for at least one completion on one CQ of `side` in `mode`; returns how many came.
@@ -274,16 +283,31 @@ pub fn lat_remote(
     label: &str,
     sends_first: bool,
 ) -> BenchResult<LatRun> {
+    lat_remote_checked(op, s, p, label, sends_first, &mut |_, _| Ok(()))
+}
+
+/// [`lat_remote`] with `on_receive(side, n)` called after the peer's message of iteration `n`
+/// has arrived and before this side answers it (ping-pong `-c`: check it, or tamper with it).
+pub fn lat_remote_checked(
+    op: Op,
+    s: &mut dyn Side,
+    p: &RunParams,
+    label: &str,
+    sends_first: bool,
+    on_receive: &mut dyn FnMut(&mut dyn Side, u64) -> BenchResult<()>,
+) -> BenchResult<LatRun> {
     let stamps = if sends_first {
         pp_loop(p, label, |n| {
             pp_send(s, op, n, p)?;
-            pp_receive(s, op, n, p)
+            pp_receive(s, op, n, p)?;
+            on_receive(s, n)
         })?
     } else {
         let mut stamps = Vec::with_capacity(p.iters.min(1 << 26) as usize);
         let mut progress = Progress::new(label, p.iters);
         for n in 0..p.warm_up + p.iters {
             pp_receive(s, op, n, p)?;
+            on_receive(s, n)?;
             if n >= p.warm_up {
                 stamps.push(Instant::now());
             }
@@ -577,6 +601,9 @@ mod tests {
         }
         fn write_byte(&mut self, off: usize, v: u8) {
             self.wire.borrow_mut().bufs[self.id][off] = v;
+        }
+        fn write_rx(&mut self, off: usize, data: &[u8]) {
+            self.wire.borrow_mut().bufs[self.id][off..off + data.len()].copy_from_slice(data);
         }
     }
 

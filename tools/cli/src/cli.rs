@@ -92,27 +92,69 @@ pub struct EmuRunArgs {
     pub program: Vec<String>,
 }
 
-/// `mlx5 pingpong`.
+/// `mlx5 pingpong`: ibv_rc_pingpong's options, names and defaults.
 #[derive(Debug, Args)]
 pub struct PingpongArgs {
-    /// Peer host (client mode, as ibv_rc_pingpong). Without it and without --server, both
-    /// ends run in this process.
+    /// Peer host: connect to the server there. Without it, wait for a client (server), as
+    /// ibv_rc_pingpong does.
     pub host: Option<String>,
-    /// Wait for a client to connect.
+    /// Wait for a client to connect (the default without HOST).
     #[arg(long, conflicts_with = "host")]
     pub server: bool,
+    /// Both ends in this process: no peer, no TCP exchange.
+    #[arg(long, conflicts_with_all = ["host", "server"])]
+    pub loopback: bool,
     /// Address the server listens on.
     #[arg(long, value_name = "ADDR", default_value = "0.0.0.0")]
     pub bind: String,
-    /// Device name.
+    /// Device name (default: the first one found).
     #[arg(short = 'd', long = "ib-dev", value_name = "DEV")]
     pub dev: Option<String>,
+    /// Port of the device.
+    #[arg(
+        short = 'i',
+        long = "ib-port",
+        value_name = "PORT",
+        default_value_t = 1
+    )]
+    pub ib_port: u8,
     /// Message size.
     #[arg(short = 's', long, default_value_t = 4096)]
     pub size: u32,
-    /// Iterations.
+    /// Path MTU (256, 512, 1024, 2048, 4096).
+    #[arg(short = 'm', long, default_value_t = 1024)]
+    pub mtu: u32,
+    /// Receives posted at a time.
+    #[arg(
+        short = 'r',
+        long = "rx-depth",
+        value_name = "DEPTH",
+        default_value_t = 500
+    )]
+    pub rx_depth: u32,
+    /// Iterations (exchanges).
     #[arg(short = 'n', long, default_value_t = 1000)]
     pub iters: u64,
+    /// Service level.
+    #[arg(short = 'l', long, default_value_t = 0)]
+    pub sl: u8,
+    /// Sleep on completion events (arm the CQ, wait on the channel) instead of polling.
+    #[arg(short = 'e', long)]
+    pub events: bool,
+    /// Local GID index: the path carries a GRH and the GID is sent to the peer.
+    #[arg(short = 'g', long = "gid-idx", value_name = "INDEX")]
+    pub gid_idx: Option<u8>,
+    /// Validate the received data as ibv_rc_pingpong does: the client zeroes the first byte of
+    /// every page of its 0x7b-filled buffer, each side echoes what it receives, and that first
+    /// byte of every page is checked (ibv_rc_pingpong: by the server, after the run; here: on
+    /// both sides, in every message received). Mismatches are printed as "invalid data in
+    /// page N" and fail the run.
+    #[arg(short = 'c', long)]
+    pub chk: bool,
+    /// As -c, and check every byte of every message received (ibv_rc_pingpong checks the
+    /// first byte of each page).
+    #[arg(long = "chk-all")]
+    pub chk_all: bool,
     /// TCP port for the address exchange.
     #[arg(short = 'p', long, default_value_t = 18515)]
     pub port: u16,
@@ -400,6 +442,48 @@ mod tests {
         assert_eq!(r.program, ["ibv_devinfo", "-v"]);
         assert!(Cli::try_parse_from(["mlx5", "emu", "run"]).is_err());
         assert!(Cli::try_parse_from(["mlx5", "emu", "run", "--fabric", "x", "--", "a"]).is_err());
+    }
+
+    #[test]
+    fn pingpong_takes_ibv_rc_pingpongs_options_and_defaults() {
+        let parse = |args: &[&str]| match Cli::try_parse_from(args).map(|c| c.cmd) {
+            Ok(Command::Pingpong(a)) => Ok(a),
+            Ok(other) => panic!("not pingpong: {other:?}"),
+            Err(e) => Err(e),
+        };
+        let a = parse(&["mlx5", "pingpong"]).unwrap();
+        // no host: the server, with ibv_rc_pingpong's defaults
+        assert_eq!(a.host, None);
+        assert!(!a.loopback && !a.chk && !a.events);
+        assert_eq!((a.port, a.ib_port, a.size, a.mtu), (18515, 1, 4096, 1024));
+        assert_eq!((a.rx_depth, a.iters, a.sl, a.gid_idx), (500, 1000, 0, None));
+        let a = parse(&[
+            "mlx5", "pingpong", "-p", "4000", "-d", "mlx5_1", "-i", "1", "-s", "32", "-m", "2048",
+            "-r", "16", "-n", "7", "-l", "0", "-e", "-g", "0", "-c", "peer",
+        ])
+        .unwrap();
+        assert_eq!(a.host.as_deref(), Some("peer"));
+        assert_eq!(a.dev.as_deref(), Some("mlx5_1"));
+        assert_eq!(
+            (a.port, a.size, a.mtu, a.rx_depth, a.iters),
+            (4000, 32, 2048, 16, 7)
+        );
+        assert!(a.events && a.chk);
+        assert_eq!(a.gid_idx, Some(0));
+        // ibv_rc_pingpong's long names
+        let a = parse(&[
+            "mlx5",
+            "pingpong",
+            "--rx-depth",
+            "8",
+            "--gid-idx",
+            "1",
+            "--chk",
+        ])
+        .unwrap();
+        assert_eq!((a.rx_depth, a.gid_idx, a.chk), (8, Some(1), true));
+        assert!(parse(&["mlx5", "pingpong", "--loopback", "peer"]).is_err());
+        assert!(parse(&["mlx5", "pingpong", "--server", "peer"]).is_err());
     }
 
     #[test]

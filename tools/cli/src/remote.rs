@@ -225,20 +225,93 @@ fn run_size(
     Ok(None)
 }
 
+/// Test-only: set (to anything but `0`) to make `mlx5 pingpong` corrupt the first byte of
+/// every message it sends (to 0xa5), so that a peer's `-c` check can be seen to fail.
+pub const CORRUPT_ENV: &str = "MLX5_PINGPONG_CORRUPT";
+
+/// ibv_rc_pingpong's fill byte of its buffer.
+pub const PINGPONG_FILL: u8 = 0x7b;
+
+/// The buffer ibv_rc_pingpong sends: `size` bytes of [`PINGPONG_FILL`]; with `-c` its client
+/// zeroes the first byte of every page (`page` bytes) before the first SEND, and each side
+/// echoes what it receives, so with `-c` every message carries that pattern.
+pub fn pingpong_buffer(size: usize, page: usize, chk_client: bool) -> Vec<u8> {
+    let mut buf = vec![PINGPONG_FILL; size];
+    if chk_client {
+        for b in buf.iter_mut().step_by(page.max(1)) {
+            *b = 0;
+        }
+    }
+    buf
+}
+
+/// The pages of a received message that differ from the `-c` pattern
+/// (`pingpong_buffer(len, page, true)`): as ibv_rc_pingpong's server checks its last message,
+/// the first byte of every page; with `every_byte` (`--chk-all`), all of them.
+pub fn invalid_pages(got: &[u8], page: usize, every_byte: bool) -> Vec<usize> {
+    let page = page.max(1);
+    got.chunks(page)
+        .enumerate()
+        .filter(|(_, c)| {
+            let checked = if every_byte { c.len() } else { 1 };
+            c.iter()
+                .take(checked)
+                .enumerate()
+                .any(|(i, &b)| b != if i == 0 { 0 } else { PINGPONG_FILL })
+        })
+        .map(|(n, _)| n)
+        .collect()
+}
+
+/// The system's page size (ibv_rc_pingpong's unit of `-c`): `AT_PAGESZ` of the auxiliary
+/// vector (pairs of native-endian words); 4096 if it cannot be read.
+fn page_size() -> usize {
+    const AT_PAGESZ: u64 = 6;
+    const W: usize = size_of::<usize>();
+    let auxv = std::fs::read("/proc/self/auxv").unwrap_or_default();
+    auxv.chunks_exact(2 * W)
+        .find_map(|e| {
+            let word = |b: &[u8]| b.try_into().ok().map(usize::from_ne_bytes);
+            (word(&e[..W])? as u64 == AT_PAGESZ)
+                .then(|| word(&e[W..]))
+                .flatten()
+        })
+        .filter(|&n| n.is_power_of_two())
+        .unwrap_or(4096)
+}
+
 /// `mlx5 pingpong` against a peer process, in ibv_rc_pingpong's exchange: the client writes its
 /// 52-byte `LID:QPN:PSN:GID`; the server reads it, connects its QP, answers with its own; the
 /// client connects and writes `"done\0"`. Then the client SENDs first and each side answers
-/// every SEND it receives, `iters` times.
+/// every SEND it receives with the message it received (one buffer, as ibv_rc_pingpong),
+/// `iters` times. With `-c` each received message is checked against the pattern.
 pub fn pingpong(a: &PingpongArgs, cfg: &TestbedConfig, p: &RunParams) -> Result<(), String> {
     use std::io::Write;
-    let role = if a.server { Role::Server } else { Role::Client };
+    let role = if a.host.is_some() {
+        Role::Client
+    } else {
+        Role::Server
+    };
     let mut end = SingleEnd::open(cfg)?;
     // receives before the exchange: the peer may send as soon as it is connected
     end.init()?;
-    end.side().ensure_recv(1, p.size)?;
+    let page = page_size();
+    let size = p.size as usize;
+    end.side().write_rx(
+        0,
+        &pingpong_buffer(size, page, (a.chk || a.chk_all) && role == Role::Client),
+    );
+    end.side().ensure_recv(a.rx_depth, p.size)?;
+    if end.emulated() {
+        println!("{}", crate::app::emulator_line(a.emu));
+    }
+    let ours = end.pingpong_dest();
+    println!(
+        "{}",
+        crate::app::pingpong_address("local", ours.lid, ours.qpn, ours.psn, &ours.gid)
+    );
     let mut s = tcp(role, a.host.as_deref(), &a.bind, a.port)?;
     s.set_nodelay(true).map_err(io("TCP_NODELAY"))?;
-    let ours = end.pingpong_dest();
     let mtu = end.mtu();
     let bad = |e: exchange::ParseError| format!("peer address: {e}");
     let peer = match role {
@@ -262,29 +335,90 @@ pub fn pingpong(a: &PingpongArgs, cfg: &TestbedConfig, p: &RunParams) -> Result<
             peer
         }
     };
-    if end.emulated() {
-        println!("{}", crate::app::emulator_line(a.emu));
-    }
-    println!(
-        "{}",
-        crate::app::pingpong_address("local", ours.lid, ours.qpn, ours.psn, &ours.gid)
-    );
     println!(
         "{}",
         crate::app::pingpong_address("remote", peer.lid, peer.qpn, peer.psn, &peer.gid)
     );
+    let corrupt = std::env::var_os(CORRUPT_ENV).is_some_and(|v| v != "0");
+    // overwrites the first byte of the message this side sends next with a value that is
+    // neither the pattern's 0 nor its fill (a flip would undo itself on the way back)
+    let tamper = |side: &mut dyn bench::Side| side.write_rx(0, &[0xa5]);
+    if corrupt && role == Role::Client {
+        tamper(end.side());
+    }
+    let mut invalid = std::collections::BTreeSet::new();
+    let mut got = vec![0u8; size];
+    let mut on_receive = |side: &mut dyn bench::Side, _n: u64| -> Result<(), String> {
+        if a.chk || a.chk_all {
+            side.read_rx(0, &mut got);
+            invalid.extend(invalid_pages(&got, page, a.chk_all));
+        }
+        if corrupt {
+            tamper(side);
+        }
+        Ok(())
+    };
     let start = Instant::now();
-    bench::lat_remote(Op::Send, end.side(), p, "pingpong", role == Role::Client)?;
+    bench::lat_remote_checked(
+        Op::Send,
+        end.side(),
+        p,
+        "pingpong",
+        role == Role::Client,
+        &mut on_receive,
+    )?;
     let usec = start.elapsed().as_secs_f64() * 1e6;
     let (l1, l2) = crate::app::pingpong_lines(u64::from(p.size), p.iters, usec);
     println!("{l1}");
     println!("{l2}");
-    Ok(())
+    for n in &invalid {
+        println!("invalid data in page {n}");
+    }
+    if invalid.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "-c: {} page(s) of the received messages differ from the pattern",
+            invalid.len()
+        ))
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn page_size_comes_from_the_auxiliary_vector() {
+        let n = page_size();
+        assert!(n.is_power_of_two() && n >= 4096, "{n}");
+    }
+
+    #[test]
+    fn chk_pattern_is_ibv_rc_pingpongs_and_every_byte_is_checked() {
+        let buf = pingpong_buffer(10_000, 4096, true);
+        assert_eq!((buf[0], buf[4096], buf[8192]), (0, 0, 0));
+        assert_eq!(buf.iter().filter(|&&b| b == 0).count(), 3);
+        for all in [false, true] {
+            assert!(invalid_pages(&buf, 4096, all).is_empty());
+        }
+        // without the client's -c every page start is 0x7b: all three pages are invalid
+        let plain = pingpong_buffer(10_000, 4096, false);
+        assert_eq!(plain, vec![PINGPONG_FILL; 10_000]);
+        assert_eq!(invalid_pages(&plain, 4096, false), vec![0, 1, 2]);
+        // a flipped byte inside a page: only --chk-all sees it, in its page
+        let mut one = buf.clone();
+        one[5000] ^= 1;
+        assert!(invalid_pages(&one, 4096, false).is_empty());
+        assert_eq!(invalid_pages(&one, 4096, true), vec![1]);
+        // a flipped page start: both
+        let mut first = buf;
+        first[8192] = !first[8192];
+        assert_eq!(invalid_pages(&first, 4096, false), vec![2]);
+        assert_eq!(invalid_pages(&first, 4096, true), vec![2]);
+        // messages shorter than a page: one page start
+        assert_eq!(pingpong_buffer(32, 4096, true)[..2], [0, PINGPONG_FILL]);
+    }
 
     #[test]
     fn handshake_counts_match_perftest_4_5() {

@@ -6,6 +6,9 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
+mod common;
+use common::{free_port, preload_so};
+
 fn mlx5(args: &[&str]) -> Output {
     let out = Command::new(env!("CARGO_BIN_EXE_mlx5"))
         .args(args)
@@ -360,15 +363,6 @@ fn all_sizes_and_duration_modes_run() {
     assert_eq!(counter(&doc, "wqes_executed"), n);
 }
 
-/// A free TCP port on the loopback interface (released again before use; good enough here).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn address_line<'a>(text: &'a str, which: &str) -> &'a str {
     text.lines()
         .find(|l| l.starts_with(&format!(" {which} address:")))
@@ -477,28 +471,6 @@ fn pcap_capture_of_the_emulated_fabric() {
         "{magic:#x}"
     );
     assert!(bytes.len() > 24 + 16 * counter(&doc, "packets_sent") as usize);
-}
-
-/// The LD_PRELOAD shim that puts unmodified rdma-core programs on the emulator: next to our
-/// binary when the workspace was built, else built now (same target directory and profile).
-fn preload_so() -> std::path::PathBuf {
-    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_mlx5"));
-    let profile_dir = bin.parent().unwrap();
-    let so = profile_dir.join("libmlx5_emu_preload.so");
-    if !so.exists() {
-        let target_dir = profile_dir.parent().unwrap();
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut cmd = Command::new(cargo);
-        cmd.args(["build", "-q", "-p", "mlx5-emu-preload", "--target-dir"])
-            .arg(target_dir);
-        if profile_dir.file_name().is_some_and(|n| n == "release") {
-            cmd.arg("--release");
-        }
-        let st = cmd.status().expect("run cargo build -p mlx5-emu-preload");
-        assert!(st.success(), "building the preload shim failed");
-    }
-    assert!(so.exists(), "{} missing", so.display());
-    so
 }
 
 /// perftest's own binary (Debian package `perftest`) on the emulator through the shim.

@@ -967,6 +967,8 @@ fn post_request(w: &mut World, hca: usize, qpn: u32, wqe: &Wqe, pkt: Packet, loc
                 is_read_like: false,
                 read_buf: Vec::new(),
                 read_next: psn,
+                read_mtu: 0,
+                read_va: 0,
             });
             return;
         }
@@ -980,6 +982,8 @@ fn post_request(w: &mut World, hca: usize, qpn: u32, wqe: &Wqe, pkt: Packet, loc
     let is_read = pkt.opcode == op::RC_READ_REQUEST;
     let packets = if qt == qpt::UD {
         vec![Packet { psn: first, ..pkt }]
+    } else if is_read {
+        split_read(pkt, mtu, first)
     } else {
         segment(pkt, mtu, first)
     };
@@ -1008,6 +1012,8 @@ fn post_request(w: &mut World, hca: usize, qpn: u32, wqe: &Wqe, pkt: Packet, loc
             is_read_like,
             read_buf: Vec::new(),
             read_next: first,
+            read_mtu: mtu as u32,
+            read_va: packets[0].reth.map_or(0, |r| r.va),
         });
         if q.rc.deadline.is_none() {
             q.rc.deadline = transport::ack_timeout_ns(q.timeout).map(|t| now + t);
@@ -1023,6 +1029,35 @@ fn post_request(w: &mut World, hca: usize, qpn: u32, wqe: &Wqe, pkt: Packet, loc
         }
         if wqe.signaled {
             requester_ok(w, hca, qpn, wqe.idx, wqe.opcode.0, n as u32, None);
+        }
+    }
+}
+
+/// Split a READ into requests of at most [`TX_WINDOW`] response packets each, with the
+/// PSNs and remote addresses of their parts of the span: the requester asks for the next
+/// part only when the previous one has arrived, so no response burst outgrows the window.
+fn split_read(pkt: Packet, mtu: usize, first_psn: u32) -> Vec<Packet> {
+    let r = pkt.reth.unwrap_or_default();
+    let part = (TX_WINDOW as usize * mtu) as u64;
+    let total = u64::from(r.len);
+    let mut out = Vec::new();
+    let mut off = 0u64;
+    loop {
+        let len = (total - off).min(part);
+        let psn = (first_psn + (off / mtu as u64) as u32) & 0xff_ffff;
+        let reth = Reth {
+            va: r.va.wrapping_add(off),
+            rkey: r.rkey,
+            len: len as u32,
+        };
+        out.push(Packet {
+            psn,
+            reth: Some(reth),
+            ..pkt.clone()
+        });
+        off += len;
+        if off >= total {
+            return out;
         }
     }
 }
@@ -1928,10 +1963,12 @@ fn requester_response(w: &mut World, pkt: Packet) {
                     o.read_buf.extend_from_slice(&pkt.payload);
                     o.read_next = (o.read_next + 1) & 0xff_ffff;
                     progressed = true;
+                    // The last response of the last part completes the READ.
                     if matches!(
                         pkt.opcode,
                         op::RC_READ_RESPONSE_LAST | op::RC_READ_RESPONSE_ONLY
-                    ) {
+                    ) && pkt.psn == o.last_psn
+                    {
                         o.done = true;
                     }
                 }
@@ -2091,14 +2128,21 @@ fn pump(w: &mut World, hca: usize, qpn: u32) {
             .filter(|o| !o.done && !o.packets.is_empty())
     {
         if o.is_read_like {
-            // One request packet; its response PSNs are the entry's span.
-            if !psn_before(o.psn, next) {
-                if !in_window(o.psn) {
+            // READ parts (or one atomic request) in order; the response PSNs are the span.
+            // A later part goes out only once the previous part has fully arrived.
+            for (k, p) in o.packets.iter().enumerate() {
+                if psn_before(p.psn, next) {
+                    continue;
+                }
+                if (k == 0 && !in_window(p.psn)) || (k > 0 && p.psn != o.read_next) {
                     blocked = true;
                     break 'entries;
                 }
-                out.extend(o.packets.first().cloned());
-                next = (o.last_psn + 1) & 0xff_ffff;
+                out.push(p.clone());
+                next = o
+                    .packets
+                    .get(k + 1)
+                    .map_or((o.last_psn + 1) & 0xff_ffff, |n| n.psn);
             }
             continue;
         }
@@ -2131,10 +2175,31 @@ fn retransmit(w: &mut World, hca: usize, qpn: u32, from: u32) {
         if o.done || psn_before(o.last_psn, from) || !o.is_read_like {
             continue;
         }
-        o.read_buf.clear();
-        o.read_next = o.psn;
-        if psn_before(o.psn, start) {
-            start = o.psn;
+        let part = if o.packets.first().is_some_and(|p| p.atomic.is_some()) || o.read_mtu == 0 {
+            // An atomic is asked again whole.
+            o.read_buf.clear();
+            o.read_next = o.psn;
+            o.psn
+        } else {
+            // A READ resumes at its first missing response, as IB requesters do: a new
+            // request with that PSN for the rest of the current part (the responder serves
+            // it like a duplicate, from the adjusted address).
+            let got = o.read_buf.len() as u64;
+            let part_bytes = u64::from(TX_WINDOW) * u64::from(o.read_mtu);
+            let k = (got / part_bytes) as usize;
+            let end = ((k as u64 + 1) * part_bytes).min(u64::from(o.len));
+            let read_next = o.read_next;
+            if let Some(p) = o.packets.get_mut(k) {
+                p.psn = read_next;
+                if let Some(r) = p.reth.as_mut() {
+                    r.va = o.read_va.wrapping_add(got);
+                    r.len = (end - got) as u32;
+                }
+            }
+            read_next
+        };
+        if psn_before(part, start) {
+            start = part;
         }
     }
     q.rc.tx_next = Some(start);

@@ -202,6 +202,10 @@ pub(crate) struct Outstanding {
     /// READ/atomic: the data returned so far, and the next response PSN expected.
     pub(crate) read_buf: Vec<u8>,
     pub(crate) read_next: u32,
+    /// READ: the path MTU its responses come in (0 for other requests) and the remote
+    /// address of its first byte, to resume after a lost response.
+    pub(crate) read_mtu: u32,
+    pub(crate) read_va: u64,
 }
 
 /// A multi-packet message being received (responder).

@@ -227,3 +227,41 @@ fn large_messages_survive_faults() {
         }
     }
 }
+
+#[test]
+fn a_read_of_several_parts_survives_faults() {
+    for seed in [6u64, 7] {
+        let mut p = faulty_pair(seed);
+        let size = 300 * 1024; // 300 response packets at the 1024-byte MTU: two READ parts
+        let (src, dst) = (Buf::new(size), Buf::new(size));
+        let data = pattern(size, 42);
+        src.write(0, &data);
+        let (_, _, rsrc) =
+            p.b.reg_mr(p.pdb, src.addr(), size as u64, ALL_ACCESS)
+                .unwrap();
+        let (_, ldst, _) =
+            p.a.reg_mr(p.pda, dst.addr(), size as u64, ALL_ACCESS)
+                .unwrap();
+        let segs = [
+            RaddrSeg::new(src.addr(), rsrc).as_bytes(),
+            DataSeg::new(size as u32, ldst, dst.addr()).as_bytes(),
+        ]
+        .concat();
+        p.send(SendOpcode::RDMA_READ, FM_CE_SE_CQ_UPDATE, [0; 4], &segs);
+        let ca = drain(&mut p.cqa);
+        assert_eq!(
+            (ca.len(), ca[0].opcode, ca[0].byte_cnt),
+            (1, 0, size as u32),
+            "seed {seed}"
+        );
+        assert!(
+            dst.read(0, size) == data,
+            "seed {seed}: every byte, in place"
+        );
+        let c = p.emu.counters(0);
+        assert!(
+            c.local_ack_timeout_err > 0
+                || c.packets_dropped + p.emu.counters(1).packets_dropped > 0
+        );
+    }
+}

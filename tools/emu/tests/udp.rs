@@ -203,7 +203,7 @@ fn a_burst_larger_than_the_socket_buffer_recovers() {
 }
 
 #[test]
-fn an_eight_mib_write_streams_through_the_window_without_retransmissions() {
+fn eight_mib_write_and_read_stream_through_the_window_without_retransmissions() {
     let (ea, eb) = (node(None), node(None));
     let (ia, ib) = (ea.hca_info(0).unwrap(), eb.hca_info(0).unwrap());
     let mut a = Ctx::open(&ea, 0);
@@ -240,4 +240,30 @@ fn an_eight_mib_write_streams_through_the_window_without_retransmissions() {
     // 8192 packets) keeps the receiver's socket from overflowing.
     assert_eq!(ea.counters(0).packets_sent, 8192);
     assert_eq!(eb.counters(0).duplicate_request, 0);
+    // And READ it all back: 32 requests of 256 response packets each, none lost.
+    let back = Buf::new(size);
+    let (_, lback, _) = a.reg_mr(pda, back.addr(), size as u64, ALL_ACCESS).unwrap();
+    let segs = [
+        RaddrSeg::new(dst.addr(), rd).as_bytes(),
+        DataSeg::new(size as u32, lback, back.addr()).as_bytes(),
+    ]
+    .concat();
+    let i = qa.build_send(SendOpcode::RDMA_READ, 0, FM_CE_SE_CQ_UPDATE, [0; 4], &segs);
+    qa.ring(&a, i, Ring::Doorbell);
+    settle(&ea, &eb);
+    let ca = drain(&mut cqa);
+    assert_eq!(
+        (ca.len(), ca[0].opcode, ca[0].send_op, ca[0].byte_cnt),
+        (1, 0, 0x10, size as u32)
+    );
+    assert!(
+        back.read(0, size) == pattern,
+        "the READ brought back every byte"
+    );
+    assert_eq!(ea.counters(0).packets_sent, 8192 + 32);
+    assert_eq!(
+        eb.counters(0).packets_sent,
+        8192 / 16 + 8192,
+        "ACKs of the WRITE, READ responses"
+    );
 }

@@ -1,0 +1,34 @@
+//! Helpers shared by the integration tests that run the `mlx5` binary.
+
+use std::process::Command;
+
+/// A free TCP port on the loopback interface (released again before use; good enough here).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The LD_PRELOAD shim that puts unmodified rdma-core programs on the emulator: next to our
+/// binary when the workspace was built, else built now (same target directory and profile).
+pub fn preload_so() -> std::path::PathBuf {
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_mlx5"));
+    let profile_dir = bin.parent().unwrap();
+    let so = profile_dir.join("libmlx5_emu_preload.so");
+    if !so.exists() {
+        let target_dir = profile_dir.parent().unwrap();
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.args(["build", "-q", "-p", "mlx5-emu-preload", "--target-dir"])
+            .arg(target_dir);
+        if profile_dir.file_name().is_some_and(|n| n == "release") {
+            cmd.arg("--release");
+        }
+        let st = cmd.status().expect("run cargo build -p mlx5-emu-preload");
+        assert!(st.success(), "building the preload shim failed");
+    }
+    assert!(so.exists(), "{} missing", so.display());
+    so
+}
