@@ -133,9 +133,11 @@ pub fn render(title: &str, samples: &[f64]) -> Option<String> {
         let f = k as f64 / 4.0;
         let xv = h.lo + f * h.width * h.counts.len() as f64;
         let xp = x0 + f * plot_w;
+        // The last label ends at the axis end so that it stays inside the canvas.
+        let anchor = if k == 4 { "end" } else { "middle" };
         let _ = writeln!(
             s,
-            r#"<text class="xtick" x="{xp:.2}" y="{}" text-anchor="middle">{xv:.2}</text>"#,
+            r#"<text class="xtick" x="{xp:.2}" y="{}" text-anchor="{anchor}">{xv:.2}</text>"#,
             y0 + 18.0
         );
         let yv = (ymax as f64 * f).round() as u64;
