@@ -303,7 +303,16 @@ fn post_cqe(w: &mut World, hca: usize, cqn: u32, s: &CqeSpec) -> bool {
         c.timestamp = Be64::new(now);
         c.sop_drop_qpn = Be32::new((u32::from(s.send_op) << 24) | (s.qpn & 0xff_ffff));
         c.wqe_counter = Be16::new(s.wqe_counter);
+        let inline = if format == 1 {
+            bytes[..32].to_vec()
+        } else {
+            Vec::new()
+        };
         bytes.copy_from_slice(c.as_bytes());
+        // Format 1 (32 bytes scattered into the CQE): the payload owns bytes 0..32, so the
+        // fields there (slid, flags_rqpn, ...) are not written, as on hardware; the
+        // provider copies `byte_cnt` bytes from the start of the descriptor.
+        bytes[..inline.len()].copy_from_slice(&inline);
     }
     // Body first, then the ownership byte, so the poller never sees a half-written CQE.
     if mem::write(desc, &bytes[..63]).is_err() {

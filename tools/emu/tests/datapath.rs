@@ -501,9 +501,9 @@ fn scatter_pair(cqe_size: u32) -> (mlx5_emu::Emulator, Ctx, Cq, Qp, Qp, Buf, u32
 fn scatter_to_cqe_for_small_receives_and_read_results() {
     // 64-byte CQEs: a 20-byte SEND lands in the CQE (format 1), not in the buffer.
     let (emu, a, mut cq, mut q1, mut q2, m, lkey, rkey) = scatter_pair(64);
-    m.write(0, &pattern(7, 20));
+    m.write(0, &pattern(7, 32));
     q2.post_recv(&[(m.addr() + 4096, 64, lkey)]);
-    let i = q1.build_send(SendOpcode::SEND, 0, SIG, [0; 4], &dseg(20, lkey, m.addr()));
+    let i = q1.build_send(SendOpcode::SEND, 0, SIG, [0; 4], &dseg(32, lkey, m.addr()));
     q1.ring(&a, i, Ring::Doorbell);
     emu.run_until_idle();
     let mut seen = Vec::new();
@@ -514,11 +514,15 @@ fn scatter_to_cqe_for_small_receives_and_read_results() {
         .iter()
         .find(|(c, _)| c.opcode == 2)
         .expect("a receive CQE");
-    assert_eq!((c.format, c.byte_cnt), (1, 20));
-    assert_eq!(d[..20], pattern(7, 20)[..], "payload in CQE bytes 0..32");
+    assert_eq!((c.format, c.byte_cnt), (1, 32));
     assert_eq!(
-        m.read(4096, 20),
-        vec![0; 20],
+        d[..32],
+        pattern(7, 32)[..],
+        "payload in CQE bytes 0..32, none overwritten by CQE fields"
+    );
+    assert_eq!(
+        m.read(4096, 32),
+        vec![0; 32],
         "and not in the receive buffer"
     );
     // A 40-byte SEND does not fit a 64-byte CQE: normal placement.

@@ -144,55 +144,98 @@ fn rc_between_two_emulators_over_udp_with_pcap() {
     assert_eq!(ops[97], 0x08, "WRITE_LAST");
 }
 
+/// Two emulators on the UDP fabric with one connected RC QP each (`qa` sends).
+struct UdpPair {
+    ea: Emulator,
+    eb: Emulator,
+    a: Ctx,
+    b: Ctx,
+    pda: u32,
+    pdb: u32,
+    cqa: Cq,
+    qa: Qp,
+    _cqb: Cq,
+    _qb: Qp,
+}
+
+impl UdpPair {
+    fn new(sq: u32, cq_entries: u32) -> UdpPair {
+        let (ea, eb) = (node(None), node(None));
+        let (ia, ib) = (ea.hca_info(0).unwrap(), eb.hca_info(0).unwrap());
+        let mut a = Ctx::open(&ea, 0);
+        let mut b = Ctx::open(&eb, 0);
+        let (pda, pdb) = (a.alloc_pd(), b.alloc_pd());
+        let cqa = a.create_cq(cq_entries, 64, -1);
+        let qa = a.create_qp(pda, &cqa, &cqa, RC, sq, 8, None);
+        let cqb = b.create_cq(16, 64, -1);
+        let qb = b.create_qp(pdb, &cqb, &cqb, RC, 16, 8, None);
+        bring_up(&a, &qa, ib.lid, qb.qpn, Knobs::default());
+        bring_up(&b, &qb, ia.lid, qa.qpn, Knobs::default());
+        UdpPair {
+            ea,
+            eb,
+            a,
+            b,
+            pda,
+            pdb,
+            cqa,
+            qa,
+            _cqb: cqb,
+            _qb: qb,
+        }
+    }
+
+    /// Post (without ringing) a signaled RDMA op between a local and a remote range.
+    fn post(
+        &mut self,
+        op: SendOpcode,
+        (raddr, rkey): (u64, u32),
+        (laddr, lkey): (u64, u32),
+        len: u32,
+    ) -> u16 {
+        let segs = [
+            RaddrSeg::new(raddr, rkey).as_bytes(),
+            DataSeg::new(len, lkey, laddr).as_bytes(),
+        ]
+        .concat();
+        self.qa.build_send(op, 0, FM_CE_SE_CQ_UPDATE, [0; 4], &segs)
+    }
+
+    /// Ring for WQE `i`, let both sides run, and return a's completions.
+    fn ring_and_settle(&mut self, i: u16) -> Vec<Cqe> {
+        self.qa.ring(&self.a, i, Ring::Doorbell);
+        settle(&self.ea, &self.eb);
+        drain(&mut self.cqa)
+    }
+}
+
 #[test]
 fn a_burst_larger_than_the_socket_buffer_recovers() {
-    let ea = node(None);
-    let eb = node(None);
-    let (ia, ib) = (ea.hca_info(0).unwrap(), eb.hca_info(0).unwrap());
-    let mut a = Ctx::open(&ea, 0);
-    let mut b = Ctx::open(&eb, 0);
-    let (pda, pdb) = (a.alloc_pd(), b.alloc_pd());
-    let mut cqa = a.create_cq(512, 64, -1);
-    let qa = a.create_qp(pda, &cqa, &cqa, RC, 256, 8, None);
-    let cqb = b.create_cq(16, 64, -1);
-    let qb = b.create_qp(pdb, &cqb, &cqb, RC, 16, 8, None);
+    let mut p = UdpPair::new(256, 512);
     let src = Buf::new(4096);
     let dst = Buf::new(256 * 4096);
-    let (_, ls, _) = a.reg_mr(pda, src.addr(), 4096, ALL_ACCESS).unwrap();
-    let (_, _, rd) = b
-        .reg_mr(pdb, dst.addr(), dst.len as u64, ALL_ACCESS)
-        .unwrap();
-    let k = Knobs {
-        timeout: 14,
-        retry_cnt: 7,
-        ..Knobs::default()
-    };
-    let mut qa = qa;
-    bring_up(&a, &qa, ib.lid, qb.qpn, Knobs { ..k });
-    let mut mq = modify_base(&qb);
-    mq.attr_mask = 0;
-    let _ = mq;
-    bring_up(&b, &qb, ia.lid, qa.qpn, k);
+    let (_, ls, _) = p.a.reg_mr(p.pda, src.addr(), 4096, ALL_ACCESS).unwrap();
+    let (_, _, rd) =
+        p.b.reg_mr(p.pdb, dst.addr(), dst.len as u64, ALL_ACCESS)
+            .unwrap();
     src.write(0, &[0xAB; 4096]);
     let n = 120u64;
     let mut last = 0;
     for i in 0..n {
-        let segs = [
-            RaddrSeg::new(dst.addr() + i * 4096, rd).as_bytes(),
-            DataSeg::new(4096, ls, src.addr()).as_bytes(),
-        ]
-        .concat();
-        last = qa.build_send(SendOpcode::RDMA_WRITE, 0, FM_CE_SE_CQ_UPDATE, [0; 4], &segs);
+        last = p.post(
+            SendOpcode::RDMA_WRITE,
+            (dst.addr() + i * 4096, rd),
+            (src.addr(), ls),
+            4096,
+        );
     }
-    qa.ring(&a, last, Ring::Doorbell);
-    settle(&ea, &eb);
-    let ca = drain(&mut cqa);
+    let ca = p.ring_and_settle(last);
     assert_eq!(
         ca.len(),
         n as usize,
         "{:?} {:?}",
-        ea.counters(0),
-        eb.counters(0)
+        p.ea.counters(0),
+        p.eb.counters(0)
     );
     assert!(
         ca.iter().all(|c| c.opcode == 0),
@@ -204,33 +247,27 @@ fn a_burst_larger_than_the_socket_buffer_recovers() {
 
 #[test]
 fn eight_mib_write_and_read_stream_through_the_window_without_retransmissions() {
-    let (ea, eb) = (node(None), node(None));
-    let (ia, ib) = (ea.hca_info(0).unwrap(), eb.hca_info(0).unwrap());
-    let mut a = Ctx::open(&ea, 0);
-    let mut b = Ctx::open(&eb, 0);
-    let (pda, pdb) = (a.alloc_pd(), b.alloc_pd());
-    let mut cqa = a.create_cq(16, 64, -1);
-    let mut qa = a.create_qp(pda, &cqa, &cqa, RC, 16, 8, None);
-    let cqb = b.create_cq(16, 64, -1);
-    let qb = b.create_qp(pdb, &cqb, &cqb, RC, 16, 8, None);
+    let mut p = UdpPair::new(16, 16);
     let size = 8usize << 20;
-    let src = Buf::new(size);
-    let dst = Buf::new(size);
+    let (src, dst, back) = (Buf::new(size), Buf::new(size), Buf::new(size));
     let pattern: Vec<u8> = (0..size).map(|i| (i % 253) as u8).collect();
     src.write(0, &pattern);
-    let (_, ls, _) = a.reg_mr(pda, src.addr(), size as u64, ALL_ACCESS).unwrap();
-    let (_, _, rd) = b.reg_mr(pdb, dst.addr(), size as u64, ALL_ACCESS).unwrap();
-    bring_up(&a, &qa, ib.lid, qb.qpn, Knobs::default());
-    bring_up(&b, &qb, ia.lid, qa.qpn, Knobs::default());
-    let segs = [
-        RaddrSeg::new(dst.addr(), rd).as_bytes(),
-        DataSeg::new(size as u32, ls, src.addr()).as_bytes(),
-    ]
-    .concat();
-    let i = qa.build_send(SendOpcode::RDMA_WRITE, 0, FM_CE_SE_CQ_UPDATE, [0; 4], &segs);
-    qa.ring(&a, i, Ring::Doorbell);
-    settle(&ea, &eb);
-    let ca = drain(&mut cqa);
+    let (_, ls, _) =
+        p.a.reg_mr(p.pda, src.addr(), size as u64, ALL_ACCESS)
+            .unwrap();
+    let (_, lback, _) =
+        p.a.reg_mr(p.pda, back.addr(), size as u64, ALL_ACCESS)
+            .unwrap();
+    let (_, _, rd) =
+        p.b.reg_mr(p.pdb, dst.addr(), size as u64, ALL_ACCESS)
+            .unwrap();
+    let i = p.post(
+        SendOpcode::RDMA_WRITE,
+        (dst.addr(), rd),
+        (src.addr(), ls),
+        size as u32,
+    );
+    let ca = p.ring_and_settle(i);
     assert_eq!(
         (ca.len(), ca[0].opcode, ca[0].byte_cnt),
         (1, 0, size as u32)
@@ -238,20 +275,16 @@ fn eight_mib_write_and_read_stream_through_the_window_without_retransmissions() 
     assert!(dst.read(0, size) == pattern);
     // 8 MiB at the 1024-byte path MTU, each packet sent once: the window (not a burst of
     // 8192 packets) keeps the receiver's socket from overflowing.
-    assert_eq!(ea.counters(0).packets_sent, 8192);
-    assert_eq!(eb.counters(0).duplicate_request, 0);
+    assert_eq!(p.ea.counters(0).packets_sent, 8192);
+    assert_eq!(p.eb.counters(0).duplicate_request, 0);
     // And READ it all back: 32 requests of 256 response packets each, none lost.
-    let back = Buf::new(size);
-    let (_, lback, _) = a.reg_mr(pda, back.addr(), size as u64, ALL_ACCESS).unwrap();
-    let segs = [
-        RaddrSeg::new(dst.addr(), rd).as_bytes(),
-        DataSeg::new(size as u32, lback, back.addr()).as_bytes(),
-    ]
-    .concat();
-    let i = qa.build_send(SendOpcode::RDMA_READ, 0, FM_CE_SE_CQ_UPDATE, [0; 4], &segs);
-    qa.ring(&a, i, Ring::Doorbell);
-    settle(&ea, &eb);
-    let ca = drain(&mut cqa);
+    let i = p.post(
+        SendOpcode::RDMA_READ,
+        (dst.addr(), rd),
+        (back.addr(), lback),
+        size as u32,
+    );
+    let ca = p.ring_and_settle(i);
     assert_eq!(
         (ca.len(), ca[0].opcode, ca[0].send_op, ca[0].byte_cnt),
         (1, 0, 0x10, size as u32)
@@ -260,9 +293,9 @@ fn eight_mib_write_and_read_stream_through_the_window_without_retransmissions() 
         back.read(0, size) == pattern,
         "the READ brought back every byte"
     );
-    assert_eq!(ea.counters(0).packets_sent, 8192 + 32);
+    assert_eq!(p.ea.counters(0).packets_sent, 8192 + 32);
     assert_eq!(
-        eb.counters(0).packets_sent,
+        p.eb.counters(0).packets_sent,
         8192 / 16 + 8192,
         "ACKs of the WRITE, READ responses"
     );
