@@ -48,7 +48,7 @@ fn main() {
     }
     let dt = t0.elapsed().as_secs_f64();
     println!(
-        "stepped RC SEND 64 B: {n} messages in {dt:.3} s = {:.0} msg/s",
+        "stepped RC SEND 64 B: {:.0} msgs/s ({n} messages in {dt:.3} s)",
         n as f64 / dt
     );
 
@@ -61,5 +61,5 @@ fn main() {
     let (c0, w0) = (cpu_seconds(), Instant::now());
     std::thread::sleep(Duration::from_secs(2));
     let share = (cpu_seconds() - c0) / w0.elapsed().as_secs_f64();
-    println!("idle threaded HCA: {:.2}% of one core", share * 100.0);
+    println!("idle threaded HCA CPU: {:.2}% of one core", share * 100.0);
 }

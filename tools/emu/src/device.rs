@@ -315,10 +315,8 @@ fn post_cqe(w: &mut World, hca: usize, cqn: u32, s: &CqeSpec) -> bool {
         bytes[..inline.len()].copy_from_slice(&inline);
     }
     // Body first, then the ownership byte, so the poller never sees a half-written CQE.
-    if mem::write(desc, &bytes[..63]).is_err() {
-        return false;
-    }
-    if mem::write(desc + 63, &[op_own(opcode, format, s.se, owner)]).is_err() {
+    bytes[63] = op_own(opcode, format, s.se, owner);
+    if mem::write_last_byte_last(desc, &bytes).is_err() {
         return false;
     }
     cq.pi = cq.pi.wrapping_add(1);
@@ -515,7 +513,65 @@ enum Exec {
     Blocked,
 }
 
+/// The rung part of a send queue, fetched with one or two DMA reads up front (as hardware
+/// prefetches WQEs after a doorbell) instead of one read per WQEBB.
+struct Prefetch {
+    /// WQEBB counter of the first fetched WQEBB.
+    start: u32,
+    /// The fetched WQEBBs, 64 bytes each.
+    data: Vec<u8>,
+}
+
+impl Prefetch {
+    /// Fetch the WQEBBs from `sq_head` up to the producer index of the last doorbell
+    /// (at most one ring and `MAX_WQES_PER_QP_STEP` of them). None if nothing is rung or a
+    /// read fails; the WQEs are then read one by one, with per-WQE error handling.
+    fn fetch(q: &crate::state::Qp) -> Option<Prefetch> {
+        let cnt = q.sq_wqe_cnt;
+        let rung = u32::from(q.sq_rung.wrapping_sub(q.sq_head as u16));
+        let n = rung.min(cnt).min(MAX_WQES_PER_QP_STEP as u32);
+        if cnt == 0 || n == 0 {
+            return None;
+        }
+        let sq = q.buf + ((q.rq_wqe_cnt as u64) << q.rq_wqe_shift);
+        let first = q.sq_head & (cnt - 1);
+        let till_end = (cnt - first).min(n);
+        let mut data = vec![0u8; n as usize * 64];
+        let (a, b) = data.split_at_mut(till_end as usize * 64);
+        mem::read(sq + u64::from(first) * 64, a).ok()?;
+        mem::read(sq, b).ok()?;
+        Some(Prefetch {
+            start: q.sq_head,
+            data,
+        })
+    }
+
+    /// `len` bytes from WQEBB counter `idx`, if all of them were fetched.
+    fn get(&self, idx: u32, len: usize) -> Option<Vec<u8>> {
+        let off = idx.wrapping_sub(self.start) as usize * 64;
+        self.data
+            .get(off..off.checked_add(len)?)
+            .map(<[u8]>::to_vec)
+    }
+}
+
+/// `len` bytes of the WQE at WQEBB counter `idx`: from the prefetch when it covers them,
+/// else read from the ring.
+fn wqe_bytes(
+    pf: Option<&Prefetch>,
+    sq: u64,
+    cnt: u32,
+    idx: u32,
+    len: usize,
+) -> Result<Vec<u8>, crate::Errno> {
+    match pf.and_then(|p| p.get(idx, len)) {
+        Some(v) => Ok(v),
+        None => read_wqe(sq, cnt, idx, len),
+    }
+}
+
 fn run_sq(w: &mut World, hca: usize, qpn: u32) -> usize {
+    let pf = w.hcas[hca].qps.get(&qpn).and_then(Prefetch::fetch);
     let mut n = 0;
     while n < MAX_WQES_PER_QP_STEP {
         let Some(q) = w.hcas[hca].qps.get(&qpn) else {
@@ -524,7 +580,7 @@ fn run_sq(w: &mut World, hca: usize, qpn: u32) -> usize {
         if q.state != qps::RTS || (q.sq_head as u16) == q.sq_rung {
             break;
         }
-        match exec_wqe(w, hca, qpn) {
+        match exec_wqe(w, hca, qpn, pf.as_ref()) {
             Exec::Done(bbs) => {
                 if let Some(q) = w.hcas[hca].qps.get_mut(&qpn) {
                     q.sq_head = q.sq_head.wrapping_add(bbs.max(1));
@@ -620,7 +676,7 @@ fn requester_ok(
     post_send_cqe(w, hca, qpn, spec);
 }
 
-fn exec_wqe(w: &mut World, hca: usize, qpn: u32) -> Exec {
+fn exec_wqe(w: &mut World, hca: usize, qpn: u32, pf: Option<&Prefetch>) -> Exec {
     let q = &w.hcas[hca].qps[&qpn];
     let sq = q.buf + ((q.rq_wqe_cnt as u64) << q.rq_wqe_shift);
     let (cnt, head) = (q.sq_wqe_cnt, q.sq_head);
@@ -629,7 +685,7 @@ fn exec_wqe(w: &mut World, hca: usize, qpn: u32) -> Exec {
         return Exec::Done(1);
     }
     // The first WQEBB in one read; the rest (if any) after the ctrl segment is checked.
-    let Ok(first) = read_wqe(sq, cnt, head, 64) else {
+    let Ok(first) = wqe_bytes(pf, sq, cnt, head, 64) else {
         requester_error(w, hca, qpn, idx, 0, Syndrome::LOCAL_PROT);
         return Exec::Done(1);
     };
@@ -645,7 +701,7 @@ fn exec_wqe(w: &mut World, hca: usize, qpn: u32) -> Exec {
     let bytes = if len <= 64 {
         first[..len].to_vec()
     } else {
-        match read_wqe(sq, cnt, head.wrapping_add(1), len - 64) {
+        match wqe_bytes(pf, sq, cnt, head.wrapping_add(1), len - 64) {
             Ok(rest) => [&first[..], &rest[..]].concat(),
             Err(_) => {
                 requester_error(w, hca, qpn, idx, opcode.0, Syndrome::LOCAL_PROT);
@@ -1303,15 +1359,24 @@ fn take_recv_wqe(w: &mut World, hca: usize, qpn: u32) -> Option<(Vec<u8>, u16, u
     if q.rq_wqe_cnt == 0 {
         return None;
     }
-    let pi = mem::read_be32(q.db).ok()? & 0xffff;
-    if (pi as u16) == (q.rq_head as u16) {
-        return None;
-    }
-    let stride = 1u64 << q.rq_wqe_shift;
-    let slot = u64::from(q.rq_head & (q.rq_wqe_cnt - 1));
-    let wqe = mem::read_vec(q.buf + slot * stride, stride as usize).ok()?;
-    let ctr = q.rq_head as u16;
     let q = w.hcas[hca].qps.get_mut(&qpn)?;
+    let stride = 1u64 << q.rq_wqe_shift;
+    if !rq_cached_avail(q) {
+        q.rq_pi_seen = mem::read_be32(q.db).ok()? as u16;
+        if q.rq_pi_seen == q.rq_head as u16 {
+            return None;
+        }
+        q.rq_prefetch = (q.rq_head, prefetch_rq(q, stride).unwrap_or_default());
+    }
+    let off = q.rq_head.wrapping_sub(q.rq_prefetch.0) as usize * stride as usize;
+    let wqe = match q.rq_prefetch.1.get(off..off + stride as usize) {
+        Some(b) => b.to_vec(),
+        None => {
+            let slot = u64::from(q.rq_head & (q.rq_wqe_cnt - 1));
+            mem::read_vec(q.buf + slot * stride, stride as usize).ok()?
+        }
+    };
+    let ctr = q.rq_head as u16;
     q.rq_head = q.rq_head.wrapping_add(1);
     Some((wqe, ctr, 0))
 }
@@ -1807,12 +1872,34 @@ fn scatter_at(sgl: &Sgl, offset: u64, data: &[u8]) -> Result<(), Syndrome> {
     Ok(())
 }
 
+/// Read the posted receive WQEs `rq_head..rq_pi_seen` (at most one ring) in one or two
+/// DMA reads. None if a read fails: the WQEs are then read one by one.
+fn prefetch_rq(q: &crate::state::Qp, stride: u64) -> Option<Vec<u8>> {
+    let n = u32::from(q.rq_pi_seen.wrapping_sub(q.rq_head as u16)).min(q.rq_wqe_cnt);
+    let first = q.rq_head & (q.rq_wqe_cnt - 1);
+    let till_end = (q.rq_wqe_cnt - first).min(n);
+    let mut data = vec![0u8; n as usize * stride as usize];
+    let (a, b) = data.split_at_mut(till_end as usize * stride as usize);
+    mem::read(q.buf + u64::from(first) * stride, a).ok()?;
+    mem::read(q.buf, b).ok()?;
+    Some(data)
+}
+
+/// Whether the receive producer index cached from the doorbell record shows a posted WQE
+/// (anything outside `1..=rq_wqe_cnt` ahead of `rq_head` is stale: re-read the record).
+fn rq_cached_avail(q: &crate::state::Qp) -> bool {
+    let ahead = q.rq_pi_seen.wrapping_sub(q.rq_head as u16);
+    ahead != 0 && u32::from(ahead) <= q.rq_wqe_cnt
+}
+
 fn has_recv_wqe(w: &World, hca: usize, qpn: u32) -> bool {
     let q = &w.hcas[hca].qps[&qpn];
     if let Some(s) = q.srq.and_then(|s| w.hcas[hca].srqs.get(&s)) {
         return mem::read_be32(s.db).is_ok_and(|p| (p as u16).wrapping_sub(s.consumed as u16) != 0);
     }
-    q.rq_wqe_cnt > 0 && mem::read_be32(q.db).is_ok_and(|p| (p as u16) != (q.rq_head as u16))
+    q.rq_wqe_cnt > 0
+        && (rq_cached_avail(q)
+            || mem::read_be32(q.db).is_ok_and(|p| (p as u16) != (q.rq_head as u16)))
 }
 
 /// The 40-byte GRH placed at the head of a UD receive buffer (IPv6-style header).
@@ -1942,7 +2029,18 @@ fn requester_response(w: &mut World, pkt: Packet) {
     }
     let mut err: Option<(u16, u8, Syndrome)> = None;
     let mut retransmit_from: Option<u32> = None;
+    // READ data or an atomic result at the PSN of a pending SEND/WRITE is an unexpected
+    // opcode, which an IB requester takes as a bad response.
+    let unexpected = (pkt.opcode != op::RC_ACK)
+        .then(|| {
+            q.rc.outstanding
+                .iter()
+                .find(|o| !o.is_read_like && !o.done && contains(o, pkt.psn))
+        })
+        .flatten()
+        .map(|o| (o.wqe_idx, o.opcode, Syndrome::BAD_RESP));
     match (pkt.opcode, syn & 0xE0) {
+        _ if unexpected.is_some() => err = unexpected,
         (op::RC_ATOMIC_ACK, _) => {
             if let Some(o) =
                 q.rc.outstanding

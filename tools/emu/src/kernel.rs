@@ -1377,6 +1377,8 @@ fn create_qp(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> {
             sq_head: 0,
             sq_rung: 0,
             rq_head: 0,
+            rq_pi_seen: 0,
+            rq_prefetch: (0, Vec::new()),
             rc: Default::default(),
             sqd_notify: false,
             events_reported: 0,
@@ -1633,6 +1635,8 @@ fn modify_qp(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> {
         qp.sq_head = 0;
         qp.sq_rung = 0;
         qp.rq_head = 0;
+        qp.rq_pi_seen = 0;
+        qp.rq_prefetch = (0, Vec::new());
         qp.rc = Default::default();
     }
     if next == qps::RTS && cur == qps::RTR {

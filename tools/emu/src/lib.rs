@@ -55,6 +55,19 @@ use std::time::Duration;
 pub use abi::{Errno, UverbsSurface};
 pub use record::{WqeRecord, WqeVia};
 
+/// The RoCEv2 ICRC (sent little-endian after the payload) of the UDP payload `bth_on` (BTH
+/// onwards, without the ICRC) from fabric node `src_lid` to `dst_lid`, for tools and tests
+/// that hand-craft packets for [`Fabric::Udp`]. `None` if `bth_on` is shorter than a BTH.
+pub fn roce_icrc(bth_on: &[u8], src_lid: u16, dst_lid: u16) -> Option<u32> {
+    (bth_on.len() >= 12).then(|| {
+        transport::icrc(
+            bth_on,
+            transport::node_ip(src_lid),
+            transport::node_ip(dst_lid),
+        )
+    })
+}
+
 /// How the device makes progress.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum RunMode {

@@ -5,9 +5,37 @@
 //! mapped (or not writable) therefore yields `EFAULT` instead of a crash, exactly as the
 //! kernel's `copy_from_user`/`copy_to_user` and an IOMMU-protected DMA would.
 
-use std::sync::atomic::{Ordering, fence};
+use std::sync::Once;
+use std::sync::atomic::{AtomicI32, Ordering, fence};
 
 use crate::abi::Errno;
+
+/// The own pid, cached: `getpid` is a system call (glibc no longer caches it) and the data
+/// path would otherwise make one per DMA access. 0 means "not known"; a fork child resets
+/// it (pthread_atfork), so a child never reads its parent's memory.
+static PID: AtomicI32 = AtomicI32::new(0);
+static ATFORK: Once = Once::new();
+
+extern "C" fn forget_pid() {
+    PID.store(0, Ordering::Relaxed);
+}
+
+/// The pid to hand `process_vm_readv`/`process_vm_writev`: our own.
+fn pid() -> libc::pid_t {
+    let p = PID.load(Ordering::Relaxed);
+    if p != 0 {
+        return p;
+    }
+    ATFORK.call_once(|| {
+        // SAFETY: registers a child handler that only does an atomic store
+        // (async-signal-safe); no prepare/parent handlers.
+        unsafe { libc::pthread_atfork(None, None, Some(forget_pid)) };
+    });
+    // SAFETY: getpid has no preconditions.
+    let p = unsafe { libc::getpid() };
+    PID.store(p, Ordering::Relaxed);
+    p
+}
 
 /// Copy `buf.len()` bytes from user address `addr` into `buf`.
 pub(crate) fn read(addr: u64, buf: &mut [u8]) -> Result<(), Errno> {
@@ -28,9 +56,7 @@ pub(crate) fn read(addr: u64, buf: &mut [u8]) -> Result<(), Errno> {
     // SAFETY: `local` describes `buf`, which we own mutably for the call; `remote` is only
     // interpreted by the kernel, which checks it against our address space and fails with
     // EFAULT instead of faulting.
-    let n = unsafe {
-        libc::process_vm_readv(std::process::id() as libc::pid_t, &local, 1, &remote, 1, 0)
-    };
+    let n = unsafe { libc::process_vm_readv(pid(), &local, 1, &remote, 1, 0) };
     if n < 0 || n as usize != buf.len() {
         return Err(Errno(libc::EFAULT));
     }
@@ -57,9 +83,50 @@ pub(crate) fn write(addr: u64, data: &[u8]) -> Result<(), Errno> {
     };
     // SAFETY: `local` describes `data`, only read by the kernel; `remote` is validated by the
     // kernel against our address space (EFAULT on a bad or read-only range).
-    let n = unsafe {
-        libc::process_vm_writev(std::process::id() as libc::pid_t, &local, 1, &remote, 1, 0)
+    let n = unsafe { libc::process_vm_writev(pid(), &local, 1, &remote, 1, 0) };
+    if n < 0 || n as usize != data.len() {
+        return Err(Errno(libc::EFAULT));
+    }
+    fence(Ordering::Release);
+    Ok(())
+}
+
+/// Copy `data` to user address `addr` so that its last byte lands after all the others (a
+/// CQE body, then its ownership byte). On x86_64 this is one `process_vm_writev` with two
+/// remote ranges, which the kernel copies in order (and stops at the first fault), and
+/// x86 stores become visible in program order; elsewhere two calls with a fence between.
+pub(crate) fn write_last_byte_last(addr: u64, data: &[u8]) -> Result<(), Errno> {
+    let Some((_, body)) = data.split_last() else {
+        return Ok(());
     };
+    let tail = addr
+        .checked_add(body.len() as u64)
+        .ok_or(Errno(libc::EFAULT))?;
+    if !cfg!(target_arch = "x86_64") || body.is_empty() {
+        write(addr, body)?;
+        return write(tail, &data[body.len()..]);
+    }
+    if addr == 0 || tail.checked_add(1).is_none() {
+        return Err(Errno(libc::EFAULT));
+    }
+    fence(Ordering::Release);
+    let local = libc::iovec {
+        iov_base: data.as_ptr() as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    let remote = [
+        libc::iovec {
+            iov_base: addr as usize as *mut libc::c_void,
+            iov_len: body.len(),
+        },
+        libc::iovec {
+            iov_base: tail as usize as *mut libc::c_void,
+            iov_len: 1,
+        },
+    ];
+    // SAFETY: `local` describes `data`, only read by the kernel; both remote ranges are
+    // validated by the kernel against our address space (EFAULT on a bad range).
+    let n = unsafe { libc::process_vm_writev(pid(), &local, 1, remote.as_ptr(), 2, 0) };
     if n < 0 || n as usize != data.len() {
         return Err(Errno(libc::EFAULT));
     }

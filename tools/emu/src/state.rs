@@ -294,6 +294,12 @@ pub(crate) struct Qp {
     pub(crate) sq_rung: u16,
     /// Receive WQEs consumed (free-running).
     pub(crate) rq_head: u32,
+    /// Receive producer index (16 bits) last read from the doorbell record; while it is
+    /// ahead of `rq_head` the record need not be read again (the driver only moves it on).
+    pub(crate) rq_pi_seen: u16,
+    /// Receive WQEs fetched together with that read (as hardware prefetches): the ones
+    /// from counter `.0` on, `1 << rq_wqe_shift` bytes each. Cleared on reset.
+    pub(crate) rq_prefetch: (u32, Vec<u8>),
     pub(crate) rc: Rc,
     /// SQD entered with `en_sqd_async_notify`: raise SQ_DRAINED when the SQ is idle.
     pub(crate) sqd_notify: bool,

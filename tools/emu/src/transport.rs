@@ -317,7 +317,8 @@ pub(crate) fn encode(p: &Packet, src: [u8; 4], dst: [u8; 4]) -> Vec<u8> {
     v
 }
 
-fn icrc(bth_on: &[u8], src: [u8; 4], dst: [u8; 4]) -> u32 {
+/// The ICRC of a RoCEv2 UDP payload (`bth_on`: BTH onwards, without the ICRC).
+pub(crate) fn icrc(bth_on: &[u8], src: [u8; 4], dst: [u8; 4]) -> u32 {
     let hdr = ip_udp_headers(src, dst, bth_on.len() + 4, true);
     let mut bth = [0u8; 12];
     bth.copy_from_slice(&bth_on[..12]);
