@@ -377,6 +377,7 @@ fn field<'a>(line: &'a str, name: &str) -> &'a str {
 
 #[test]
 fn client_and_server_processes_exchange_keys_and_measure() {
+    let _one = common::one_pair_at_a_time();
     for op in ["send", "write"] {
         let port = free_port().to_string();
         let server = Command::new(env!("CARGO_BIN_EXE_mlx5"))
@@ -485,6 +486,7 @@ fn perftest(program: &str, args: &[&str]) -> Command {
 }
 
 fn run_pair(server: &mut Command, client: &mut Command) -> (String, String) {
+    let _one = common::one_pair_at_a_time();
     let srv = server
         .spawn()
         .unwrap_or_else(|e| panic!("{server:?}: {e} (is perftest installed?)"));

@@ -6,15 +6,11 @@
 
 use std::io::Read;
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::Mutex;
 use std::thread::{JoinHandle, sleep};
 use std::time::{Duration, Instant};
 
 mod common;
 use common::{free_port, preload_so};
-
-/// One pair at a time: the emulated HCAs poll, and the machine has few cores.
-static SERIAL: Mutex<()> = Mutex::new(());
 
 /// How long one side may take before the test fails (a hang must not stall the run).
 const LIMIT: Duration = Duration::from_secs(90);
@@ -182,7 +178,7 @@ fn pair(
     client: Side<'_>,
     client_env: &[(&str, &str)],
 ) -> (Done, Done) {
-    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let _one = common::one_pair_at_a_time();
     let port = free_port();
     let p = port.to_string();
     let mut cmd = server.command(&p, None);

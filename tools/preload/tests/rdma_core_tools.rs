@@ -520,6 +520,12 @@ fn two_process_env(
     extra: &[(&str, &str)],
     success: &Success,
 ) -> [String; 2] {
+    // One pair at a time: four processes with device threads on a 2-core machine starve each
+    // other's retransmission timers (seen as a rare transport-retry failure under load).
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let port = free_port();
     let env_for = |side: &str| -> Vec<(String, String)> {
         let mut env = vec![("MLX5_EMU_TRACE".to_string(), "1".to_string())];

@@ -1,6 +1,14 @@
 //! Helpers shared by the integration tests that run the `mlx5` binary.
 
 use std::process::Command;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+/// Serialises the tests that start a pair of processes: four processes with emulator device
+/// threads on a 2-core machine starve each other's retransmission timers under load.
+pub fn one_pair_at_a_time() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 /// A free TCP port on the loopback interface (released again before use; good enough here).
 pub fn free_port() -> u16 {
