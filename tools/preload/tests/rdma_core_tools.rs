@@ -645,6 +645,18 @@ fn ibv_rc_pingpong_runs_between_two_processes() {
 }
 
 #[test]
+fn ibv_rc_pingpong_runs_with_its_defaults() {
+    // No options at all: 1000 round trips of 4096 bytes, both ways.
+    let bytes = 4096u64 * 1000 * 2;
+    two_process_env(
+        "ibv_rc_pingpong",
+        &[],
+        &MODERN,
+        &both(&format!("{bytes} bytes in")),
+    );
+}
+
+#[test]
 fn ibv_rc_pingpong_runs_on_a_write_only_kernel_with_events_and_checks() {
     // -e: completion channel + CQ arm; -c: payload validation; 32 B: inline sends.
     // MLX5_EMU_WQE_LOG: both devices log every send WQE they fetch.
