@@ -265,13 +265,21 @@ impl Cq {
         self.ci
     }
 
+    /// Take a fresh copy of the QP list if a QP was attached or detached since the last poll.
+    #[inline(always)]
     fn refresh(&mut self) {
         let g = self.shared.generation.load(Ordering::Acquire);
         if g != self.seen_gen {
-            let u = self.shared.users.lock().unwrap_or_else(|p| p.into_inner());
-            self.local.clone_from(&u);
-            self.seen_gen = g;
+            self.reload_users(g);
         }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn reload_users(&mut self, g: u64) {
+        let u = self.shared.users.lock().unwrap_or_else(|p| p.into_inner());
+        self.local.clone_from(&u);
+        self.seen_gen = g;
     }
 
     /// Low-level: take the next software-owned CQE (ownership test, read barrier, copy), or
@@ -303,19 +311,25 @@ impl Cq {
     pub fn poll(&mut self, wcs: &mut [WorkCompletion]) -> usize {
         self.refresh();
         let mut n = 0;
-        n += self.drain_pending(&mut wcs[n..]);
+        if self.pending.is_some() {
+            n += self.drain_pending(&mut wcs[n..]);
+        }
         while n < wcs.len() {
             let Some(cqe) = self.next_cqe() else { break };
             if let Some(wc) = decode(&self.local, self.by_uidx, &mut self.pending, &cqe) {
                 wcs[n] = wc;
                 n += 1;
             }
-            n += self.drain_pending(&mut wcs[n..]);
+            if self.pending.is_some() {
+                n += self.drain_pending(&mut wcs[n..]);
+            }
         }
         self.publish_ci();
         n
     }
 
+    /// Report the unsignaled WRs before a signaled one (`report_unsignaled`), then it.
+    #[cold]
     fn drain_pending(&mut self, out: &mut [WorkCompletion]) -> usize {
         let Some(p) = self.pending.as_mut() else {
             return 0;
@@ -392,6 +406,7 @@ impl Cq {
 /// Decode one CQE into a work completion, doing the queue bookkeeping (retire send WRs,
 /// advance the receive tail, free SRQ WQEs). `None` for CQEs that carry no completion
 /// (resize marker, unknown QP) or when unsignaled WRs are being reported first.
+#[inline(always)]
 fn decode(
     local: &[CqUser],
     by_uidx: bool,

@@ -356,7 +356,31 @@ fn qp_reuse_after_reset(rig: &dyn Rig) {
     send_once(rig, &mut a, &mut b, 2);
 }
 
+/// `to_rtr_with_sl` carries the service level into the RTR address vector (QUERY_QP reports
+/// it back); an SL above 15 is refused before any command; plain `to_rtr` sends SL 0.
+fn rtr_carries_the_service_level(rig: &dyn Rig) {
+    let o = PairOpts::new(QpType::Rc);
+    let mut a = side(rig, 0, &o);
+    let mut b = side(rig, 1, &o);
+    let (to_a, sgid_a) = common::address(&a.qp, &a.ctx, 0);
+    let (to_b, sgid_b) = common::address(&b.qp, &b.ctx, 0);
+    a.qp.to_init(1, Access::ALL, common::QKEY).unwrap();
+    let e = a.qp.to_rtr_with_sl(&to_b, 3, sgid_a, 16).unwrap_err();
+    assert!(
+        matches!(e, mlx5::Error::InvalidArgument { attr: "sl", .. }),
+        "SL 16 is out of range: {e}"
+    );
+    assert_eq!(a.qp.query().unwrap().0, mlx5::QpState::Init);
+    a.qp.to_rtr_with_sl(&to_b, 3, sgid_a, 5).unwrap();
+    let (st, q) = a.qp.query().unwrap();
+    assert_eq!((st, q.dest.sl), (mlx5::QpState::Rtr, 5));
+    b.qp.to_init(1, Access::ALL, common::QKEY).unwrap();
+    b.qp.to_rtr(&to_a, 3, sgid_b).unwrap();
+    assert_eq!(b.qp.query().unwrap().1.dest.sl, 0);
+}
+
 scenarios!(
+    rtr_carries_the_service_level,
     wqes_wrap_at_the_ring_end,
     low_level_reserve_push_ring,
     srq_shared_by_two_qps,

@@ -21,7 +21,8 @@ use super::dma_buf::DmaBuf;
 ///
 /// # Invariants
 /// `base .. base + mask + 1` lies inside `buf`, which `self` keeps mapped; `mask + 1` is a power
-/// of two and a multiple of 64; `base` is 64-byte aligned.
+/// of two of at least 16; `base` is 16-byte aligned (64-byte for send rings, whose length is a
+/// multiple of 64).
 #[derive(Debug)]
 pub struct WqRing {
     buf: Arc<DmaBuf>,
@@ -102,6 +103,57 @@ impl WqRing {
         }
     }
 
+    /// Store a fixed-size block of whole segments (`N` a multiple of 16) at byte position `pos`
+    /// (16-byte aligned, modulo the ring) as native-width 8-byte stores of the bytes as they are
+    /// (no byte swap), wrapping per word at the ring end. Small segments thus never become a
+    /// `memcpy` call.
+    #[inline(always)]
+    pub fn write_segs<const N: usize>(&mut self, pos: usize, seg: &[u8; N]) {
+        const { assert!(N % 16 == 0 && N > 0) };
+        debug_assert!(pos % 16 == 0);
+        #[expect(
+            clippy::cast_ptr_alignment,
+            reason = "base is 16-byte aligned and every word offset is a multiple of 8"
+        )]
+        let p = self.base.as_ptr().cast::<u64>();
+        for (i, seg16) in seg.chunks_exact(16).enumerate() {
+            let (lo, hi) = seg16.split_at(8);
+            let mut b = [[0u8; 8]; 2];
+            b[0].copy_from_slice(lo);
+            b[1].copy_from_slice(hi);
+            // A 16-byte unit at a 16-aligned position never straddles the ring end.
+            let at = ((pos + i * 16) & self.mask) / 8;
+            for (k, w) in b.iter().enumerate() {
+                // SAFETY: `at * 8 + 16 <= len` (len and `pos` are multiples of 16, so the unit
+                // starts at a multiple of 16 below len) and 8-byte aligned (base is 16-aligned,
+                // type invariant); one volatile u64 store inside the ring, no reference into it.
+                unsafe {
+                    p.wrapping_add(at + k)
+                        .write_volatile(u64::from_ne_bytes(*w))
+                };
+            }
+        }
+    }
+
+    /// Store 4 bytes as they are at byte position `pos` (4-byte aligned, modulo the ring) as one
+    /// native-width store (an inline-segment header).
+    #[inline(always)]
+    pub fn write4(&mut self, pos: usize, bytes: [u8; 4]) {
+        debug_assert!(pos % 4 == 0);
+        #[expect(
+            clippy::cast_ptr_alignment,
+            reason = "base is 16-byte aligned and the offset is a multiple of 4"
+        )]
+        let p = self.base.as_ptr().cast::<u32>();
+        let at = pos & self.mask & !3;
+        // SAFETY: `at + 4 <= len` (`at` is a multiple of 4 below len, a multiple of 16) and
+        // 4-byte aligned (base is 16-aligned, type invariant); one volatile u32 store.
+        unsafe {
+            p.wrapping_add(at / 4)
+                .write_volatile(u32::from_ne_bytes(bytes))
+        };
+    }
+
     /// Copy `dst.len()` bytes out of the ring from byte position `pos` (modulo, wrapping).
     pub fn read(&self, pos: usize, dst: &mut [u8]) {
         let start = pos & self.mask;
@@ -173,5 +225,18 @@ mod tests {
         assert_eq!(tail, [1, 2, 3, 4, 5, 6]);
         r.write(256 + 64, &[9; 8]);
         assert_eq!(r.chunk64(64)[0], u64::from_ne_bytes([9; 8]));
+        // A 48-byte segment block at 240 wraps after its first 16 bytes, word by word.
+        let seg: [u8; 48] = core::array::from_fn(|i| i as u8 + 1);
+        r.write_segs(240, &seg);
+        let mut back = [0u8; 48];
+        r.read(240, &mut back);
+        assert_eq!(back, seg);
+        let mut start = [0u8; 32];
+        buf.read(1024, &mut start);
+        assert_eq!(&start[..], &seg[16..]);
+        r.write4(256 + 4, [0xA, 0xB, 0xC, 0xD]);
+        let mut w = [0u8; 8];
+        buf.read(1024, &mut w);
+        assert_eq!(w, [17, 18, 19, 20, 0xA, 0xB, 0xC, 0xD]);
     }
 }

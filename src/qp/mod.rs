@@ -721,6 +721,27 @@ impl Qp {
     /// # Errors
     /// As [`modify`](Self::modify).
     pub fn to_rtr(&mut self, remote: &RemoteQp, mtu: u8, sgid_index: u8) -> Result<()> {
+        self.to_rtr_with_sl(remote, mtu, sgid_index, 0)
+    }
+
+    /// As [`to_rtr`](Self::to_rtr), with service level `sl` (0..=15) in the path's address
+    /// vector (`ibv_rc_pingpong -l`).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming `sl` above 15; otherwise as [`modify`](Self::modify).
+    pub fn to_rtr_with_sl(
+        &mut self,
+        remote: &RemoteQp,
+        mtu: u8,
+        sgid_index: u8,
+        sl: u8,
+    ) -> Result<()> {
+        if sl > 15 {
+            return Err(Error::InvalidArgument {
+                attr: "sl",
+                reason: "service levels are 0..=15",
+            });
+        }
         let mut attr = QpAttr {
             qp_state: Some(QpState::Rtr),
             ..QpAttr::default()
@@ -732,6 +753,7 @@ impl Qp {
             attr.rq_psn = remote.psn;
             attr.ah_attr = AhAttr {
                 dlid: remote.lid,
+                sl,
                 port_num: self.port,
                 grh: remote.gid.map(|g| GlobalRoute {
                     dgid: g,

@@ -19,7 +19,6 @@ use mlx5_hw::wqe::{
     AtomicSeg, CtrlSeg, DataSeg, DatagramSeg, FM_CE_SE_CQ_UPDATE, FM_CE_SE_FENCE,
     FM_CE_SE_SOLICITED, InlineHdr, MAX_DS, RaddrSeg,
 };
-use zerocopy::IntoBytes;
 
 use crate::QpType;
 use crate::mem::DbRec;
@@ -117,6 +116,7 @@ impl SqShared {
     }
 
     /// Record WR `ordinal` (id, opcode) as the WQE starting at WQEBB counter `wqe_counter`.
+    #[inline]
     pub(crate) fn record(&self, ordinal: u32, wqe_counter: u32, wr_id: u64, op: WcOpcode) {
         let wi = (ordinal & self.wr_mask) as usize;
         self.wr_ids[wi].store(wr_id, Ordering::Relaxed);
@@ -124,10 +124,12 @@ impl SqShared {
         self.wqe_head[(wqe_counter & self.wqe_mask) as usize].store(ordinal, Ordering::Relaxed);
     }
 
+    #[inline]
     pub(crate) fn wr_id(&self, ordinal: u32) -> u64 {
         self.wr_ids[(ordinal & self.wr_mask) as usize].load(Ordering::Relaxed)
     }
 
+    #[inline]
     pub(crate) fn wr_op(&self, ordinal: u32) -> WcOpcode {
         WcOpcode(u32::from(
             self.wr_ops[(ordinal & self.wr_mask) as usize].load(Ordering::Relaxed),
@@ -135,6 +137,7 @@ impl SqShared {
     }
 
     /// The WR ordinal of the WQE that starts at WQEBB counter `wqe_counter`.
+    #[inline]
     pub(crate) fn ordinal_at(&self, wqe_counter: u16) -> u32 {
         self.wqe_head[(u32::from(wqe_counter) & self.wqe_mask) as usize].load(Ordering::Relaxed)
     }
@@ -250,6 +253,8 @@ pub struct SendQueue {
     pend_last: u32,
     pend_last_ds: u32,
     pend_inline: bool,
+    /// The first 8 bytes of the last finished WQE's control segment (the 8-byte doorbell).
+    pend_head: [u8; 8],
     stats: SqStats,
 }
 
@@ -304,6 +309,7 @@ impl SendQueue {
             pend_last: 0,
             pend_last_ds: 0,
             pend_inline: false,
+            pend_head: [0; 8],
             stats: SqStats::default(),
         }
     }
@@ -454,8 +460,8 @@ impl SendQueue {
         }
         let last = self.pend_last;
         let ds = self.pend_last_ds;
-        let use_bf = self.bf.half != 0
-            && self.pend_n == 1
+        // (`ds > 1` and `ds * 16 <= half` also mean the register has BlueFlame halves.)
+        let use_bf = self.pend_n == 1
             && ds > 1
             && (ds as usize) * 16 <= self.bf.half
             && match self.policy {
@@ -485,10 +491,11 @@ impl SendQueue {
             }
             self.stats.bf_copies += 1;
         } else {
-            // 4b. The first 8 bytes of the last ctrl segment, verbatim.
-            let mut head = [0u8; 8];
-            self.ring.read(pos, &mut head);
-            self.bf.reg.mmio().store_raw64(self.bf.offset, head);
+            // 4b. The first 8 bytes of the last ctrl segment, verbatim (kept by `finish`).
+            self.bf
+                .reg
+                .mmio()
+                .store_raw64(self.bf.offset, self.pend_head);
             self.stats.doorbells += 1;
         }
         // 5. Flush the write-combining buffer before anyone rings again.
@@ -619,24 +626,25 @@ impl WqeBuilder<'_> {
         (self.start as usize) * 64 + (self.ds as usize) * 16
     }
 
+    /// Append whole segments (`N` a multiple of 16 bytes) at the current position.
     #[inline(always)]
-    fn push16(&mut self, seg: &[u8]) {
+    fn push_segs<const N: usize>(&mut self, seg: &[u8; N]) {
         let pos = self.pos();
-        self.sq.ring.write(pos, seg);
-        self.ds += (seg.len() as u32).div_ceil(16);
+        self.sq.ring.write_segs(pos, seg);
+        self.ds += (N / 16) as u32;
     }
 
     /// Append a remote-address segment (WRITE, READ, atomics).
     #[inline]
     pub fn raddr(&mut self, raddr: u64, rkey: u32) -> &mut Self {
-        self.push16(RaddrSeg::new(raddr, rkey).as_bytes());
+        self.push_segs::<16>(&zerocopy::transmute!(RaddrSeg::new(raddr, rkey)));
         self
     }
 
     /// Append an atomic segment (swap/add and compare operands).
     #[inline]
     pub fn atomic(&mut self, swap_add: u64, compare: u64) -> &mut Self {
-        self.push16(AtomicSeg::new(swap_add, compare).as_bytes());
+        self.push_segs::<16>(&zerocopy::transmute!(AtomicSeg::new(swap_add, compare)));
         self
     }
 
@@ -647,7 +655,8 @@ impl WqeBuilder<'_> {
         let mut av = *av;
         av.set_dqpn(remote_qpn);
         av.set_qkey(qkey);
-        self.push16(av.as_bytes());
+        let bytes: [u8; 48] = zerocopy::transmute!(av);
+        self.push_segs(&bytes);
         self
     }
 
@@ -667,7 +676,9 @@ impl WqeBuilder<'_> {
             });
         }
         self.data_segs += 1;
-        self.push16(DataSeg::new(sge.length, sge.lkey, sge.addr).as_bytes());
+        self.push_segs::<16>(&zerocopy::transmute!(DataSeg::new(
+            sge.length, sge.lkey, sge.addr
+        )));
         Ok(self)
     }
 
@@ -714,9 +725,8 @@ impl WqeBuilder<'_> {
             self.sq.pend_inline = true;
             let len = self.inline_len;
             if len > 0 {
-                self.sq
-                    .ring
-                    .write(hdr as usize, InlineHdr::new(len).as_bytes());
+                let h: [u8; 4] = zerocopy::transmute!(InlineHdr::new(len));
+                self.sq.ring.write4(hdr as usize, h);
                 self.ds += (4 + len).div_ceil(16);
             }
         }
@@ -732,7 +742,9 @@ impl WqeBuilder<'_> {
             0,
         )
         .with_imm_bytes(self.imm);
-        sq.ring.write(self.start as usize * 64, ctrl.as_bytes());
+        let ctrl: [u8; 16] = zerocopy::transmute!(ctrl);
+        sq.ring.write_segs(self.start as usize * 64, &ctrl);
+        sq.pend_head.copy_from_slice(&ctrl[..8]);
         let ord = sq.head;
         sq.shared
             .record(ord, self.start, wr_id, wc_opcode_of(self.opcode));

@@ -241,7 +241,7 @@ pub fn pair(rig: &dyn Rig, o: PairOpts) -> (Side, Side) {
 }
 
 /// How `qp` on `ctx` is reached: QPN, its send PSN, LID and (RoCE) GID with its index.
-fn address(qp: &Qp, ctx: &Context, psn: u32) -> (RemoteQp, u8) {
+pub fn address(qp: &Qp, ctx: &Context, psn: u32) -> (RemoteQp, u8) {
     let p = ctx.query_port(1).expect("query port");
     // RoCE needs a GRH: use the port's RoCE v2 GID (its index is the source GID index).
     let g = if p.is_roce() {
