@@ -4,6 +4,8 @@
 //! doorbell records, data buffers) is accessed through [`crate::mem`], so a buffer the user
 //! unmapped behind the device's back produces an error completion, not a crash.
 
+use std::collections::VecDeque;
+
 use mlx5_hw::cqe::{Cqe64, ErrCqe, op_own};
 use mlx5_hw::opcodes::{CqeOpcode, SendOpcode, Syndrome, VendorSyndrome};
 use mlx5_hw::types::{Be16, Be32, Be64};
@@ -12,7 +14,7 @@ use mlx5_hw::wqe::{
 };
 use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
-use crate::state::{Outstanding, RxMsg, World, access, ev, qps, qpt};
+use crate::state::{Outgoing, Outstanding, RxMsg, World, access, ev, qps, qpt};
 use crate::transport::{
     self, AtomicEth, Grh, Packet, ROCE_PORT, Reth, UNKNOWN_QPN, aeth, decode, encode, node_ip, op,
     psn_before,
@@ -31,6 +33,7 @@ pub(crate) fn step(w: &mut World) -> usize {
     work += run_send_queues(w);
     work += deliver_wire(w);
     work += run_timers(w);
+    work += flush_udp(w);
     if work == 0 && w.cfg.mode == RunMode::Stepped {
         if let Some(t) = next_deadline(w) {
             if t > w.vclock {
@@ -1216,17 +1219,25 @@ fn send_packet(w: &mut World, mut pkt: Packet) {
         }
         crate::pcap::capture(w, sip, dip, &bytes, now);
         if remote {
+            // The same faults as in process: delay every datagram by `delay_ns`; a
+            // reordered one is held back until the next one has gone out (or, if none
+            // comes, for REORDER_HOLD_NS).
             let to = std::net::SocketAddrV4::new(dip.into(), ROCE_PORT);
-            let times = if dup { 2 } else { 1 };
-            let mut failed = 0;
-            if let Some(sock) = &w.hcas[src].sock {
-                for _ in 0..times {
-                    if sock.send_to(&bytes, to).is_err() {
-                        failed += 1;
-                    }
-                }
+            let at = now + f.delay_ns;
+            let out = |held: bool, bytes: Vec<u8>| Outgoing {
+                due: if held { at + REORDER_HOLD_NS } else { at },
+                held,
+                src,
+                to,
+                bytes,
+            };
+            if dup {
+                queue_udp(w, out(false, bytes.clone()));
             }
-            w.hcas[src].counters.packets_dropped += failed;
+            queue_udp(w, out(reorder, bytes));
+            if f.delay_ns == 0 && !reorder {
+                flush_udp(w);
+            }
             return;
         }
     }
@@ -1247,6 +1258,55 @@ fn send_packet(w: &mut World, mut pkt: Packet) {
     } else {
         w.wire.push_back((at, pkt));
     }
+}
+
+/// How long a datagram held back for reordering waits for a successor before it goes out
+/// anyway (virtual time in stepped mode). Far below the shortest useful ACK timeout.
+const REORDER_HOLD_NS: u64 = 20_000;
+
+/// Queue a datagram for another process. A datagram that is not itself held back releases
+/// the held ones before it: they now go out right after it.
+fn queue_udp(w: &mut World, out: Outgoing) {
+    if out.held || !w.outbox.iter().any(|o| o.held) {
+        w.outbox.push_back(out);
+        return;
+    }
+    let due = out.due;
+    let (held, mut rest): (VecDeque<Outgoing>, VecDeque<Outgoing>) =
+        w.outbox.drain(..).partition(|o| o.held);
+    rest.push_back(out);
+    rest.extend(held.into_iter().map(|o| Outgoing {
+        due: due.max(o.due.saturating_sub(REORDER_HOLD_NS)),
+        held: false,
+        ..o
+    }));
+    w.outbox = rest;
+}
+
+/// Send every queued datagram that is due, in queue order. Returns how many went out.
+fn flush_udp(w: &mut World) -> usize {
+    if w.outbox.is_empty() {
+        return 0;
+    }
+    let now = w.now();
+    let mut n = 0;
+    let mut keep = VecDeque::with_capacity(w.outbox.len());
+    for o in std::mem::take(&mut w.outbox) {
+        if o.due > now {
+            keep.push_back(o);
+            continue;
+        }
+        let sent = w.hcas[o.src]
+            .sock
+            .as_ref()
+            .is_some_and(|s| s.send_to(&o.bytes, o.to).is_ok());
+        if !sent {
+            w.hcas[o.src].counters.packets_dropped += 1;
+        }
+        n += 1;
+    }
+    w.outbox = keep;
+    n
 }
 
 /// Receive RoCEv2 packets from the UDP sockets into the delivery queue.
@@ -2373,7 +2433,12 @@ fn run_timers(w: &mut World) -> usize {
 }
 
 fn next_deadline(w: &World) -> Option<u64> {
-    let wire = w.wire.iter().map(|(t, _)| *t).min();
+    let wire = w
+        .wire
+        .iter()
+        .map(|(t, _)| *t)
+        .chain(w.outbox.iter().map(|o| o.due))
+        .min();
     let timers = w
         .hcas
         .iter()

@@ -116,9 +116,13 @@ pub struct FaultConfig {
     pub drop_ppm: u32,
     /// Probability (ppm) that a packet is delivered twice.
     pub dup_ppm: u32,
-    /// Probability (ppm) that a packet is delayed behind the next one.
+    /// Probability (ppm) that a packet is delayed behind the next one. On the UDP fabric
+    /// a datagram to another process is held back until the next one this emulator sends
+    /// there has gone out, or for at most 20 us (virtual time in stepped mode).
     pub reorder_ppm: u32,
-    /// Extra delivery delay of every packet, nanoseconds.
+    /// Extra delivery delay of every packet, nanoseconds (virtual in stepped mode). On the
+    /// UDP fabric the datagram is sent this much later; in threaded mode to within the
+    /// device thread's polling interval.
     pub delay_ns: u64,
 }
 
@@ -438,6 +442,7 @@ impl Emulator {
             channels: Vec::new(),
             next_ctx: 1,
             wire: Default::default(),
+            outbox: Default::default(),
             vclock: 0,
             started: std::time::Instant::now(),
             rng: seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1,

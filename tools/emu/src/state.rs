@@ -323,6 +323,22 @@ pub(crate) struct Hca {
     pub(crate) sock: Option<std::net::UdpSocket>,
 }
 
+/// One encoded RoCEv2 datagram bound for another process, not yet sent.
+#[derive(Debug)]
+pub(crate) struct Outgoing {
+    /// When to send it (virtual time in stepped mode, real time in threaded mode).
+    pub(crate) due: u64,
+    /// Held back by reorder fault injection: goes out after the next datagram queued
+    /// behind it, or at `due` if none comes.
+    pub(crate) held: bool,
+    /// The sending HCA.
+    pub(crate) src: usize,
+    /// Destination `127.1.0.<lid>:4791`.
+    pub(crate) to: std::net::SocketAddrV4,
+    /// The datagram (BTH onwards, ICRC included).
+    pub(crate) bytes: Vec<u8>,
+}
+
 /// Everything, behind the emulator's one lock.
 #[derive(Debug)]
 pub(crate) struct World {
@@ -333,6 +349,9 @@ pub(crate) struct World {
     pub(crate) next_ctx: u64,
     /// Packets in flight on the in-process fabric: (deliver_at, packet).
     pub(crate) wire: VecDeque<(u64, Packet)>,
+    /// Datagrams for other processes (UDP fabric) waiting for their send time: delayed or
+    /// held back for reordering by fault injection. In send order.
+    pub(crate) outbox: VecDeque<Outgoing>,
     /// Stepped mode: virtual nanoseconds.
     pub(crate) vclock: u64,
     pub(crate) started: std::time::Instant,
