@@ -278,6 +278,8 @@ impl UverbsSurface for UverbsFd {
         NonNull::new(addr.cast::<u8>()).ok_or(Errno::EFAULT)
     }
 
+    // SAFETY: callers uphold the trait's contract: `addr/len` is a mapping returned by
+    // `mmap` on this fd and nothing uses it any more (see the block inside).
     unsafe fn munmap(&self, addr: NonNull<u8>, len: usize) -> Result<(), Errno> {
         // SAFETY: the caller guarantees `addr/len` is a mapping from `mmap` above that is no
         // longer referenced.

@@ -92,6 +92,8 @@ pub(crate) mod fake {
                 Ok(self.uar.as_ptr())
             }
         }
+        // SAFETY: the trait's contract (a mapping from this surface, no longer used) is what a
+        // caller promises; this test surface unmaps nothing, so it relies on nothing.
         unsafe fn munmap(&self, _addr: NonNull<u8>, _len: usize) -> Result<(), Errno> {
             Ok(())
         }

@@ -530,6 +530,8 @@ impl UverbsSurface for EmuFile {
         Ok(p)
     }
 
+    // SAFETY: callers uphold the trait's contract (a mapping from this surface, no longer
+    // used); unknown ranges are refused with EINVAL before anything is unmapped.
     unsafe fn munmap(&self, addr: NonNull<u8>, len: usize) -> Result<(), Errno> {
         let mut maps = self
             .maps
