@@ -6,7 +6,8 @@
 //! * **Kernel side** ([`Emulator::open`] returns an [`UverbsSurface`]): the legacy
 //!   `write()` commands (plain and extended), the ioctl framework (`INVOKE_WRITE` and the
 //!   object methods of a modern kernel, per [`Flavour`]), `mmap` of UAR and clock pages. Commands are validated the way the kernel validates them
-//!   and fail with the kernel's errno; every user pointer is accessed with
+//!   and fail with the kernel's errno; every user pointer is accessed through a
+//!   copy that catches its own faults (x86_64 Linux; see [`DmaPath`]) or through
 //!   `process_vm_readv`/`process_vm_writev`, so a bad pointer yields `EFAULT`, never a crash.
 //! * **Device side**: woken *only* by MMIO writes into the mapped UAR pages (the 8-byte
 //!   doorbell or a BlueFlame copy at a bfreg half, the CQ arm doorbell at UAR + 0x20). It
@@ -53,6 +54,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 pub use abi::{Errno, UverbsSurface};
+pub use mem::{DmaPath, dma_path, set_dma_path};
 pub use record::{WqeRecord, WqeVia};
 
 /// The RoCEv2 ICRC (sent little-endian after the payload) of the UDP payload `bth_on` (BTH

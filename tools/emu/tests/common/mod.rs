@@ -57,19 +57,31 @@ impl Buf {
         self.ptr.as_ptr() as u64
     }
     pub fn read(&self, off: usize, len: usize) -> Vec<u8> {
-        (0..len).map(|i| self.load(off + i)).collect()
+        let mut v = vec![0u8; len];
+        self.read_into(off, &mut v);
+        v
+    }
+    /// Copy `out.len()` bytes at `off` into `out` (after an acquire fence: the device may
+    /// have written them from another thread).
+    pub fn read_into(&self, off: usize, out: &mut [u8]) {
+        assert!(off.checked_add(out.len()).is_some_and(|e| e <= self.len));
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+        let src = self.ptr.as_ptr().wrapping_add(off);
+        // SAFETY: in bounds (asserted above); `out` is a distinct Rust buffer.
+        unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), out.len()) };
     }
     pub fn load(&self, off: usize) -> u8 {
         assert!(off < self.len);
         // SAFETY: in bounds of our mapping; volatile because the device writes it.
         unsafe { self.ptr.as_ptr().wrapping_add(off).read_volatile() }
     }
+    /// Copy `data` to `off`. Publication to the device is the caller's doorbell (record
+    /// store after a release fence), as with real queue memory.
     pub fn write(&self, off: usize, data: &[u8]) {
-        assert!(off + data.len() <= self.len);
-        for (i, &b) in data.iter().enumerate() {
-            // SAFETY: in bounds (asserted above).
-            unsafe { self.ptr.as_ptr().wrapping_add(off + i).write_volatile(b) };
-        }
+        assert!(off.checked_add(data.len()).is_some_and(|e| e <= self.len));
+        let dst = self.ptr.as_ptr().wrapping_add(off);
+        // SAFETY: in bounds (asserted above); `data` is a distinct Rust buffer.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) };
     }
     pub fn be32_store(&self, off: usize, v: u32) {
         self.write(off, &v.to_be_bytes());
@@ -455,8 +467,9 @@ pub struct Cq {
 }
 
 impl Cq {
-    /// Poll one CQE: returns the 64-byte descriptor (and the 128-byte entry's first half).
-    pub fn poll(&mut self) -> Option<([u8; 64], Vec<u8>)> {
+    /// Poll one CQE: returns the 64-byte descriptor and, for a 128-byte entry, its first
+    /// half (zeros for 64-byte CQEs).
+    pub fn poll(&mut self) -> Option<([u8; 64], [u8; 64])> {
         let entry = (self.ci & (self.ncqe - 1)) as usize * self.cqe_size as usize;
         let desc = entry + if self.cqe_size == 128 { 64 } else { 0 };
         let op_own = self.buf.load(desc + 63);
@@ -464,14 +477,12 @@ impl Cq {
         if op_own >> 4 == 0xF || op_own & 1 != owner {
             return None;
         }
-        std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
         let mut d = [0u8; 64];
-        d.copy_from_slice(&self.buf.read(desc, 64));
-        let first = if self.cqe_size == 128 {
-            self.buf.read(entry, 64)
-        } else {
-            Vec::new()
-        };
+        self.buf.read_into(desc, &mut d);
+        let mut first = [0u8; 64];
+        if self.cqe_size == 128 {
+            self.buf.read_into(entry, &mut first);
+        }
         self.ci += 1;
         store32(self.db, (self.ci & 0xff_ffff).to_be());
         Some((d, first))
@@ -524,10 +535,14 @@ impl Qp {
         let ds = (1 + segs.len().div_ceil(16)) as u8;
         let idx = self.sq_pi as u16;
         let ctrl = CtrlSeg::new(opcode, opmod, idx, self.qpn, ds, fm_ce_se, 0).with_imm_bytes(imm);
-        let mut wqe = ctrl.as_bytes().to_vec();
-        wqe.extend_from_slice(segs);
-        wqe.resize(ds as usize * 16, 0);
-        for (i, chunk) in wqe.chunks(64).enumerate() {
+        // The WQE, zero-padded to whole 16-byte units (at most 63 of them), written one
+        // 64-byte basic block at a time so that it wraps at the ring end.
+        let mut wqe = [0u8; 1024];
+        let len = ds as usize * 16;
+        assert!(len <= wqe.len(), "WQE of {ds} units");
+        wqe[..16].copy_from_slice(ctrl.as_bytes());
+        wqe[16..16 + segs.len()].copy_from_slice(segs);
+        for (i, chunk) in wqe[..len].chunks(64).enumerate() {
             let slot = (self.sq_pi as usize + i) & (self.sq_cnt as usize - 1);
             self.buf.write(self.sq_off() + slot * 64, chunk);
         }
@@ -543,20 +558,20 @@ impl Qp {
             return;
         }
         let slot = idx as usize & (self.sq_cnt as usize - 1);
-        let ctrl = self.buf.read(self.sq_off() + slot * 64, 16);
+        let mut ctrl = [0u8; 16];
+        self.buf.read_into(self.sq_off() + slot * 64, &mut ctrl);
         let ds = (ctrl[7] & 0x3f) as usize;
         let reg = ctx.bfreg_addr(self);
         let dst = reg + self.bf_half;
         if ring == Ring::BlueFlame {
-            let len = (ds * 16).div_ceil(64) * 64;
-            let mut bytes = Vec::with_capacity(len);
-            for i in 0..len.div_ceil(64) {
+            let mut bb = [0u8; 64];
+            for i in 0..(ds * 16).div_ceil(64) {
                 let s = (slot + i) & (self.sq_cnt as usize - 1);
-                bytes.extend_from_slice(&self.buf.read(self.sq_off() + s * 64, 64));
-            }
-            for (i, w) in bytes.chunks(8).enumerate() {
-                let v = u64::from_ne_bytes(w.try_into().expect("8 bytes"));
-                store64(dst + i * 8, v);
+                self.buf.read_into(self.sq_off() + s * 64, &mut bb);
+                for (j, w) in bb.chunks(8).enumerate() {
+                    let v = u64::from_ne_bytes(w.try_into().expect("8 bytes"));
+                    store64(dst + i * 64 + j * 8, v);
+                }
             }
         } else {
             let v = u64::from_ne_bytes(ctrl[..8].try_into().expect("8 bytes"));
@@ -571,15 +586,14 @@ impl Qp {
     pub fn post_recv(&mut self, sges: &[(u64, u32, u32)]) {
         let stride = 1usize << self.rq_shift;
         let slot = self.rq_pi as usize & (self.rq_cnt as usize - 1);
-        let mut wqe = Vec::new();
+        let mut off = slot * stride;
         for &(a, l, k) in sges {
-            wqe.extend_from_slice(DataSeg::new(l, k, a).as_bytes());
+            self.buf.write(off, DataSeg::new(l, k, a).as_bytes());
+            off += 16;
         }
-        if wqe.len() < stride {
-            wqe.extend_from_slice(DataSeg::terminator().as_bytes());
+        if off < (slot + 1) * stride {
+            self.buf.write(off, DataSeg::terminator().as_bytes());
         }
-        wqe.resize(stride, 0);
-        self.buf.write(slot * stride, &wqe);
         self.rq_pi += 1;
         std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
         store32(self.db, (self.rq_pi & 0xffff).to_be());
