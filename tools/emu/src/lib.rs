@@ -23,9 +23,12 @@
 //! off) and `Stepped` (nothing runs unless a test calls [`Emulator::step`] or
 //! [`Emulator::run_until_idle`]; deterministic, virtual time).
 //!
-//! What the emulated kernel/device deliberately does not do (yet): dynamic UARs (the
-//! `DYN_UAR` lib cap is ignored, so contexts get static UARs via `tot_bfregs`, as from a
-//! pre-v5.x kernel), DEVX and the mlx5 UAR/VAR objects, memory windows and UMR (LOCAL_INV,
+//! UARs are static (via `tot_bfregs`) by default; with [`EmuConfig::dyn_uar`] on a modern
+//! kernel flavour a context that asks for `MLX5_LIB_CAP_DYN_UAR` allocates UAR pages with
+//! the `MLX5_IB_OBJECT_UAR` methods instead, as on current kernels.
+//!
+//! What the emulated kernel/device deliberately does not do (yet): DEVX and the mlx5 VAR
+//! object, memory windows and UMR (LOCAL_INV,
 //! BIND_MW: local QP operation error), CQE compression, resize CQ, XRC/DC/RAW_PACKET QPs.
 //! The port is InfiniBand (LID-routed, one GID: link-local prefix + node GUID, one P_Key).
 //! SEND with invalidate reports the rkey in the CQE without invalidating anything.
