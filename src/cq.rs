@@ -19,10 +19,10 @@ use mlx5_ffi::uverbs::{
     IB_USER_VERBS_CMD_CREATE_CQ, IB_USER_VERBS_CMD_DESTROY_CQ, IbUverbsCreateCq,
     IbUverbsCreateCqResp, IbUverbsDestroyCq,
 };
-use mlx5_hw::cqe::{CQE_FLAGS_GRH_MASK, Cqe64, ErrCqe, sw_owns};
+use mlx5_hw::cqe::{CQE_FLAGS_GRH_MASK, Cqe64, ErrCqe};
 use mlx5_hw::doorbell::{cq_arm_doorbell, cq_arm_word};
 use mlx5_hw::opcodes::{CqeOpcode, SendOpcode, Syndrome, WcStatus};
-use zerocopy::{FromBytes, IntoBytes};
+use zerocopy::IntoBytes;
 
 use crate::context::{CompChannel, Context, UarMode};
 use crate::error::{Error, Result};
@@ -286,13 +286,7 @@ impl Cq {
     /// `None`. The consumer index is not published until [`publish_ci`](Self::publish_ci).
     #[inline]
     pub fn next_cqe(&mut self) -> Option<Cqe64> {
-        let ring = self.shared.buf.ring();
-        let op_own = ring.op_own(self.ci);
-        if !sw_owns(op_own, self.ci, self.log_n) {
-            return None;
-        }
-        barrier::from_device();
-        let raw = ring.load(self.ci);
+        let raw = self.shared.buf.ring().take(self.ci, self.log_n)?;
         self.ci = self.ci.wrapping_add(1);
         Some(zerocopy::transmute!(raw))
     }
@@ -314,10 +308,9 @@ impl Cq {
         if self.pending.is_some() {
             n += self.drain_pending(&mut wcs[n..]);
         }
-        while n < wcs.len() {
+        while let Some(wc) = wcs.get_mut(n) {
             let Some(cqe) = self.next_cqe() else { break };
-            if let Some(wc) = decode(&self.local, self.by_uidx, &mut self.pending, &cqe) {
-                wcs[n] = wc;
+            if decode_into(&self.local, self.by_uidx, &mut self.pending, &cqe, wc) {
                 n += 1;
             }
             if self.pending.is_some() {
@@ -403,62 +396,127 @@ impl Cq {
     }
 }
 
-/// Decode one CQE into a work completion, doing the queue bookkeeping (retire send WRs,
-/// advance the receive tail, free SRQ WQEs). `None` for CQEs that carry no completion
-/// (resize marker, unknown QP) or when unsignaled WRs are being reported first.
-#[inline(always)]
+/// [`decode_into`] returning the completion (for the tests).
+#[cfg(test)]
 fn decode(
     local: &[CqUser],
     by_uidx: bool,
     pending: &mut Option<Pending>,
     cqe: &Cqe64,
 ) -> Option<WorkCompletion> {
-    let op = cqe.opcode();
-    let user = if by_uidx {
+    let mut wc = WorkCompletion::default();
+    decode_into(local, by_uidx, pending, cqe, &mut wc).then_some(wc)
+}
+
+/// Decode one CQE into the caller's work completion, doing the queue bookkeeping (retire send
+/// WRs, advance the receive tail, free SRQ WQEs): writes the whole of `*out` and returns true
+/// for a completion; returns false, `*out` untouched, for CQEs that carry none (resize marker,
+/// unknown QP) or when unsignaled WRs are being reported first.
+///
+/// A successful requester CQE (the bulk of a send CQ) is decoded in line; every other kind
+/// out of line, so that the common path keeps its few values in registers.
+#[inline(always)]
+fn decode_into(
+    local: &[CqUser],
+    by_uidx: bool,
+    pending: &mut Option<Pending>,
+    cqe: &Cqe64,
+    out: &mut WorkCompletion,
+) -> bool {
+    let found = if by_uidx {
         let u = cqe.user_index();
-        local.iter().find(|x| x.uidx == u)?
+        local.iter().find(|x| x.uidx == u)
     } else {
         let q = cqe.qpn();
-        local.iter().find(|x| x.qpn == q)?
+        local.iter().find(|x| x.qpn == q)
     };
-    let mut wc = WorkCompletion {
-        qp_num: user.qpn,
-        timestamp: cqe.timestamp(),
-        ..WorkCompletion::default()
+    let Some(user) = found else {
+        return false;
     };
-    if cqe.solicited() {
-        wc.wc_flags.0 |= WcFlags::SOLICITED.0;
-    }
-    match op {
-        CqeOpcode::REQ | CqeOpcode::REQ_ERR => {
-            let sq = user.sq.as_ref()?;
+    match (cqe.opcode(), &user.sq) {
+        (CqeOpcode::REQ, Some(sq)) => {
             let ord = sq.ordinal_at(cqe.wqe_counter());
-            if op == CqeOpcode::REQ {
-                let sop = cqe.send_opcode();
-                wc.opcode = wc_opcode_of(sop);
-                wc.byte_len = match sop {
+            let sop = cqe.send_opcode();
+            let wc = WorkCompletion {
+                wr_id: sq.wr_id(ord),
+                opcode: wc_opcode_of(sop),
+                byte_len: match sop {
                     SendOpcode::RDMA_READ => cqe.byte_cnt(),
                     SendOpcode::ATOMIC_CS | SendOpcode::ATOMIC_FA => 8,
                     _ => 0,
-                };
-            } else {
-                set_error(&mut wc, cqe);
-                wc.opcode = sq.wr_op(ord);
-            }
+                },
+                qp_num: user.qpn,
+                wc_flags: solicited_flag(cqe),
+                timestamp: cqe.timestamp(),
+                ..WorkCompletion::default()
+            };
+            retire_send(sq, ord, pending, wc, out)
+        }
+        _ => decode_other(user, pending, cqe, out),
+    }
+}
+
+/// [`WcFlags::SOLICITED`] if the CQE's solicited-event bit is set.
+#[inline(always)]
+fn solicited_flag(cqe: &Cqe64) -> WcFlags {
+    if cqe.solicited() {
+        WcFlags::SOLICITED
+    } else {
+        WcFlags(0)
+    }
+}
+
+/// The send-queue bookkeeping of a requester completion `wc` for WR ordinal `ord`: retire it
+/// and every earlier (unsignaled) WR, or, with `report_unsignaled`, queue those first.
+#[inline(always)]
+fn retire_send(
+    sq: &Arc<SqShared>,
+    ord: u32,
+    pending: &mut Option<Pending>,
+    wc: WorkCompletion,
+    out: &mut WorkCompletion,
+) -> bool {
+    let tail = sq.tail.load(Ordering::Relaxed);
+    let skipped = ord.wrapping_sub(tail);
+    if sq.report_unsignaled && skipped != 0 && skipped <= sq.wr_mask {
+        *pending = Some(Pending {
+            sq: sq.clone(),
+            next: tail,
+            end: ord,
+            last: wc,
+        });
+        return false;
+    }
+    sq.tail.store(ord.wrapping_add(1), Ordering::Release);
+    *out = wc;
+    true
+}
+
+/// [`decode_into`] for every CQE but a successful requester one.
+#[inline(never)]
+fn decode_other(
+    user: &CqUser,
+    pending: &mut Option<Pending>,
+    cqe: &Cqe64,
+    out: &mut WorkCompletion,
+) -> bool {
+    let op = cqe.opcode();
+    let mut wc = WorkCompletion {
+        qp_num: user.qpn,
+        timestamp: cqe.timestamp(),
+        wc_flags: solicited_flag(cqe),
+        ..WorkCompletion::default()
+    };
+    match op {
+        CqeOpcode::REQ_ERR => {
+            let Some(sq) = user.sq.as_ref() else {
+                return false;
+            };
+            let ord = sq.ordinal_at(cqe.wqe_counter());
+            set_error(&mut wc, cqe);
+            wc.opcode = sq.wr_op(ord);
             wc.wr_id = sq.wr_id(ord);
-            let tail = sq.tail.load(Ordering::Relaxed);
-            let skipped = ord.wrapping_sub(tail);
-            if sq.report_unsignaled && skipped != 0 && skipped <= sq.wr_mask {
-                *pending = Some(Pending {
-                    sq: sq.clone(),
-                    next: tail,
-                    end: ord,
-                    last: wc,
-                });
-                return None;
-            }
-            sq.tail.store(ord.wrapping_add(1), Ordering::Release);
-            Some(wc)
+            retire_send(sq, ord, pending, wc, out)
         }
         CqeOpcode::RESP_RDMA_WRITE_IMM
         | CqeOpcode::RESP_SEND
@@ -468,14 +526,16 @@ fn decode(
             let counter = cqe.wqe_counter();
             if let Some(srq) = &user.srq {
                 wc.wr_id = srq.complete(counter);
-            } else {
-                let rq = user.rq.as_ref()?;
+            } else if let Some(rq) = &user.rq {
                 wc.wr_id = rq.complete(counter);
+            } else {
+                return false;
             }
             if op == CqeOpcode::RESP_ERR {
                 set_error(&mut wc, cqe);
                 wc.opcode = WcOpcode::RECV;
-                return Some(wc);
+                *out = wc;
+                return true;
             }
             wc.byte_len = cqe.byte_cnt();
             wc.src_qp = cqe.src_qp();
@@ -507,17 +567,18 @@ fn decode(
                     wc.pkey_index = (u32::from_be_bytes(iip) & 0xFFFF) as u16;
                 }
             }
-            Some(wc)
+            *out = wc;
+            true
         }
-        _ => None,
+        _ => false,
     }
 }
 
 /// Fill the error fields from the error-CQE view of `cqe` (syndrome @55, vendor syndrome @54).
+/// (A by-value reinterpretation, so the caller's copy of the CQE can stay in registers.)
+#[inline(always)]
 fn set_error(wc: &mut WorkCompletion, cqe: &Cqe64) {
-    let Ok(err) = ErrCqe::read_from_bytes(cqe.as_bytes()) else {
-        return;
-    };
+    let err: ErrCqe = zerocopy::transmute!(*cqe);
     let s: Syndrome = err.syndrome();
     wc.syndrome = s;
     wc.vendor_err = err.vendor_syndrome();
@@ -534,6 +595,7 @@ mod tests {
     use super::*;
     use mlx5_hw::cqe::op_own;
     use mlx5_hw::types::{Be16, Be32, Be64};
+    use zerocopy::FromBytes;
 
     const QPN: u32 = 0x12_3456;
     const UIDX: u32 = 7;
@@ -542,9 +604,9 @@ mod tests {
         let sq = Arc::new(SqShared::new(16, 64, report_unsignaled, QPN));
         let rq = Arc::new(RqShared::new(16));
         // Three WRs: ordinals 0, 1, 2 at WQEBB counters 0, 1, 3 (the second is 2 WQEBBs).
-        sq.record(0, 0, 100, WcOpcode::SEND);
-        sq.record(1, 1, 101, WcOpcode::RDMA_WRITE);
-        sq.record(2, 3, 102, WcOpcode::RDMA_READ);
+        sq.record(0, 0, 100, SendOpcode::SEND);
+        sq.record(1, 1, 101, SendOpcode::RDMA_WRITE);
+        sq.record(2, 3, 102, SendOpcode::RDMA_READ);
         rq.record(0, 500);
         rq.record(1, 501);
         let u = CqUser {

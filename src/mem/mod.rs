@@ -9,6 +9,7 @@
 
 pub mod dbrec;
 pub mod dma_buf;
+pub mod table;
 pub mod wq;
 
 pub use dbrec::{DbRec, DbRecPool};

@@ -13,6 +13,7 @@
 
 use std::sync::Arc;
 
+use core::marker::PhantomData;
 use core::ptr::NonNull;
 
 use super::dma_buf::DmaBuf;
@@ -75,90 +76,43 @@ impl WqRing {
         &self.buf
     }
 
+    /// A writer for this ring: the base and mask by value, so a loop that builds many WQEs keeps
+    /// them in registers instead of reloading them through `&mut self` after every store.
+    #[inline(always)]
+    pub fn writer(&mut self) -> WqWriter<'_> {
+        WqWriter {
+            base: self.base,
+            mask: self.mask,
+            _ring: PhantomData,
+        }
+    }
+
     /// Copy `src` into the ring at byte position `pos` (taken modulo the ring length); a copy
     /// that reaches the end continues at the start.
     #[inline(always)]
     pub fn write(&mut self, pos: usize, src: &[u8]) {
-        let start = pos & self.mask;
-        let first = src.len().min(self.len() - start);
-        // SAFETY: `start + first <= len`, inside the ring (type invariant); raw copy from a Rust
-        // slice that cannot overlap the mapping.
-        unsafe {
-            core::ptr::copy_nonoverlapping(
-                src.as_ptr(),
-                self.base.as_ptr().wrapping_add(start),
-                first,
-            )
-        };
-        if first < src.len() {
-            let rest = (src.len() - first).min(self.len());
-            // SAFETY: `rest <= len`, written from the ring start.
-            unsafe {
-                core::ptr::copy_nonoverlapping(
-                    src.as_ptr().wrapping_add(first),
-                    self.base.as_ptr(),
-                    rest,
-                )
-            };
-        }
+        self.writer().write(pos, src);
     }
 
-    /// Store a fixed-size block of whole segments (`N` a multiple of 16) at byte position `pos`
-    /// (16-byte aligned, modulo the ring) as native-width 8-byte stores of the bytes as they are
-    /// (no byte swap), wrapping per word at the ring end. Small segments thus never become a
-    /// `memcpy` call.
+    /// Store a fixed-size block of whole segments at byte position `pos`; see
+    /// [`WqWriter::write_segs`].
     #[inline(always)]
     pub fn write_segs<const N: usize>(&mut self, pos: usize, seg: &[u8; N]) {
-        const { assert!(N % 16 == 0 && N > 0) };
-        debug_assert!(pos % 16 == 0);
-        #[expect(
-            clippy::cast_ptr_alignment,
-            reason = "base is 16-byte aligned and every word offset is a multiple of 8"
-        )]
-        let p = self.base.as_ptr().cast::<u64>();
-        for (i, seg16) in seg.chunks_exact(16).enumerate() {
-            let (lo, hi) = seg16.split_at(8);
-            let mut b = [[0u8; 8]; 2];
-            b[0].copy_from_slice(lo);
-            b[1].copy_from_slice(hi);
-            // A 16-byte unit at a 16-aligned position never straddles the ring end.
-            let at = ((pos + i * 16) & self.mask) / 8;
-            for (k, w) in b.iter().enumerate() {
-                // SAFETY: `at * 8 + 16 <= len` (len and `pos` are multiples of 16, so the unit
-                // starts at a multiple of 16 below len) and 8-byte aligned (base is 16-aligned,
-                // type invariant); one volatile u64 store inside the ring, no reference into it.
-                unsafe {
-                    p.wrapping_add(at + k)
-                        .write_volatile(u64::from_ne_bytes(*w))
-                };
-            }
-        }
+        self.writer().write_segs(pos, seg);
     }
 
-    /// Store 4 bytes as they are at byte position `pos` (4-byte aligned, modulo the ring) as one
-    /// native-width store (an inline-segment header).
+    /// Store 4 bytes as they are at byte position `pos`; see [`WqWriter::write4`].
     #[inline(always)]
     pub fn write4(&mut self, pos: usize, bytes: [u8; 4]) {
-        debug_assert!(pos % 4 == 0);
-        #[expect(
-            clippy::cast_ptr_alignment,
-            reason = "base is 16-byte aligned and the offset is a multiple of 4"
-        )]
-        let p = self.base.as_ptr().cast::<u32>();
-        let at = pos & self.mask & !3;
-        // SAFETY: `at + 4 <= len` (`at` is a multiple of 4 below len, a multiple of 16) and
-        // 4-byte aligned (base is 16-aligned, type invariant); one volatile u32 store.
-        unsafe {
-            p.wrapping_add(at / 4)
-                .write_volatile(u32::from_ne_bytes(bytes))
-        };
+        self.writer().write4(pos, bytes);
     }
 
     /// Copy `dst.len()` bytes out of the ring from byte position `pos` (modulo, wrapping).
     pub fn read(&self, pos: usize, dst: &mut [u8]) {
         let start = pos & self.mask;
         let first = dst.len().min(self.len() - start);
-        // SAFETY: in bounds as in `write`.
+        // SAFETY: `start + first <= len`, inside the ring (type invariant), as in
+        // `WqWriter::write`; raw copy into a Rust slice that cannot overlap the mapping.
         unsafe {
             core::ptr::copy_nonoverlapping(
                 self.base.as_ptr().wrapping_add(start),
@@ -202,6 +156,106 @@ impl WqRing {
     pub fn zero(&mut self) {
         // SAFETY: the whole ring is in bounds (type invariant).
         unsafe { core::ptr::write_bytes(self.base.as_ptr(), 0, self.len()) };
+    }
+}
+
+/// The store side of a [`WqRing`], borrowed from it ([`WqRing::writer`]).
+///
+/// # Invariants
+/// As [`WqRing`]'s: `base .. base + mask + 1` is inside the ring's buffer, which the borrowed
+/// ring keeps mapped for `'a`; `mask + 1` is a power of two of at least 16; `base` is 16-byte
+/// aligned. Copies of a writer only store through raw pointers, like the ring itself.
+#[derive(Clone, Copy, Debug)]
+pub struct WqWriter<'a> {
+    base: NonNull<u8>,
+    mask: usize,
+    _ring: PhantomData<&'a mut WqRing>,
+}
+
+impl WqWriter<'_> {
+    /// Ring length in bytes.
+    #[inline(always)]
+    fn len(&self) -> usize {
+        self.mask + 1
+    }
+
+    /// Copy `src` into the ring at byte position `pos` (taken modulo the ring length); a copy
+    /// that reaches the end continues at the start.
+    #[inline(always)]
+    pub fn write(&self, pos: usize, src: &[u8]) {
+        let start = pos & self.mask;
+        let first = src.len().min(self.len() - start);
+        // SAFETY: `start + first <= len`, inside the ring (type invariant); raw copy from a Rust
+        // slice that cannot overlap the mapping.
+        unsafe {
+            core::ptr::copy_nonoverlapping(
+                src.as_ptr(),
+                self.base.as_ptr().wrapping_add(start),
+                first,
+            )
+        };
+        if first < src.len() {
+            let rest = (src.len() - first).min(self.len());
+            // SAFETY: `rest <= len`, written from the ring start.
+            unsafe {
+                core::ptr::copy_nonoverlapping(
+                    src.as_ptr().wrapping_add(first),
+                    self.base.as_ptr(),
+                    rest,
+                )
+            };
+        }
+    }
+
+    /// Store a fixed-size block of whole segments (`N` a multiple of 16) at byte position `pos`
+    /// (16-byte aligned, modulo the ring) as native-width 8-byte stores of the bytes as they are
+    /// (no byte swap), wrapping per 16-byte unit at the ring end. Small segments thus never
+    /// become a `memcpy` call.
+    #[inline(always)]
+    pub fn write_segs<const N: usize>(&self, pos: usize, seg: &[u8; N]) {
+        const { assert!(N % 16 == 0 && N > 0) };
+        debug_assert!(pos % 16 == 0);
+        #[expect(
+            clippy::cast_ptr_alignment,
+            reason = "base is 16-byte aligned and every word offset is a multiple of 8"
+        )]
+        let p = self.base.as_ptr().cast::<u64>();
+        for (i, seg16) in seg.chunks_exact(16).enumerate() {
+            let (lo, hi) = seg16.split_at(8);
+            let mut b = [[0u8; 8]; 2];
+            b[0].copy_from_slice(lo);
+            b[1].copy_from_slice(hi);
+            // A 16-byte unit at a 16-aligned position never straddles the ring end.
+            let at = ((pos + i * 16) & self.mask) / 8;
+            for (k, w) in b.iter().enumerate() {
+                // SAFETY: `at * 8 + 16 <= len` (len and `pos` are multiples of 16, so the unit
+                // starts at a multiple of 16 below len) and 8-byte aligned (base is 16-aligned,
+                // type invariant); one volatile u64 store inside the ring, no reference into it.
+                unsafe {
+                    p.wrapping_add(at + k)
+                        .write_volatile(u64::from_ne_bytes(*w))
+                };
+            }
+        }
+    }
+
+    /// Store 4 bytes as they are at byte position `pos` (4-byte aligned, modulo the ring) as one
+    /// native-width store (an inline-segment header).
+    #[inline(always)]
+    pub fn write4(&self, pos: usize, bytes: [u8; 4]) {
+        debug_assert!(pos % 4 == 0);
+        #[expect(
+            clippy::cast_ptr_alignment,
+            reason = "base is 16-byte aligned and the offset is a multiple of 4"
+        )]
+        let p = self.base.as_ptr().cast::<u32>();
+        let at = pos & self.mask & !3;
+        // SAFETY: `at + 4 <= len` (`at` is a multiple of 4 below len, a multiple of 16) and
+        // 4-byte aligned (base is 16-aligned, type invariant); one volatile u32 store.
+        unsafe {
+            p.wrapping_add(at / 4)
+                .write_volatile(u32::from_ne_bytes(bytes))
+        };
     }
 }
 

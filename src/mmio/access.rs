@@ -9,6 +9,8 @@
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicU32, Ordering};
 
+use mlx5_hw::cqe::sw_owns;
+
 /// A 32-bit big-endian word in a doorbell record (host memory that the device reads by DMA).
 ///
 /// # Invariants
@@ -93,30 +95,35 @@ impl CqeRing {
             .wrapping_add(slot * self.stride + self.desc_offset)
     }
 
-    /// The `op_own` byte (offset 63) of the descriptor for consumer index `ci`: one 1-byte load.
+    /// The descriptor for consumer index `ci` on a ring of `1 << log_n` entries, if software
+    /// owns it: one volatile load of its `op_own` byte (offset 63) and the ownership test
+    /// ([`sw_owns`]); then [`from_device`](super::barrier::from_device) and the 64 bytes as eight
+    /// native words (the bytes in memory order; reinterpret, don't byte-swap). `None` while the
+    /// device owns it.
     #[inline(always)]
-    pub fn op_own(&self, ci: u32) -> u8 {
+    pub fn take(&self, ci: u32, log_n: u8) -> Option<[u64; 8]> {
+        let d = self.desc(ci);
         // SAFETY: byte 63 of a live descriptor (see `desc`); volatile because the device writes it.
-        unsafe { self.desc(ci).wrapping_add(63).read_volatile() }
-    }
-
-    /// Copy the 64-byte descriptor out with eight native-width volatile loads (the words hold
-    /// the bytes in memory order; reinterpret, don't byte-swap). Call only after
-    /// the ownership test and [`from_device`](super::barrier::from_device).
-    #[inline(always)]
-    pub fn load(&self, ci: u32) -> [u64; 8] {
+        let op_own = unsafe { d.wrapping_add(63).read_volatile() };
+        if !sw_owns(op_own, ci, log_n) {
+            return None;
+        }
+        super::barrier::from_device();
         #[expect(
             clippy::cast_ptr_alignment,
             reason = "descriptors are 64-byte aligned (type invariant)"
         )]
-        let p = self.desc(ci).cast::<u64>();
+        let p = d.cast::<u64>();
         let mut words = [0u64; 8];
         for (i, w) in words.iter_mut().enumerate() {
-            // SAFETY: the descriptor is 64-byte aligned (stride and base are) and live; word i is
-            // inside it.
-            *w = unsafe { p.wrapping_add(i).read_volatile() };
+            // SAFETY: word i of a live, 64-byte aligned descriptor (stride and base are). It is
+            // software-owned now (ownership bit tested, then the read barrier, which is also a
+            // compiler barrier): the device writes it again only after the consumer index moves
+            // past it, so a plain load races with nothing, and the compiler may skip the words
+            // that are never used.
+            *w = unsafe { p.wrapping_add(i).read() };
         }
-        words
+        Some(words)
     }
 
     /// Mark every descriptor invalid (`op_own = 0xF0`: opcode INVALID, owner 0), as the ring must

@@ -22,8 +22,9 @@ use mlx5_hw::wqe::{
 
 use crate::QpType;
 use crate::mem::DbRec;
+use crate::mem::table::RingTable;
 use crate::mem::uar::UarReg;
-use crate::mem::wq::WqRing;
+use crate::mem::wq::{WqRing, WqWriter};
 use crate::mmio::barrier;
 use crate::ring::RingSize;
 use crate::wr::{PostError, SendFlags, SendWr, Sge, WcOpcode, WrOp};
@@ -82,18 +83,27 @@ pub struct BfregInfo {
     pub bf_size: usize,
 }
 
+/// One entry of the send queue's bookkeeping table. The table is indexed two ways with the same
+/// mask: by WR ordinal (`wr_id`, `op`) and by WQEBB counter (`ordinal`).
+#[derive(Debug, Default)]
+pub(crate) struct SqSlot {
+    /// Work-request id of the WR with this ordinal.
+    wr_id: AtomicU64,
+    /// WR ordinal of the WQE whose first WQEBB is this slot.
+    ordinal: AtomicU32,
+    /// [`SendOpcode`] of the WR with this ordinal (mapped to a [`WcOpcode`] only when an
+    /// error or unsignaled completion needs it).
+    op: AtomicU8,
+}
+
 /// State shared between a send queue and the completion poller(s).
 #[derive(Debug)]
 pub(crate) struct SqShared {
-    /// Work-request ids by WR ordinal (`ordinal & wr_mask`).
-    pub wr_ids: Box<[AtomicU64]>,
-    /// [`WcOpcode`] of each WR by ordinal, as a byte.
-    pub wr_ops: Box<[AtomicU8]>,
-    /// WR ordinal of the WQE whose first WQEBB is at each SQ slot.
-    pub wqe_head: Box<[AtomicU32]>,
+    /// `wr_mask + 1` slots (a power of two): one table for both indices.
+    slots: RingTable<SqSlot>,
     /// WRs retired by completions (free-running); written only by the poller.
     pub tail: AtomicU32,
-    pub wqe_mask: u32,
+    /// Slot mask for both indices (`slots.len() - 1`).
     pub wr_mask: u32,
     pub report_unsignaled: bool,
     pub qpn: u32,
@@ -102,44 +112,46 @@ pub(crate) struct SqShared {
 impl SqShared {
     /// Tables for `max_post` outstanding WRs on a ring of `wqe_cnt` (a power of two) WQEBBs.
     pub(crate) fn new(max_post: u32, wqe_cnt: u32, report_unsignaled: bool, qpn: u32) -> Self {
-        let wr_slots = max_post.max(1).next_power_of_two() as usize;
+        // Every WR takes at least one WQEBB, so `max_post <= wqe_cnt` for real queues; the max
+        // keeps the table large enough for both indices whatever the caller passes.
+        let slots = RingTable::new(max_post.max(wqe_cnt) as usize, SqSlot::default);
         Self {
-            wr_ids: (0..wr_slots).map(|_| AtomicU64::new(0)).collect(),
-            wr_ops: (0..wr_slots).map(|_| AtomicU8::new(0)).collect(),
-            wqe_head: (0..wqe_cnt).map(|_| AtomicU32::new(0)).collect(),
+            wr_mask: slots.len() as u32 - 1,
+            slots,
             tail: AtomicU32::new(0),
-            wqe_mask: wqe_cnt - 1,
-            wr_mask: wr_slots as u32 - 1,
             report_unsignaled,
             qpn,
         }
     }
 
-    /// Record WR `ordinal` (id, opcode) as the WQE starting at WQEBB counter `wqe_counter`.
-    #[inline]
-    pub(crate) fn record(&self, ordinal: u32, wqe_counter: u32, wr_id: u64, op: WcOpcode) {
-        let wi = (ordinal & self.wr_mask) as usize;
-        self.wr_ids[wi].store(wr_id, Ordering::Relaxed);
-        self.wr_ops[wi].store(op.0 as u8, Ordering::Relaxed);
-        self.wqe_head[(wqe_counter & self.wqe_mask) as usize].store(ordinal, Ordering::Relaxed);
+    #[inline(always)]
+    fn slot(&self, index: u32) -> &SqSlot {
+        self.slots.get(index)
     }
 
-    #[inline]
+    /// Record WR `ordinal` (id, opcode) as the WQE starting at WQEBB counter `wqe_counter`
+    /// (what posting does; for tests of the poller).
+    #[cfg(test)]
+    pub(crate) fn record(&self, ordinal: u32, wqe_counter: u32, wr_id: u64, op: SendOpcode) {
+        record(&self.slots, ordinal, wqe_counter, wr_id, op);
+    }
+
+    #[inline(always)]
     pub(crate) fn wr_id(&self, ordinal: u32) -> u64 {
-        self.wr_ids[(ordinal & self.wr_mask) as usize].load(Ordering::Relaxed)
+        self.slot(ordinal).wr_id.load(Ordering::Relaxed)
     }
 
-    #[inline]
+    #[inline(always)]
     pub(crate) fn wr_op(&self, ordinal: u32) -> WcOpcode {
-        WcOpcode(u32::from(
-            self.wr_ops[(ordinal & self.wr_mask) as usize].load(Ordering::Relaxed),
-        ))
+        wc_opcode_of(SendOpcode(self.slot(ordinal).op.load(Ordering::Relaxed)))
     }
 
     /// The WR ordinal of the WQE that starts at WQEBB counter `wqe_counter`.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn ordinal_at(&self, wqe_counter: u16) -> u32 {
-        self.wqe_head[(u32::from(wqe_counter) & self.wqe_mask) as usize].load(Ordering::Relaxed)
+        self.slot(u32::from(wqe_counter))
+            .ordinal
+            .load(Ordering::Relaxed)
     }
 }
 
@@ -234,28 +246,49 @@ pub fn sq_geometry(
 pub struct SendQueue {
     ring: WqRing,
     size: RingSize,
-    qpn: u32,
-    qp_type: QpType,
     /// Free-running WQEBB producer counter.
     cur_post: u32,
     /// Free-running count of WRs built.
     head: u32,
     shared: Arc<SqShared>,
-    geo: SqGeometry,
-    sig_all: bool,
+    cfg: SqConfig,
     /// Posting allowed (RTS, SQD, SQE, ERR).
     pub(crate) enabled: bool,
     dbrec: Arc<DbRec>,
     bf: Bfreg,
-    policy: BfPolicy,
-    // Pending ring: WQEs built since the last doorbell.
-    pend_n: u32,
-    pend_last: u32,
-    pend_last_ds: u32,
-    pend_inline: bool,
-    /// The first 8 bytes of the last finished WQE's control segment (the 8-byte doorbell).
-    pend_head: [u8; 8],
+    /// The BlueFlame policy as two facts for [`ring`](Self::ring): the largest WQE it may
+    /// BlueFlame (`bf.half`, or 0 for [`BfPolicy::AlwaysDoorbell`]), and whether that needs no
+    /// inline WQE ([`BfPolicy::PreferBf`]).
+    bf_max: usize,
+    bf_any: bool,
+    pend: Pending,
     stats: SqStats,
+}
+
+/// WQEs built since the last doorbell.
+#[derive(Debug, Default)]
+struct Pending {
+    /// How many.
+    n: u32,
+    /// WQEBB counter of the last one.
+    last: u32,
+    /// `ds` of the last one.
+    ds: u32,
+    /// The first 8 bytes of the last one's control segment (the 8-byte doorbell).
+    head: [u8; 8],
+    /// Whether any is inline (BlueFlame policy; only a single WQE is ever BlueFlamed).
+    inline: bool,
+}
+
+/// What a send queue was created with: read-only on the data path, borrowed as a whole by
+/// [`Batch`] (so its fields are loaded where used, not copied up front).
+#[derive(Debug)]
+struct SqConfig {
+    qpn: u32,
+    qp_type: QpType,
+    geo: SqGeometry,
+    /// [`SendFlags`] added to every WR (SIGNALED for `sq_sig_all`).
+    always: SendFlags,
 }
 
 /// Counters of what a send queue has done (cheap, always on).
@@ -291,27 +324,32 @@ impl SendQueue {
         // PANIC: `sq_geometry` makes `wqe_cnt` a power of two no larger than `max_send_wqebb`
         // (at most 2^16 on any device), well inside `RingSize`'s range.
         let size = RingSize::at_least(geo.wqe_cnt).expect("SQ size is a small power of two");
-        Self {
+        let mut sq = Self {
             ring,
             size,
-            qpn,
-            qp_type,
             cur_post: 0,
             head: 0,
             shared,
-            geo,
-            sig_all,
+            cfg: SqConfig {
+                qpn,
+                qp_type,
+                geo,
+                always: if sig_all {
+                    SendFlags::SIGNALED
+                } else {
+                    SendFlags::NONE
+                },
+            },
             enabled: false,
             dbrec,
             bf,
-            policy,
-            pend_n: 0,
-            pend_last: 0,
-            pend_last_ds: 0,
-            pend_inline: false,
-            pend_head: [0; 8],
+            bf_max: 0,
+            bf_any: false,
+            pend: Pending::default(),
             stats: SqStats::default(),
-        }
+        };
+        sq.set_bf_policy(policy);
+        sq
     }
 
     pub(crate) fn shared(&self) -> &Arc<SqShared> {
@@ -320,7 +358,7 @@ impl SendQueue {
 
     /// The geometry (capacity, SGE and inline limits).
     pub fn geometry(&self) -> SqGeometry {
-        self.geo
+        self.cfg.geo
     }
 
     /// Counters.
@@ -340,7 +378,11 @@ impl SendQueue {
 
     /// Change the BlueFlame policy.
     pub fn set_bf_policy(&mut self, policy: BfPolicy) {
-        self.policy = policy;
+        self.bf_max = match policy {
+            BfPolicy::AlwaysDoorbell => 0,
+            BfPolicy::PreferBf | BfPolicy::InlineOnly => self.bf.half,
+        };
+        self.bf_any = policy == BfPolicy::PreferBf;
     }
 
     /// WRs posted and not yet retired.
@@ -353,7 +395,7 @@ impl SendQueue {
     /// WRs that can still be posted.
     #[inline]
     pub fn free(&self) -> u32 {
-        self.geo.max_post.saturating_sub(self.outstanding())
+        self.cfg.geo.max_post.saturating_sub(self.outstanding())
     }
 
     /// Low-level completion: the requester CQE for the WQE at `wqe_counter` (its `wqe_counter`
@@ -395,8 +437,7 @@ impl SendQueue {
         self.cur_post = 0;
         self.head = 0;
         self.shared.tail.store(0, Ordering::Release);
-        self.pend_n = 0;
-        self.pend_inline = false;
+        self.pend = Pending::default();
         self.ring.zero();
     }
 
@@ -416,28 +457,7 @@ impl SendQueue {
         flags: SendFlags,
         imm: [u8; 4],
     ) -> Result<WqeBuilder<'_>, PostError> {
-        if !self.enabled {
-            return Err(PostError::BadState {
-                state: crate::QpState::Reset,
-            });
-        }
-        let outstanding = self.outstanding();
-        if outstanding >= self.geo.max_post {
-            return Err(PostError::Full {
-                outstanding,
-                capacity: self.geo.max_post,
-            });
-        }
-        let mut fm_ce_se = 0u8;
-        if self.sig_all || flags.contains(SendFlags::SIGNALED) {
-            fm_ce_se |= FM_CE_SE_CQ_UPDATE;
-        }
-        if flags.contains(SendFlags::SOLICITED) {
-            fm_ce_se |= FM_CE_SE_SOLICITED;
-        }
-        if flags.contains(SendFlags::FENCE) {
-            fm_ce_se |= FM_CE_SE_FENCE;
-        }
+        room(self.enabled, self.outstanding(), self.cfg.geo.max_post)?;
         Ok(WqeBuilder {
             start: self.cur_post,
             ds: 1,
@@ -445,32 +465,56 @@ impl SendQueue {
             inline_len: 0,
             inline_hdr: None,
             opcode,
-            fm_ce_se,
+            fm_ce_se: fm_ce_se(flags, self.cfg.always),
             imm,
             sq: self,
         })
+    }
+
+    /// The queue's hot state by value, for building WQEs (see [`Batch`]); hand it back with
+    /// [`end_batch`](Self::end_batch).
+    #[inline(always)]
+    fn batch(&mut self) -> Batch<'_> {
+        Batch {
+            ring: self.ring.writer(),
+            shared: &self.shared,
+            cfg: &self.cfg,
+            enabled: self.enabled,
+            pend: &mut self.pend,
+            room: 0,
+            cur_post: self.cur_post,
+            head: self.head,
+        }
+    }
+
+    /// Take back what a [`Batch`] built (its producer counters).
+    #[inline(always)]
+    fn end_batch(&mut self, e: BatchEnd) {
+        let built = e.head.wrapping_sub(self.head);
+        self.cur_post = e.cur_post;
+        self.head = e.head;
+        self.pend.n += built;
+        self.stats.wqes += u64::from(built);
     }
 
     /// Ring the doorbell for every WQE finished since the last ring (one doorbell per batch).
     /// Does nothing if there is none.
     #[inline]
     pub fn ring(&mut self) {
-        if self.pend_n == 0 {
+        if self.pend.n == 0 {
             return;
         }
-        let last = self.pend_last;
-        let ds = self.pend_last_ds;
-        // (`ds > 1` and `ds * 16 <= half` also mean the register has BlueFlame halves.)
-        let use_bf = self.pend_n == 1
+        // (The ring takes positions modulo its length.)
+        let pos = self.pend.last as usize * 64;
+        let ds = self.pend.ds;
+        // A single WQE of more than the control segment that fits a BlueFlame half (`bf_max`
+        // is 0 without halves or under `AlwaysDoorbell`), inline unless `PreferBf`.
+        let use_bf = self.pend.n == 1
             && ds > 1
-            && (ds as usize) * 16 <= self.bf.half
-            && match self.policy {
-                BfPolicy::PreferBf => true,
-                BfPolicy::InlineOnly => self.pend_inline,
-                BfPolicy::AlwaysDoorbell => false,
-            };
-        self.pend_n = 0;
-        self.pend_inline = false;
+            && (ds as usize) * 16 <= self.bf_max
+            && (self.bf_any | self.pend.inline);
+        self.pend.n = 0;
+        self.pend.inline = false;
 
         // 1. WQE bytes before the doorbell record.
         barrier::to_device();
@@ -478,7 +522,6 @@ impl SendQueue {
         self.dbrec.word1().store_be32(self.cur_post & 0xFFFF);
         // 3. Record before the write-combining MMIO store.
         barrier::wc_start();
-        let pos = (self.size.slot(last) as usize) * 64;
         if use_bf {
             // 4a. BlueFlame: the WQE in ascending 64-byte chunks, the source wrapping at the end.
             let chunks = (ds as usize * 16).div_ceil(64);
@@ -491,11 +534,11 @@ impl SendQueue {
             }
             self.stats.bf_copies += 1;
         } else {
-            // 4b. The first 8 bytes of the last ctrl segment, verbatim (kept by `finish`).
+            // 4b. The first 8 bytes of the last ctrl segment, verbatim.
             self.bf
                 .reg
                 .mmio()
-                .store_raw64(self.bf.offset, self.pend_head);
+                .store_raw64(self.bf.offset, self.pend.head);
             self.stats.doorbells += 1;
         }
         // 5. Flush the write-combining buffer before anyone rings again.
@@ -510,98 +553,401 @@ impl SendQueue {
     /// On the first bad WR: its index and the reason. WRs before it are posted and rung
     /// (as `ibv_post_send`'s `bad_wr`).
     pub fn post_send(&mut self, wrs: &[SendWr<'_>]) -> Result<(), (usize, PostError)> {
+        let mut b = self.batch();
+        let mut res = Ok(());
         for (i, wr) in wrs.iter().enumerate() {
-            if let Err(e) = self.build(wr) {
-                self.ring();
-                return Err((i, e));
+            if let Err(e) = b.build(wr) {
+                res = Err((i, e));
+                break;
             }
         }
+        let e = b.end();
+        self.end_batch(e);
         self.ring();
+        res
+    }
+}
+
+/// How many more WRs may be posted now (at least 1), or why none may.
+///
+/// The count only grows behind the poster's back (the poller moves `tail` forward), so a poster
+/// may spend it WR by WR and ask again only when it is used up.
+///
+/// # Errors
+/// [`PostError::BadState`] unless `enabled` (RTS/SQD/SQE/ERR); [`PostError::Full`] when
+/// `max_post` WRs are outstanding.
+#[inline(always)]
+fn room(enabled: bool, outstanding: u32, max_post: u32) -> Result<u32, PostError> {
+    if !enabled {
+        return Err(PostError::BadState {
+            state: crate::QpState::Reset,
+        });
+    }
+    if outstanding >= max_post {
+        return Err(PostError::Full {
+            outstanding,
+            capacity: max_post,
+        });
+    }
+    Ok(max_post - outstanding)
+}
+
+/// The control segment's `fm_ce_se` byte by [`SendFlags`] bits 0..3 (FENCE 1, SIGNALED 2,
+/// SOLICITED 4).
+const FM_CE_SE_BY_FLAGS: [u8; 8] = {
+    let mut t = [0u8; 8];
+    let mut i = 0;
+    while i < 8 {
+        let f = SendFlags(i as u32);
+        if f.contains(SendFlags::SIGNALED) {
+            t[i] |= FM_CE_SE_CQ_UPDATE;
+        }
+        if f.contains(SendFlags::SOLICITED) {
+            t[i] |= FM_CE_SE_SOLICITED;
+        }
+        if f.contains(SendFlags::FENCE) {
+            t[i] |= FM_CE_SE_FENCE;
+        }
+        i += 1;
+    }
+    t
+};
+
+/// The control segment's `fm_ce_se` byte for `flags` plus `always` (SIGNALED, SOLICITED,
+/// FENCE; INLINE is ignored here).
+#[inline(always)]
+fn fm_ce_se(flags: SendFlags, always: SendFlags) -> u8 {
+    FM_CE_SE_BY_FLAGS[((flags.0 | always.0) & 7) as usize]
+}
+
+/// Record WR `ordinal` (id, send opcode) as the WQE starting at WQEBB counter `wqe_counter`.
+#[inline(always)]
+fn record(slots: &RingTable<SqSlot>, ordinal: u32, wqe_counter: u32, wr_id: u64, op: SendOpcode) {
+    let s = slots.get(ordinal);
+    s.wr_id.store(wr_id, Ordering::Relaxed);
+    s.op.store(op.0, Ordering::Relaxed);
+    slots
+        .get(wqe_counter)
+        .ordinal
+        .store(ordinal, Ordering::Relaxed);
+}
+
+/// A send queue's hot state while WQEs are built (a verbs `post_send` chain, or one low-level
+/// WQE): the producer counters by value, so that the compiler keeps them in registers across
+/// the chain instead of re-reading the queue's fields after every store into the ring, and the
+/// read-only configuration by reference. [`SendQueue::end_batch`] takes the counters back.
+struct Batch<'q> {
+    ring: WqWriter<'q>,
+    shared: &'q SqShared,
+    cfg: &'q SqConfig,
+    enabled: bool,
+    pend: &'q mut Pending,
+    /// WRs that fit without looking at `tail` again (see [`room`]).
+    room: u32,
+    cur_post: u32,
+    head: u32,
+}
+
+/// The producer counters at the end of a [`Batch`].
+struct BatchEnd {
+    cur_post: u32,
+    head: u32,
+}
+
+/// What a verbs-shaped WR's WQE carries besides its segments.
+#[derive(Clone, Copy)]
+struct Plan {
+    opcode: SendOpcode,
+    imm: [u8; 4],
+    /// The payload is `wr.inline` (not the gather list).
+    inline: bool,
+}
+
+impl Batch<'_> {
+    #[inline(always)]
+    fn end(self) -> BatchEnd {
+        BatchEnd {
+            cur_post: self.cur_post,
+            head: self.head,
+        }
+    }
+
+    /// Make sure one more WR may be posted (state and room), re-reading the poller's tail only
+    /// when the room counted so far is used up.
+    #[inline(always)]
+    fn reserve(&mut self) -> Result<(), PostError> {
+        if self.room == 0 {
+            let outstanding = self
+                .head
+                .wrapping_sub(self.shared.tail.load(Ordering::Acquire));
+            self.room = room(self.enabled, outstanding, self.cfg.geo.max_post)?;
+        }
         Ok(())
     }
 
-    #[inline]
+    /// Finish the WQE of `ds` units that starts at the producer counter (every other segment
+    /// is written): write its control segment, record `wr_id`, advance the producer and note
+    /// the WQE for the next [`SendQueue::ring`] (`plan.inline` counts for the BlueFlame
+    /// policy).
+    #[inline(always)]
+    fn commit(&mut self, ds: u32, plan: Plan, fm_ce_se: u8, wr_id: u64) {
+        let start = self.cur_post;
+        let ctrl = CtrlSeg::new(
+            plan.opcode,
+            0,
+            (start & 0xFFFF) as u16,
+            self.cfg.qpn,
+            ds as u8,
+            fm_ce_se,
+            0,
+        )
+        .with_imm_bytes(plan.imm);
+        let ctrl: [u8; 16] = zerocopy::transmute!(ctrl);
+        self.ring.write_segs(start as usize * 64, &ctrl);
+        let ord = self.head;
+        record(&self.shared.slots, ord, start, wr_id, plan.opcode);
+        self.head = ord.wrapping_add(1);
+        self.cur_post = start.wrapping_add(ds.div_ceil(4));
+        self.room -= 1;
+        self.pend.last = start;
+        self.pend.ds = ds;
+        self.pend.head.copy_from_slice(&ctrl[..8]);
+        if plan.inline {
+            self.pend.inline = true;
+        }
+    }
+
+    /// Validate one verbs-shaped WR and build its WQE. The checks come in the order of the
+    /// low-level calls: operation, destination, gather list, then state and room, then the
+    /// payload (whose errors leave at most stores in the WQE's own uncommitted space).
+    #[inline(always)]
     fn build(&mut self, wr: &SendWr<'_>) -> Result<(), PostError> {
-        let qp_type = self.qp_type;
-        let (opcode, imm) = match (wr.op, qp_type) {
-            (WrOp::Send, _) => (SendOpcode::SEND, [0; 4]),
-            (WrOp::SendImm { imm }, _) => (SendOpcode::SEND_IMM, imm),
-            (WrOp::SendInv { rkey }, QpType::Rc | QpType::Uc) => {
-                (SendOpcode::SEND_INVAL, rkey.to_be_bytes())
-            }
-            (WrOp::Write { .. }, QpType::Rc | QpType::Uc) => (SendOpcode::RDMA_WRITE, [0; 4]),
-            (WrOp::WriteImm { imm, .. }, QpType::Rc | QpType::Uc) => {
-                (SendOpcode::RDMA_WRITE_IMM, imm)
-            }
-            (WrOp::Read { .. }, QpType::Rc) => (SendOpcode::RDMA_READ, [0; 4]),
-            (WrOp::CompareSwap { .. }, QpType::Rc) => (SendOpcode::ATOMIC_CS, [0; 4]),
-            (WrOp::FetchAdd { .. }, QpType::Rc) => (SendOpcode::ATOMIC_FA, [0; 4]),
-            _ => return Err(PostError::BadOpcode),
+        let cfg = self.cfg;
+        // The usual traffic, SEND and SEND with immediate on a connected QP, stays in line and
+        // needs no more checks than these; everything else takes the general path.
+        let imm = match wr.op {
+            WrOp::Send => [0; 4],
+            WrOp::SendImm { imm } => imm,
+            _ => return self.build_general(wr),
         };
-        if (qp_type == QpType::Ud) != wr.ud.is_some() {
+        if cfg.qp_type == QpType::Ud {
+            return self.build_general(wr);
+        }
+        if wr.ud.is_some() {
             return Err(PostError::BadDestination);
         }
-        if opcode == SendOpcode::RDMA_READ && !wr.inline.is_empty() {
-            // READ data flows into local memory: there is nothing to inline.
-            return Err(PostError::BadOpcode);
-        }
-        if wr.sg_list.len() > self.geo.max_gs as usize && wr.inline.is_empty() {
+        let inline = !wr.inline.is_empty();
+        if !inline && wr.sg_list.len() > cfg.geo.max_gs as usize {
             return Err(PostError::TooManySges {
                 n: wr.sg_list.len(),
-                max: self.geo.max_gs,
+                max: cfg.geo.max_gs,
             });
         }
-        let mut w = self.start(opcode, wr.flags, imm)?;
-        if let Some(ud) = wr.ud {
-            w.av(ud.ah.av(), ud.remote_qpn, ud.remote_qkey);
-        }
-        match wr.op {
-            WrOp::Write { raddr, rkey }
-            | WrOp::WriteImm { raddr, rkey, .. }
-            | WrOp::Read { raddr, rkey } => {
-                w.raddr(raddr, rkey);
-            }
-            WrOp::CompareSwap {
-                raddr,
-                rkey,
-                compare,
-                swap,
-            } => {
-                w.raddr(raddr, rkey);
-                w.atomic(swap, compare);
-            }
-            WrOp::FetchAdd { raddr, rkey, add } => {
-                w.raddr(raddr, rkey);
-                w.atomic(add, 0);
-            }
-            _ => {}
-        }
-        let atomic = matches!(wr.op, WrOp::CompareSwap { .. } | WrOp::FetchAdd { .. });
-        if atomic {
-            let sge = wr.sg_list.first().ok_or(PostError::BadAtomicSge)?;
-            if sge.length < 8 {
-                return Err(PostError::BadAtomicSge);
-            }
-            w.sge(&Sge { length: 8, ..*sge })?;
-        } else if !wr.inline.is_empty() {
-            let total: usize = wr.inline.iter().map(|s| s.len()).sum();
-            if total > w.sq.geo.max_inline as usize {
-                return Err(PostError::InlineTooLarge {
-                    len: total,
-                    max: w.sq.geo.max_inline,
-                });
-            }
-            for s in wr.inline {
-                w.inline(s)?;
-            }
-        } else {
-            for s in wr.sg_list {
-                w.sge(s)?;
-            }
-        }
-        w.finish(wr.wr_id);
+        self.reserve()?;
+        let start = self.cur_post as usize * 64;
+        let end = write_payload(self.ring, cfg, start + 16, wr, inline)?;
+        let plan = Plan {
+            opcode: if wr.op == WrOp::Send {
+                SendOpcode::SEND
+            } else {
+                SendOpcode::SEND_IMM
+            },
+            imm,
+            inline,
+        };
+        self.commit(
+            ((end - start) / 16) as u32,
+            plan,
+            fm_ce_se(wr.flags, cfg.always),
+            wr.wr_id,
+        );
         Ok(())
     }
+
+    /// [`build`](Self::build) for every other WR: RDMA, atomics, UD, bad requests.
+    #[inline(always)]
+    fn build_general(&mut self, wr: &SendWr<'_>) -> Result<(), PostError> {
+        let plan = plan_general(self.cfg, wr)?;
+        self.reserve()?;
+        let start = self.cur_post as usize * 64;
+        let end = write_general(self.ring, self.cfg, start, wr, plan)?;
+        let fm = fm_ce_se(wr.flags, self.cfg.always);
+        self.commit(((end - start) / 16) as u32, plan, fm, wr.wr_id);
+        Ok(())
+    }
+}
+
+/// The checks of a general-path WR before state and room: operation for the QP type,
+/// destination, gather list.
+#[inline(never)]
+fn plan_general(cfg: &SqConfig, wr: &SendWr<'_>) -> Result<Plan, PostError> {
+    let qp_type = cfg.qp_type;
+    let (opcode, imm) = match (wr.op, qp_type) {
+        (WrOp::Send, _) => (SendOpcode::SEND, [0; 4]),
+        (WrOp::SendImm { imm }, _) => (SendOpcode::SEND_IMM, imm),
+        (WrOp::SendInv { rkey }, QpType::Rc | QpType::Uc) => {
+            (SendOpcode::SEND_INVAL, rkey.to_be_bytes())
+        }
+        (WrOp::Write { .. }, QpType::Rc | QpType::Uc) => (SendOpcode::RDMA_WRITE, [0; 4]),
+        (WrOp::WriteImm { imm, .. }, QpType::Rc | QpType::Uc) => (SendOpcode::RDMA_WRITE_IMM, imm),
+        (WrOp::Read { .. }, QpType::Rc) => (SendOpcode::RDMA_READ, [0; 4]),
+        (WrOp::CompareSwap { .. }, QpType::Rc) => (SendOpcode::ATOMIC_CS, [0; 4]),
+        (WrOp::FetchAdd { .. }, QpType::Rc) => (SendOpcode::ATOMIC_FA, [0; 4]),
+        _ => return Err(PostError::BadOpcode),
+    };
+    if (qp_type == QpType::Ud) != wr.ud.is_some() {
+        return Err(PostError::BadDestination);
+    }
+    let has_inline = !wr.inline.is_empty();
+    if opcode == SendOpcode::RDMA_READ && has_inline {
+        // READ data flows into local memory: there is nothing to inline.
+        return Err(PostError::BadOpcode);
+    }
+    if wr.sg_list.len() > cfg.geo.max_gs as usize && !has_inline {
+        return Err(PostError::TooManySges {
+            n: wr.sg_list.len(),
+            max: cfg.geo.max_gs,
+        });
+    }
+    let atomic = matches!(wr.op, WrOp::CompareSwap { .. } | WrOp::FetchAdd { .. });
+    Ok(Plan {
+        opcode,
+        imm,
+        // An atomic carries its one 8-byte SGE and ignores any inline payload.
+        inline: has_inline && !atomic,
+    })
+}
+
+/// The segments of a general-path WR after its control segment (which starts at ring byte
+/// position `start`); returns the position after the last one. An error may leave stores in
+/// the WQE's own (driver-owned, uncommitted) space, never beyond it.
+#[inline(never)]
+fn write_general(
+    ring: WqWriter<'_>,
+    cfg: &SqConfig,
+    start: usize,
+    wr: &SendWr<'_>,
+    plan: Plan,
+) -> Result<usize, PostError> {
+    let (raddr, atomic) = match wr.op {
+        WrOp::Write { raddr, rkey }
+        | WrOp::WriteImm { raddr, rkey, .. }
+        | WrOp::Read { raddr, rkey } => (Some((raddr, rkey)), None),
+        WrOp::CompareSwap {
+            raddr,
+            rkey,
+            compare,
+            swap,
+        } => (Some((raddr, rkey)), Some((swap, compare))),
+        WrOp::FetchAdd { raddr, rkey, add } => (Some((raddr, rkey)), Some((add, 0))),
+        _ => (None, None),
+    };
+    let atomic_sge = match atomic {
+        Some(_) => match wr.sg_list.first() {
+            Some(sge) if sge.length >= 8 => Some(DataSeg::new(8, sge.lkey, sge.addr)),
+            _ => return Err(PostError::BadAtomicSge),
+        },
+        None => None,
+    };
+    let mut pos = start + 16;
+    if let Some(ud) = wr.ud {
+        let mut av = *ud.ah.av();
+        av.set_dqpn(ud.remote_qpn);
+        av.set_qkey(ud.remote_qkey);
+        let bytes: [u8; 48] = zerocopy::transmute!(av);
+        ring.write_segs(pos, &bytes);
+        pos += 48;
+    }
+    if let Some((raddr, rkey)) = raddr {
+        ring.write_segs::<16>(pos, &zerocopy::transmute!(RaddrSeg::new(raddr, rkey)));
+        pos += 16;
+    }
+    if let Some((swap_add, compare)) = atomic {
+        let seg = AtomicSeg::new(swap_add, compare);
+        ring.write_segs::<16>(pos, &zerocopy::transmute!(seg));
+        pos += 16;
+    }
+    if let Some(seg) = atomic_sge {
+        ring.write_segs::<16>(pos, &zerocopy::transmute!(seg));
+        Ok(pos + 16)
+    } else {
+        write_payload(ring, cfg, pos, wr, plan.inline)
+    }
+}
+
+/// The inline segment of `wr` at ring byte position `pos` (see [`write_payload`]); the usual
+/// single buffer is one bounds check and one copy.
+#[inline(always)]
+fn write_inline(
+    ring: WqWriter<'_>,
+    cfg: &SqConfig,
+    pos: usize,
+    wr: &SendWr<'_>,
+) -> Result<usize, PostError> {
+    let max = cfg.geo.max_inline as usize;
+    let len = if let [one] = wr.inline {
+        // The usual single buffer.
+        if one.len() > max {
+            return Err(inline_too_large(cfg, wr));
+        }
+        ring.write(pos + 4, one);
+        one.len()
+    } else {
+        let mut len = 0usize;
+        for s in wr.inline {
+            // Checked before each copy, so nothing lands past the worst-case WQE.
+            if len + s.len() > max {
+                return Err(inline_too_large(cfg, wr));
+            }
+            ring.write(pos + 4 + len, s);
+            len += s.len();
+        }
+        len
+    };
+    // A zero total length produces no segment at all (mlx5-datapath.md §1.8).
+    if len == 0 {
+        return Ok(pos);
+    }
+    let hdr: [u8; 4] = zerocopy::transmute!(InlineHdr::new(len as u32));
+    ring.write4(pos, hdr);
+    Ok(pos + (4 + len).next_multiple_of(16))
+}
+
+/// [`PostError::InlineTooLarge`] with the total inline bytes of `wr`.
+#[cold]
+fn inline_too_large(cfg: &SqConfig, wr: &SendWr<'_>) -> PostError {
+    PostError::InlineTooLarge {
+        len: wr.inline.iter().map(|s| s.len()).sum(),
+        max: cfg.geo.max_inline,
+    }
+}
+
+/// Write the payload of `wr` at ring byte position `pos`: one inline segment of `wr.inline`
+/// (checked against `max_inline_data` part by part, before each copy) if `inline`, else a data
+/// segment per non-empty SGE. Returns the position after it. `sq_geometry` sized the
+/// worst-case WQE (overhead plus `max_gs` data segments or `max_inline` bytes, at most `MAX_DS`
+/// units) and the caller checked the SGE count, so no per-segment check is needed.
+#[inline(always)]
+fn write_payload(
+    ring: WqWriter<'_>,
+    cfg: &SqConfig,
+    mut pos: usize,
+    wr: &SendWr<'_>,
+    inline: bool,
+) -> Result<usize, PostError> {
+    if inline {
+        pos = write_inline(ring, cfg, pos, wr)?;
+    } else {
+        for sge in wr.sg_list {
+            // Zero-length SGEs are skipped (a byte count of 0 would mean 2 GiB).
+            if sge.length != 0 {
+                let seg = DataSeg::new(sge.length, sge.lkey, sge.addr);
+                ring.write_segs::<16>(pos, &zerocopy::transmute!(seg));
+                pos += 16;
+            }
+        }
+    }
+    Ok(pos)
 }
 
 /// A WQE being built in the SQ ring (low-level API). Segments are appended in order; the control
@@ -669,10 +1015,10 @@ impl WqeBuilder<'_> {
         if sge.length == 0 {
             return Ok(self);
         }
-        if self.data_segs >= self.sq.geo.max_gs || self.ds >= MAX_DS {
+        if self.data_segs >= self.sq.cfg.geo.max_gs || self.ds >= MAX_DS {
             return Err(PostError::TooManySges {
                 n: self.data_segs as usize + 1,
-                max: self.sq.geo.max_gs,
+                max: self.sq.cfg.geo.max_gs,
             });
         }
         self.data_segs += 1;
@@ -690,10 +1036,10 @@ impl WqeBuilder<'_> {
     #[inline]
     pub fn inline(&mut self, data: &[u8]) -> Result<&mut Self, PostError> {
         let total = self.inline_len as usize + data.len();
-        if total > self.sq.geo.max_inline as usize {
+        if total > self.sq.cfg.geo.max_inline as usize {
             return Err(PostError::InlineTooLarge {
                 len: total,
-                max: self.sq.geo.max_inline,
+                max: self.sq.cfg.geo.max_inline,
             });
         }
         let hdr = self.inline_start();
@@ -722,7 +1068,6 @@ impl WqeBuilder<'_> {
         // sets its `inl` flag from IBV_SEND_INLINE), but a zero total length produces no
         // segment at all (mlx5-datapath.md §1.8).
         if let Some(hdr) = self.inline_hdr {
-            self.sq.pend_inline = true;
             let len = self.inline_len;
             if len > 0 {
                 let h: [u8; 4] = zerocopy::transmute!(InlineHdr::new(len));
@@ -730,29 +1075,20 @@ impl WqeBuilder<'_> {
                 self.ds += (4 + len).div_ceil(16);
             }
         }
+        let plan = Plan {
+            opcode: self.opcode,
+            imm: self.imm,
+            inline: self.inline_hdr.is_some(),
+        };
+        let mut b = self.sq.batch();
+        // `start` checked state and room.
+        b.room = 1;
+        b.commit(self.ds, plan, self.fm_ce_se, wr_id);
+        let e = b.end();
         let sq = &mut *self.sq;
-        let ds = self.ds;
-        let ctrl = CtrlSeg::new(
-            self.opcode,
-            0,
-            (self.start & 0xFFFF) as u16,
-            sq.qpn,
-            ds as u8,
-            self.fm_ce_se,
-            0,
-        )
-        .with_imm_bytes(self.imm);
-        let ctrl: [u8; 16] = zerocopy::transmute!(ctrl);
-        sq.ring.write_segs(self.start as usize * 64, &ctrl);
-        sq.pend_head.copy_from_slice(&ctrl[..8]);
-        let ord = sq.head;
-        sq.shared
-            .record(ord, self.start, wr_id, wc_opcode_of(self.opcode));
-        sq.head = ord.wrapping_add(1);
-        sq.cur_post = self.start.wrapping_add(ds.div_ceil(4));
-        sq.pend_n += 1;
-        sq.pend_last = self.start;
-        sq.pend_last_ds = ds;
+        sq.cur_post = e.cur_post;
+        sq.head = e.head;
+        sq.pend.n += 1;
         sq.stats.wqes += 1;
     }
 }
@@ -990,6 +1326,37 @@ mod tests {
             r.sq.post_send(&[SendWr::send_inline(1, &parts, SendFlags::NONE)]),
             Err((0, PostError::InlineTooLarge { len: 64, .. }))
         ));
+    }
+
+    #[test]
+    fn a_chain_stops_at_the_first_bad_wr_and_rings_the_ones_before() {
+        let mut r = rig(QpType::Rc, 16, 1, 64, BfPolicy::AlwaysDoorbell);
+        let max = r.sq.geometry().max_inline;
+        assert_eq!(max, 76);
+        // Two parts that fit alone but not together: refused with the total, part by part
+        // checks writing nothing past the WQE.
+        let a = [1u8; 40];
+        let parts: [&[u8]; 2] = [&a, &a];
+        let (s1, s2) = ([sge(1)], [sge(2)]);
+        let chain = [
+            SendWr::send(1, &s1, SendFlags::SIGNALED),
+            SendWr::send_inline(2, &parts, SendFlags::SIGNALED),
+            SendWr::send(3, &s2, SendFlags::SIGNALED),
+        ];
+        assert_eq!(
+            r.sq.post_send(&chain),
+            Err((1, PostError::InlineTooLarge { len: 80, max: 76 }))
+        );
+        // WR 0 is posted and rung, nothing of WR 1 or 2 is.
+        assert_eq!((r.sq.producer(), r.sq.outstanding()), (1, 1));
+        assert_eq!((r.sq.stats().wqes, r.sq.stats().doorbells), (1, 1));
+        assert_eq!(r.dbrec.word1().load_be32(), 1);
+        // The next post reuses the refused WR's slot.
+        r.sq.post_send(&chain[2..]).unwrap();
+        let (c, w) = ctrl_at(&r.sq, 1);
+        assert_eq!((c.ds(), c.wqe_index()), (2, 1));
+        assert_eq!(DataSeg::read_from_bytes(&w[16..32]).unwrap().addr(), 0x2000);
+        assert_eq!(r.sq.shared.wr_id(1), 3);
     }
 
     #[test]
