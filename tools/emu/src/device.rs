@@ -14,11 +14,12 @@ use mlx5_hw::wqe::{
 };
 use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
-use crate::state::{Outgoing, Outstanding, RxMsg, World, access, ev, qps, qpt};
+use crate::state::{Outgoing, Outstanding, RxMsg, Sgl, World, access, ev, qps, qpt};
 use crate::transport::{
-    self, AtomicEth, Grh, Packet, ROCE_PORT, Reth, UNKNOWN_QPN, aeth, decode, encode, node_ip, op,
-    psn_before,
+    self, AtomicEth, Grh, Packet, Packets, Payload, ROCE_PORT, Reth, UNKNOWN_QPN, aeth, decode,
+    encode, node_ip, op, psn_before,
 };
+use crate::uar::take_word;
 use crate::{RunMode, mem};
 
 /// How far to look for work in one step before yielding the lock.
@@ -77,28 +78,29 @@ enum Doorbell {
     },
 }
 
-fn bf_positions(bf_reg_size: u32) -> (usize, Vec<usize>) {
-    let half = if bf_reg_size >= 128 {
+/// The size of one BlueFlame buffer (half a register): the doorbell words of a UAR page
+/// are at 0x800, 0x800 + half, ... while 8 bytes fit in the page.
+fn bf_half(bf_reg_size: u32) -> usize {
+    if bf_reg_size >= 128 {
         (bf_reg_size / 2) as usize & !7
     } else {
         0x100
-    };
-    let mut v = Vec::new();
-    let mut p = 0x800;
-    while p + 8 <= 0x1000 {
-        v.push(p);
-        p += half;
     }
-    (half, v)
 }
 
 fn scan_doorbells(w: &mut World) -> usize {
-    let (half, positions) = bf_positions(w.cfg.bf_reg_size);
+    let half = bf_half(w.cfg.bf_reg_size);
     let bf = w.cfg.bf_reg_size != 0;
     let mut found = Vec::new();
     for (&ctx, c) in &w.contexts {
         for &page in &c.uar_active {
-            let arm = c.uar.take(page, mlx5_hw::doorbell::UAR_CQ_DOORBELL);
+            // A page past the end of the region has no doorbells.
+            let Some(words) = c.uar.page_words(page) else {
+                continue;
+            };
+            let arm = words
+                .get(mlx5_hw::doorbell::UAR_CQ_DOORBELL / 8)
+                .map_or(0, take_word);
             if arm != 0 {
                 found.push(Doorbell::Arm {
                     hca: c.hca,
@@ -106,8 +108,9 @@ fn scan_doorbells(w: &mut World) -> usize {
                     word: arm,
                 });
             }
-            for &pos in &positions {
-                let word = c.uar.take(page, pos);
+            let mut pos = 0x800;
+            while pos + 8 <= 0x1000 {
+                let word = words.get(pos / 8).map_or(0, take_word);
                 if word != 0 {
                     let rest = if bf {
                         c.uar.take_bytes(page, pos + 8, half - 8)
@@ -121,6 +124,7 @@ fn scan_doorbells(w: &mut World) -> usize {
                         rest,
                     });
                 }
+                pos += half;
             }
         }
     }
@@ -141,8 +145,9 @@ fn scan_doorbells(w: &mut World) -> usize {
 
 fn send_doorbell(w: &mut World, hca: usize, ctx: u64, word: u64, rest: &[u8]) {
     // The 8 bytes are ctrl bytes 0..8 verbatim: BE32 opmod|idx|opcode, BE32 qpn|ds.
-    let b = word.to_ne_bytes();
-    let ctrl = CtrlSeg::read_from_bytes(&[&b[..], &[0u8; 8][..]].concat()).ok();
+    let mut b = [0u8; 16];
+    b[..8].copy_from_slice(&word.to_ne_bytes());
+    let ctrl = CtrlSeg::read_from_bytes(&b).ok();
     let stepped = w.cfg.mode == RunMode::Stepped;
     if let Some(c) = &ctrl {
         w.wqe_log.doorbell(hca, c.qpn(), c.wqe_index(), rest);
@@ -293,7 +298,7 @@ fn post_cqe(w: &mut World, hca: usize, cqn: u32, s: &CqeSpec) -> bool {
         e.wqe_counter = Be16::new(s.wqe_counter);
         bytes.copy_from_slice(e.as_bytes());
     } else {
-        let mut c = Cqe64::read_from_bytes(&bytes).unwrap_or_else(|_| Cqe64::zeroed());
+        let mut c = Cqe64::new_zeroed();
         c.slid = Be16::new(s.slid);
         c.flags_rqpn = Be32::new(
             (s.src_qp & 0xff_ffff)
@@ -306,16 +311,14 @@ fn post_cqe(w: &mut World, hca: usize, cqn: u32, s: &CqeSpec) -> bool {
         c.timestamp = Be64::new(now);
         c.sop_drop_qpn = Be32::new((u32::from(s.send_op) << 24) | (s.qpn & 0xff_ffff));
         c.wqe_counter = Be16::new(s.wqe_counter);
-        let inline = if format == 1 {
-            bytes[..32].to_vec()
-        } else {
-            Vec::new()
-        };
-        bytes.copy_from_slice(c.as_bytes());
         // Format 1 (32 bytes scattered into the CQE): the payload owns bytes 0..32, so the
         // fields there (slid, flags_rqpn, ...) are not written, as on hardware; the
         // provider copies `byte_cnt` bytes from the start of the descriptor.
-        bytes[..inline.len()].copy_from_slice(&inline);
+        if format == 1 {
+            bytes[32..].copy_from_slice(&c.as_bytes()[32..]);
+        } else {
+            bytes.copy_from_slice(c.as_bytes());
+        }
     }
     // Body first, then the ownership byte, so the poller never sees a half-written CQE.
     bytes[63] = op_own(opcode, format, s.se, owner);
@@ -396,9 +399,6 @@ fn remote_reth(w: &World, hca: usize, pdn: u32, qacc: u32, r: Reth, need: u32) -
     }
 }
 
-/// A scatter/gather list already translated to process addresses.
-type Sgl = Vec<(u64, u32)>;
-
 /// Parse data segments (`segs`, a multiple of 16 bytes) into a translated list.
 fn data_segs(
     w: &World,
@@ -408,7 +408,7 @@ fn data_segs(
     need: u32,
     stop_at_invalid: bool,
 ) -> Result<Sgl, Syndrome> {
-    let mut out = Vec::new();
+    let mut out = Sgl::default();
     for chunk in segs.chunks_exact(16) {
         let Ok(d) = DataSeg::read_from_bytes(chunk) else {
             break;
@@ -428,20 +428,25 @@ fn data_segs(
     Ok(out)
 }
 
-fn gather(sgl: &Sgl) -> Result<Vec<u8>, Syndrome> {
+/// Read the bytes `sgl` describes, in order, into one payload.
+fn gather(sgl: &[(u64, u32)]) -> Result<Payload, Syndrome> {
     let total: u64 = sgl.iter().map(|s| s.1 as u64).sum();
     if total > 0x8000_0000 {
         return Err(Syndrome::LOCAL_LENGTH);
     }
-    let mut v = Vec::with_capacity(total as usize);
-    for &(a, l) in sgl {
-        v.extend_from_slice(&mem::read_vec(a, l as usize).map_err(|_| Syndrome::LOCAL_PROT)?);
-    }
-    Ok(v)
+    Payload::build(total as usize, |buf| {
+        let mut off = 0;
+        for &(a, l) in sgl {
+            let part = &mut buf[off..off + l as usize];
+            mem::read(a, part).map_err(|_| Syndrome::LOCAL_PROT)?;
+            off += l as usize;
+        }
+        Ok(())
+    })
 }
 
 /// Scatter `data` into `sgl`. Err(LOCAL_LENGTH) if it does not fit.
-fn scatter(sgl: &Sgl, data: &[u8]) -> Result<(), Syndrome> {
+fn scatter(sgl: &[(u64, u32)], data: &[u8]) -> Result<(), Syndrome> {
     let cap: u64 = sgl.iter().map(|s| s.1 as u64).sum();
     if (data.len() as u64) > cap {
         return Err(Syndrome::LOCAL_LENGTH);
@@ -462,34 +467,63 @@ fn scatter(sgl: &Sgl, data: &[u8]) -> Result<(), Syndrome> {
 /// `cnt` WQEBBs, following the wrap at the ring end.
 fn read_wqe(sq: u64, cnt: u32, idx: u32, len: usize) -> Result<Vec<u8>, crate::Errno> {
     let mut out = Vec::with_capacity(len);
+    read_wqe_into(sq, cnt, idx, len, &mut out)?;
+    Ok(out)
+}
+
+/// [`read_wqe`], appending to `out`.
+fn read_wqe_into(
+    sq: u64,
+    cnt: u32,
+    idx: u32,
+    len: usize,
+    out: &mut Vec<u8>,
+) -> Result<(), crate::Errno> {
     let mut i = idx;
-    while out.len() < len {
+    let mut done = 0;
+    while done < len {
         let slot = (i & (cnt - 1)) as u64;
-        let n = (len - out.len()).min(64);
-        out.extend_from_slice(&mem::read_vec(sq + slot * 64, n)?);
+        let n = (len - done).min(64);
+        let at = out.len();
+        out.resize(at + n, 0);
+        mem::read(sq + slot * 64, &mut out[at..])?;
+        done += n;
         i = i.wrapping_add(1);
     }
-    Ok(out)
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------
 // Send queues
 
-/// Every (HCA, QPN), in a stable order.
-fn all_qps(w: &World) -> Vec<(usize, u32)> {
-    w.hcas
-        .iter()
-        .enumerate()
-        .flat_map(|(i, h)| h.qps.keys().map(move |&q| (i, q)))
-        .collect()
+/// The first QP of HCA `hca` after `after` (the first one for None), in QPN order. The
+/// device walks the QPs this way instead of collecting their numbers first.
+fn next_qpn(w: &World, hca: usize, after: Option<u32>) -> Option<u32> {
+    use std::ops::Bound::{Excluded, Unbounded};
+    let qps = &w.hcas[hca].qps;
+    match after {
+        None => qps.keys().next().copied(),
+        Some(a) => qps.range((Excluded(a), Unbounded)).next().map(|(&q, _)| q),
+    }
+}
+
+/// Every (HCA, QPN), in a stable order, walked without allocating: HCA by HCA, QPN by QPN.
+/// QPs cannot come or go while the device runs (that takes the world lock).
+fn for_each_qp(w: &mut World, mut f: impl FnMut(&mut World, usize, u32)) {
+    for hca in 0..w.hcas.len() {
+        let mut at = None;
+        while let Some(qpn) = next_qpn(w, hca, at) {
+            f(w, hca, qpn);
+            at = Some(qpn);
+        }
+    }
 }
 
 fn run_send_queues(w: &mut World) -> usize {
-    let keys = all_qps(w);
     let mut work = 0;
-    for (hca, qpn) in keys {
+    for_each_qp(w, |w, hca, qpn| {
         let Some(q) = w.hcas[hca].qps.get(&qpn) else {
-            continue;
+            return;
         };
         if q.state == qps::ERR {
             work += flush_qp(w, hca, qpn);
@@ -504,7 +538,7 @@ fn run_send_queues(w: &mut World) -> usize {
             w.async_event(ctx, uh, ev::SQ_DRAINED);
             work += 1;
         }
-    }
+    });
     work
 }
 
@@ -527,84 +561,78 @@ struct Prefetch {
 
 impl Prefetch {
     /// Fetch the WQEBBs from `sq_head` up to the producer index of the last doorbell
-    /// (at most one ring and `MAX_WQES_PER_QP_STEP` of them). None if nothing is rung or a
-    /// read fails; the WQEs are then read one by one, with per-WQE error handling.
-    fn fetch(q: &crate::state::Qp) -> Option<Prefetch> {
+    /// (at most one ring and `MAX_WQES_PER_QP_STEP` of them) into `data` (a reused
+    /// buffer, returned in `Err` when nothing is fetched). Err if nothing is rung or a read
+    /// fails; the WQEs are then read one by one, with per-WQE error handling.
+    fn fetch(q: &crate::state::Qp, mut data: Vec<u8>) -> Result<Prefetch, Vec<u8>> {
         let cnt = q.sq_wqe_cnt;
         let rung = u32::from(q.sq_rung.wrapping_sub(q.sq_head as u16));
         let n = rung.min(cnt).min(MAX_WQES_PER_QP_STEP as u32);
         if cnt == 0 || n == 0 {
-            return None;
+            return Err(data);
         }
         let sq = q.buf + ((q.rq_wqe_cnt as u64) << q.rq_wqe_shift);
         let first = q.sq_head & (cnt - 1);
         let till_end = (cnt - first).min(n);
-        let mut data = vec![0u8; n as usize * 64];
+        data.clear();
+        data.resize(n as usize * 64, 0);
         let (a, b) = data.split_at_mut(till_end as usize * 64);
-        mem::read(sq + u64::from(first) * 64, a).ok()?;
-        mem::read(sq, b).ok()?;
-        Some(Prefetch {
+        if mem::read(sq + u64::from(first) * 64, a).is_err() || mem::read(sq, b).is_err() {
+            return Err(data);
+        }
+        Ok(Prefetch {
             start: q.sq_head,
             data,
         })
     }
 
     /// `len` bytes from WQEBB counter `idx`, if all of them were fetched.
-    fn get(&self, idx: u32, len: usize) -> Option<Vec<u8>> {
+    fn get(&self, idx: u32, len: usize) -> Option<&[u8]> {
         let off = idx.wrapping_sub(self.start) as usize * 64;
-        self.data
-            .get(off..off.checked_add(len)?)
-            .map(<[u8]>::to_vec)
-    }
-}
-
-/// `len` bytes of the WQE at WQEBB counter `idx`: from the prefetch when it covers them,
-/// else read from the ring.
-fn wqe_bytes(
-    pf: Option<&Prefetch>,
-    sq: u64,
-    cnt: u32,
-    idx: u32,
-    len: usize,
-) -> Result<Vec<u8>, crate::Errno> {
-    match pf.and_then(|p| p.get(idx, len)) {
-        Some(v) => Ok(v),
-        None => read_wqe(sq, cnt, idx, len),
+        self.data.get(off..off.checked_add(len)?)
     }
 }
 
 fn run_sq(w: &mut World, hca: usize, qpn: u32) -> usize {
-    let pf = w.hcas[hca].qps.get(&qpn).and_then(Prefetch::fetch);
+    let buf = std::mem::take(&mut w.wire.prefetch);
+    let pf = match w.hcas[hca].qps.get(&qpn) {
+        Some(q) => Prefetch::fetch(q, buf),
+        None => Err(buf),
+    };
+    let mut wqe_buf = std::mem::take(&mut w.wire.wqe);
+    let more = |q: &crate::state::Qp| q.state == qps::RTS && (q.sq_head as u16) != q.sq_rung;
     let mut n = 0;
-    while n < MAX_WQES_PER_QP_STEP {
-        let Some(q) = w.hcas[hca].qps.get(&qpn) else {
-            break;
-        };
-        if q.state != qps::RTS || (q.sq_head as u16) == q.sq_rung {
-            break;
-        }
-        match exec_wqe(w, hca, qpn, pf.as_ref()) {
+    let mut go = w.hcas[hca].qps.get(&qpn).is_some_and(more);
+    while go && n < MAX_WQES_PER_QP_STEP {
+        match exec_wqe(w, hca, qpn, pf.as_ref().ok(), &mut wqe_buf) {
             Exec::Done(bbs) => {
-                if let Some(q) = w.hcas[hca].qps.get_mut(&qpn) {
-                    q.sq_head = q.sq_head.wrapping_add(bbs.max(1));
-                }
+                go = match w.hcas[hca].qps.get_mut(&qpn) {
+                    Some(q) => {
+                        q.sq_head = q.sq_head.wrapping_add(bbs.max(1));
+                        more(q)
+                    }
+                    None => false,
+                };
                 n += 1;
             }
             Exec::Blocked => break,
         }
     }
+    w.wire.wqe = wqe_buf;
+    w.wire.prefetch = pf.map_or_else(|b| b, |p| p.data);
     n
 }
 
 /// The parsed, validated form of one send WQE.
-struct Wqe {
+struct Wqe<'a> {
     idx: u16,
     opcode: SendOpcode,
     signaled: bool,
     se: bool,
     fence: bool,
     imm: [u8; 4],
-    bytes: Vec<u8>,
+    /// Its `ds * 16` bytes, joined across the ring end.
+    bytes: &'a [u8],
     wqebbs: u32,
 }
 
@@ -635,7 +663,8 @@ fn req_err_cqe(w: &mut World, hca: usize, qpn: u32, idx: u16, send_op: u8, synd:
     post_send_cqe(w, hca, qpn, spec);
 }
 
-/// A send WQE failed: its error CQE, the counters, and the QP to the error state.
+/// A send WQE failed: its error CQE, the counters, and the QP to the error state (a UD QP
+/// to the send queue error state).
 fn requester_error(w: &mut World, hca: usize, qpn: u32, idx: u16, send_op: u8, synd: Syndrome) {
     req_err_cqe(w, hca, qpn, idx, send_op, synd);
     match synd {
@@ -643,7 +672,22 @@ fn requester_error(w: &mut World, hca: usize, qpn: u32, idx: u16, send_op: u8, s
         Syndrome::RNR_RETRY_EXC => w.hcas[hca].counters.req_rnr_retries_exceeded += 1,
         _ => {}
     }
-    qp_to_err(w, hca, qpn, ev::QP_FATAL);
+    let rc = w.hcas[hca]
+        .qps
+        .get(&qpn)
+        .is_none_or(|q| q.qp_type == qpt::RC);
+    if rc {
+        qp_to_err(w, hca, qpn, ev::QP_FATAL);
+        return;
+    }
+    // A UD or UC QP's send error is not fatal (IBA 10.3.1, the SQEr state): the QP goes to
+    // the send queue error state, where its receive queue goes on and its send queue waits
+    // (no async event, no flush) until a modify back to RTS.
+    if let Some(q) = w.hcas[hca].qps.get_mut(&qpn) {
+        if matches!(q.state, qps::RTS | qps::SQD) {
+            q.state = qps::SQE;
+        }
+    }
 }
 
 fn qp_to_err(w: &mut World, hca: usize, qpn: u32, event: u32) {
@@ -679,7 +723,9 @@ fn requester_ok(
     post_send_cqe(w, hca, qpn, spec);
 }
 
-fn exec_wqe(w: &mut World, hca: usize, qpn: u32, pf: Option<&Prefetch>) -> Exec {
+/// Execute the send WQE at the QP's `sq_head`: from the prefetch `pf` when it covers the
+/// WQE, else read from the ring into `buf` (a reused buffer).
+fn exec_wqe(w: &mut World, hca: usize, qpn: u32, pf: Option<&Prefetch>, buf: &mut Vec<u8>) -> Exec {
     let q = &w.hcas[hca].qps[&qpn];
     let sq = q.buf + ((q.rq_wqe_cnt as u64) << q.rq_wqe_shift);
     let (cnt, head) = (q.sq_wqe_cnt, q.sq_head);
@@ -688,10 +734,13 @@ fn exec_wqe(w: &mut World, hca: usize, qpn: u32, pf: Option<&Prefetch>) -> Exec 
         return Exec::Done(1);
     }
     // The first WQEBB in one read; the rest (if any) after the ctrl segment is checked.
-    let Ok(first) = wqe_bytes(pf, sq, cnt, head, 64) else {
+    buf.clear();
+    let first_pf = pf.and_then(|p| p.get(head, 64));
+    if first_pf.is_none() && read_wqe_into(sq, cnt, head, 64, buf).is_err() {
         requester_error(w, hca, qpn, idx, 0, Syndrome::LOCAL_PROT);
         return Exec::Done(1);
-    };
+    }
+    let first = first_pf.unwrap_or(&buf[..]);
     let ctrl = CtrlSeg::read_from_bytes(&first[..16]).unwrap_or_else(|_| CtrlSeg::new_zeroed());
     let ds = ctrl.ds() as u32;
     let wqebbs = ds.div_ceil(4).max(1);
@@ -701,15 +750,30 @@ fn exec_wqe(w: &mut World, hca: usize, qpn: u32, pf: Option<&Prefetch>) -> Exec 
         return Exec::Done(wqebbs);
     }
     let len = ds as usize * 16;
-    let bytes = if len <= 64 {
-        first[..len].to_vec()
-    } else {
-        match wqe_bytes(pf, sq, cnt, head.wrapping_add(1), len - 64) {
-            Ok(rest) => [&first[..], &rest[..]].concat(),
-            Err(_) => {
-                requester_error(w, hca, qpn, idx, opcode.0, Syndrome::LOCAL_PROT);
-                return Exec::Done(wqebbs);
+    let bytes: &[u8] = match pf.and_then(|p| p.get(head, len)) {
+        Some(all) => all,
+        None => {
+            if let Some(f) = first_pf {
+                buf.clear();
+                buf.extend_from_slice(f);
             }
+            if len <= 64 {
+                buf.truncate(len);
+            } else {
+                let rest = head.wrapping_add(1);
+                let got = match pf.and_then(|p| p.get(rest, len - 64)) {
+                    Some(r) => {
+                        buf.extend_from_slice(r);
+                        Ok(())
+                    }
+                    None => read_wqe_into(sq, cnt, rest, len - 64, buf),
+                };
+                if got.is_err() {
+                    requester_error(w, hca, qpn, idx, opcode.0, Syndrome::LOCAL_PROT);
+                    return Exec::Done(wqebbs);
+                }
+            }
+            buf
         }
     };
     let wqe = Wqe {
@@ -726,11 +790,12 @@ fn exec_wqe(w: &mut World, hca: usize, qpn: u32, pf: Option<&Prefetch>) -> Exec 
     // Ordering constraints for RC: fence waits for outstanding READ/atomics; the number of
     // outstanding READ/atomics is bounded by max_rd_atomic.
     if qt == qpt::RC {
-        let reads =
+        let reads = || {
             q.rc.outstanding
                 .iter()
                 .filter(|o| o.is_read_like && !o.done)
-                .count();
+                .count()
+        };
         let is_read = matches!(
             opcode,
             SendOpcode::RDMA_READ
@@ -739,11 +804,12 @@ fn exec_wqe(w: &mut World, hca: usize, qpn: u32, pf: Option<&Prefetch>) -> Exec 
                 | SendOpcode::ATOMIC_MASKED_CS
                 | SendOpcode::ATOMIC_MASKED_FA
         );
-        if (wqe.fence && reads > 0) || (is_read && reads >= usize::from(q.max_rd_atomic.max(1))) {
+        if (wqe.fence && reads() > 0) || (is_read && reads() >= usize::from(q.max_rd_atomic.max(1)))
+        {
             return Exec::Blocked;
         }
     }
-    w.wqe_log.fetched(hca, qpn, idx, &wqe.bytes);
+    w.wqe_log.fetched(hca, qpn, idx, wqe.bytes);
     let c = &mut w.hcas[hca].counters;
     c.wqes_executed += 1;
     match build_request(w, hca, qpn, &wqe) {
@@ -764,7 +830,7 @@ fn payload(
     pdn: u32,
     bytes: &[u8],
     off: usize,
-) -> Result<Vec<u8>, Syndrome> {
+) -> Result<Payload, Syndrome> {
     let rest = bytes.get(off..).unwrap_or(&[]);
     if rest.len() >= 4 {
         let hdr = u32::from_be_bytes([rest[0], rest[1], rest[2], rest[3]]);
@@ -773,7 +839,7 @@ fn payload(
             w.hcas[hca].counters.inline_wqes += 1;
             return rest
                 .get(4..4 + len)
-                .map(<[u8]>::to_vec)
+                .map(Payload::from_slice)
                 .ok_or(Syndrome::LOCAL_LENGTH);
         }
     }
@@ -787,7 +853,7 @@ fn build_request(
     w: &mut World,
     hca: usize,
     qpn: u32,
-    wqe: &Wqe,
+    wqe: &Wqe<'_>,
 ) -> Result<(Packet, Sgl, u32), Syndrome> {
     let q = &w.hcas[hca].qps[&qpn];
     let (qt, pdn, mtu) = (q.qp_type, q.pdn, transport::mtu_bytes(q.path_mtu));
@@ -801,12 +867,12 @@ fn build_request(
         sl: q.path.sl,
         ..Default::default()
     };
-    let b = &wqe.bytes;
+    let b = wqe.bytes;
     let tbits = match qt {
         qpt::UC => op::UC,
         _ => 0,
     };
-    let mut local = Vec::new();
+    let mut local = Sgl::default();
     let mut len = 0u32;
     if qt == qpt::UD {
         let av = DatagramSeg::read_from_bytes(b.get(16..64).ok_or(Syndrome::LOCAL_QP_OP)?)
@@ -826,13 +892,13 @@ fn build_request(
         p.dst_lid = route(w, av.rlid(), if av.grh() { Some(av.rgid) } else { None })
             .ok_or(Syndrome::LOCAL_QP_OP)?;
         if av.grh() {
-            p.grh = Some(Grh {
+            p.grh = Some(Box::new(Grh {
                 tclass: av.tclass,
                 flow_label: av.flow_label(),
                 hop_limit: av.hop_limit,
                 sgid: w.hcas[hca].info.port_gid,
                 dgid: av.rgid,
-            });
+            }));
         }
         if wqe.opcode == SendOpcode::SEND_IMM {
             p.imm = Some(wqe.imm);
@@ -844,7 +910,6 @@ fn build_request(
         return Ok((p, local, 0));
     }
     // Connected: destination from the QP context.
-    let q = &w.hcas[hca].qps[&qpn];
     p.dst_qpn = q.dest_qpn;
     p.dst_lid = route(
         w,
@@ -937,13 +1002,13 @@ fn build_request(
             } else {
                 op::RC_FETCH_ADD
             };
-            p.atomic = Some(AtomicEth {
+            p.atomic = Some(Box::new(AtomicEth {
                 va: r.raddr(),
                 rkey: r.rkey(),
                 swap_add: a.swap_add(),
                 compare: a.compare(),
                 masked: None,
-            });
+            }));
         }
         SendOpcode::ATOMIC_MASKED_CS | SendOpcode::ATOMIC_MASKED_FA if qt == qpt::RC => {
             let r = raddr()?;
@@ -978,13 +1043,13 @@ fn build_request(
             }
             len = u32::from(size);
             p.opcode = op::RC_MASKED_ATOMIC;
-            p.atomic = Some(AtomicEth {
+            p.atomic = Some(Box::new(AtomicEth {
                 va: r.raddr(),
                 rkey: r.rkey(),
                 swap_add,
                 compare,
                 masked: Some((m1, m2, is_cs, size)),
-            });
+            }));
         }
         _ => return Err(Syndrome::LOCAL_QP_OP),
     }
@@ -1011,7 +1076,15 @@ fn route(w: &World, lid: u16, gid: Option<[u8; 16]>) -> Option<u16> {
     (lid != 0).then_some(lid)
 }
 
-fn post_request(w: &mut World, hca: usize, qpn: u32, wqe: &Wqe, pkt: Packet, local: Sgl, len: u32) {
+fn post_request(
+    w: &mut World,
+    hca: usize,
+    qpn: u32,
+    wqe: &Wqe<'_>,
+    pkt: Packet,
+    local: Sgl,
+    len: u32,
+) {
     let now = w.now();
     let q = w.hcas[hca]
         .qps
@@ -1028,7 +1101,7 @@ fn post_request(w: &mut World, hca: usize, qpn: u32, wqe: &Wqe, pkt: Packet, loc
                 wqe_idx: wqe.idx,
                 opcode: wqe.opcode.0,
                 signaled: wqe.signaled,
-                packets: Vec::new(),
+                packets: Packets::default(),
                 local,
                 len: 0,
                 done: true,
@@ -1049,7 +1122,7 @@ fn post_request(w: &mut World, hca: usize, qpn: u32, wqe: &Wqe, pkt: Packet, loc
     let first = q.sq_psn;
     let is_read = pkt.opcode == op::RC_READ_REQUEST;
     let packets = if qt == qpt::UD {
-        vec![Packet { psn: first, ..pkt }]
+        Packets::One(Packet { psn: first, ..pkt })
     } else if is_read {
         split_read(pkt, mtu, first)
     } else {
@@ -1063,6 +1136,7 @@ fn post_request(w: &mut World, hca: usize, qpn: u32, wqe: &Wqe, pkt: Packet, loc
     q.sq_psn = (first + span) & 0xff_ffff;
     if qt == qpt::RC {
         let is_read_like = is_read || packets[0].atomic.is_some();
+        let read_va = packets[0].reth.map_or(0, |r| r.va);
         if q.rc.outstanding.is_empty() {
             q.rc.retries_left = q.retry_cnt;
             q.rc.rnr_left = q.rnr_retry;
@@ -1073,7 +1147,7 @@ fn post_request(w: &mut World, hca: usize, qpn: u32, wqe: &Wqe, pkt: Packet, loc
             wqe_idx: wqe.idx,
             opcode: wqe.opcode.0,
             signaled: wqe.signaled,
-            packets: packets.clone(),
+            packets,
             local,
             len,
             done: false,
@@ -1081,7 +1155,7 @@ fn post_request(w: &mut World, hca: usize, qpn: u32, wqe: &Wqe, pkt: Packet, loc
             read_buf: Vec::new(),
             read_next: first,
             read_mtu: mtu as u32,
-            read_va: packets[0].reth.map_or(0, |r| r.va),
+            read_va,
         });
         if q.rc.deadline.is_none() {
             q.rc.deadline = transport::ack_timeout_ns(q.timeout).map(|t| now + t);
@@ -1104,7 +1178,7 @@ fn post_request(w: &mut World, hca: usize, qpn: u32, wqe: &Wqe, pkt: Packet, loc
 /// Split a READ into requests of at most [`TX_WINDOW`] response packets each, with the
 /// PSNs and remote addresses of their parts of the span: the requester asks for the next
 /// part only when the previous one has arrived, so no response burst outgrows the window.
-fn split_read(pkt: Packet, mtu: usize, first_psn: u32) -> Vec<Packet> {
+fn split_read(pkt: Packet, mtu: usize, first_psn: u32) -> Packets {
     let r = pkt.reth.unwrap_or_default();
     let part = (TX_WINDOW as usize * mtu) as u64;
     let total = u64::from(r.len);
@@ -1125,7 +1199,7 @@ fn split_read(pkt: Packet, mtu: usize, first_psn: u32) -> Vec<Packet> {
         });
         off += len;
         if off >= total {
-            return out;
+            return Packets::Many(out);
         }
     }
 }
@@ -1133,22 +1207,22 @@ fn split_read(pkt: Packet, mtu: usize, first_psn: u32) -> Vec<Packet> {
 /// Split a SEND/WRITE message (built as one `_ONLY` packet) into path-MTU packets
 /// (FIRST/MIDDLE/LAST) with consecutive PSNs. RETH rides on the first packet, ImmDt/IETH
 /// and the solicited bit on the last; every other request is one packet.
-fn segment(pkt: Packet, mtu: usize, first_psn: u32) -> Vec<Packet> {
+fn segment(pkt: Packet, mtu: usize, first_psn: u32) -> Packets {
     let base = pkt.opcode & 0x1f;
     let tbits = pkt.opcode & 0xe0;
     let is_send = matches!(base, 0x04 | 0x05 | 0x17);
     let is_write = matches!(base, 0x0A | 0x0B);
     if !(is_send || is_write) || pkt.payload.len() <= mtu || pkt.opcode == op::RC_MASKED_ATOMIC {
-        return vec![Packet {
+        return Packets::One(Packet {
             psn: first_psn,
             ..pkt
-        }];
+        });
     }
-    // The header fields are copied into every packet; the payload only chunk by chunk.
+    // The header fields are copied into every packet; the payload only chunk by chunk
+    // (parts of one shared buffer).
     let mut pkt = pkt;
     let payload = std::mem::take(&mut pkt.payload);
-    let chunks: Vec<&[u8]> = payload.chunks(mtu).collect();
-    let n = chunks.len();
+    let n = payload.len().div_ceil(mtu);
     let last_op = match base {
         0x04 => op::RC_SEND_LAST,
         0x05 => op::RC_SEND_LAST_IMM,
@@ -1156,10 +1230,8 @@ fn segment(pkt: Packet, mtu: usize, first_psn: u32) -> Vec<Packet> {
         0x0A => op::RC_WRITE_LAST,
         _ => op::RC_WRITE_LAST_IMM,
     };
-    chunks
-        .iter()
-        .enumerate()
-        .map(|(i, c)| {
+    let packets = (0..n)
+        .map(|i| {
             let (first, last) = (i == 0, i + 1 == n);
             let opcode = tbits
                 | match (is_send, first, last) {
@@ -1177,11 +1249,12 @@ fn segment(pkt: Packet, mtu: usize, first_psn: u32) -> Vec<Packet> {
                 reth: if first { pkt.reth } else { None },
                 imm: if last { pkt.imm } else { None },
                 inv_rkey: if last { pkt.inv_rkey } else { None },
-                payload: c.to_vec(),
+                payload: payload.part(i * mtu..((i + 1) * mtu).min(payload.len())),
                 ..pkt.clone()
             }
         })
-        .collect()
+        .collect();
+    Packets::Many(packets)
 }
 
 /// Put a packet on the fabric (in process, or UDP when the destination LID is not one of
@@ -1250,13 +1323,13 @@ fn send_packet(w: &mut World, mut pkt: Packet) {
     }
     let at = now + f.delay_ns;
     if dup {
-        w.wire.push_back((at, pkt.clone()));
+        w.wire.queue.push_back((at, pkt.clone()));
     }
-    if reorder && !w.wire.is_empty() {
-        let pos = w.wire.len() - 1;
-        w.wire.insert(pos, (at, pkt));
+    if reorder && !w.wire.queue.is_empty() {
+        let pos = w.wire.queue.len() - 1;
+        w.wire.queue.insert(pos, (at, pkt));
     } else {
-        w.wire.push_back((at, pkt));
+        w.wire.queue.push_back((at, pkt));
     }
 }
 
@@ -1334,7 +1407,7 @@ fn receive_udp(w: &mut World) -> usize {
                     p.dst_hca = hca;
                     p.slid = u16::from_be_bytes([sip[2], sip[3]]);
                     p.dst_lid = lid;
-                    w.wire.push_back((now, p));
+                    w.wire.queue.push_back((now, p));
                     n += 1;
                 }
                 None => w.hcas[hca].counters.packets_dropped += 1,
@@ -1354,16 +1427,22 @@ fn deliver_wire(w: &mut World) -> usize {
     // Deliver everything due now, in order, including packets generated while delivering
     // (bounded).
     while n < 4096 {
-        let Some(pos) = w.wire.iter().position(|(t, _)| *t <= now) else {
+        let Some(pos) = w.wire.queue.iter().position(|(t, _)| *t <= now) else {
             break;
         };
-        let Some((_, pkt)) = w.wire.remove(pos) else {
+        // Usually the oldest packet is due: take it off the front.
+        let taken = if pos == 0 {
+            w.wire.queue.pop_front()
+        } else {
+            w.wire.queue.remove(pos)
+        };
+        let Some((_, mut pkt)) = taken else {
             break;
         };
         if pkt.is_request() {
-            responder(w, pkt);
+            responder(w, &mut pkt);
         } else {
-            requester_response(w, pkt);
+            requester_response(w, &pkt);
         }
         n += 1;
     }
@@ -1391,9 +1470,28 @@ fn nak(w: &mut World, req: &Packet, syndrome: u8) {
 }
 
 /// Take the next receive WQE of a QP (its own RQ or its SRQ). Returns (scatter segments
-/// bytes, wqe_counter, srqn) or None when none is posted.
+/// bytes, wqe_counter, srqn) or None when none is posted. The bytes are in the device's
+/// reusable receive buffer: give it back with [`recv_done`].
 fn take_recv_wqe(w: &mut World, hca: usize, qpn: u32) -> Option<(Vec<u8>, u16, u32)> {
-    let q = &w.hcas[hca].qps[&qpn];
+    let mut buf = std::mem::take(&mut w.wire.recv);
+    buf.clear();
+    match fetch_recv_wqe(w, hca, qpn, &mut buf) {
+        Some((ctr, srqn)) => Some((buf, ctr, srqn)),
+        None => {
+            w.wire.recv = buf;
+            None
+        }
+    }
+}
+
+/// Hand the buffer of [`take_recv_wqe`] back for reuse.
+fn recv_done(w: &mut World, buf: Vec<u8>) {
+    w.wire.recv = buf;
+}
+
+/// [`take_recv_wqe`] into `out` (empty): returns (wqe_counter, srqn).
+fn fetch_recv_wqe(w: &mut World, hca: usize, qpn: u32, out: &mut Vec<u8>) -> Option<(u16, u32)> {
+    let q = w.hcas[hca].qps.get_mut(&qpn)?;
     if let Some(srqn) = q.srq {
         let s = w.hcas[hca].srqs.get_mut(&srqn)?;
         let posted = mem::read_be32(s.db).ok()? & 0xffff;
@@ -1401,11 +1499,9 @@ fn take_recv_wqe(w: &mut World, hca: usize, qpn: u32) -> Option<(Vec<u8>, u16, u
             return None;
         }
         let idx = s.head & (s.wqe_cnt - 1) as u16;
-        let wqe = mem::read_vec(
-            s.buf + u64::from(idx) * u64::from(s.stride),
-            s.stride as usize,
-        )
-        .ok()?;
+        out.resize(s.stride as usize, 0);
+        mem::read(s.buf + u64::from(idx) * u64::from(s.stride), out).ok()?;
+        let wqe = &out[..];
         s.head = u16::from_be_bytes([wqe[2], wqe[3]]);
         s.consumed = s.consumed.wrapping_add(1);
         let avail = (posted as u16).wrapping_sub(s.consumed as u16) as u32;
@@ -1414,31 +1510,36 @@ fn take_recv_wqe(w: &mut World, hca: usize, qpn: u32) -> Option<(Vec<u8>, u16, u
             let (ctx, uh) = (s.ctx, s.user_handle);
             w.async_event(ctx, uh, 14); // IBV_EVENT_SRQ_LIMIT_REACHED
         }
-        return Some((wqe[16..].to_vec(), idx, srqn));
+        out.drain(..16.min(out.len()));
+        return Some((idx, srqn));
     }
     if q.rq_wqe_cnt == 0 {
         return None;
     }
-    let q = w.hcas[hca].qps.get_mut(&qpn)?;
     let stride = 1u64 << q.rq_wqe_shift;
     if !rq_cached_avail(q) {
         q.rq_pi_seen = mem::read_be32(q.db).ok()? as u16;
         if q.rq_pi_seen == q.rq_head as u16 {
             return None;
         }
-        q.rq_prefetch = (q.rq_head, prefetch_rq(q, stride).unwrap_or_default());
+        let mut data = std::mem::take(&mut q.rq_prefetch.1);
+        if prefetch_rq(q, stride, &mut data).is_none() {
+            data.clear();
+        }
+        q.rq_prefetch = (q.rq_head, data);
     }
     let off = q.rq_head.wrapping_sub(q.rq_prefetch.0) as usize * stride as usize;
-    let wqe = match q.rq_prefetch.1.get(off..off + stride as usize) {
-        Some(b) => b.to_vec(),
+    match q.rq_prefetch.1.get(off..off + stride as usize) {
+        Some(b) => out.extend_from_slice(b),
         None => {
             let slot = u64::from(q.rq_head & (q.rq_wqe_cnt - 1));
-            mem::read_vec(q.buf + slot * stride, stride as usize).ok()?
+            out.resize(stride as usize, 0);
+            mem::read(q.buf + slot * stride, out).ok()?;
         }
-    };
+    }
     let ctr = q.rq_head as u16;
     q.rq_head = q.rq_head.wrapping_add(1);
-    Some((wqe, ctr, 0))
+    Some((ctr, 0))
 }
 
 fn responder_error_cqe(
@@ -1466,7 +1567,7 @@ fn responder_error_cqe(
     post_cqe(w, hca, cq, &spec);
 }
 
-fn responder(w: &mut World, pkt: Packet) {
+fn responder(w: &mut World, pkt: &mut Packet) {
     let hca = pkt.dst_hca;
     let Some(q) = w.hcas.get(hca).and_then(|h| h.qps.get(&pkt.dst_qpn)) else {
         if let Some(h) = w.hcas.get_mut(hca) {
@@ -1481,7 +1582,7 @@ fn responder(w: &mut World, pkt: Packet) {
         0x20 => qt == qpt::UC,
         _ => qt == qpt::UD,
     };
-    if !ok_type || !matches!(q.state, qps::RTR | qps::RTS | qps::SQD) {
+    if !ok_type || !matches!(q.state, qps::RTR | qps::RTS | qps::SQD | qps::SQE) {
         w.hcas[hca].counters.packets_dropped += 1;
         return;
     }
@@ -1494,7 +1595,6 @@ fn responder(w: &mut World, pkt: Packet) {
         w.hcas[hca].counters.packets_dropped += 1;
         return;
     }
-    let mut pkt = pkt;
     if qt != qpt::UD {
         // RC/UC packets do not carry the source QP; the QP context knows its peer.
         pkt.src_qpn = q.dest_qpn;
@@ -1503,13 +1603,13 @@ fn responder(w: &mut World, pkt: Packet) {
     if qt == qpt::RC && pkt.psn != epsn {
         if psn_before(pkt.psn, epsn) {
             w.hcas[hca].counters.duplicate_request += 1;
-            duplicate(w, &pkt, epsn);
+            duplicate(w, pkt, epsn);
         } else {
             w.hcas[hca].counters.out_of_sequence += 1;
             let q = w.hcas[hca].qps.get_mut(&qpn).expect("looked up above");
             if !q.rc.nak_sent {
                 q.rc.nak_sent = true;
-                let mut n = reply(w, &pkt, op::RC_ACK, aeth::NAK_PSN_SEQ);
+                let mut n = reply(w, pkt, op::RC_ACK, aeth::NAK_PSN_SEQ);
                 n.psn = epsn;
                 send_packet(w, n);
             }
@@ -1527,7 +1627,7 @@ fn responder(w: &mut World, pkt: Packet) {
         }
     }
     // Execute.
-    let result = execute_request(w, hca, qpn, &pkt);
+    let result = execute_request(w, hca, qpn, pkt);
     let q = w.hcas[hca].qps.get_mut(&qpn).expect("responder QP exists");
     match result {
         Ok((replies, span)) => {
@@ -1536,8 +1636,22 @@ fn responder(w: &mut World, pkt: Packet) {
                 q.rc.nak_sent = false;
             }
             if qt == qpt::RC {
-                for r in replies {
-                    send_packet(w, r);
+                match replies {
+                    Reply::None => {}
+                    Reply::Ack => {
+                        let ack = reply(w, pkt, op::RC_ACK, aeth::ACK);
+                        send_packet(w, ack);
+                    }
+                    Reply::AtomicAck(orig) => {
+                        let mut resp = reply(w, pkt, op::RC_ATOMIC_ACK, aeth::ACK);
+                        resp.atomic_ack = Some(orig);
+                        send_packet(w, resp);
+                    }
+                    Reply::Packets(ps) => {
+                        for r in ps {
+                            send_packet(w, r);
+                        }
+                    }
                 }
             }
         }
@@ -1545,7 +1659,7 @@ fn responder(w: &mut World, pkt: Packet) {
             w.hcas[hca].counters.out_of_buffer += 1;
             if qt == qpt::RC {
                 let t = w.hcas[hca].qps[&qpn].min_rnr_timer;
-                nak(w, &pkt, aeth::RNR_NAK | (t & 0x1f));
+                nak(w, pkt, aeth::RNR_NAK | (t & 0x1f));
             } else if let Some(q) = w.hcas[hca].qps.get_mut(&qpn).filter(|_| qt == qpt::UC) {
                 q.rc.rx = None;
                 q.rq_psn = (pkt.psn + 1) & 0xff_ffff;
@@ -1556,7 +1670,7 @@ fn responder(w: &mut World, pkt: Packet) {
                 q.rc.rx = None;
             }
             if qt == qpt::RC {
-                nak(w, &pkt, code);
+                nak(w, pkt, code);
                 qp_to_err(w, hca, qpn, event);
             }
         }
@@ -1582,6 +1696,17 @@ fn last_of_message(opcode: u8) -> bool {
     matches!(opcode & 0x1f, 0x02..=0x05 | 0x08..=0x0B | 0x16 | 0x17)
 }
 
+/// What an executed request is answered with (RC), built when it is sent.
+enum Reply {
+    None,
+    /// An ACK of the request's PSN.
+    Ack,
+    /// An atomic acknowledgement carrying the original value.
+    AtomicAck(u64),
+    /// READ responses.
+    Packets(Packets),
+}
+
 enum RespErr {
     /// No receive WQE.
     Rnr,
@@ -1593,29 +1718,18 @@ enum RespErr {
 
 /// Read `len` bytes at `va`/`rkey` for a READ request and build the response packets
 /// (path-MTU sized, FIRST/MIDDLE/LAST or ONLY, PSNs from the request's).
-fn read_response(
-    w: &mut World,
-    hca: usize,
-    qpn: u32,
-    req: &Packet,
-) -> Result<Vec<Packet>, RespErr> {
+fn read_response(w: &mut World, hca: usize, qpn: u32, req: &Packet) -> Result<Packets, RespErr> {
     let q = &w.hcas[hca].qps[&qpn];
     let (pdn, qacc, mtu) = (q.pdn, q.access, transport::mtu_bytes(q.path_mtu) as usize);
     let r = req.reth.unwrap_or_default();
     let addr = remote_reth(w, hca, pdn, qacc, r, access::REMOTE_READ)
         .ok_or(RespErr::Nak(aeth::NAK_REM_ACCESS, ev::QP_ACCESS_ERR))?;
-    let data = mem::read_vec(addr, r.len as usize)
+    let data = Payload::build(r.len as usize, |buf| mem::read(addr, buf))
         .map_err(|_| RespErr::Nak(aeth::NAK_REM_OP, ev::QP_FATAL))?;
-    let chunks: Vec<&[u8]> = if data.is_empty() {
-        vec![&[][..]]
-    } else {
-        data.chunks(mtu).collect()
-    };
-    let n = chunks.len();
-    Ok(chunks
-        .iter()
-        .enumerate()
-        .map(|(i, c)| {
+    // MTU-sized parts of the data (one empty response for a zero-length READ).
+    let n = data.len().div_ceil(mtu).max(1);
+    let responses = (0..n)
+        .map(|i| {
             let opcode = match (i == 0, i + 1 == n) {
                 (true, true) => op::RC_READ_RESPONSE_ONLY,
                 (true, false) => op::RC_READ_RESPONSE_FIRST,
@@ -1627,34 +1741,36 @@ fn read_response(
             if opcode == op::RC_READ_RESPONSE_MIDDLE {
                 p.aeth = None;
             }
-            p.payload = c.to_vec();
+            p.payload = data.part(i * mtu..((i + 1) * mtu).min(data.len()));
             p
         })
-        .collect())
+        .collect();
+    Ok(Packets::Many(responses))
 }
 
-/// Execute one in-sequence request packet at the responder. Returns the reply packets
-/// (RC) and how many PSNs the request consumed.
+/// Execute one in-sequence request packet at the responder. Returns the reply (RC) and
+/// how many PSNs the request consumed.
 fn execute_request(
     w: &mut World,
     hca: usize,
     qpn: u32,
     pkt: &Packet,
-) -> Result<(Vec<Packet>, u32), RespErr> {
+) -> Result<(Reply, u32), RespErr> {
     let q = &w.hcas[hca].qps[&qpn];
     let (pdn, qacc, qt, uidx) = (q.pdn, q.access, q.qp_type, q.uidx);
     let cqe_v1 = w.contexts.get(&q.ctx).is_some_and(|c| c.cqe_version == 1);
-    let (recv_cq, scatter_ok) = (q.recv_cq, q.scatter_cqe);
+    let (recv_cq, scatter_ok, srq) = (q.recv_cq, q.scatter_cqe, q.srq);
     let rx = q.rc.rx.clone();
+    let had_rx = rx.is_some();
     let base = pkt.opcode & 0x1F;
     let ud = qt == qpt::UD;
     if pkt.opcode == op::RC_READ_REQUEST {
         w.hcas[hca].counters.rx_read_requests += 1;
         let resp = read_response(w, hca, qpn, pkt)?;
         let span = resp.len() as u32;
-        return Ok((resp, span));
+        return Ok((Reply::Packets(resp), span));
     }
-    if let Some(a) = pkt.atomic {
+    if let Some(a) = pkt.atomic.as_deref() {
         w.hcas[hca].counters.rx_atomic_requests += 1;
         let size = a.masked.map_or(8, |m| m.3);
         if a.va % u64::from(size) != 0 {
@@ -1671,16 +1787,14 @@ fn execute_request(
             access::REMOTE_ATOMIC,
         )
         .ok_or(RespErr::Nak(aeth::NAK_REM_ACCESS, ev::QP_ACCESS_ERR))?;
-        let orig = do_atomic(addr, pkt.opcode, &a)
+        let orig = do_atomic(addr, pkt.opcode, a)
             .map_err(|_| RespErr::Nak(aeth::NAK_REM_OP, ev::QP_FATAL))?;
         let q = w.hcas[hca].qps.get_mut(&qpn).expect("responder QP exists");
         q.rc.atomic_cache.push_back((pkt.psn, orig));
         if q.rc.atomic_cache.len() > 16 {
             q.rc.atomic_cache.pop_front();
         }
-        let mut resp = reply(w, pkt, op::RC_ATOMIC_ACK, aeth::ACK);
-        resp.atomic_ack = Some(orig);
-        return Ok((vec![resp], 1));
+        return Ok((Reply::AtomicAck(orig), 1));
     }
     let is_send = matches!(base, 0x00..=0x05 | 0x16 | 0x17);
     let is_write = matches!(base, 0x06..=0x0B) && !ud;
@@ -1712,7 +1826,8 @@ fn execute_request(
                 // A WRITE with immediate consumes a receive WQE even when its rkey check
                 // fails: that WQE completes with a local access error.
                 if pkt.imm.is_some() {
-                    if let Some((_, ctr, srqn)) = take_recv_wqe(w, hca, qpn) {
+                    if let Some((segs, ctr, srqn)) = take_recv_wqe(w, hca, qpn) {
+                        recv_done(w, segs);
                         let s = Syndrome::LOCAL_ACCESS;
                         let vend = VendorSyndrome::for_responder_syndrome(s).0;
                         responder_error_cqe(w, hca, qpn, ctr, srqn, s, vend);
@@ -1735,11 +1850,12 @@ fn execute_request(
             let Some((segs, ctr, srqn)) = take_recv_wqe(w, hca, qpn) else {
                 return Err(RespErr::Rnr);
             };
-            let srq_pdn = w.hcas[hca].qps[&qpn]
-                .srq
+            let srq_pdn = srq
                 .and_then(|s| w.hcas[hca].srqs.get(&s))
                 .map_or(pdn, |s| s.pdn);
-            let sgl = match data_segs(w, hca, srq_pdn, &segs, access::LOCAL_WRITE, true) {
+            let sgl = data_segs(w, hca, srq_pdn, &segs, access::LOCAL_WRITE, true);
+            recv_done(w, segs);
+            let sgl = match sgl {
                 Ok(s) => s,
                 Err(s) => {
                     responder_error_cqe(
@@ -1781,8 +1897,11 @@ fn execute_request(
     if needs_wqe_now && !has_recv_wqe(w, hca, qpn) {
         return Err(RespErr::Rnr);
     }
-    let cqe_size = w.hcas[hca].cqs.get(&recv_cq).map_or(64, |c| c.cqe_size);
-    let limit = if cqe_size == 128 { 64 } else { 32 };
+    // The most a receive CQE takes in (scatter-to-CQE): 32 bytes, 64 in a 128-byte CQE.
+    let limit = || {
+        let cqe_size = w.hcas[hca].cqs.get(&recv_cq).map_or(64, |c| c.cqe_size);
+        if cqe_size == 128 { 64 } else { 32 }
+    };
     let mut cqe_scatter = None;
     if is_write {
         if msg.offset + pkt.payload.len() as u64 > msg.total {
@@ -1792,7 +1911,7 @@ fn execute_request(
             return Err(RespErr::Nak(aeth::NAK_REM_OP, ev::QP_FATAL));
         }
         msg.offset += pkt.payload.len() as u64;
-    } else if first && last && scatter_ok && !ud && pkt.payload.len() <= limit {
+    } else if first && last && scatter_ok && !ud && pkt.payload.len() <= limit() {
         let cap: u64 = msg.sgl.iter().map(|s| u64::from(s.1)).sum();
         if pkt.payload.len() as u64 > cap {
             responder_error_cqe(
@@ -1811,7 +1930,7 @@ fn execute_request(
                 RespErr::Silent
             });
         }
-        cqe_scatter = Some(pkt.payload.clone());
+        cqe_scatter = Some(pkt.payload.to_vec());
         msg.offset += pkt.payload.len() as u64;
     } else {
         if let Err(s) = scatter_at(&msg.sgl, msg.offset, &pkt.payload) {
@@ -1847,22 +1966,26 @@ fn execute_request(
             .rx = Some(msg);
         // Mid-message AckReq: acknowledge the progress (coalesced ACK of this PSN).
         let acks = if qt == qpt::RC && pkt.ack_req {
-            vec![reply(w, pkt, op::RC_ACK, aeth::ACK)]
+            Reply::Ack
         } else {
-            Vec::new()
+            Reply::None
         };
         return Ok((acks, 1));
     }
-    w.hcas[hca]
-        .qps
-        .get_mut(&qpn)
-        .expect("responder QP exists")
-        .rc
-        .rx = None;
+    if had_rx {
+        // (Nothing since the start has set it: only a message in progress is to end.)
+        w.hcas[hca]
+            .qps
+            .get_mut(&qpn)
+            .expect("responder QP exists")
+            .rc
+            .rx = None;
+    }
     if is_write && pkt.imm.is_some() {
-        let Some((_, ctr, srqn)) = take_recv_wqe(w, hca, qpn) else {
+        let Some((segs, ctr, srqn)) = take_recv_wqe(w, hca, qpn) else {
             return Err(RespErr::Rnr);
         };
+        recv_done(w, segs);
         msg.ctr = ctr;
         msg.srqn = srqn;
         msg.has_wqe = true;
@@ -1901,14 +2024,14 @@ fn execute_request(
         post_cqe(w, hca, recv_cq, &spec);
     }
     if qt == qpt::RC {
-        Ok((vec![reply(w, pkt, op::RC_ACK, aeth::ACK)], 1))
+        Ok((Reply::Ack, 1))
     } else {
-        Ok((Vec::new(), 1))
+        Ok((Reply::None, 1))
     }
 }
 
 /// Scatter `data` at byte `offset` of the scatter list. Err(LOCAL_LENGTH) if it does not fit.
-fn scatter_at(sgl: &Sgl, offset: u64, data: &[u8]) -> Result<(), Syndrome> {
+fn scatter_at(sgl: &[(u64, u32)], offset: u64, data: &[u8]) -> Result<(), Syndrome> {
     let cap: u64 = sgl.iter().map(|s| u64::from(s.1)).sum();
     if offset + data.len() as u64 > cap {
         return Err(Syndrome::LOCAL_LENGTH);
@@ -1932,17 +2055,18 @@ fn scatter_at(sgl: &Sgl, offset: u64, data: &[u8]) -> Result<(), Syndrome> {
     Ok(())
 }
 
-/// Read the posted receive WQEs `rq_head..rq_pi_seen` (at most one ring) in one or two
-/// DMA reads. None if a read fails: the WQEs are then read one by one.
-fn prefetch_rq(q: &crate::state::Qp, stride: u64) -> Option<Vec<u8>> {
+/// Read the posted receive WQEs `rq_head..rq_pi_seen` (at most one ring) into `data` in
+/// one or two DMA reads. None if a read fails: the WQEs are then read one by one.
+fn prefetch_rq(q: &crate::state::Qp, stride: u64, data: &mut Vec<u8>) -> Option<()> {
     let n = u32::from(q.rq_pi_seen.wrapping_sub(q.rq_head as u16)).min(q.rq_wqe_cnt);
     let first = q.rq_head & (q.rq_wqe_cnt - 1);
     let till_end = (q.rq_wqe_cnt - first).min(n);
-    let mut data = vec![0u8; n as usize * stride as usize];
+    data.clear();
+    data.resize(n as usize * stride as usize, 0);
     let (a, b) = data.split_at_mut(till_end as usize * stride as usize);
     mem::read(q.buf + u64::from(first) * stride, a).ok()?;
     mem::read(q.buf, b).ok()?;
-    Some(data)
+    Some(())
 }
 
 /// Whether the receive producer index cached from the doorbell record shows a posted WQE
@@ -1965,7 +2089,7 @@ fn has_recv_wqe(w: &World, hca: usize, qpn: u32) -> bool {
 /// The 40-byte GRH placed at the head of a UD receive buffer (IPv6-style header).
 fn grh_bytes(pkt: &Packet) -> [u8; 40] {
     let mut g = [0u8; 40];
-    if let Some(h) = pkt.grh {
+    if let Some(h) = pkt.grh.as_deref() {
         let w0 = (6u32 << 28) | (u32::from(h.tclass) << 20) | (h.flow_label & 0xf_ffff);
         g[0..4].copy_from_slice(&w0.to_be_bytes());
         g[4..6].copy_from_slice(&((pkt.payload.len() + 12) as u16).to_be_bytes());
@@ -2062,10 +2186,11 @@ fn duplicate(w: &mut World, pkt: &Packet, epsn: u32) {
 // ---------------------------------------------------------------------------------------
 // Requester: responses, completion, retransmission
 
-fn requester_response(w: &mut World, pkt: Packet) {
+fn requester_response(w: &mut World, pkt: &Packet) {
     let hca = pkt.dst_hca;
     let qpn = pkt.dst_qpn;
-    let Some(q) = w.hcas.get(hca).and_then(|h| h.qps.get(&qpn)) else {
+    let now = w.now();
+    let Some(q) = w.hcas.get_mut(hca).and_then(|h| h.qps.get_mut(&qpn)) else {
         return;
     };
     if q.qp_type != qpt::RC
@@ -2074,15 +2199,17 @@ fn requester_response(w: &mut World, pkt: Packet) {
     {
         return;
     }
-    let now = w.now();
     let (syn, _) = pkt.aeth.unwrap_or((aeth::ACK, 0));
     let timeout = transport::ack_timeout_ns(q.timeout);
     let (retry_cnt, rnr_retry) = (q.retry_cnt, q.rnr_retry);
-    let q = w.hcas[hca].qps.get_mut(&qpn).expect("checked");
-    // Anything before pkt.psn that is not a READ/atomic is implicitly acknowledged.
+    // Anything before pkt.psn that is not a READ/atomic is implicitly acknowledged. (The
+    // outstanding list is in PSN order: the scans stop at the first request ending later.)
     let mut progressed = false;
     for o in q.rc.outstanding.iter_mut() {
-        if psn_before(o.last_psn, pkt.psn) && !o.is_read_like && !o.done {
+        if !psn_before(o.last_psn, pkt.psn) {
+            break;
+        }
+        if !o.is_read_like && !o.done {
             o.done = true;
             progressed = true;
         }
@@ -2143,7 +2270,10 @@ fn requester_response(w: &mut World, pkt: Packet) {
         }
         (_, 0x00) => {
             for o in q.rc.outstanding.iter_mut() {
-                if !psn_before(pkt.psn, o.last_psn) && !o.is_read_like && !o.done {
+                if psn_before(pkt.psn, o.last_psn) {
+                    break;
+                }
+                if !o.is_read_like && !o.done {
                     o.done = true;
                     progressed = true;
                 }
@@ -2198,6 +2328,8 @@ fn requester_response(w: &mut World, pkt: Packet) {
         };
         q.rc.deadline = timeout.map(|t| now + t);
     }
+    // Whether anything waits for the window (retiring below does not change that).
+    let tx_pending = q.rc.tx_next.is_some();
     if pkt.opcode == op::RC_ACK && syn & 0xE0 == 0x60 && syn == aeth::NAK_PSN_SEQ {
         w.hcas[hca].counters.packet_seq_err += 1;
     }
@@ -2205,7 +2337,9 @@ fn requester_response(w: &mut World, pkt: Packet) {
         w.hcas[hca].counters.rnr_nak_retry_err += 1;
     }
     retire(w, hca, qpn);
-    pump(w, hca, qpn);
+    if tx_pending {
+        pump(w, hca, qpn);
+    }
     if let Some((idx, opc, s)) = err {
         // Complete everything before the failed one, then fail it.
         drop_outstanding_until(w, hca, qpn, idx);
@@ -2244,10 +2378,10 @@ fn retire(w: &mut World, hca: usize, qpn: u32) {
         let o = q.rc.outstanding.pop_front().expect("front exists");
         let req_scatter = q.req_scatter;
         let send_cq = q.send_cq;
-        let cqe_size = w.hcas[hca].cqs.get(&send_cq).map_or(64, |c| c.cqe_size) as usize;
         let mut scatter_data = None;
         if o.is_read_like {
             let data = &o.read_buf;
+            let cqe_size = w.hcas[hca].cqs.get(&send_cq).map_or(64, |c| c.cqe_size);
             let limit = if cqe_size == 128 { 64 } else { 32 };
             if req_scatter && o.signaled && data.len() <= limit {
                 scatter_data = Some(data.clone());
@@ -2287,11 +2421,19 @@ fn pump(w: &mut World, hca: usize, qpn: u32) {
         _ => base,
     };
     let in_window = |psn: u32| psn.wrapping_sub(start) & 0xff_ffff < TX_WINDOW;
-    let mut out = Vec::new();
+    let mut out = std::mem::take(&mut w.wire.tx);
+    out.clear();
     let mut blocked = false;
-    'entries: for o in
+    // The list is in PSN order: the entries that end before `next` (all but the newest,
+    // usually) have nothing left to send; start after the last of them.
+    let skip =
         q.rc.outstanding
             .iter()
+            .rposition(|o| psn_before(o.last_psn, next))
+            .map_or(0, |i| i + 1);
+    'entries: for o in
+        q.rc.outstanding
+            .range(skip..)
             .filter(|o| !o.done && !o.packets.is_empty())
     {
         if o.is_read_like {
@@ -2313,7 +2455,7 @@ fn pump(w: &mut World, hca: usize, qpn: u32) {
             }
             continue;
         }
-        for p in &o.packets {
+        for p in o.packets.iter() {
             if psn_before(p.psn, next) {
                 continue;
             }
@@ -2326,9 +2468,10 @@ fn pump(w: &mut World, hca: usize, qpn: u32) {
         }
     }
     q.rc.tx_next = if blocked { Some(next) } else { None };
-    for p in out {
+    for p in out.drain(..) {
         send_packet(w, p);
     }
+    w.wire.tx = out;
 }
 
 /// Go back to `from`: everything unacknowledged from that PSN on is sent again (through
@@ -2376,13 +2519,12 @@ fn retransmit(w: &mut World, hca: usize, qpn: u32, from: u32) {
 fn run_timers(w: &mut World) -> usize {
     let now = w.now();
     let mut work = 0;
-    let keys = all_qps(w);
-    for (hca, qpn) in keys {
+    for_each_qp(w, |w, hca, qpn| {
         let Some(q) = w.hcas[hca].qps.get_mut(&qpn) else {
-            continue;
+            return;
         };
         if q.qp_type != qpt::RC || q.state != qps::RTS {
-            continue;
+            return;
         }
         if let Some(t) = q.rc.rnr_wait_until.filter(|&t| t <= now) {
             let _ = t;
@@ -2391,13 +2533,13 @@ fn run_timers(w: &mut World) -> usize {
             let from = q.rc.rnr_from;
             retransmit(w, hca, qpn, from);
             work += 1;
-            continue;
+            return;
         }
         if q.rc.deadline.is_some_and(|d| d <= now) {
             work += 1;
             if q.rc.outstanding.iter().all(|o| o.done) {
                 q.rc.deadline = None;
-                continue;
+                return;
             }
             w.hcas[hca].counters.local_ack_timeout_err += 1;
             let q = w.hcas[hca].qps.get_mut(&qpn).expect("exists");
@@ -2412,7 +2554,7 @@ fn run_timers(w: &mut World) -> usize {
                     drop_outstanding_until(w, hca, qpn, idx);
                     requester_error(w, hca, qpn, idx, opc, Syndrome::TRANSPORT_RETRY_EXC);
                 }
-                continue;
+                return;
             }
             q.rc.retries_left -= 1;
             q.rc.deadline = transport::ack_timeout_ns(q.timeout).map(|t| now + t);
@@ -2428,13 +2570,14 @@ fn run_timers(w: &mut World) -> usize {
             };
             retransmit(w, hca, qpn, from);
         }
-    }
+    });
     work
 }
 
 fn next_deadline(w: &World) -> Option<u64> {
     let wire = w
         .wire
+        .queue
         .iter()
         .map(|(t, _)| *t)
         .chain(w.outbox.iter().map(|o| o.due))

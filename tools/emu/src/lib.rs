@@ -73,6 +73,18 @@ pub fn roce_icrc(bth_on: &[u8], src_lid: u16, dst_lid: u16) -> Option<u32> {
     })
 }
 
+/// Copy `len` bytes at `addr` of this process the way the emulated kernel reads a user
+/// pointer: `EFAULT` for an unmapped or unreadable range, never a crash (see [`DmaPath`]).
+pub fn copy_from_user(addr: u64, len: usize) -> Result<Vec<u8>, Errno> {
+    mem::read_vec(addr, len)
+}
+
+/// Copy `data` to `addr` of this process the way the emulated kernel writes through a user
+/// pointer: `EFAULT` for an unmapped or read-only range, never a crash.
+pub fn copy_to_user(addr: u64, data: &[u8]) -> Result<(), Errno> {
+    mem::write(addr, data)
+}
+
 /// How the device makes progress.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum RunMode {

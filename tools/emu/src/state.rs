@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use crate::fds::EventChannel;
-use crate::transport::Packet;
+use crate::transport::{Packet, Packets};
 use crate::uar::UarRegion;
 use crate::{Counters, EmuConfig, HcaInfo};
 
@@ -183,6 +183,73 @@ pub(crate) struct Path {
     pub(crate) port: u8,
 }
 
+/// A list that keeps up to `N` elements in place and moves to the heap beyond that (a
+/// scatter/gather list of a few entries costs no allocation). Dereferences to the slice.
+#[derive(Clone, Debug)]
+pub(crate) struct InlineVec<T: Copy + Default, const N: usize> {
+    len: usize,
+    inline: [T; N],
+    /// All elements, once there are more than `N`.
+    heap: Vec<T>,
+}
+
+impl<T: Copy + Default, const N: usize> Default for InlineVec<T, N> {
+    fn default() -> Self {
+        Self {
+            len: 0,
+            inline: [T::default(); N],
+            heap: Vec::new(),
+        }
+    }
+}
+
+impl<T: Copy + Default, const N: usize> InlineVec<T, N> {
+    /// Append `v`.
+    pub(crate) fn push(&mut self, v: T) {
+        if self.len < N {
+            self.inline[self.len] = v;
+        } else {
+            if self.len == N {
+                self.heap.extend_from_slice(&self.inline);
+            }
+            self.heap.push(v);
+        }
+        self.len += 1;
+    }
+}
+
+impl<T: Copy + Default, const N: usize> std::ops::Deref for InlineVec<T, N> {
+    type Target = [T];
+
+    fn deref(&self) -> &[T] {
+        if self.len <= N {
+            &self.inline[..self.len]
+        } else {
+            &self.heap
+        }
+    }
+}
+
+/// A scatter/gather list translated to process addresses: (address, length) pairs.
+pub(crate) type Sgl = InlineVec<(u64, u32), 4>;
+
+/// The in-process fabric, plus buffers the device reuses from one work item to the next
+/// so that the steady-state data path does not allocate. A user of a buffer takes it
+/// (`std::mem::take`) and puts it back; a nested user just finds an empty one.
+#[derive(Debug, Default)]
+pub(crate) struct Wire {
+    /// Packets in flight: (deliver_at, packet).
+    pub(crate) queue: VecDeque<(u64, Packet)>,
+    /// The send WQE being executed.
+    pub(crate) wqe: Vec<u8>,
+    /// The send-queue WQEBBs fetched after a doorbell.
+    pub(crate) prefetch: Vec<u8>,
+    /// The receive WQE being consumed.
+    pub(crate) recv: Vec<u8>,
+    /// Packets a requester is about to transmit.
+    pub(crate) tx: Vec<Packet>,
+}
+
 /// One outstanding RC request (sent, not yet acknowledged/answered).
 #[derive(Clone, Debug)]
 pub(crate) struct Outstanding {
@@ -193,9 +260,9 @@ pub(crate) struct Outstanding {
     pub(crate) opcode: u8,
     pub(crate) signaled: bool,
     /// The request packets, for retransmission.
-    pub(crate) packets: Vec<Packet>,
+    pub(crate) packets: Packets,
     /// Local scatter list for READ/atomic responses: (addr, len) already translated.
-    pub(crate) local: Vec<(u64, u32)>,
+    pub(crate) local: Sgl,
     pub(crate) len: u32,
     pub(crate) done: bool,
     pub(crate) is_read_like: bool,
@@ -213,7 +280,7 @@ pub(crate) struct Outstanding {
 pub(crate) struct RxMsg {
     pub(crate) write: bool,
     /// SEND: the receive WQE's translated scatter list, counter, SRQ number.
-    pub(crate) sgl: Vec<(u64, u32)>,
+    pub(crate) sgl: Sgl,
     pub(crate) ctr: u16,
     pub(crate) srqn: u32,
     pub(crate) has_wqe: bool,
@@ -347,8 +414,8 @@ pub(crate) struct World {
     pub(crate) contexts: BTreeMap<u64, Context>,
     pub(crate) channels: Vec<Option<EventChannel>>,
     pub(crate) next_ctx: u64,
-    /// Packets in flight on the in-process fabric: (deliver_at, packet).
-    pub(crate) wire: VecDeque<(u64, Packet)>,
+    /// Packets in flight on the in-process fabric, and the device's reusable buffers.
+    pub(crate) wire: Wire,
     /// Datagrams for other processes (UDP fabric) waiting for their send time: delayed or
     /// held back for reordering by fault injection. In send order.
     pub(crate) outbox: VecDeque<Outgoing>,
@@ -396,5 +463,27 @@ impl World {
             chan.push(&rec);
         }
         self.hcas[hca].counters.async_events += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::InlineVec;
+
+    #[test]
+    fn inline_vec_keeps_order_in_place_and_beyond() {
+        let mut v = InlineVec::<(u64, u32), 4>::default();
+        assert!(v.is_empty());
+        for i in 0..10u32 {
+            v.push((u64::from(i) * 16, i));
+            assert_eq!(v.len(), i as usize + 1);
+            assert!(
+                v.iter()
+                    .enumerate()
+                    .all(|(k, &(a, l))| a == k as u64 * 16 && l == k as u32)
+            );
+        }
+        let c = v.clone();
+        assert_eq!(&c[..], &v[..]);
     }
 }

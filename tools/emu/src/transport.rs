@@ -88,7 +88,8 @@ pub(crate) struct Packet {
     /// Source LID (LRH).
     pub(crate) slid: u16,
     pub(crate) sl: u8,
-    pub(crate) grh: Option<Grh>,
+    /// Boxed, like the AtomicETH: rare, and a small packet is cheap to move.
+    pub(crate) grh: Option<Box<Grh>>,
     // BTH
     pub(crate) opcode: u8,
     pub(crate) se: bool,
@@ -101,7 +102,7 @@ pub(crate) struct Packet {
     // Extended headers
     pub(crate) qkey: u32,
     pub(crate) reth: Option<Reth>,
-    pub(crate) atomic: Option<AtomicEth>,
+    pub(crate) atomic: Option<Box<AtomicEth>>,
     /// AETH: (syndrome, MSN).
     pub(crate) aeth: Option<(u8, u32)>,
     pub(crate) atomic_ack: Option<u64>,
@@ -109,7 +110,7 @@ pub(crate) struct Packet {
     pub(crate) imm: Option<[u8; 4]>,
     /// IETH rkey.
     pub(crate) inv_rkey: Option<u32>,
-    pub(crate) payload: Vec<u8>,
+    pub(crate) payload: Payload,
 }
 
 impl Packet {
@@ -124,6 +125,186 @@ impl Packet {
             0
         } else {
             self.opcode & 0xE0
+        }
+    }
+}
+
+/// Payloads up to this many bytes are stored inside the [`Packet`] (no allocation).
+pub(crate) const INLINE_PAYLOAD: usize = 64;
+
+/// The payload of a [`Packet`]: short ones in place, longer ones as a range of a shared
+/// buffer, so that the copy an RC requester keeps for retransmission, the copy on the
+/// fabric and the MTU-sized parts of a long message cost no allocation (short) or no data
+/// copy (long). Dereferences to the bytes.
+#[derive(Clone)]
+pub(crate) enum Payload {
+    /// `len` bytes at the start of `buf`.
+    Inline { len: u8, buf: [u8; INLINE_PAYLOAD] },
+    /// Bytes `start..end` of a shared buffer.
+    Shared {
+        buf: std::sync::Arc<Vec<u8>>,
+        start: usize,
+        end: usize,
+    },
+}
+
+impl Payload {
+    /// A payload holding a copy of `data`.
+    pub(crate) fn from_slice(data: &[u8]) -> Self {
+        if data.len() <= INLINE_PAYLOAD {
+            let mut buf = [0u8; INLINE_PAYLOAD];
+            buf[..data.len()].copy_from_slice(data);
+            Payload::Inline {
+                len: data.len() as u8,
+                buf,
+            }
+        } else {
+            Self::from_vec(data.to_vec())
+        }
+    }
+
+    /// A payload taking over `v` (copied in place when short).
+    pub(crate) fn from_vec(v: Vec<u8>) -> Self {
+        if v.len() <= INLINE_PAYLOAD {
+            return Self::from_slice(&v);
+        }
+        let end = v.len();
+        Payload::Shared {
+            buf: std::sync::Arc::new(v),
+            start: 0,
+            end,
+        }
+    }
+
+    /// A payload of `len` bytes produced by `fill`, which gets a zeroed buffer of exactly
+    /// `len` bytes (in place when short). `fill`'s error is passed on.
+    pub(crate) fn build<E>(
+        len: usize,
+        fill: impl FnOnce(&mut [u8]) -> Result<(), E>,
+    ) -> Result<Self, E> {
+        if len <= INLINE_PAYLOAD {
+            let mut buf = [0u8; INLINE_PAYLOAD];
+            fill(&mut buf[..len])?;
+            Ok(Payload::Inline {
+                len: len as u8,
+                buf,
+            })
+        } else {
+            let mut v = vec![0u8; len];
+            fill(&mut v)?;
+            Ok(Self::from_vec(v))
+        }
+    }
+
+    /// Bytes `range` of this payload (sharing the buffer of a long one). The range must
+    /// lie within the payload.
+    pub(crate) fn part(&self, range: std::ops::Range<usize>) -> Self {
+        match self {
+            Payload::Shared { buf, start, .. } => Payload::Shared {
+                buf: buf.clone(),
+                start: start + range.start,
+                end: start + range.end,
+            },
+            Payload::Inline { .. } => Self::from_slice(&self[range]),
+        }
+    }
+}
+
+impl Default for Payload {
+    fn default() -> Self {
+        Payload::Inline {
+            len: 0,
+            buf: [0; INLINE_PAYLOAD],
+        }
+    }
+}
+
+impl std::ops::Deref for Payload {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            Payload::Inline { len, buf } => &buf[..usize::from(*len)],
+            Payload::Shared { buf, start, end } => buf.get(*start..*end).unwrap_or(&[]),
+        }
+    }
+}
+
+impl PartialEq for Payload {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for Payload {}
+
+impl std::fmt::Debug for Payload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+/// The packets of one request: usually one, kept without an allocation. Dereferences to
+/// the packet slice.
+#[derive(Clone, Debug)]
+pub(crate) enum Packets {
+    /// A single packet.
+    One(Packet),
+    /// Any number (a multi-packet message, READ parts, or none).
+    Many(Vec<Packet>),
+}
+
+impl Default for Packets {
+    fn default() -> Self {
+        Packets::Many(Vec::new())
+    }
+}
+
+impl std::ops::Deref for Packets {
+    type Target = [Packet];
+
+    fn deref(&self) -> &[Packet] {
+        match self {
+            Packets::One(p) => std::slice::from_ref(p),
+            Packets::Many(v) => v,
+        }
+    }
+}
+
+impl std::ops::DerefMut for Packets {
+    fn deref_mut(&mut self) -> &mut [Packet] {
+        match self {
+            Packets::One(p) => std::slice::from_mut(p),
+            Packets::Many(v) => v,
+        }
+    }
+}
+
+impl IntoIterator for Packets {
+    type Item = Packet;
+    type IntoIter = PacketsIter;
+
+    fn into_iter(self) -> PacketsIter {
+        match self {
+            Packets::One(p) => PacketsIter::One(Some(p)),
+            Packets::Many(v) => PacketsIter::Many(v.into_iter()),
+        }
+    }
+}
+
+/// By-value iterator of [`Packets`].
+pub(crate) enum PacketsIter {
+    One(Option<Packet>),
+    Many(std::vec::IntoIter<Packet>),
+}
+
+impl Iterator for PacketsIter {
+    type Item = Packet;
+
+    fn next(&mut self) -> Option<Packet> {
+        match self {
+            PacketsIter::One(p) => p.take(),
+            PacketsIter::Many(it) => it.next(),
         }
     }
 }
@@ -287,7 +468,7 @@ pub(crate) fn encode(p: &Packet, src: [u8; 4], dst: [u8; 4]) -> Vec<u8> {
         v.extend_from_slice(&r.rkey.to_be_bytes());
         v.extend_from_slice(&r.len.to_be_bytes());
     }
-    if let Some(a) = p.atomic {
+    if let Some(a) = p.atomic.as_deref() {
         v.extend_from_slice(&a.va.to_be_bytes());
         v.extend_from_slice(&a.rkey.to_be_bytes());
         v.extend_from_slice(&a.swap_add.to_be_bytes());
@@ -385,7 +566,7 @@ pub(crate) fn decode(b: &[u8], src: [u8; 4], dst: [u8; 4]) -> Option<Packet> {
             a.masked = Some((be64(o)?, be64(o + 8)?, f[0] != 0, f[1]));
             o += 20;
         }
-        p.atomic = Some(a);
+        p.atomic = Some(Box::new(a));
     }
     if t == 0
         && matches!(
@@ -410,7 +591,7 @@ pub(crate) fn decode(b: &[u8], src: [u8; 4], dst: [u8; 4]) -> Option<Packet> {
         p.inv_rkey = Some(be32(o)?);
         o += 4;
     }
-    p.payload = body.get(o..)?.to_vec();
+    p.payload = Payload::from_slice(body.get(o..)?);
     if let Some(r) = p
         .reth
         .as_mut()
@@ -452,7 +633,7 @@ mod wire_tests {
                 len: 5,
             }),
             imm: Some([1, 2, 3, 4]),
-            payload: b"hello".to_vec(),
+            payload: Payload::from_slice(b"hello"),
             src_qpn: UNKNOWN_QPN,
             ..Default::default()
         };
@@ -468,7 +649,7 @@ mod wire_tests {
             qkey: 7,
             src_qpn: 9,
             imm: Some([9; 4]),
-            payload: vec![1; 3],
+            payload: Payload::from_slice(&[1; 3]),
             ..Default::default()
         };
         assert_eq!(decode(&encode(&ud, s, d), s, d), Some(ud));
@@ -480,5 +661,75 @@ mod wire_tests {
             ..Default::default()
         };
         assert_eq!(decode(&encode(&ack, s, d), s, d), Some(ack));
+    }
+}
+
+#[cfg(test)]
+mod payload_tests {
+    use super::*;
+
+    #[test]
+    fn short_payloads_stay_in_place_and_long_ones_share_their_buffer() {
+        let short = Payload::from_slice(&[7; INLINE_PAYLOAD]);
+        assert!(matches!(short, Payload::Inline { .. }));
+        assert_eq!(&short[..], &[7; INLINE_PAYLOAD][..]);
+        let data: Vec<u8> = (0..=255u8).cycle().take(1000).collect();
+        let long = Payload::from_slice(&data);
+        assert!(matches!(long, Payload::Shared { .. }));
+        assert_eq!(&long[..], &data[..]);
+        // Parts of a long payload share its buffer and see exactly their bytes.
+        let part = long.part(300..900);
+        assert_eq!(&part[..], &data[300..900]);
+        let Payload::Shared { buf, .. } = &part else {
+            panic!("a part of a shared payload is shared");
+        };
+        assert_eq!(std::sync::Arc::strong_count(buf), 2);
+        // Equality is by content, whatever the representation.
+        assert_eq!(
+            Payload::from_vec(data[..10].to_vec()),
+            Payload::from_slice(&data[..10])
+        );
+        assert_eq!(long.part(0..10), Payload::from_slice(&data[..10]));
+        assert_ne!(long.part(1..11), Payload::from_slice(&data[..10]));
+        assert!(Payload::default().is_empty());
+    }
+
+    #[test]
+    fn build_fills_exactly_len_bytes_and_passes_errors_on() {
+        for len in [0, 1, INLINE_PAYLOAD, INLINE_PAYLOAD + 1, 4096] {
+            let p = Payload::build(len, |b| -> Result<(), ()> {
+                assert_eq!(b.len(), len);
+                assert!(b.iter().all(|&x| x == 0), "a zeroed buffer");
+                b.iter_mut().enumerate().for_each(|(i, x)| *x = i as u8);
+                Ok(())
+            })
+            .expect("fill succeeds");
+            assert_eq!(p.len(), len);
+            assert!(p.iter().enumerate().all(|(i, &x)| x == i as u8));
+        }
+        assert_eq!(Payload::build(8, |_| Err(5)), Err(5));
+        assert_eq!(Payload::build(800, |_| Err(6)), Err(6));
+    }
+
+    #[test]
+    fn packets_hold_one_or_many() {
+        let one = Packets::One(Packet {
+            psn: 5,
+            ..Default::default()
+        });
+        assert_eq!(one.len(), 1);
+        assert_eq!(one[0].psn, 5);
+        let many = Packets::Many(
+            (0..3)
+                .map(|psn| Packet {
+                    psn,
+                    ..Default::default()
+                })
+                .collect(),
+        );
+        assert_eq!(many.iter().map(|p| p.psn).collect::<Vec<_>>(), [0, 1, 2]);
+        assert_eq!(many.into_iter().map(|p| p.psn).sum::<u32>(), 3);
+        assert_eq!(one.into_iter().count(), 1);
+        assert!(Packets::default().is_empty());
     }
 }

@@ -107,25 +107,28 @@ impl UarRegion {
         Some(unsafe { AtomicU64::from_ptr(p) })
     }
 
-    /// Atomically take (and clear) the 8-byte doorbell word at `off` of `page`.
-    pub(crate) fn take(&self, page: usize, off: usize) -> u64 {
-        self.word(page, off).map_or(0, |w| {
-            if w.load(Ordering::Relaxed) == 0 {
-                0
-            } else {
-                w.swap(0, Ordering::AcqRel)
-            }
-        })
+    /// The 512 words of page `page` (None past the end), for scanning a page without a
+    /// bounds check per word: take a doorbell word at byte offset `off` with
+    /// [`take_word`]`(&words[off / 8])`.
+    pub(crate) fn page_words(&self, page: usize) -> Option<&[AtomicU64]> {
+        if page >= self.pages {
+            return None;
+        }
+        let p = self.base.wrapping_add(page * PAGE / 8);
+        // SAFETY: the page is within the mapping (checked above), which lives as long as
+        // `self`; `p` is page aligned, so every word is 8-byte aligned; `AtomicU64` has the
+        // size and layout of `u64`, and the memory is only ever accessed atomically or
+        // volatilely by the device.
+        Some(unsafe { std::slice::from_raw_parts(p.cast_const().cast::<AtomicU64>(), PAGE / 8) })
     }
 
-    /// Read `len` bytes at `off` of `page` (word by word), then clear them.
+    /// Read `len` bytes at `off` of `page` (word by word), then clear them (each word as
+    /// [`take_word`] does: a zero word needs no atomic swap).
     pub(crate) fn take_bytes(&self, page: usize, off: usize, len: usize) -> Vec<u8> {
         let mut out = Vec::with_capacity(len);
         let mut o = off;
         while o < off + len {
-            let v = self
-                .word(page, o)
-                .map_or(0, |w| w.swap(0, Ordering::AcqRel));
+            let v = self.word(page, o).map_or(0, take_word);
             out.extend_from_slice(&v.to_ne_bytes());
             o += 8;
         }
@@ -137,6 +140,16 @@ impl UarRegion {
         if let Some(w) = self.word(page, off) {
             w.store(u64::from_ne_bytes(bytes), Ordering::Release);
         }
+    }
+}
+
+/// Take (and clear) a doorbell word: 0 if it is 0 (one plain load, the common case), else
+/// its value, swapped out atomically.
+pub(crate) fn take_word(w: &AtomicU64) -> u64 {
+    if w.load(Ordering::Relaxed) == 0 {
+        0
+    } else {
+        w.swap(0, Ordering::AcqRel)
     }
 }
 

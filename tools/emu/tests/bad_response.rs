@@ -6,11 +6,10 @@ mod common;
 
 use common::*;
 use mlx5_emu::{EmuConfig, Emulator, Fabric, RunMode, roce_icrc};
-use mlx5_ffi::uverbs::{IB_USER_VERBS_CMD_QUERY_QP, IbUverbsQueryQp, IbUverbsQueryQpResp};
 use mlx5_hw::opcodes::{SendOpcode, Syndrome, VendorSyndrome};
 use mlx5_hw::wqe::{DataSeg, FM_CE_SE_CQ_UPDATE};
 use std::net::{SocketAddrV4, UdpSocket};
-use zerocopy::{FromBytes, IntoBytes};
+use zerocopy::IntoBytes;
 
 /// RoCEv2 UDP port.
 const ROCE_PORT: u16 = 4791;
@@ -94,27 +93,6 @@ fn async_event(fd: i32) -> Option<u32> {
     // SAFETY: non-blocking read of up to 16 bytes into a local buffer.
     let n = unsafe { libc::recv(fd, rec.as_mut_ptr().cast(), 16, libc::MSG_DONTWAIT) };
     (n == 16).then(|| u32::from_ne_bytes([rec[8], rec[9], rec[10], rec[11]]))
-}
-
-fn qp_state(ctx: &Ctx, qp: &Qp) -> u32 {
-    let q = IbUverbsQueryQp {
-        response: 0,
-        qp_handle: qp.handle,
-        attr_mask: 0,
-    };
-    let (o, _) = write_cmd(
-        &ctx.dev,
-        IB_USER_VERBS_CMD_QUERY_QP,
-        q.as_bytes(),
-        &[],
-        128,
-        0,
-    )
-    .expect("QUERY_QP");
-    IbUverbsQueryQpResp::read_from_bytes(&o)
-        .expect("128-byte response")
-        .qp_state
-        .into()
 }
 
 /// Two signaled SENDs from a requester (stepped emulator on the UDP fabric) to the fake

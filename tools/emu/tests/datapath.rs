@@ -311,14 +311,6 @@ fn uc_send_write_and_write_imm() {
     assert_eq!((ca[0].opcode, ca[0].syndrome), (13, 0x02));
 }
 
-fn ud_av(dqpn: u32, dlid: u16, qkey: u32) -> Vec<u8> {
-    let mut av = DatagramSeg::zeroed();
-    av.set_qkey(qkey);
-    av.set_dqpn(dqpn);
-    av.rlid = mlx5_hw::types::Be16::new(dlid);
-    av.as_bytes().to_vec()
-}
-
 #[test]
 fn ud_send_and_send_imm_with_grh_area_and_source_qp() {
     let mut p = pair(UD, Knobs::default());

@@ -399,3 +399,100 @@ fn hw_counters_are_listed_by_their_sysfs_names() {
     assert_eq!(b.get("out_of_buffer"), Some(1));
     assert_eq!(b.get("no_such_counter"), None);
 }
+
+#[test]
+fn a_ud_send_error_moves_the_qp_to_sqe_the_rq_goes_on_and_rts_resumes_the_sq() {
+    let mut p = pair(UD, Knobs::default());
+    let (ba, la) = (p.ma.0.addr(), p.ma.1);
+    let (bb, lb) = (p.mb.0.addr(), p.mb.1);
+    p.ma.0.write(0, b"good-send");
+    let qpn_b = p.qb.qpn;
+    let to_b = |len, lkey| [ud_av(qpn_b, 2, 0x1111_1111), dseg(len, lkey, ba)].concat();
+    let bad = p.send(SendOpcode::SEND, SIG, [0; 4], &to_b(8, la ^ 0x100));
+    let ca = drain(&mut p.cqa);
+    assert_eq!(ca.len(), 1, "{ca:?}");
+    assert_eq!(
+        (ca[0].opcode, ca[0].syndrome, ca[0].wqe_counter),
+        (13, Syndrome::LOCAL_PROT.0, bad)
+    );
+    assert_eq!(qp_state(&p.a, &p.qa), 5, "UD: send queue error, not error");
+    assert_eq!(async_event(p.a.async_fd), None, "no QP_FATAL for SQE");
+
+    // In SQE a newly posted send waits (it is neither executed nor flushed)...
+    p.qb.post_recv(&[(bb, 40 + 64, lb)]);
+    let good = p.send(SendOpcode::SEND, SIG, [0; 4], &to_b(9, la));
+    assert!(
+        drain(&mut p.cqa).is_empty(),
+        "nothing executes or flushes in SQE"
+    );
+    assert!(drain(&mut p.cqb).is_empty());
+    // ...while the receive side keeps working: b sends to a.
+    p.qa.post_recv(&[(ba + 512, 40 + 64, la)]);
+    let to_a = [ud_av(p.qa.qpn, 1, 0x1111_1111), dseg(4, lb, bb)].concat();
+    let i = p.qb.build_send(SendOpcode::SEND, 0, SIG, [0; 4], &to_a);
+    p.qb.ring(&p.b, i, Ring::Doorbell);
+    p.emu.run_until_idle();
+    let ca = drain(&mut p.cqa);
+    assert_eq!(
+        (ca.len(), ca[0].opcode, ca[0].byte_cnt),
+        (1, 2, 44),
+        "{ca:?}"
+    );
+    assert_eq!(drain(&mut p.cqb).len(), 1, "b's send completed");
+
+    // SQE -> RTS: the waiting send runs.
+    let mut m = modify_base(&p.qa);
+    m.qp_state = 3;
+    m.attr_mask = M_STATE;
+    p.a.modify(&m).expect("SQE -> RTS");
+    p.emu.run_until_idle();
+    let ca = drain(&mut p.cqa);
+    assert_eq!(
+        (ca.len(), ca[0].opcode, ca[0].syndrome, ca[0].wqe_counter),
+        (1, 0, 0, good),
+        "{ca:?}"
+    );
+    let cb = drain(&mut p.cqb);
+    assert_eq!((cb.len(), cb[0].byte_cnt), (1, 40 + 9));
+    assert_eq!(p.mb.0.read(40, 9), b"good-send");
+    assert_eq!(qp_state(&p.a, &p.qa), 3);
+}
+
+#[test]
+fn an_rc_send_error_still_moves_the_qp_to_error() {
+    let mut p = pair(RC, Knobs::default());
+    p.send(
+        SendOpcode::SEND,
+        SIG,
+        [0; 4],
+        &dseg(8, p.ma.1 ^ 0x100, p.ma.0.addr()),
+    );
+    assert_eq!(drain(&mut p.cqa)[0].syndrome, Syndrome::LOCAL_PROT.0);
+    assert_eq!(qp_state(&p.a, &p.qa), 6);
+    let mut m = modify_base(&p.qa);
+    m.qp_state = 3;
+    m.attr_mask = M_STATE;
+    assert!(p.a.modify(&m).is_err(), "ERR -> RTS is not a transition");
+}
+
+#[test]
+fn a_uc_send_error_is_a_send_queue_error_too() {
+    let mut p = pair(UC, Knobs::default());
+    let (ba, la) = (p.ma.0.addr(), p.ma.1);
+    p.ma.0.write(0, b"uc");
+    p.send(SendOpcode::SEND, SIG, [0; 4], &dseg(2, la ^ 0x100, ba));
+    assert_eq!(drain(&mut p.cqa)[0].syndrome, Syndrome::LOCAL_PROT.0);
+    assert_eq!(qp_state(&p.a, &p.qa), 5);
+    assert_eq!(async_event(p.a.async_fd), None);
+    p.qb.post_recv(&[(p.mb.0.addr(), 64, p.mb.1)]);
+    let good = p.send(SendOpcode::SEND, SIG, [0; 4], &dseg(2, la, ba));
+    assert!(drain(&mut p.cqa).is_empty() && drain(&mut p.cqb).is_empty());
+    let mut m = modify_base(&p.qa);
+    m.qp_state = 3;
+    m.attr_mask = M_STATE;
+    p.a.modify(&m).expect("SQE -> RTS");
+    p.emu.run_until_idle();
+    assert_eq!(drain(&mut p.cqa)[0].wqe_counter, good);
+    assert_eq!(drain(&mut p.cqb)[0].byte_cnt, 2);
+    assert_eq!(p.mb.0.read(0, 2), b"uc");
+}

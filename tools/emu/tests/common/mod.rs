@@ -600,6 +600,37 @@ impl Qp {
     }
 }
 
+/// A UD datagram segment (address vector) towards `dqpn` at `dlid` with `qkey`, no GRH.
+pub fn ud_av(dqpn: u32, dlid: u16, qkey: u32) -> Vec<u8> {
+    let mut av = mlx5_hw::wqe::DatagramSeg::zeroed();
+    av.set_qkey(qkey);
+    av.set_dqpn(dqpn);
+    av.rlid = mlx5_hw::types::Be16::new(dlid);
+    av.as_bytes().to_vec()
+}
+
+/// The QP's state as QUERY_QP reports it (0 RESET .. 5 SQE, 6 ERR).
+pub fn qp_state(ctx: &Ctx, qp: &Qp) -> u32 {
+    let q = IbUverbsQueryQp {
+        response: 0,
+        qp_handle: qp.handle,
+        attr_mask: 0,
+    };
+    let (o, _) = write_cmd(
+        &ctx.dev,
+        IB_USER_VERBS_CMD_QUERY_QP,
+        q.as_bytes(),
+        &[],
+        128,
+        0,
+    )
+    .expect("QUERY_QP");
+    IbUverbsQueryQpResp::read_from_bytes(&o)
+        .expect("128-byte response")
+        .qp_state
+        .into()
+}
+
 pub fn modify_base(qp: &Qp) -> IbUverbsModifyQp {
     IbUverbsModifyQp {
         qp_handle: qp.handle,
