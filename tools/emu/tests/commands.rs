@@ -283,21 +283,7 @@ fn modify_qp_masks_follow_the_kernel_table() {
         Ok(())
     );
     // QUERY_QP reports the state.
-    let q = IbUverbsQueryQp {
-        response: 0,
-        qp_handle: qp.handle,
-        attr_mask: 0,
-    };
-    let (o, _) = write_cmd(
-        &ctx.dev,
-        IB_USER_VERBS_CMD_QUERY_QP,
-        q.as_bytes(),
-        &[],
-        128,
-        0,
-    )
-    .unwrap();
-    let r = IbUverbsQueryQpResp::read_from_bytes(&o).unwrap();
+    let r = query_qp(&ctx, &qp);
     assert_eq!((r.qp_state, r.path_mtu, r.port_num), (2, 3, 1));
     // Any state -> ERR -> RESET is always allowed.
     assert_eq!(ctx.modify(&base(&qp, 6, M_STATE)), Ok(()));

@@ -609,8 +609,8 @@ pub fn ud_av(dqpn: u32, dlid: u16, qkey: u32) -> Vec<u8> {
     av.as_bytes().to_vec()
 }
 
-/// The QP's state as QUERY_QP reports it (0 RESET .. 5 SQE, 6 ERR).
-pub fn qp_state(ctx: &Ctx, qp: &Qp) -> u32 {
+/// QUERY_QP's core response for `qp`.
+pub fn query_qp(ctx: &Ctx, qp: &Qp) -> IbUverbsQueryQpResp {
     let q = IbUverbsQueryQp {
         response: 0,
         qp_handle: qp.handle,
@@ -625,10 +625,12 @@ pub fn qp_state(ctx: &Ctx, qp: &Qp) -> u32 {
         0,
     )
     .expect("QUERY_QP");
-    IbUverbsQueryQpResp::read_from_bytes(&o)
-        .expect("128-byte response")
-        .qp_state
-        .into()
+    IbUverbsQueryQpResp::read_from_bytes(&o).expect("128-byte response")
+}
+
+/// The QP's state as QUERY_QP reports it (0 RESET .. 5 SQE, 6 ERR).
+pub fn qp_state(ctx: &Ctx, qp: &Qp) -> u32 {
+    query_qp(ctx, qp).qp_state.into()
 }
 
 pub fn modify_base(qp: &Qp) -> IbUverbsModifyQp {
