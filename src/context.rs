@@ -210,6 +210,8 @@ pub(crate) struct ContextInner {
     uidx: Mutex<UidxState>,
     /// `/sys/class/infiniband/<dev>` for real devices (GID fallback), if known.
     sysfs_dev: Mutex<Option<std::path::PathBuf>>,
+    /// Live memory regions, for scatter-to-CQE copies.
+    pub(crate) mrs: Arc<crate::mem::scatter::MrTable>,
 }
 
 impl core::fmt::Debug for ContextInner {
@@ -361,6 +363,7 @@ impl Context {
             }),
             uidx: Mutex::new(UidxState::default()),
             sysfs_dev: Mutex::new(None),
+            mrs: Arc::default(),
         };
         Ok(Self {
             inner: Arc::new(inner),

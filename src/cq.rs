@@ -19,7 +19,10 @@ use mlx5_ffi::uverbs::{
     IB_USER_VERBS_CMD_CREATE_CQ, IB_USER_VERBS_CMD_DESTROY_CQ, IbUverbsCreateCq,
     IbUverbsCreateCqResp, IbUverbsDestroyCq,
 };
-use mlx5_hw::cqe::{CQE_FLAGS_GRH_MASK, Cqe64, ErrCqe};
+use mlx5_hw::cqe::{
+    CQE_FORMAT_SCATTER_32, CQE_FORMAT_SCATTER_64, Cqe64, ErrCqe, INLINE_SCATTER_32,
+    INLINE_SCATTER_64,
+};
 use mlx5_hw::doorbell::{cq_arm_doorbell, cq_arm_word};
 use mlx5_hw::opcodes::{CqeOpcode, SendOpcode, Syndrome, WcStatus};
 use zerocopy::IntoBytes;
@@ -28,6 +31,7 @@ use crate::context::{CompChannel, Context, UarMode};
 use crate::error::{Error, Result};
 use crate::mem::uar::UarReg;
 use crate::mem::{CqBuf, DbRec};
+use crate::mmio::access::CqeRing;
 use crate::mmio::barrier;
 use crate::qp::rq::RqShared;
 use crate::qp::sq::{SqShared, wc_opcode_of};
@@ -298,9 +302,39 @@ impl Cq {
         self.shared.dbrec.word0().store_be32(self.ci & 0xFF_FFFF);
     }
 
+    /// Low-level scatter-to-CQE: if the device put the payload of this receive CQE (the one
+    /// [`next_cqe`](Self::next_cqe) just returned, before [`publish_ci`](Self::publish_ci))
+    /// into the CQE itself (format bits of `op_own`), copy it into the scatter list of the
+    /// receive WQE it consumed, as [`poll`](Self::poll) does; call before
+    /// [`RecvQueue::retire`](crate::RecvQueue::retire). Does nothing for CQEs without
+    /// scattered data (every CQE of a QP created without
+    /// [`QpInitAttr::scatter_to_cqe`](crate::QpInitAttr::scatter_to_cqe)).
+    ///
+    /// # Errors
+    /// The completion status the copy ends with: `LOC_PROT_ERR` for a destination outside the
+    /// registered memory regions, `LOC_LEN_ERR` if the scatter list is too short,
+    /// `GENERAL_ERR` for a malformed CQE.
+    pub fn copy_scattered(
+        &self,
+        cqe: &Cqe64,
+        rq: &crate::RecvQueue,
+    ) -> core::result::Result<(), WcStatus> {
+        if cqe.op_own & SCATTER_MASK == 0 {
+            return Ok(());
+        }
+        let at = Some((self.shared.buf.ring(), self.ci.wrapping_sub(1)));
+        let (data, len) = scattered_data(cqe, at, cqe.byte_cnt())?;
+        rq.shared()
+            .scatter
+            .as_ref()
+            .ok_or(WcStatus::GENERAL_ERR)?
+            .copy(u32::from(cqe.wqe_counter()), &data[..len])
+    }
+
     /// Poll up to `wcs.len()` completions into `wcs`; returns how many were written. Publishes
     /// the consumer index once. No allocation, no locks (except once after a QP was created or
-    /// destroyed on this CQ).
+    /// destroyed on this CQ, and, for a CQE carrying scattered payload, the context's table of
+    /// memory regions while the payload is checked and copied into place).
     #[inline]
     pub fn poll(&mut self, wcs: &mut [WorkCompletion]) -> usize {
         self.refresh();
@@ -309,8 +343,10 @@ impl Cq {
             n += self.drain_pending(&mut wcs[n..]);
         }
         while let Some(wc) = wcs.get_mut(n) {
+            let ci = self.ci;
             let Some(cqe) = self.next_cqe() else { break };
-            if decode_into(&self.local, self.by_uidx, &mut self.pending, &cqe, wc) {
+            let at = Some((self.shared.buf.ring(), ci));
+            if decode_into(&self.local, self.by_uidx, &mut self.pending, &cqe, at, wc) {
                 n += 1;
             }
             if self.pending.is_some() {
@@ -405,7 +441,7 @@ fn decode(
     cqe: &Cqe64,
 ) -> Option<WorkCompletion> {
     let mut wc = WorkCompletion::default();
-    decode_into(local, by_uidx, pending, cqe, &mut wc).then_some(wc)
+    decode_into(local, by_uidx, pending, cqe, None, &mut wc).then_some(wc)
 }
 
 /// Decode one CQE into the caller's work completion, doing the queue bookkeeping (retire send
@@ -421,6 +457,7 @@ fn decode_into(
     by_uidx: bool,
     pending: &mut Option<Pending>,
     cqe: &Cqe64,
+    at: Option<(&CqeRing, u32)>,
     out: &mut WorkCompletion,
 ) -> bool {
     let found = if by_uidx {
@@ -433,26 +470,102 @@ fn decode_into(
     let Some(user) = found else {
         return false;
     };
-    match (cqe.opcode(), &user.sq) {
-        (CqeOpcode::REQ, Some(sq)) => {
-            let ord = sq.ordinal_at(cqe.wqe_counter());
-            let sop = cqe.send_opcode();
-            let wc = WorkCompletion {
-                wr_id: sq.wr_id(ord),
-                opcode: wc_opcode_of(sop),
-                byte_len: match sop {
-                    SendOpcode::RDMA_READ => cqe.byte_cnt(),
-                    SendOpcode::ATOMIC_CS | SendOpcode::ATOMIC_FA => 8,
-                    _ => 0,
-                },
-                qp_num: user.qpn,
-                wc_flags: solicited_flag(cqe),
-                timestamp: cqe.timestamp(),
-                ..WorkCompletion::default()
-            };
-            retire_send(sq, ord, pending, wc, out)
+    // Opcode and format bits at once: the two common kinds without scattered data.
+    let kind = cqe.op_own & OPCODE_FORMAT;
+    if kind == REQ_IN_MEMORY {
+        if let Some(sq) = &user.sq {
+            let (ord, wc) = requester_wc(user, sq, cqe);
+            return retire_send(sq, ord, pending, wc, out);
         }
-        _ => decode_other(user, pending, cqe, out),
+    } else if kind == RESP_SEND_IN_MEMORY && user.srq.is_none() {
+        if let Some(rq) = &user.rq {
+            *out = responder_wc(user, rq.complete(cqe.wqe_counter()), cqe);
+            return true;
+        }
+    }
+    decode_other(user, pending, cqe, at, out)
+}
+
+/// `op_own` opcode (7:4) and format (3:2) bits.
+const OPCODE_FORMAT: u8 = 0xFC;
+/// `op_own & OPCODE_FORMAT` of a successful requester CQE without scattered data.
+const REQ_IN_MEMORY: u8 = CqeOpcode::REQ.0 << 4;
+/// `op_own & OPCODE_FORMAT` of a SEND received into memory (no scattered data).
+const RESP_SEND_IN_MEMORY: u8 = CqeOpcode::RESP_SEND.0 << 4;
+
+/// The completion of a successful responder CQE for receive `wr_id`, as for a plain SEND
+/// whose payload is in memory: the other kinds adjust it ([`decode_other`]).
+#[inline(always)]
+fn responder_wc(user: &CqUser, wr_id: u64, cqe: &Cqe64) -> WorkCompletion {
+    let mut flags = solicited_flag(cqe);
+    if cqe.has_grh() {
+        flags.0 |= WcFlags::GRH.0;
+    }
+    WorkCompletion {
+        wr_id,
+        opcode: WcOpcode::RECV,
+        byte_len: cqe.byte_cnt(),
+        qp_num: user.qpn,
+        src_qp: cqe.src_qp(),
+        wc_flags: flags,
+        slid: cqe.slid(),
+        sl: cqe.sl(),
+        dlid_path_bits: cqe.dlid_path_bits(),
+        pkey_index: (cqe.imm_inval_pkey.get() & 0xFFFF) as u16,
+        timestamp: cqe.timestamp(),
+        ..WorkCompletion::default()
+    }
+}
+
+/// `op_own` format bits: payload scattered into the CQE (32 or 64 bytes).
+const SCATTER_MASK: u8 = INLINE_SCATTER_32 | INLINE_SCATTER_64;
+
+/// The completion of a successful requester CQE and the WR ordinal it retires through.
+#[inline(always)]
+fn requester_wc(user: &CqUser, sq: &SqShared, cqe: &Cqe64) -> (u32, WorkCompletion) {
+    let ord = sq.ordinal_at(cqe.wqe_counter());
+    let sop = cqe.send_opcode();
+    let wc = WorkCompletion {
+        wr_id: sq.wr_id(ord),
+        opcode: wc_opcode_of(sop),
+        byte_len: match sop {
+            SendOpcode::RDMA_READ => cqe.byte_cnt(),
+            SendOpcode::ATOMIC_CS | SendOpcode::ATOMIC_FA => 8,
+            _ => 0,
+        },
+        qp_num: user.qpn,
+        wc_flags: solicited_flag(cqe),
+        timestamp: cqe.timestamp(),
+        ..WorkCompletion::default()
+    };
+    (ord, wc)
+}
+
+/// The first `len` bytes of the payload the device scattered into `cqe` (taken at consumer
+/// index `at.1` of ring `at.0`): format 1, from the start of the 64-byte CQE (at most 32
+/// bytes; the CQE fields there are payload); format 2, from the first half of a 128-byte
+/// entry (at most 64 bytes).
+///
+/// # Errors
+/// [`WcStatus::GENERAL_ERR`] for a length over the format's room, format 2 on a ring of
+/// 64-byte entries, or the reserved format 3.
+fn scattered_data(
+    cqe: &Cqe64,
+    at: Option<(&CqeRing, u32)>,
+    len: u32,
+) -> core::result::Result<([u8; 64], usize), WcStatus> {
+    let len = len as usize;
+    match cqe.format() {
+        CQE_FORMAT_SCATTER_32 if len <= 32 => {
+            let mut d = [0u8; 64];
+            d[..32].copy_from_slice(&cqe.as_bytes()[..32]);
+            Ok((d, len))
+        }
+        CQE_FORMAT_SCATTER_64 if len <= 64 => at
+            .and_then(|(ring, ci)| ring.first_half(ci))
+            .map(|d| (d, len))
+            .ok_or(WcStatus::GENERAL_ERR),
+        _ => Err(WcStatus::GENERAL_ERR),
     }
 }
 
@@ -498,6 +611,7 @@ fn decode_other(
     user: &CqUser,
     pending: &mut Option<Pending>,
     cqe: &Cqe64,
+    at: Option<(&CqeRing, u32)>,
     out: &mut WorkCompletion,
 ) -> bool {
     let op = cqe.opcode();
@@ -508,6 +622,20 @@ fn decode_other(
         ..WorkCompletion::default()
     };
     match op {
+        CqeOpcode::REQ => {
+            // A READ or atomic result scattered into the CQE: copied into the WQE's scatter
+            // list before the WR is retired.
+            let Some(sq) = user.sq.as_ref() else {
+                return false;
+            };
+            let (ord, mut wc) = requester_wc(user, sq, cqe);
+            let copied = scattered_data(cqe, at, wc.byte_len)
+                .and_then(|(d, n)| sq.copy_scattered(cqe.wqe_counter(), &d[..n]));
+            if let Err(st) = copied {
+                wc.status = st;
+            }
+            retire_send(sq, ord, pending, wc, out)
+        }
         CqeOpcode::REQ_ERR => {
             let Some(sq) = user.sq.as_ref() else {
                 return false;
@@ -524,26 +652,49 @@ fn decode_other(
         | CqeOpcode::RESP_SEND_INV
         | CqeOpcode::RESP_ERR => {
             let counter = cqe.wqe_counter();
-            if let Some(srq) = &user.srq {
-                wc.wr_id = srq.complete(counter);
+            // A payload scattered into the CQE goes to the WQE's scatter list before the WQE
+            // is retired (the poster may reuse it from then on).
+            let scattered = op != CqeOpcode::RESP_ERR && cqe.op_own & SCATTER_MASK != 0;
+            let copy = |data: &[u8]| match (&user.srq, &user.rq) {
+                (Some(srq), _) => srq.copy_scattered(counter, data),
+                (None, Some(rq)) => rq
+                    .scatter
+                    .as_ref()
+                    .ok_or(WcStatus::GENERAL_ERR)?
+                    .copy(u32::from(counter), data),
+                (None, None) => Ok(()),
+            };
+            let copied = if scattered {
+                scattered_data(cqe, at, cqe.byte_cnt()).and_then(|(d, n)| copy(&d[..n]))
+            } else {
+                Ok(())
+            };
+            let wr_id = if let Some(srq) = &user.srq {
+                srq.complete(counter)
             } else if let Some(rq) = &user.rq {
-                wc.wr_id = rq.complete(counter);
+                rq.complete(counter)
             } else {
                 return false;
-            }
+            };
             if op == CqeOpcode::RESP_ERR {
+                wc.wr_id = wr_id;
                 set_error(&mut wc, cqe);
                 wc.opcode = WcOpcode::RECV;
                 *out = wc;
                 return true;
             }
-            wc.byte_len = cqe.byte_cnt();
-            wc.src_qp = cqe.src_qp();
-            wc.sl = cqe.sl();
-            wc.slid = cqe.slid();
-            wc.dlid_path_bits = cqe.dlid_path_bits();
-            if cqe.has_grh() || cqe.flags_rqpn.get() & CQE_FLAGS_GRH_MASK != 0 {
-                wc.wc_flags.0 |= WcFlags::GRH.0;
+            let mut wc = responder_wc(user, wr_id, cqe);
+            if let Err(st) = copied {
+                wc.status = st;
+            }
+            // With 32 bytes scattered into the CQE (format 1) its first 32 bytes are payload,
+            // not the source fields (which RC/UC completions do not need).
+            if cqe.format() == CQE_FORMAT_SCATTER_32 {
+                wc.src_qp = 0;
+                wc.sl = 0;
+                wc.slid = 0;
+                wc.dlid_path_bits = 0;
+                wc.wc_flags.0 &= !WcFlags::GRH.0;
             }
             let iip = cqe.imm_inval_pkey.to_bytes();
             match op {
@@ -551,21 +702,19 @@ fn decode_other(
                     wc.opcode = WcOpcode::RECV_RDMA_WITH_IMM;
                     wc.imm_data = iip;
                     wc.wc_flags.0 |= WcFlags::WITH_IMM.0;
+                    wc.pkey_index = 0;
                 }
                 CqeOpcode::RESP_SEND_IMM => {
-                    wc.opcode = WcOpcode::RECV;
                     wc.imm_data = iip;
                     wc.wc_flags.0 |= WcFlags::WITH_IMM.0;
+                    wc.pkey_index = 0;
                 }
                 CqeOpcode::RESP_SEND_INV => {
-                    wc.opcode = WcOpcode::RECV;
                     wc.invalidated_rkey = u32::from_be_bytes(iip);
                     wc.wc_flags.0 |= WcFlags::WITH_INV.0;
+                    wc.pkey_index = 0;
                 }
-                _ => {
-                    wc.opcode = WcOpcode::RECV;
-                    wc.pkey_index = (u32::from_be_bytes(iip) & 0xFFFF) as u16;
-                }
+                _ => {}
             }
             *out = wc;
             true
@@ -735,6 +884,33 @@ mod tests {
         ] {
             assert!(decode(&local, true, &mut pending, &cqe(op, 0, 0)).is_none());
         }
+    }
+
+    #[test]
+    fn malformed_scattered_cqes_are_errors_not_reads_past_the_cqe() {
+        let (local, _, rq) = users(false);
+        let mut pending = None;
+        let mut c = cqe(CqeOpcode::RESP_SEND, 0, 0);
+        c.as_mut_bytes()[..5].copy_from_slice(b"hello");
+        c.byte_cnt = Be32::new(5);
+        c.op_own |= INLINE_SCATTER_32;
+        let (d, n) = scattered_data(&c, None, 5).unwrap();
+        assert_eq!(&d[..n], b"hello");
+        // More than the format holds, format 2 without a 128-byte entry, the reserved format.
+        assert_eq!(scattered_data(&c, None, 33), Err(WcStatus::GENERAL_ERR));
+        let mut c2 = c;
+        c2.op_own = (c2.op_own & !SCATTER_MASK) | INLINE_SCATTER_64;
+        assert_eq!(scattered_data(&c2, None, 5), Err(WcStatus::GENERAL_ERR));
+        c2.op_own |= SCATTER_MASK;
+        assert_eq!(scattered_data(&c2, None, 5), Err(WcStatus::GENERAL_ERR));
+        // A queue without a scatter target: the receive completes with an error (not a
+        // success with the data missing), its WQE retired.
+        let wc = decode(&local, true, &mut pending, &c).unwrap();
+        assert_eq!(
+            (wc.wr_id, wc.status, wc.byte_len),
+            (500, WcStatus::GENERAL_ERR, 5)
+        );
+        assert_eq!(rq.tail.load(Ordering::Relaxed), 1);
     }
 
     #[test]

@@ -27,7 +27,10 @@
 //!   so the RC WQE overhead is 48 bytes, not libmlx5's 192 ([`qp::sq::sq_overhead`]).
 //! - Inline payloads are Rust slices ([`SendWr::inline`]); the CPU never reads raw SGE
 //!   addresses, so inline posting stays safe code.
-//! - Scatter-to-CQE is not requested; CQE compression is never enabled.
+//! - Scatter-to-CQE is requested by default, as libmlx5 does ([`QpInitAttr::scatter_to_cqe`]):
+//!   [`Cq::poll`] copies payloads the device put in a CQE into the WQE's scatter list (RQ,
+//!   SRQ, and READ/atomic results on `sq_sig_all` requesters), checking every destination
+//!   against the registered memory regions first. CQE compression is never enabled.
 //! - A doorbell register shared by several QPs is used with 8-byte doorbells only (BlueFlame
 //!   needs a lock there); [`Context::bfreg_users`] shows the sharing.
 //! - CQ rings are never rewritten behind the poller ("CQ clean"): drain a QP's CQs before

@@ -154,6 +154,16 @@ impl Pd {
             Some(&mut resp),
         )?;
         let r: IbUverbsRegMrResp = resp.get(0);
+        // The memory (a `DmaBuf` the region holds, or `UserMemory` whose creator promised it
+        // stays mapped while the region exists) outlives the table entry: `Mr::drop` removes it
+        // first.
+        self.inner.ctx.inner.mrs.insert(
+            r.lkey,
+            addr,
+            len,
+            self.inner.handle,
+            access.contains(Access::LOCAL_WRITE),
+        );
         Ok(Mr {
             pd: self.clone(),
             handle: r.mr_handle,
@@ -235,6 +245,7 @@ impl Mr {
 
 impl Drop for Mr {
     fn drop(&mut self) {
+        self.pd.inner.ctx.inner.mrs.remove(self.lkey);
         let cmd = IbUverbsDeregMr {
             mr_handle: self.handle,
         };

@@ -24,17 +24,30 @@ use crate::error::{Error, Result};
 use crate::mem::wq::WqRing;
 use crate::mem::{DbRec, DmaBuf};
 use crate::pd::Pd;
-use crate::qp::rq::{publish_recv, write_scatter};
+use crate::qp::rq::{ScatterTarget, publish_recv, write_scatter};
 use crate::uverbs::{RespBuf, write_cmd};
 use crate::wr::{PostError, RecvWr};
+use mlx5_hw::opcodes::WcStatus;
 
 #[derive(Debug)]
 pub(crate) struct SrqShared {
     wr_ids: Box<[AtomicU64]>,
     freed: Box<[AtomicBool]>,
+    /// Where scattered receive payloads go.
+    pub(crate) scatter: ScatterTarget,
 }
 
 impl SrqShared {
+    /// Copy a payload the device scattered into the CQE of SRQ WQE `index` into that WQE's
+    /// scatter list (before [`complete`](Self::complete) frees it).
+    ///
+    /// # Errors
+    /// As [`MrTable::copy_to_segs`](crate::mem::scatter::MrTable::copy_to_segs).
+    pub(crate) fn copy_scattered(&self, index: u16, data: &[u8]) -> Result<(), WcStatus> {
+        let i = usize::from(index) % self.wr_ids.len();
+        self.scatter.copy(i as u32, data)
+    }
+
     /// A receive CQE for SRQ WQE `index`: its wr_id; the WQE becomes free.
     pub(crate) fn complete(&self, index: u16) -> u64 {
         let i = usize::from(index) % self.wr_ids.len();
@@ -159,6 +172,14 @@ impl Srq {
         let shared = Arc::new(SrqShared {
             wr_ids: (0..n).map(|_| AtomicU64::new(0)).collect(),
             freed: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            scatter: ScatterTarget::new(
+                ring.reader(),
+                stride,
+                16,
+                (stride - 16) / 16,
+                pd.inner.handle,
+                ctx.inner.mrs.clone(),
+            ),
         });
         Ok(Self {
             handle: Arc::new(SrqHandle {
@@ -242,7 +263,7 @@ impl Srq {
             }
             let idx = self.head;
             let base = (idx * self.stride) as usize + 16;
-            write_scatter(&mut self.ring, base, wr.sg_list, self.max_gs);
+            write_scatter(self.ring.writer(), base, wr.sg_list, self.max_gs);
             self.shared.wr_ids[idx as usize].store(wr.wr_id, Ordering::Relaxed);
             self.head = self.next_of(idx);
             self.counter = self.counter.wrapping_add(1);

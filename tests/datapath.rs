@@ -89,7 +89,8 @@ fn wqes_wrap_at_the_ring_end(rig: &dyn Rig) {
     }
 }
 
-/// The low-level API: build three WQEs segment by segment, ring once; read raw CQEs.
+/// The low-level API: build three WQEs segment by segment, ring once; read raw CQEs (whose
+/// small payloads were scattered into them: `Cq::copy_scattered` puts them in place).
 fn low_level_reserve_push_ring(rig: &dyn Rig) {
     let (mut a, mut b) = pair(rig, PairOpts::new(QpType::Rc));
     let r1 = [b.mr.sge(0, 1024)];
@@ -145,6 +146,8 @@ fn low_level_reserve_push_ring(rig: &dyn Rig) {
     let mut cqes: Vec<Cqe64> = Vec::new();
     for _ in 0..100_000 {
         if let Some(c) = b.cq.next_cqe() {
+            // Scatter-to-CQE is on by default: these small payloads came in the CQEs.
+            b.cq.copy_scattered(&c, b.qp.rq().unwrap()).unwrap();
             cqes.push(c);
             if cqes.len() == 2 {
                 break;
@@ -155,6 +158,7 @@ fn low_level_reserve_push_ring(rig: &dyn Rig) {
     }
     b.cq.publish_ci();
     assert_eq!(cqes.len(), 2);
+    assert_eq!((cqes[0].format(), cqes[1].format()), (1, 1));
     // Typed retirement on the low level: the receive queue hands back the wr_ids.
     let rq = b.qp.rq().unwrap();
     assert_eq!(rq.retire(cqes[0].wqe_counter()), 1);

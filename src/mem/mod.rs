@@ -9,6 +9,7 @@
 
 pub mod dbrec;
 pub mod dma_buf;
+pub(crate) mod scatter;
 pub mod table;
 pub mod wq;
 

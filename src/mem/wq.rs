@@ -109,27 +109,16 @@ impl WqRing {
 
     /// Copy `dst.len()` bytes out of the ring from byte position `pos` (modulo, wrapping).
     pub fn read(&self, pos: usize, dst: &mut [u8]) {
-        let start = pos & self.mask;
-        let first = dst.len().min(self.len() - start);
-        // SAFETY: `start + first <= len`, inside the ring (type invariant), as in
-        // `WqWriter::write`; raw copy into a Rust slice that cannot overlap the mapping.
-        unsafe {
-            core::ptr::copy_nonoverlapping(
-                self.base.as_ptr().wrapping_add(start),
-                dst.as_mut_ptr(),
-                first,
-            )
-        };
-        if first < dst.len() {
-            let rest = (dst.len() - first).min(self.len());
-            // SAFETY: `rest <= len`, read from the ring start.
-            unsafe {
-                core::ptr::copy_nonoverlapping(
-                    self.base.as_ptr(),
-                    dst.as_mut_ptr().wrapping_add(first),
-                    rest,
-                )
-            };
+        read_ring(self.base, self.mask, pos, dst);
+    }
+
+    /// A read-only view of the ring for another owner (the completion poller reading the
+    /// scatter list of a completed WQE); it keeps the buffer mapped.
+    pub fn reader(&self) -> WqReader {
+        WqReader {
+            _buf: self.buf.clone(),
+            base: self.base,
+            mask: self.mask,
         }
     }
 
@@ -156,6 +145,64 @@ impl WqRing {
     pub fn zero(&mut self) {
         // SAFETY: the whole ring is in bounds (type invariant).
         unsafe { core::ptr::write_bytes(self.base.as_ptr(), 0, self.len()) };
+    }
+}
+
+/// Copy `dst.len()` bytes out of the ring at `base` (`mask + 1` bytes) from byte position `pos`
+/// (modulo, wrapping); `base .. base + mask + 1` must be a live ring (the callers' invariant).
+fn read_ring(base: NonNull<u8>, mask: usize, pos: usize, dst: &mut [u8]) {
+    let len = mask + 1;
+    let start = pos & mask;
+    let first = dst.len().min(len - start);
+    // SAFETY: `start + first <= len`, inside the ring (callers' invariant), as in
+    // `WqWriter::write`; raw copy into a Rust slice that cannot overlap the mapping.
+    unsafe {
+        core::ptr::copy_nonoverlapping(base.as_ptr().wrapping_add(start), dst.as_mut_ptr(), first)
+    };
+    if first < dst.len() {
+        let rest = (dst.len() - first).min(len);
+        // SAFETY: `rest <= len`, read from the ring start.
+        unsafe {
+            core::ptr::copy_nonoverlapping(
+                base.as_ptr(),
+                dst.as_mut_ptr().wrapping_add(first),
+                rest,
+            )
+        };
+    }
+}
+
+/// A read-only view of a [`WqRing`] ([`WqRing::reader`]), shared with the completion poller.
+///
+/// # Invariants
+/// As [`WqRing`]'s: `base .. base + mask + 1` lies inside `_buf`, which this value keeps
+/// mapped. It only ever copies bytes out with raw pointers; which slots it may read (those of
+/// completed WQEs, which the poster does not write until they are retired) is the owner's
+/// accounting.
+#[derive(Clone, Debug)]
+pub struct WqReader {
+    /// Keeps the mapping alive (never read).
+    _buf: Arc<DmaBuf>,
+    base: NonNull<u8>,
+    mask: usize,
+}
+
+// SAFETY: reads are raw copies of a mapping that `buf` keeps alive; no reference into it exists.
+unsafe impl Send for WqReader {}
+// SAFETY: as above: `&self` only performs raw copies out of the mapping.
+unsafe impl Sync for WqReader {}
+
+impl WqReader {
+    /// Copy `dst.len()` bytes from byte position `pos` (modulo the ring, wrapping).
+    pub fn read(&self, pos: usize, dst: &mut [u8]) {
+        read_ring(self.base, self.mask, pos, dst);
+    }
+
+    /// The 16-byte segment at byte position `pos` (16-aligned, modulo the ring).
+    pub fn seg16(&self, pos: usize) -> [u8; 16] {
+        let mut b = [0u8; 16];
+        self.read(pos, &mut b);
+        b
     }
 }
 

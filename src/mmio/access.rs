@@ -126,6 +126,24 @@ impl CqeRing {
         Some(words)
     }
 
+    /// The first 64 bytes of the 128-byte entry of consumer index `ci` (where the device puts
+    /// up to 64 bytes of scattered payload, CQE format 2), or `None` on a ring of 64-byte
+    /// entries. Call only for an entry software owns (taken with [`take`](Self::take) and not
+    /// yet released by publishing the consumer index).
+    pub fn first_half(&self, ci: u32) -> Option<[u8; 64]> {
+        if self.desc_offset == 0 {
+            return None;
+        }
+        let slot = (ci & self.mask) as usize;
+        let p = self.base.as_ptr().wrapping_add(slot * self.stride);
+        let mut out = [0u8; 64];
+        // SAFETY: the first 64 bytes of a live 128-byte entry (type invariant); software owns it
+        // (caller's contract), so the device does not write it during the copy; raw copy into
+        // a local array.
+        unsafe { core::ptr::copy_nonoverlapping(p, out.as_mut_ptr(), 64) };
+        Some(out)
+    }
+
     /// Mark every descriptor invalid (`op_own = 0xF0`: opcode INVALID, owner 0), as the ring must
     /// be before the device writes its first CQE.
     pub fn init_invalid(&mut self) {

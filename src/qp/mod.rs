@@ -6,7 +6,9 @@ pub mod sq;
 
 use std::sync::Arc;
 
-use mlx5_ffi::mlx5::{MLX5_QP_FLAG_UAR_PAGE_INDEX, Mlx5IbCreateQp, Mlx5IbCreateQpResp};
+use mlx5_ffi::mlx5::{
+    MLX5_QP_FLAG_SCATTER_CQE, MLX5_QP_FLAG_UAR_PAGE_INDEX, Mlx5IbCreateQp, Mlx5IbCreateQpResp,
+};
 use mlx5_ffi::uverbs::{
     IB_QP_ACCESS_FLAGS, IB_QP_AV, IB_QP_DEST_QPN, IB_QP_MAX_DEST_RD_ATOMIC, IB_QP_MAX_QP_RD_ATOMIC,
     IB_QP_MIN_RNR_TIMER, IB_QP_PATH_MTU, IB_QP_PKEY_INDEX, IB_QP_PORT, IB_QP_QKEY, IB_QP_RETRY_CNT,
@@ -142,6 +144,17 @@ pub struct QpInitAttr<'a> {
     pub report_unsignaled: bool,
     /// BlueFlame policy for this QP.
     pub bf_policy: BfPolicy,
+    /// Scatter-to-CQE (default on, as libmlx5 without `MLX5_SCATTER_TO_CQE=0`): CREATE_QP
+    /// carries `MLX5_QP_FLAG_SCATTER_CQE`, and the kernel lets the device write small payloads
+    /// into the CQE instead of memory: on RC (and UC) receives of up to 32 bytes into 64-byte
+    /// CQEs, up to 64 bytes into 128-byte CQEs (first half of the entry); on the requester
+    /// side READ and atomic results of signaled WRs likewise, but only for QPs created with
+    /// [`sq_sig_all`](Self::sq_sig_all) (the kernel's rule without the "allow" flag). The
+    /// device saves a DMA write per message; [`Cq::poll`] copies the bytes into the WQE's
+    /// scatter list, checking every destination against the registered memory regions (a bad
+    /// one completes with `LOC_PROT_ERR`). Low-level pollers see it in the CQE's format bits:
+    /// see [`Cq::copy_scattered`]. `false` leaves the flag out (everything by DMA).
+    pub scatter_to_cqe: bool,
 }
 
 impl<'a> QpInitAttr<'a> {
@@ -162,6 +175,7 @@ impl<'a> QpInitAttr<'a> {
             sq_sig_all: false,
             report_unsignaled: false,
             bf_policy: BfPolicy::default(),
+            scatter_to_cqe: true,
         }
     }
 }
@@ -359,6 +373,9 @@ impl Qp {
             uidx: uidx.unwrap_or(0xFF_FFFF),
             ..Mlx5IbCreateQp::default()
         };
+        if init.scatter_to_cqe {
+            drv.flags |= MLX5_QP_FLAG_SCATTER_CQE;
+        }
         if let Some(g) = &grant {
             if let Some(idx) = g.create_index {
                 drv.flags |= MLX5_QP_FLAG_UAR_PAGE_INDEX;
@@ -443,9 +460,17 @@ impl Qp {
             } else {
                 init.bf_policy
             },
+            Some((pd.inner.handle, ctx.inner.mrs.clone())),
         );
-        let rq =
-            rgeo.map(|g| RecvQueue::new(WqRing::new(buf.clone(), 0, rq_bytes), g, dbrec.clone()));
+        let rq = rgeo.map(|g| {
+            RecvQueue::new(
+                WqRing::new(buf.clone(), 0, rq_bytes),
+                g,
+                dbrec.clone(),
+                pd.inner.handle,
+                ctx.inner.mrs.clone(),
+            )
+        });
         let uidx_v = uidx.unwrap_or(0xFF_FFFF);
         init.send_cq.shared().attach(CqUser {
             qpn: core.qpn,

@@ -11,11 +11,13 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
+use mlx5_hw::opcodes::WcStatus;
 use mlx5_hw::wqe::DataSeg;
-use zerocopy::IntoBytes;
 
 use crate::mem::DbRec;
-use crate::mem::wq::WqRing;
+use crate::mem::scatter::MrTable;
+use crate::mem::table::RingTable;
+use crate::mem::wq::{WqReader, WqRing, WqWriter};
 use crate::mmio::barrier;
 use crate::wr::{PostError, RecvWr, Sge};
 
@@ -68,56 +70,116 @@ pub fn rq_geometry(
     })
 }
 
-/// Write the data segments of one receive WQE at `base`: one per non-empty SGE (a 0-byte data
-/// segment would mean 2 GiB), then the invalid-lkey terminator if fewer than `max_gs` were used.
-/// Shared by RQs and SRQs (whose WQEs start with a 16-byte next segment, so `base` is past it).
-pub(crate) fn write_scatter(ring: &mut WqRing, base: usize, sg_list: &[Sge], max_gs: u32) {
-    let mut k = 0usize;
-    for s in sg_list.iter().filter(|s| s.length != 0) {
-        ring.write(
-            base + k * 16,
-            DataSeg::new(s.length, s.lkey, s.addr).as_bytes(),
-        );
-        k += 1;
+/// Write the data segments of one receive WQE at byte `base` of the ring: one per non-empty
+/// SGE (a 0-byte data segment would mean 2 GiB), then the invalid-lkey terminator if fewer than
+/// `max_gs` were used. Shared by RQs and SRQs (whose WQEs start with a 16-byte next segment, so
+/// `base` is past it). The caller has checked `sg_list.len() <= max_gs`; each segment is two
+/// 8-byte stores (no `memcpy`).
+#[inline(always)]
+pub(crate) fn write_scatter(ring: WqWriter<'_>, base: usize, sg_list: &[Sge], max_gs: u32) {
+    let mut at = base;
+    for s in sg_list {
+        if s.length != 0 {
+            ring.write_segs::<16>(
+                at,
+                &zerocopy::transmute!(DataSeg::new(s.length, s.lkey, s.addr)),
+            );
+            at += 16;
+        }
     }
-    if k < max_gs as usize {
-        ring.write(base + k * 16, DataSeg::terminator().as_bytes());
+    if at - base < max_gs as usize * 16 {
+        ring.write_segs::<16>(at, &zerocopy::transmute!(DataSeg::terminator()));
     }
 }
 
 /// Publish receive WQEs to the device: WQE stores before the record, then record word 0 =
 /// the low 16 bits of `counter` (RQ producer count or SRQ posted counter). No MMIO.
+#[inline(always)]
 pub(crate) fn publish_recv(dbrec: &DbRec, counter: u32) {
     barrier::to_device();
     dbrec.word0().store_be32(counter & 0xFFFF);
 }
 
+/// Where the poller copies a payload that the device scattered into a receive CQE: the data
+/// segments of the receive WQE it consumed (RQ or SRQ), read back from the ring.
+#[derive(Debug)]
+pub(crate) struct ScatterTarget {
+    ring: WqReader,
+    /// log2 of the WQE stride.
+    log_stride: u32,
+    /// Byte offset of the first data segment in a WQE (16 on SRQs: past the next segment).
+    first: usize,
+    max_gs: u32,
+    /// Kernel handle of the protection domain the WQEs' lkeys must belong to.
+    pd: u32,
+    mrs: Arc<MrTable>,
+}
+
+impl ScatterTarget {
+    /// The data segments of WQEs with `stride` bytes (a power of two) in `ring`, the first at
+    /// byte `first` of each, at most `max_gs` of them.
+    pub(crate) fn new(
+        ring: WqReader,
+        stride: u32,
+        first: usize,
+        max_gs: u32,
+        pd: u32,
+        mrs: Arc<MrTable>,
+    ) -> Self {
+        Self {
+            ring,
+            log_stride: stride.trailing_zeros(),
+            first,
+            max_gs,
+            pd,
+            mrs,
+        }
+    }
+
+    /// Copy `data` into the scatter list of WQE `index` (taken modulo the ring). Call before
+    /// the WQE is retired (the poster may reuse it from then on).
+    ///
+    /// # Errors
+    /// As [`MrTable::copy_to_segs`].
+    pub(crate) fn copy(&self, index: u32, data: &[u8]) -> Result<(), WcStatus> {
+        let base = ((index as usize) << self.log_stride) + self.first;
+        let segs = (0..self.max_gs as usize)
+            .map(|k| -> DataSeg { zerocopy::transmute!(self.ring.seg16(base + k * 16)) });
+        self.mrs.copy_to_segs(self.pd, data, segs)
+    }
+}
+
 /// State shared between a receive queue and the completion poller.
 #[derive(Debug)]
 pub(crate) struct RqShared {
-    wr_ids: Box<[AtomicU64]>,
+    /// The wr_id of every RQ slot, indexed by the WQE counter.
+    wr_ids: RingTable<AtomicU64>,
+    /// Receives retired by completions (free-running); written only by the poller.
     pub tail: AtomicU32,
-    mask: u32,
+    /// Where scattered receive payloads go (absent only in unit tests of the poller).
+    pub scatter: Option<ScatterTarget>,
 }
 
 impl RqShared {
     /// Tables for a ring of `wqe_cnt` (a power of two) receive WQEs.
     pub(crate) fn new(wqe_cnt: u32) -> Self {
         Self {
-            wr_ids: (0..wqe_cnt).map(|_| AtomicU64::new(0)).collect(),
+            wr_ids: RingTable::new(wqe_cnt as usize, || AtomicU64::new(0)),
             tail: AtomicU32::new(0),
-            mask: wqe_cnt - 1,
+            scatter: None,
         }
     }
 
-    /// Record the wr_id of the receive WQE at `slot`.
-    pub(crate) fn record(&self, slot: u32, wr_id: u64) {
-        self.wr_ids[(slot & self.mask) as usize].store(wr_id, Ordering::Relaxed);
+    /// Record the wr_id of the receive WQE with counter `counter`.
+    #[cfg(test)]
+    pub(crate) fn record(&self, counter: u32, wr_id: u64) {
+        self.wr_ids.get(counter).store(wr_id, Ordering::Relaxed);
     }
 
     /// A receive CQE for RQ WQE counter `counter` arrived: its wr_id; retire it.
+    #[inline(always)]
     pub(crate) fn complete(&self, counter: u16) -> u64 {
-        let id = self.wr_ids[(u32::from(counter) & self.mask) as usize].load(Ordering::Relaxed);
+        let id = self.wr_ids.get(u32::from(counter)).load(Ordering::Relaxed);
         self.tail.fetch_add(1, Ordering::Release);
         id
     }
@@ -128,19 +190,95 @@ impl RqShared {
 pub struct RecvQueue {
     ring: WqRing,
     geo: RqGeometry,
+    /// log2 of `geo.stride`.
+    log_stride: u32,
+    /// Free-running count of WQEs written.
     head: u32,
+    /// Receives that may still be written without reading the poller's `tail` again (it
+    /// only grows behind the poster's back; 0 means "count again").
+    room: u32,
     shared: Arc<RqShared>,
     dbrec: Arc<DbRec>,
     pub(crate) enabled: bool,
 }
 
+/// A receive queue's hot state while WQEs are written (a chain, or one low-level push): the
+/// counters by value, so that they stay in registers across the chain instead of being
+/// re-read after every store into the ring. [`RecvQueue::end_batch`] takes them back.
+struct RqBatch<'q> {
+    ring: WqWriter<'q>,
+    shared: &'q RqShared,
+    head: u32,
+    room: u32,
+    wqe_cnt: u32,
+    max_gs: u32,
+    log_stride: u32,
+}
+
+impl RqBatch<'_> {
+    /// Validate one receive (room, SGE count), write its WQE and record `wr_id`.
+    #[inline(always)]
+    fn push(&mut self, wr_id: u64, sg_list: &[Sge]) -> Result<(), PostError> {
+        if self.room == 0 {
+            let outstanding = self
+                .head
+                .wrapping_sub(self.shared.tail.load(Ordering::Acquire));
+            if outstanding >= self.wqe_cnt {
+                return Err(PostError::Full {
+                    outstanding,
+                    capacity: self.wqe_cnt,
+                });
+            }
+            self.room = self.wqe_cnt - outstanding;
+        }
+        if sg_list.len() > self.max_gs as usize {
+            return Err(PostError::TooManySges {
+                n: sg_list.len(),
+                max: self.max_gs,
+            });
+        }
+        let head = self.head;
+        // The ring is exactly `wqe_cnt` strides long and takes positions modulo its length.
+        write_scatter(
+            self.ring,
+            (head as usize) << self.log_stride,
+            sg_list,
+            self.max_gs,
+        );
+        self.shared.wr_ids.get(head).store(wr_id, Ordering::Relaxed);
+        self.head = head.wrapping_add(1);
+        self.room -= 1;
+        Ok(())
+    }
+}
+
 impl RecvQueue {
-    pub(crate) fn new(ring: WqRing, geo: RqGeometry, dbrec: Arc<DbRec>) -> Self {
-        let shared = Arc::new(RqShared::new(geo.wqe_cnt));
+    /// A receive queue of geometry `geo` in `ring`, its WQEs' lkeys in protection domain
+    /// `pd` (for scatter-to-CQE copies, checked against `mrs`).
+    pub(crate) fn new(
+        ring: WqRing,
+        geo: RqGeometry,
+        dbrec: Arc<DbRec>,
+        pd: u32,
+        mrs: Arc<MrTable>,
+    ) -> Self {
+        debug_assert_eq!(ring.len(), (geo.wqe_cnt * geo.stride) as usize);
+        let mut shared = RqShared::new(geo.wqe_cnt);
+        shared.scatter = Some(ScatterTarget::new(
+            ring.reader(),
+            geo.stride,
+            0,
+            geo.max_gs,
+            pd,
+            mrs,
+        ));
+        let shared = Arc::new(shared);
         Self {
             ring,
             geo,
+            log_stride: geo.stride.trailing_zeros(),
             head: 0,
+            room: 0,
             shared,
             dbrec,
             enabled: false,
@@ -171,57 +309,91 @@ impl RecvQueue {
 
     pub(crate) fn reset(&mut self) {
         self.head = 0;
+        self.room = 0;
         self.shared.tail.store(0, Ordering::Release);
         self.ring.zero();
+    }
+
+    /// The queue's hot state by value (see [`RqBatch`]).
+    #[inline(always)]
+    fn batch(&mut self) -> RqBatch<'_> {
+        RqBatch {
+            ring: self.ring.writer(),
+            shared: &self.shared,
+            head: self.head,
+            room: self.room,
+            wqe_cnt: self.geo.wqe_cnt,
+            max_gs: self.geo.max_gs,
+            log_stride: self.log_stride,
+        }
+    }
+
+    /// Take back the counters of a batch that ended at `head` with `room` left.
+    #[inline(always)]
+    fn end_batch(&mut self, head: u32, room: u32) {
+        self.head = head;
+        self.room = room;
+    }
+
+    /// Why nothing may be posted before INIT.
+    #[cold]
+    fn not_ready() -> PostError {
+        PostError::BadState {
+            state: crate::QpState::Reset,
+        }
+    }
+
+    /// Low-level post: check the state, room and SGE count, write one receive WQE and record
+    /// `wr_id`. The device does not see it until [`publish`](Self::publish); push any number,
+    /// then publish once.
+    ///
+    /// # Errors
+    /// [`PostError::BadState`] before INIT, [`PostError::Full`] when the queue holds
+    /// `wqe_cnt` receives, [`PostError::TooManySges`] past `max_gs`; nothing is written.
+    #[inline]
+    pub fn push(&mut self, wr_id: u64, sg_list: &[Sge]) -> Result<(), PostError> {
+        if !self.enabled {
+            return Err(Self::not_ready());
+        }
+        let mut b = self.batch();
+        let r = b.push(wr_id, sg_list);
+        let (head, room) = (b.head, b.room);
+        self.end_batch(head, room);
+        r
+    }
+
+    /// Low-level: make every receive pushed so far visible to the device (write barrier, then
+    /// the doorbell record's word 0). No MMIO.
+    #[inline]
+    pub fn publish(&mut self) {
+        publish_recv(&self.dbrec, self.head);
     }
 
     /// Post receive work requests; updates the doorbell record once.
     ///
     /// # Errors
     /// The index of the first bad WR and why; WRs before it are posted.
+    #[inline]
     pub fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> Result<(), (usize, PostError)> {
-        let mut res = Ok(());
-        let mut n = 0;
-        for (i, wr) in wrs.iter().enumerate() {
-            if !self.enabled {
-                res = Err((
-                    i,
-                    PostError::BadState {
-                        state: crate::QpState::Reset,
-                    },
-                ));
-                break;
-            }
-            let outstanding = self.outstanding();
-            if outstanding >= self.geo.wqe_cnt {
-                res = Err((
-                    i,
-                    PostError::Full {
-                        outstanding,
-                        capacity: self.geo.wqe_cnt,
-                    },
-                ));
-                break;
-            }
-            if wr.sg_list.len() > self.geo.max_gs as usize {
-                res = Err((
-                    i,
-                    PostError::TooManySges {
-                        n: wr.sg_list.len(),
-                        max: self.geo.max_gs,
-                    },
-                ));
-                break;
-            }
-            let slot = self.head & (self.geo.wqe_cnt - 1);
-            let base = (slot * self.geo.stride) as usize;
-            write_scatter(&mut self.ring, base, wr.sg_list, self.geo.max_gs);
-            self.shared.record(slot, wr.wr_id);
-            self.head = self.head.wrapping_add(1);
-            n += 1;
+        if wrs.is_empty() {
+            return Ok(());
         }
-        if n > 0 {
-            publish_recv(&self.dbrec, self.head);
+        if !self.enabled {
+            return Err((0, Self::not_ready()));
+        }
+        let mut b = self.batch();
+        let mut res = Ok(());
+        for (i, wr) in wrs.iter().enumerate() {
+            if let Err(e) = b.push(wr.wr_id, wr.sg_list) {
+                res = Err((i, e));
+                break;
+            }
+        }
+        let (head, room) = (b.head, b.room);
+        let posted = head != self.head;
+        self.end_batch(head, room);
+        if posted {
+            self.publish();
         }
         res
     }

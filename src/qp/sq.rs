@@ -14,7 +14,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 
-use mlx5_hw::opcodes::SendOpcode;
+use mlx5_hw::opcodes::{SendOpcode, WcStatus};
 use mlx5_hw::wqe::{
     AtomicSeg, CtrlSeg, DataSeg, DatagramSeg, FM_CE_SE_CQ_UPDATE, FM_CE_SE_FENCE,
     FM_CE_SE_SOLICITED, InlineHdr, MAX_DS, RaddrSeg,
@@ -22,9 +22,10 @@ use mlx5_hw::wqe::{
 
 use crate::QpType;
 use crate::mem::DbRec;
+use crate::mem::scatter::MrTable;
 use crate::mem::table::RingTable;
 use crate::mem::uar::UarReg;
-use crate::mem::wq::{WqRing, WqWriter};
+use crate::mem::wq::{WqReader, WqRing, WqWriter};
 use crate::mmio::barrier;
 use crate::ring::RingSize;
 use crate::wr::{PostError, SendFlags, SendWr, Sge, WcOpcode, WrOp};
@@ -107,6 +108,18 @@ pub(crate) struct SqShared {
     pub wr_mask: u32,
     pub report_unsignaled: bool,
     pub qpn: u32,
+    /// Where READ/atomic results scattered into a CQE go (`None`: never expected).
+    pub scatter: Option<SqScatter>,
+}
+
+/// The send ring as the poller reads it back for scatter-to-CQE copies (requester side: an
+/// RDMA READ's or atomic's result lands in the CQE instead of the WQE's scatter list).
+#[derive(Debug)]
+pub(crate) struct SqScatter {
+    ring: WqReader,
+    /// Kernel handle of the QP's protection domain.
+    pd: u32,
+    mrs: Arc<MrTable>,
 }
 
 impl SqShared {
@@ -121,7 +134,32 @@ impl SqShared {
             tail: AtomicU32::new(0),
             report_unsignaled,
             qpn,
+            scatter: None,
         }
+    }
+
+    /// Copy the result the device scattered into the CQE of the WQE at WQEBB counter
+    /// `wqe_counter` (an RDMA READ or an atomic) into that WQE's data segments, read back from
+    /// the ring: they follow the control and remote-address segments (and the atomic segment).
+    ///
+    /// # Errors
+    /// [`WcStatus::GENERAL_ERR`] when this queue expects no scattered data or the WQE is not a
+    /// READ or atomic; otherwise as
+    /// [`MrTable::copy_to_segs`](crate::mem::scatter::MrTable::copy_to_segs).
+    pub(crate) fn copy_scattered(&self, wqe_counter: u16, data: &[u8]) -> Result<(), WcStatus> {
+        let sc = self.scatter.as_ref().ok_or(WcStatus::GENERAL_ERR)?;
+        let base = usize::from(wqe_counter) * 64;
+        let ctrl = sc.ring.seg16(base);
+        // opmod_idx_opcode @0 (opcode in its low byte, @3); qpn_ds @4 (ds in the low 6 bits, @7).
+        let skip = match SendOpcode(ctrl[3]) {
+            SendOpcode::RDMA_READ => 2,
+            SendOpcode::ATOMIC_CS | SendOpcode::ATOMIC_FA => 3,
+            _ => return Err(WcStatus::GENERAL_ERR),
+        };
+        let ds = usize::from(ctrl[7] & 0x3F);
+        let segs = (skip..ds.max(skip))
+            .map(|k| -> DataSeg { zerocopy::transmute!(sc.ring.seg16(base + k * 16)) });
+        sc.mrs.copy_to_segs(sc.pd, data, segs)
     }
 
     #[inline(always)]
@@ -314,13 +352,15 @@ impl SendQueue {
         dbrec: Arc<DbRec>,
         bf: Bfreg,
         policy: BfPolicy,
+        scatter: Option<(u32, Arc<MrTable>)>,
     ) -> Self {
-        let shared = Arc::new(SqShared::new(
-            geo.max_post,
-            geo.wqe_cnt,
-            report_unsignaled,
-            qpn,
-        ));
+        let mut shared = SqShared::new(geo.max_post, geo.wqe_cnt, report_unsignaled, qpn);
+        shared.scatter = scatter.map(|(pd, mrs)| SqScatter {
+            ring: ring.reader(),
+            pd,
+            mrs,
+        });
+        let shared = Arc::new(shared);
         // PANIC: `sq_geometry` makes `wqe_cnt` a power of two no larger than `max_send_wqebb`
         // (at most 2^16 on any device), well inside `RingSize`'s range.
         let size = RingSize::at_least(geo.wqe_cnt).expect("SQ size is a small power of two");
@@ -1140,6 +1180,7 @@ mod tests {
             dbrec.clone(),
             bf,
             policy,
+            None,
         );
         sq.enabled = true;
         Rig {

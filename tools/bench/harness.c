@@ -4,8 +4,9 @@
  * Usage: bench-harness <calls>
  * Runs on the first RDMA device, which under LD_PRELOAD=libmlx5_emu_preload.so (with
  * MLX5_EMU_FABRIC=inprocess) is the emulated ConnectX. One RC QP connected to itself, a send
- * CQ created with ibv_create_cq_ex (so both ibv_poll_cq and ibv_start_poll work on it) and a
- * receive CQ. Each operation is one noinline wrapper function (bench_c_*), so that
+ * CQ and a receive CQ, both created with ibv_create_cq_ex (so both ibv_poll_cq and
+ * ibv_start_poll work on them). Receive posts and receive completions are measured too: SENDs
+ * to self (unmeasured) consume receives and produce receive CQEs. Each operation is one noinline wrapper function (bench_c_*), so that
  * `valgrind --tool=callgrind --collect-atstart=no --toggle-collect=bench_c_<op>` counts the
  * instructions of the wrapper and of libibverbs/libmlx5 below it, and nothing of the
  * emulator's device thread. The calls are also timed (clock_gettime, and the TSC on
@@ -61,6 +62,12 @@ static void die(const char *fmt, ...)
 	exit(1);
 }
 
+static void check(int rc, const char *what)
+{
+	if (rc)
+		die("%s failed: %s", what, strerror(rc > 0 ? rc : errno));
+}
+
 static double now_s(void)
 {
 	struct timespec ts;
@@ -79,17 +86,19 @@ struct bench {
 	struct ibv_context *ctx;
 	struct ibv_pd *pd;
 	struct ibv_mr *mr;
-	struct ibv_cq_ex *scq_ex;
+	struct ibv_cq_ex *scq_ex, *rcq_ex;
 	struct ibv_cq *scq, *rcq;
 	struct ibv_qp *qp;
 	struct ibv_qp_ex *qpx;
 	struct mlx5dv_qp dv;
-	struct mlx5dv_cq dvcq;
+	struct mlx5dv_cq dvcq, dvrcq;
 	uint8_t buf[4096] __attribute__((aligned(64)));
 	struct ibv_sge sge;              /* 64 bytes at buf + 0 */
 	struct ibv_send_wr one_inline;   /* 64-byte inline SEND */
 	struct ibv_send_wr one_sge;      /* 64-byte SEND, one SGE */
 	struct ibv_send_wr chain[CHAIN]; /* 32 SENDs with one SGE each */
+	struct ibv_sge rsge;             /* 1024 bytes at buf + 2048: every receive */
+	struct ibv_recv_wr rchain[CHAIN]; /* 32 receives with one SGE each */
 	unsigned recv_posted;
 	uint64_t next_wr_id;
 	unsigned pending_cqes; /* send CQEs the device owes or the CQ holds */
@@ -171,6 +180,52 @@ __attribute__((noinline)) int bench_c_poll_wr(struct ibv_cq_ex *cq, uint64_t *wr
 	return 1;
 }
 
+__attribute__((noinline)) int bench_c_recv_verbs(struct ibv_qp *qp, struct ibv_recv_wr *wr)
+{
+	struct ibv_recv_wr *bad;
+	return ibv_post_recv(qp, wr, &bad);
+}
+
+/* libmlx5 has no lower-level receive API than ibv_post_recv: the "lowlevel" receive rows
+ * measure it too (a separate wrapper, so that both rows have their own call counts). */
+__attribute__((noinline)) int bench_c_recv_wr(struct ibv_qp *qp, struct ibv_recv_wr *wr)
+{
+	struct ibv_recv_wr *bad;
+	return ibv_post_recv(qp, wr, &bad);
+}
+
+__attribute__((noinline)) int bench_c_recv_chain_verbs(struct ibv_qp *qp, struct ibv_recv_wr *wr)
+{
+	struct ibv_recv_wr *bad;
+	return ibv_post_recv(qp, wr, &bad);
+}
+
+__attribute__((noinline)) int bench_c_recv_chain_wr(struct ibv_qp *qp, struct ibv_recv_wr *wr)
+{
+	struct ibv_recv_wr *bad;
+	return ibv_post_recv(qp, wr, &bad);
+}
+
+__attribute__((noinline)) int bench_c_poll_recv_verbs(struct ibv_cq *cq, struct ibv_wc *wc)
+{
+	return ibv_poll_cq(cq, 1, wc);
+}
+
+/* One receive CQE through the extended CQ API; returns 1 with *wr_id, *status and *len. */
+__attribute__((noinline)) int bench_c_poll_recv_wr(struct ibv_cq_ex *cq, uint64_t *wr_id,
+						    int *status, uint32_t *len)
+{
+	struct ibv_poll_cq_attr attr = { .comp_mask = 0 };
+
+	if (ibv_start_poll(cq, &attr))
+		return 0;
+	*wr_id = cq->wr_id;
+	*status = cq->status;
+	*len = ibv_wc_read_byte_len(cq);
+	ibv_end_poll(cq);
+	return 1;
+}
+
 /* Called once between the warm-up pass and the measured pass: the benchmark runs callgrind
  * with --zero-before=bench_zero_stats, so one-time costs (lazy symbol binding, first use)
  * incurred by the wrappers during warm-up are not counted. */
@@ -194,8 +249,8 @@ static void wait_doorbell_taken(const struct bench *b)
 	}
 }
 
-/* Wait until the send CQ holds `n` software-owned CQEs past the published consumer index. */
-static void wait_cqes(const struct bench *b, unsigned n)
+/* Wait until the CQ `dvcq` holds `n` software-owned CQEs past the published consumer index. */
+static void wait_cqes_on(const struct mlx5dv_cq *dvcq, unsigned n)
 {
 	double t0 = now_s();
 	uint32_t ci, idx;
@@ -205,18 +260,23 @@ static void wait_cqes(const struct bench *b, unsigned n)
 	if (!n)
 		return;
 	for (;;) {
-		ci = be32toh(((volatile uint32_t *)b->dvcq.dbrec)[0]) & 0xffffff;
+		ci = be32toh(((volatile uint32_t *)dvcq->dbrec)[0]) & 0xffffff;
 		idx = ci + n - 1;
-		cqe = (const volatile uint8_t *)b->dvcq.buf +
-		      (size_t)(idx & (b->dvcq.cqe_cnt - 1)) * b->dvcq.cqe_size +
-		      (b->dvcq.cqe_size - 64);
+		cqe = (const volatile uint8_t *)dvcq->buf +
+		      (size_t)(idx & (dvcq->cqe_cnt - 1)) * dvcq->cqe_size +
+		      (dvcq->cqe_size - 64);
 		op_own = cqe[63];
-		if ((op_own >> 4) != 0xf && (op_own & 1) == !!(idx & b->dvcq.cqe_cnt))
+		if ((op_own >> 4) != 0xf && (op_own & 1) == !!(idx & dvcq->cqe_cnt))
 			return;
 		if (now_s() - t0 > 30.0)
 			die("the device did not write %u CQEs in 30 s", n);
 		sched_yield();
 	}
+}
+
+static void wait_cqes(const struct bench *b, unsigned n)
+{
+	wait_cqes_on(&b->dvcq, n);
 }
 
 static void refill_recv(struct bench *b)
@@ -242,8 +302,8 @@ static void refill_recv(struct bench *b)
 	}
 }
 
-/* Poll every send completion the device owes (unmeasured) and top up the receive queue. */
-static void drain_send(struct bench *b)
+/* Poll every send completion the device owes (unmeasured). */
+static void drain_send_only(struct bench *b)
 {
 	struct ibv_wc wc[32];
 	double t0 = now_s();
@@ -264,7 +324,52 @@ static void drain_send(struct bench *b)
 			sched_yield();
 		}
 	}
+}
+
+/* Poll every send completion the device owes (unmeasured) and top up the receive queue. */
+static void drain_send(struct bench *b)
+{
+	drain_send_only(b);
 	refill_recv(b);
+}
+
+/* Send `n` (a multiple of CHAIN) SENDs (unmeasured), so that the device consumes `n`
+ * receives and writes `n` receive CQEs; wait for them, and drain the send completions. */
+static void send_to_self(struct bench *b, unsigned n)
+{
+	struct ibv_send_wr *bad;
+	unsigned j, k;
+
+	for (j = 0; j < n; j += CHAIN) {
+		for (k = 0; k < CHAIN; k++)
+			b->chain[k].wr_id = b->next_wr_id++;
+		check(ibv_post_send(b->qp, b->chain, &bad), "ibv_post_send (to self)");
+		b->pending_cqes += CHAIN;
+		wait_doorbell_taken(b);
+	}
+	drain_send_only(b);
+	wait_cqes_on(&b->dvrcq, n);
+}
+
+/* Make room for `n` receives (unmeasured): SENDs consume them, their receive completions
+ * are polled. */
+static void make_recv_room(struct bench *b, unsigned n)
+{
+	struct ibv_wc wc[32];
+	unsigned got = 0;
+	int m, i;
+
+	send_to_self(b, n);
+	while (got < n) {
+		m = ibv_poll_cq(b->rcq, n - got < 32 ? n - got : 32, wc);
+		if (m <= 0)
+			die("receive completions missing (%d)", m);
+		for (i = 0; i < m; i++)
+			if (wc[i].status != IBV_WC_SUCCESS)
+				die("receive completion: %s", ibv_wc_status_str(wc[i].status));
+		got += m;
+	}
+	b->recv_posted -= n;
 }
 
 /* ---- timing ---- */
@@ -321,12 +426,6 @@ static inline void stamp_end(struct samples *s, struct stamp t0)
 	s->ns[s->n] = t1 - t0.ns;
 	s->tk[s->n] = k1 - t0.tk;
 	s->n++;
-}
-
-static void check(int rc, const char *what)
-{
-	if (rc)
-		die("%s failed: %s", what, strerror(rc > 0 ? rc : errno));
 }
 
 /* Single-WR posts: timed in batches of ROUND back-to-back calls (the clock is too coarse
@@ -439,6 +538,88 @@ static void polls(struct bench *b, unsigned calls, struct samples *s)
 	}
 }
 
+/* Receive posts: 1-WR posts timed in batches of ROUND calls, chains one call each. Before
+ * every timed region, SENDs to self (unmeasured) consume as many receives as it posts. */
+static void recv_posts(struct bench *b, unsigned calls, struct samples *s)
+{
+	unsigned api, i, j, k;
+
+	for (api = 0; api < 2; api++) {
+		for (i = 0; i < calls; i += ROUND) {
+			struct stamp t0;
+
+			make_recv_room(b, ROUND);
+			t0 = stamp_start();
+			for (j = 0; j < ROUND; j++) {
+				b->rchain[CHAIN - 1].wr_id = b->next_wr_id++;
+				if (api == 0)
+					check(bench_c_recv_verbs(b->qp, &b->rchain[CHAIN - 1]), "ibv_post_recv");
+				else
+					check(bench_c_recv_wr(b->qp, &b->rchain[CHAIN - 1]), "ibv_post_recv");
+			}
+			stamp_end(s, t0);
+			b->recv_posted += ROUND;
+		}
+		report("recv1", api ? "lowlevel" : "verbs", s, ROUND, 1);
+	}
+	for (api = 0; api < 2; api++) {
+		for (i = 0; i < calls; i++) {
+			struct stamp t0;
+
+			make_recv_room(b, CHAIN);
+			for (k = 0; k < CHAIN; k++)
+				b->rchain[k].wr_id = b->next_wr_id++;
+			t0 = stamp_start();
+			if (api == 0)
+				check(bench_c_recv_chain_verbs(b->qp, b->rchain), "ibv_post_recv");
+			else
+				check(bench_c_recv_chain_wr(b->qp, b->rchain), "ibv_post_recv");
+			stamp_end(s, t0);
+			b->recv_posted += CHAIN;
+		}
+		report("recv_chain32", api ? "lowlevel" : "verbs", s, 1, CHAIN);
+	}
+}
+
+/* Receive polling: FILL SENDs to self (unmeasured) put FILL receive CQEs in the receive CQ,
+ * which are then polled one per call, the FILL calls timed as one region. */
+static void recv_polls(struct bench *b, unsigned calls, struct samples *s)
+{
+	unsigned api, i, j;
+
+	for (api = 0; api < 2; api++) {
+		for (i = 0; i < calls; i += FILL) {
+			struct stamp t0;
+
+			send_to_self(b, FILL);
+			t0 = stamp_start();
+			for (j = 0; j < FILL; j++) {
+				if (api == 0) {
+					struct ibv_wc wc;
+					int n = bench_c_poll_recv_verbs(b->rcq, &wc);
+
+					if (n != 1 || wc.status != IBV_WC_SUCCESS || wc.byte_len != PAYLOAD)
+						die("ibv_poll_cq (recv) returned %d (status %d, %u bytes)", n,
+						    wc.status, wc.byte_len);
+				} else {
+					uint64_t wr_id = 0;
+					uint32_t len = 0;
+					int status = -1;
+					int n = bench_c_poll_recv_wr(b->rcq_ex, &wr_id, &status, &len);
+
+					if (n != 1 || status != IBV_WC_SUCCESS || len != PAYLOAD)
+						die("ibv_start_poll (recv) returned %d (status %d, %u bytes)", n,
+						    status, len);
+				}
+			}
+			stamp_end(s, t0);
+			b->recv_posted -= FILL;
+			refill_recv(b);
+		}
+		report("poll_recv", api ? "lowlevel" : "verbs", s, FILL, 1);
+	}
+}
+
 /* ---- setup ---- */
 
 static void setup(struct bench *b)
@@ -475,9 +656,10 @@ static void setup(struct bench *b)
 	if (!b->scq_ex)
 		die("ibv_create_cq_ex failed: %s", strerror(errno));
 	b->scq = ibv_cq_ex_to_cq(b->scq_ex);
-	b->rcq = ibv_create_cq(b->ctx, CQ_SIZE, NULL, NULL, 0);
-	if (!b->rcq)
-		die("ibv_create_cq failed");
+	b->rcq_ex = ibv_create_cq_ex(b->ctx, &cqa);
+	if (!b->rcq_ex)
+		die("ibv_create_cq_ex (recv) failed: %s", strerror(errno));
+	b->rcq = ibv_cq_ex_to_cq(b->rcq_ex);
 
 	memset(&qa, 0, sizeof(qa));
 	qa.qp_type = IBV_QPT_RC;
@@ -503,6 +685,10 @@ static void setup(struct bench *b)
 	obj.cq.out = &b->dvcq;
 	if (mlx5dv_init_obj(&obj, MLX5DV_OBJ_QP | MLX5DV_OBJ_CQ))
 		die("mlx5dv_init_obj failed");
+	obj.cq.in = b->rcq;
+	obj.cq.out = &b->dvrcq;
+	if (mlx5dv_init_obj(&obj, MLX5DV_OBJ_CQ))
+		die("mlx5dv_init_obj (recv CQ) failed");
 
 	/* RC loopback: the QP is connected to itself. */
 	memset(&a, 0, sizeof(a));
@@ -547,6 +733,13 @@ static void setup(struct bench *b)
 		b->chain[k] = b->one_sge;
 		b->chain[k].next = k + 1 < CHAIN ? &b->chain[k + 1] : NULL;
 	}
+	b->rsge = (struct ibv_sge){ .addr = (uintptr_t)b->buf + 2048, .length = 1024, .lkey = b->mr->lkey };
+	for (k = 0; k < CHAIN; k++) {
+		memset(&b->rchain[k], 0, sizeof(b->rchain[k]));
+		b->rchain[k].sg_list = &b->rsge;
+		b->rchain[k].num_sge = 1;
+		b->rchain[k].next = k + 1 < CHAIN ? &b->rchain[k + 1] : NULL;
+	}
 	refill_recv(b);
 }
 
@@ -581,6 +774,8 @@ int main(int argc, char **argv)
 		single_posts(&b, "send_sge64", 0, n, &s);
 		chains(&b, n, &s);
 		polls(&b, n, &s);
+		recv_posts(&b, n, &s);
+		recv_polls(&b, n, &s);
 	}
 	printf("info bf_size=%u sq_wqe_cnt=%u cqe_cnt=%u\n", b.dv.bf.size, b.dv.sq.wqe_cnt,
 	       b.dvcq.cqe_cnt);

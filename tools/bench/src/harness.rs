@@ -79,7 +79,7 @@ pub fn preload_so() -> Result<PathBuf, String> {
 ///
 /// Environment: every `MLX5_*` variable removed, then `LD_PRELOAD=<so>`,
 /// `MLX5_EMU_FABRIC=inprocess`, `MLX5_EMU_HCAS=1`, and for libmlx5
-/// `MLX5_SCATTER_TO_CQE=0` (the `mlx5` crate never asks for it) and
+/// `MLX5_SCATTER_TO_CQE=0` (our side creates its QP with `scatter_to_cqe = false`) and
 /// `MLX5_POST_SEND_PREFER_BF=0` (BlueFlame for single inline WQEs only, as
 /// [`mlx5::BfPolicy::InlineOnly`] on our side).
 pub fn command(exe: &Path, so: &Path, calls: usize, prefix: &[String]) -> Command {

@@ -3,7 +3,8 @@
 /// One measured operation at one API level.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OpSpec {
-    /// Operation key: `send_inline64`, `send_sge64`, `chain32`, `poll_cqe`.
+    /// Operation key: `send_inline64`, `send_sge64`, `chain32`, `poll_cqe`, `recv1`,
+    /// `recv_chain32`, `poll_recv`.
     pub op: &'static str,
     /// API level: `verbs` or `lowlevel`.
     pub api: &'static str,
@@ -33,6 +34,9 @@ impl OpSpec {
             "send_inline64" => "send_inline",
             "send_sge64" => "send_sge",
             "chain32" => "chain",
+            "recv1" => "recv",
+            "recv_chain32" => "recv_chain",
+            "poll_recv" => "poll_recv",
             _ => "poll",
         }
     }
@@ -48,7 +52,7 @@ pub const CHAIN: usize = 32;
 pub const PAYLOAD: usize = 64;
 
 /// Every row of the table, in order.
-pub const OPS: [OpSpec; 8] = [
+pub const OPS: [OpSpec; 14] = [
     OpSpec {
         op: "send_inline64",
         api: "verbs",
@@ -111,6 +115,54 @@ pub const OPS: [OpSpec; 8] = [
         per_call: 1,
         label: "poll 1 CQE (CQ holds 64)",
         ours: "next_cqe/retire/publish_ci",
+        theirs: "ibv_start/end_poll",
+    },
+    OpSpec {
+        op: "recv1",
+        api: "verbs",
+        per_call: 1,
+        label: "post 1 receive, 1 SGE",
+        ours: "Qp::post_recv",
+        theirs: "ibv_post_recv",
+    },
+    OpSpec {
+        op: "recv1",
+        api: "lowlevel",
+        per_call: 1,
+        label: "post 1 receive, 1 SGE",
+        ours: "RecvQueue::push/publish",
+        theirs: "ibv_post_recv (only API)",
+    },
+    OpSpec {
+        op: "recv_chain32",
+        api: "verbs",
+        per_call: CHAIN as u32,
+        label: "post chain of 32 receives (per WR)",
+        ours: "Qp::post_recv",
+        theirs: "ibv_post_recv",
+    },
+    OpSpec {
+        op: "recv_chain32",
+        api: "lowlevel",
+        per_call: CHAIN as u32,
+        label: "post chain of 32 receives (per WR)",
+        ours: "push x32, publish",
+        theirs: "ibv_post_recv (only API)",
+    },
+    OpSpec {
+        op: "poll_recv",
+        api: "verbs",
+        per_call: 1,
+        label: "poll 1 receive CQE (SEND, CQ holds 64)",
+        ours: "Cq::poll",
+        theirs: "ibv_poll_cq",
+    },
+    OpSpec {
+        op: "poll_recv",
+        api: "lowlevel",
+        per_call: 1,
+        label: "poll 1 receive CQE (SEND, CQ holds 64)",
+        ours: "next_cqe/RecvQueue::retire/publish_ci",
         theirs: "ibv_start/end_poll",
     },
 ];

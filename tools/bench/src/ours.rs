@@ -13,7 +13,8 @@ use mlx5::hw::cqe::Cqe64;
 use mlx5::hw::opcodes::{CqeOpcode, SendOpcode};
 use mlx5::{
     Access, BfPolicy, Context, Cq, CqInit, DmaBuf, Mr, Pd, PostError, Qp, QpCap, QpInitAttr,
-    QpType, RecvWr, RemoteQp, SendFlags, SendQueue, SendWr, Sge, WcStatus, WorkCompletion,
+    QpType, RecvQueue, RecvWr, RemoteQp, SendFlags, SendQueue, SendWr, Sge, WcOpcode, WcStatus,
+    WorkCompletion,
 };
 use mlx5_emu::{EmuConfig, Emulator, RunMode};
 
@@ -127,6 +128,65 @@ pub fn bench_rs_poll_cqe_lowlevel(cq: &mut Cq, sq: &mut SendQueue) -> Option<(u6
     Some((wr_id, cqe.opcode()))
 }
 
+/// One receive of one SGE through the verbs-shaped API.
+#[inline(never)]
+pub fn bench_rs_recv1_verbs(qp: &mut Qp, wr: &[RecvWr<'_>]) -> Result<(), (usize, PostError)> {
+    black_box(4u8);
+    qp.post_recv(wr)
+}
+
+/// One receive of one SGE through the low-level API.
+#[inline(never)]
+pub fn bench_rs_recv1_lowlevel(rq: &mut RecvQueue, wr_id: u64, sge: &Sge) -> Result<(), PostError> {
+    rq.push(wr_id, core::slice::from_ref(sge))?;
+    rq.publish();
+    Ok(())
+}
+
+/// A chain of 32 receives, one doorbell-record update, through the verbs-shaped API.
+#[inline(never)]
+pub fn bench_rs_recv_chain32_verbs(
+    qp: &mut Qp,
+    wrs: &[RecvWr<'_>],
+) -> Result<(), (usize, PostError)> {
+    black_box(5u8);
+    qp.post_recv(wrs)
+}
+
+/// A chain of 32 receives, one doorbell-record update, through the low-level API.
+#[inline(never)]
+pub fn bench_rs_recv_chain32_lowlevel(
+    rq: &mut RecvQueue,
+    wr_id: u64,
+    sge: &Sge,
+) -> Result<(), PostError> {
+    for i in 0..CHAIN as u64 {
+        rq.push(wr_id + i, core::slice::from_ref(sge))?;
+    }
+    rq.publish();
+    Ok(())
+}
+
+/// Poll one receive CQE through the verbs-shaped API.
+#[inline(never)]
+pub fn bench_rs_poll_recv_verbs(cq: &mut Cq, wc: &mut [WorkCompletion; 1]) -> usize {
+    black_box(6u8);
+    cq.poll(wc)
+}
+
+/// Poll one receive CQE through the low-level API: take it, retire its receive WR, publish
+/// the consumer index. Returns the WR id, the CQE opcode and the byte count.
+#[inline(never)]
+pub fn bench_rs_poll_recv_lowlevel(
+    cq: &mut Cq,
+    rq: &mut RecvQueue,
+) -> Option<(u64, CqeOpcode, u32)> {
+    let cqe: Cqe64 = cq.next_cqe()?;
+    let wr_id = rq.retire(cqe.wqe_counter());
+    cq.publish_ci();
+    Some((wr_id, cqe.opcode(), cqe.byte_cnt()))
+}
+
 // ---- the rig ----
 
 /// Our side's objects: one RC QP connected to itself on a stepped emulator.
@@ -172,6 +232,8 @@ impl Rig {
             max_inline_data: PAYLOAD as u32,
         };
         qa.bf_policy = BfPolicy::InlineOnly;
+        // As libmlx5 with `MLX5_SCATTER_TO_CQE=0` on the other side.
+        qa.scatter_to_cqe = false;
         let mut qp = Qp::new(&pd, &qa)?;
         let buf = Arc::new(DmaBuf::new(4096)?);
         buf.write(0, &[0x5a; PAYLOAD]);
@@ -251,6 +313,167 @@ impl Rig {
             self.pending_cqes -= n as u32;
         }
         self.refill_recv()
+    }
+
+    /// The receive queue (the QP is created with one).
+    fn rq(qp: &mut Qp) -> Result<&mut RecvQueue, BoxErr> {
+        qp.rq().ok_or_else(|| "the QP has no receive queue".into())
+    }
+
+    /// Send `n` (a multiple of [`CHAIN`]) SENDs to self (unmeasured) and run the device, so
+    /// that `n` receives are consumed and `n` receive CQEs wait in the receive CQ; drain the
+    /// send completions.
+    fn send_to_self(&mut self, n: usize) -> Result<(), BoxErr> {
+        let sge = [self.sge()];
+        let mut wrs = [SendWr::send(0, &sge, SendFlags::SIGNALED); CHAIN];
+        for _ in 0..n / CHAIN {
+            for wr in wrs.iter_mut() {
+                wr.wr_id = self.next_wr_id;
+                self.next_wr_id += 1;
+            }
+            self.qp.post_send(&wrs).map_err(|(_, e)| e)?;
+            self.pending_cqes += CHAIN as u32;
+            self.emu.run_until_idle();
+        }
+        let mut wcs = [WorkCompletion::default(); 32];
+        while self.pending_cqes > 0 {
+            let got = self.scq.poll(&mut wcs);
+            if got == 0 {
+                return Err(format!("{} send completions missing", self.pending_cqes).into());
+            }
+            if let Some(wc) = wcs[..got].iter().find(|wc| wc.status != WcStatus::SUCCESS) {
+                return Err(format!("send completion {wc:?}").into());
+            }
+            self.pending_cqes -= got as u32;
+        }
+        Ok(())
+    }
+
+    /// Make room for `n` receives (unmeasured): SENDs to self consume them and their receive
+    /// completions are polled.
+    fn make_recv_room(&mut self, n: usize) -> Result<(), BoxErr> {
+        self.send_to_self(n)?;
+        let mut wcs = [WorkCompletion::default(); 32];
+        let mut got = 0;
+        while got < n {
+            let k = self.rcq.poll(&mut wcs[..(n - got).min(32)]);
+            if k == 0 {
+                return Err(format!("{} receive completions missing", n - got).into());
+            }
+            if let Some(wc) = wcs[..k].iter().find(|wc| wc.status != WcStatus::SUCCESS) {
+                return Err(format!("receive completion {wc:?}").into());
+            }
+            got += k;
+        }
+        self.recv_posted -= n as u32;
+        Ok(())
+    }
+
+    /// Receive posts: single receives timed in batches of [`ROUND`] calls, chains one call
+    /// each. Before every timed region, SENDs to self consume as many receives as it posts.
+    fn recv_posts(
+        &mut self,
+        calls: usize,
+        s: &mut Samples,
+        out: &mut Vec<String>,
+    ) -> Result<(), BoxErr> {
+        let sge = [self.mr.sge(2048, 1024)];
+        for api in ["verbs", "lowlevel"] {
+            for _ in 0..calls.div_ceil(ROUND) {
+                self.make_recv_room(ROUND)?;
+                let first = self.next_wr_id;
+                self.next_wr_id += ROUND as u64;
+                let qp = &mut self.qp;
+                s.time(|| -> Result<(), BoxErr> {
+                    for id in first..first + ROUND as u64 {
+                        if api == "verbs" {
+                            let wr = [RecvWr {
+                                wr_id: id,
+                                sg_list: &sge,
+                            }];
+                            bench_rs_recv1_verbs(qp, black_box(&wr)).map_err(|e| e.1)?;
+                        } else {
+                            bench_rs_recv1_lowlevel(Self::rq(qp)?, id, black_box(&sge[0]))?;
+                        }
+                    }
+                    Ok(())
+                })?;
+                self.recv_posted += ROUND as u32;
+            }
+            out.push(s.report("recv1", api, ROUND, 1));
+        }
+        let mut wrs = [RecvWr {
+            wr_id: 0,
+            sg_list: &sge,
+        }; CHAIN];
+        for api in ["verbs", "lowlevel"] {
+            for _ in 0..calls {
+                self.make_recv_room(CHAIN)?;
+                let id = self.next_wr_id;
+                self.next_wr_id += CHAIN as u64;
+                if api == "verbs" {
+                    for (k, wr) in wrs.iter_mut().enumerate() {
+                        wr.wr_id = id + k as u64;
+                    }
+                    s.time(|| bench_rs_recv_chain32_verbs(&mut self.qp, black_box(&wrs)))
+                        .map_err(|(_, e)| e)?;
+                } else {
+                    let rq = Self::rq(&mut self.qp)?;
+                    s.time(|| bench_rs_recv_chain32_lowlevel(rq, id, black_box(&sge[0])))?;
+                }
+                self.recv_posted += CHAIN as u32;
+            }
+            out.push(s.report("recv_chain32", api, 1, CHAIN as u32));
+        }
+        Ok(())
+    }
+
+    /// Receive polling: [`FILL`] SENDs to self (unmeasured) put as many receive CQEs in the
+    /// receive CQ, which are then polled one per call, the `FILL` calls timed as one region.
+    fn recv_polls(
+        &mut self,
+        calls: usize,
+        s: &mut Samples,
+        out: &mut Vec<String>,
+    ) -> Result<(), BoxErr> {
+        for api in ["verbs", "lowlevel"] {
+            for _ in 0..calls.div_ceil(FILL) {
+                self.send_to_self(FILL)?;
+                let cq = &mut self.rcq;
+                let rq = Self::rq(&mut self.qp)?;
+                let good = s.time(|| {
+                    let mut good = 0;
+                    for _ in 0..FILL {
+                        if api == "verbs" {
+                            let mut one = [WorkCompletion::default(); 1];
+                            if bench_rs_poll_recv_verbs(cq, &mut one) == 1
+                                && one[0].status == WcStatus::SUCCESS
+                                && one[0].opcode == WcOpcode::RECV
+                                && one[0].byte_len == PAYLOAD as u32
+                            {
+                                good += 1;
+                            }
+                        } else if matches!(
+                            bench_rs_poll_recv_lowlevel(cq, rq),
+                            Some((_, op, len)) if op == CqeOpcode::RESP_SEND && len == PAYLOAD as u32
+                        ) {
+                            good += 1;
+                        }
+                    }
+                    good
+                });
+                if good != FILL {
+                    return Err(format!(
+                        "poll_recv {api}: {good} of {FILL} receive CQEs were 64-byte successes"
+                    )
+                    .into());
+                }
+                self.recv_posted -= FILL as u32;
+                self.refill_recv()?;
+            }
+            out.push(s.report("poll_recv", api, FILL, 1));
+        }
+        Ok(())
     }
 
     /// Single-WR posts, timed in batches of [`ROUND`] back-to-back calls (the clock is too
@@ -408,6 +631,8 @@ pub fn run(calls: usize) -> Result<Vec<String>, BoxErr> {
         rig.single_posts("send_sge64", false, n, &mut s, sink)?;
         rig.chains(n, &mut s, sink)?;
         rig.polls(n, &mut s, sink)?;
+        rig.recv_posts(n, &mut s, sink)?;
+        rig.recv_polls(n, &mut s, sink)?;
     }
     let st = rig.qp.sq_ref().stats();
     let bf = rig.qp.sq_ref().bfreg();

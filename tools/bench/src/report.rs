@@ -206,7 +206,7 @@ mod tests {
         }
         assert!(t.contains(" 0.50 "), "{t}");
         assert!(t.contains("note: n1"), "{t}");
-        // Header + rule + 8 rows, all the same width.
+        // Header + rule + one line per row, all the same width.
         let lines: Vec<&str> = t.lines().filter(|l| l.starts_with('|')).collect();
         assert_eq!(lines.len(), 2 + OPS.len());
         assert!(lines.iter().all(|l| l.len() == lines[0].len()));

@@ -113,6 +113,8 @@ pub fn run(corpus: &Corpus, knobs: &Knobs) -> Result<SideRun, String> {
             BfPolicy::InlineOnly
         };
         a.sq_sig_all = sig_all;
+        // As libmlx5 under MLX5_SCATTER_TO_CQE=0 (see `harness::run`).
+        a.scatter_to_cqe = false;
         Qp::new(&pd, &a).map_err(|e| err("Qp::new", e))
     };
     // Requester and responder of each QpSel, in the order the harness creates them.

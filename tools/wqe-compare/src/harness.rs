@@ -85,8 +85,8 @@ pub fn preload_so() -> Result<PathBuf, String> {
 /// Environment of the run: every `MLX5_*` variable of ours removed, then
 /// `MLX5_EMU_FABRIC=inprocess`, `MLX5_EMU_NODE=`[`NODE`], `MLX5_EMU_HCAS=1`,
 /// `MLX5_EMU_WQE_LOG=<log>`, `MLX5_EMU_BF_REG_SIZE`, `MLX5_EMU_DYN_UAR`, and for libmlx5
-/// `MLX5_SCATTER_TO_CQE=0` (the `mlx5` crate never asks for scatter-to-CQE, so both QPs are
-/// created without it; it changes CQEs, not WQEs), `MLX5_NUM_LOW_LAT_UUARS`,
+/// `MLX5_SCATTER_TO_CQE=0` (and the `mlx5` crate's QPs are created with `scatter_to_cqe = false`,
+/// so both sides run without it; it changes CQEs, not WQEs), `MLX5_NUM_LOW_LAT_UUARS`,
 /// `MLX5_POST_SEND_PREFER_BF=0` unless
 /// `knobs.prefer_bf`, `MLX5_SHUT_UP_BF=1` if `knobs.shut_up_bf`.
 ///

@@ -30,7 +30,7 @@
 //! an HCA without BlueFlame registers; 256-byte BlueFlame registers; 8 low-latency registers
 //! (every QP its own); requester QPs with `sq_sig_all`; the harness posting through the
 //! `ibv_wr_*` API (perftest's) instead of `ibv_post_send`. Both sides always run
-//! without scatter-to-CQE (`MLX5_SCATTER_TO_CQE=0` for libmlx5; the crate never asks for it):
+//! without scatter-to-CQE (`MLX5_SCATTER_TO_CQE=0` for libmlx5, `scatter_to_cqe = false` for ours):
 //! it changes CQEs, not WQEs, and keeps READ/atomic results in memory on both sides.
 
 pub mod compare;
