@@ -490,7 +490,21 @@ fn run_pair(server: &mut Command, client: &mut Command) -> (String, String) {
     let srv = server
         .spawn()
         .unwrap_or_else(|e| panic!("{server:?}: {e} (is perftest installed?)"));
-    std::thread::sleep(std::time::Duration::from_millis(300));
+    // The client must not start before the server listens (perftest clients do not retry).
+    let port: u16 = server
+        .get_args()
+        .skip_while(|a| *a != "-p")
+        .nth(1)
+        .and_then(|p| p.to_str()?.parse().ok())
+        .expect("run_pair servers are given -p PORT");
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !common::listening(port) {
+        assert!(
+            std::time::Instant::now() < until,
+            "{server:?} never listened on {port}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     let cli = client
         .output()
         .unwrap_or_else(|e| panic!("{client:?}: {e} (is perftest installed?)"));

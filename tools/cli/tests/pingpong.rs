@@ -99,23 +99,6 @@ impl Drop for Running {
     }
 }
 
-/// Whether a socket listens on TCP `port`, from `/proc/net/tcp*` (a probing connection would
-/// be taken for the peer by ibv_rc_pingpong's server).
-fn listening(port: u16) -> bool {
-    let want = format!(":{port:04X}");
-    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
-        std::fs::read_to_string(f)
-            .unwrap_or_default()
-            .lines()
-            .skip(1)
-            .any(|l| {
-                let cols: Vec<&str> = l.split_whitespace().collect();
-                // local address "ADDR:PORT" in column 1, state in column 3 (0A = LISTEN)
-                cols.len() > 3 && cols[1].ends_with(&want) && cols[3] == "0A"
-            })
-    })
-}
-
 /// Debian's ibv_rc_pingpong on an emulated HCA of its own (the shim, UDP fabric).
 fn ibv(args: &[&str]) -> Command {
     let mut cmd = Command::new("ibv_rc_pingpong");
@@ -185,7 +168,7 @@ fn pair(
     cmd.envs(server_env.iter().copied());
     let srv = Running::start(cmd);
     let until = Instant::now() + LIMIT;
-    while !listening(port) {
+    while !common::listening(port) {
         assert!(
             Instant::now() < until,
             "the server never listened on {port}"

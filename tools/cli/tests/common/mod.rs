@@ -40,3 +40,20 @@ pub fn preload_so() -> std::path::PathBuf {
     assert!(so.exists(), "{} missing", so.display());
     so
 }
+
+/// Whether a socket listens on TCP `port`, from `/proc/net/tcp*` (a probing connection would
+/// be taken for the peer by ibv_rc_pingpong's server).
+pub fn listening(port: u16) -> bool {
+    let want = format!(":{port:04X}");
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
+        std::fs::read_to_string(f)
+            .unwrap_or_default()
+            .lines()
+            .skip(1)
+            .any(|l| {
+                let cols: Vec<&str> = l.split_whitespace().collect();
+                // local address "ADDR:PORT" in column 1, state in column 3 (0A = LISTEN)
+                cols.len() > 3 && cols[1].ends_with(&want) && cols[3] == "0A"
+            })
+    })
+}
