@@ -236,6 +236,8 @@ struct CqeSpec {
     send_op: u8,
     src_qp: u32,
     grh: bool,
+    /// Responder CQE of a RoCE packet: its network header type (0 GRH, 1 IPv6, 2 IPv4).
+    roce: Option<u8>,
     slid: u16,
     sl: u8,
     se: bool,
@@ -300,11 +302,20 @@ fn post_cqe(w: &mut World, hca: usize, cqn: u32, s: &CqeSpec) -> bool {
     } else {
         let mut c = Cqe64::new_zeroed();
         c.slid = Be16::new(s.slid);
-        c.flags_rqpn = Be32::new(
-            (s.src_qp & 0xff_ffff)
-                | (u32::from(s.sl & 0xf) << 24)
-                | if s.grh { 1 << 28 } else { 0 },
-        );
+        // flags_rqpn: 29:28 GRH scattered to the buffer (1), 27:24 SL on InfiniBand; on
+        // RoCE 25:24 carry the packet's network header type instead (and the SL, which
+        // travels in the VLAN PCP, is absent without a VLAN).
+        let l3 = match s.roce {
+            Some(t) => u32::from(t & 3) << 24,
+            None => u32::from(s.sl & 0xf) << 24,
+        };
+        c.flags_rqpn = Be32::new((s.src_qp & 0xff_ffff) | l3 | if s.grh { 1 << 28 } else { 0 });
+        if let Some(t) = s.roce {
+            // l4_hdr_type_etc: 6:4 L4 header type (2 = UDP for RoCE v2), 3:2 L3 header
+            // type (1 IPv6, 2 IPv4; 0 for RoCE v1), 0 VLAN present (no VLAN here).
+            let l4 = if t == 0 { 0 } else { 2 };
+            c.l4_hdr_type_etc = (l4 << 4) | ((t & 3) << 2);
+        }
         c.srqn_uidx = Be32::new(s.srqn_uidx & 0xff_ffff);
         c.imm_inval_pkey = Be32::from_bytes(s.imm);
         c.byte_cnt = Be32::new(s.byte_cnt);
@@ -889,6 +900,36 @@ fn build_request(
             qkey
         };
         p.dst_qpn = av.dqpn();
+        if w.hcas[hca].info.is_roce() {
+            // RoCE address vector (as libmlx5 builds it): the GRH bit is reserved (every
+            // packet has a network header), rgid is the destination, bits 27:20 of
+            // grh_gid_fl the source GID index, rmac the destination MAC, rlid the UDP
+            // source port (RoCE v2). The frame goes to rmac: a MAC that is not the
+            // destination node's loses the packet on the way.
+            let (sgid, l3) = roce_source(w, hca, av.sgid_index()).ok_or(Syndrome::LOCAL_QP_OP)?;
+            let node = crate::roce::node_of_gid(&av.rgid);
+            let mac_ok = node.is_some_and(|n| {
+                av.rmac == crate::roce::mac_of_guid(crate::BASE_GUID + u64::from(n))
+            });
+            p.dst_lid = if mac_ok { node.unwrap_or(0) } else { 0 };
+            p.roce = Some(l3);
+            p.sl = (av.stat_rate_sl >> 1) & 7;
+            p.grh = Some(Box::new(Grh {
+                tclass: av.tclass,
+                flow_label: av.flow_label(),
+                hop_limit: av.hop_limit,
+                sgid,
+                dgid: av.rgid,
+            }));
+            if wqe.opcode == SendOpcode::SEND_IMM {
+                p.imm = Some(wqe.imm);
+            }
+            p.payload = payload(w, hca, pdn, b, 64)?;
+            if p.payload.len() as u32 > mtu {
+                return Err(Syndrome::LOCAL_LENGTH);
+            }
+            return Ok((p, local, 0));
+        }
         p.dst_lid = route(w, av.rlid(), if av.grh() { Some(av.rgid) } else { None })
             .ok_or(Syndrome::LOCAL_QP_OP)?;
         if av.grh() {
@@ -911,16 +952,24 @@ fn build_request(
     }
     // Connected: destination from the QP context.
     p.dst_qpn = q.dest_qpn;
-    p.dst_lid = route(
-        w,
-        q.path.dlid,
-        if q.path.is_global {
-            Some(q.path.dgid)
-        } else {
-            None
-        },
-    )
-    .unwrap_or(0);
+    if me.is_roce() {
+        // RoCE: routed by the destination GID (the DLID is not used); the packet type
+        // follows the source GID's type.
+        let (sgid_index, dgid) = (q.path.sgid_index, q.path.dgid);
+        p.dst_lid = crate::roce::node_of_gid(&dgid).unwrap_or(0);
+        p.roce = roce_source(w, hca, sgid_index).map(|(_, l3)| l3);
+    } else {
+        p.dst_lid = route(
+            w,
+            q.path.dlid,
+            if q.path.is_global {
+                Some(q.path.dgid)
+            } else {
+                None
+            },
+        )
+        .unwrap_or(0);
+    }
     let raddr = || -> Result<RaddrSeg, Syndrome> {
         RaddrSeg::read_from_bytes(b.get(16..32).ok_or(Syndrome::LOCAL_QP_OP)?)
             .map_err(|_| Syndrome::LOCAL_QP_OP)
@@ -1057,6 +1106,18 @@ fn build_request(
         return Err(Syndrome::LOCAL_LENGTH);
     }
     Ok((p, local, len))
+}
+
+/// A RoCE port's source GID `index` and the network header type packets sent from it
+/// carry: RoCE v1 -> 0 (GRH), RoCE v2 -> 2 (IPv4) for an IPv4-mapped GID, else 1 (IPv6).
+fn roce_source(w: &World, hca: usize, index: u8) -> Option<([u8; 16], u8)> {
+    let e = crate::kernel::gid_at(w, hca, u32::from(index))?;
+    let l3 = match e.gid_type {
+        crate::GidType::RoceV2 if crate::roce::gid_ipv4(&e.gid).is_some() => 2,
+        crate::GidType::RoceV2 => 1,
+        _ => 0,
+    };
+    Some((e.gid, l3))
 }
 
 /// The destination LID of an address: the LID itself, or for a GID (link-local prefix +
@@ -1407,6 +1468,20 @@ fn receive_udp(w: &mut World) -> usize {
                     p.dst_hca = hca;
                     p.slid = u16::from_be_bytes([sip[2], sip[3]]);
                     p.dst_lid = lid;
+                    if w.hcas[hca].info.is_roce() {
+                        // RoCEv2 over IPv4: the IP header is the "GRH" of a UD receive.
+                        // (TOS and TTL as this fabric sends them: 0 and 64.)
+                        p.roce = Some(2);
+                        if p.transport() == 0x60 {
+                            p.grh = Some(Box::new(Grh {
+                                tclass: 0,
+                                flow_label: 0,
+                                hop_limit: 64,
+                                sgid: crate::roce::ipv4_mapped_gid(sip),
+                                dgid: crate::roce::ipv4_mapped_gid(node_ip(lid)),
+                            }));
+                        }
+                    }
                     w.wire.queue.push_back((now, p));
                     n += 1;
                 }
@@ -2015,7 +2090,8 @@ fn execute_request(
             wqe_counter: msg.ctr,
             src_qp: pkt.src_qpn,
             grh: ud && pkt.grh.is_some(),
-            slid: pkt.slid,
+            roce: pkt.roce,
+            slid: if pkt.roce.is_some() { 0 } else { pkt.slid },
             sl: pkt.sl,
             se: pkt.se,
             scatter: cqe_scatter,
@@ -2089,6 +2165,35 @@ fn has_recv_wqe(w: &World, hca: usize, qpn: u32) -> bool {
 /// The 40-byte GRH placed at the head of a UD receive buffer (IPv6-style header).
 fn grh_bytes(pkt: &Packet) -> [u8; 40] {
     let mut g = [0u8; 40];
+    // RoCE v2: the UDP datagram is UDP (8) + BTH (12) + DETH (8) + ImmDt + payload + ICRC.
+    let udp_len = 8 + 12 + 8 + if pkt.imm.is_some() { 4 } else { 0 } + pkt.payload.len() + 4;
+    match (pkt.roce, pkt.grh.as_deref()) {
+        (Some(2), Some(h)) => {
+            // RoCE v2 over IPv4: the first 20 bytes are undefined (left zero), the IPv4
+            // header fills the last 20.
+            let ip = |gid: &[u8; 16]| crate::roce::gid_ipv4(gid).unwrap_or_default();
+            g[20..].copy_from_slice(&crate::roce::ipv4_header(
+                ip(&h.sgid),
+                ip(&h.dgid),
+                h.tclass,
+                h.hop_limit,
+                udp_len,
+            ));
+            return g;
+        }
+        (Some(1), Some(h)) => {
+            // RoCE v2 over IPv6: the IPv6 header, next header UDP.
+            let w0 = (6u32 << 28) | (u32::from(h.tclass) << 20) | (h.flow_label & 0xf_ffff);
+            g[0..4].copy_from_slice(&w0.to_be_bytes());
+            g[4..6].copy_from_slice(&(udp_len as u16).to_be_bytes());
+            g[6] = 17;
+            g[7] = h.hop_limit;
+            g[8..24].copy_from_slice(&h.sgid);
+            g[24..40].copy_from_slice(&h.dgid);
+            return g;
+        }
+        _ => {}
+    }
     if let Some(h) = pkt.grh.as_deref() {
         let w0 = (6u32 << 28) | (u32::from(h.tclass) << 20) | (h.flow_label & 0xf_ffff);
         g[0..4].copy_from_slice(&w0.to_be_bytes());

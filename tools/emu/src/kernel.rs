@@ -46,6 +46,10 @@ pub(crate) mod caps {
     pub(crate) const MAX_BFREGS: u32 = 512;
     pub(crate) const CORE_CLOCK_OFFSET: u64 = 0x10;
     pub(crate) const CLOCK_KHZ: u64 = 1_000_000;
+    /// `port_cap_flags`: IB_PORT_CM_SUP.
+    pub(crate) const PORT_CM_SUP: u32 = 1 << 16;
+    /// `port_cap_flags`: IB_UVERBS_PCF_IP_BASED_GIDS (RoCE ports).
+    pub(crate) const PORT_IP_BASED_GIDS: u32 = 1 << 26;
 }
 
 /// Write-command numbers (`enum ib_uverbs_write_cmds`) we implement.
@@ -723,6 +727,7 @@ fn get_context(w: &mut World, hca: usize, r: &Req) -> Result<u64, Errno> {
     }
     let (async_ch, async_fd) = new_channel(w, 16)?;
     let cqe_version = max_cqe_version.min(w.cfg.cqe_version).min(1);
+    let roce = w.hcas[hca].info.is_roce();
     // ib_uverbs_get_context_resp: 0 async_fd, 4 num_comp_vectors.
     let mut core = Out::new(8);
     core.u32(0, async_fd as u32).u32(4, 1);
@@ -742,8 +747,12 @@ fn get_context(w: &mut World, hca: usize, r: &Req) -> Result<u64, Errno> {
         .u32(36, 0x1 | 0x2)
         .u32(40, r.drv_out_len.min(72) as u32)
         .u8(44, cqe_version)
-        .u8(45, 1)
-        .u8(46, 0)
+        // cmds_supp_uhw: QUERY_DEVICE and CREATE_AH take driver data (mlx5_ib sets both
+        // on every port type; CREATE_AH answers with the destination MAC on Ethernet only,
+        // and libmlx5 asks for it only there). eth_min_inline: on Ethernet the minimum
+        // inline mode + 1 (ConnectX-5: none -> 1), 0 otherwise.
+        .u8(45, 1 | 2)
+        .u8(46, u8::from(roce))
         .u8(47, 1)
         .u64(48, caps::CORE_CLOCK_OFFSET)
         .u32(56, 12)
@@ -856,23 +865,45 @@ fn query_port(w: &World, ctx: u64, r: &Req) -> Result<(), Errno> {
     }
     let h = &w.hcas[hca_of(w, ctx)];
     let mut o = Out::new(40);
-    // ib_uverbs_query_port_resp
-    o.u32(0, 0x0001_0000 | 0x0200_0000) // CM_SUP | ... IS_SM-less
-        .u32(4, 1 << 30)
-        .u32(16, 1) // gid_tbl_len
+    // ib_uverbs_query_port_resp: 0 port_cap_flags, 4 max_msg_sz, 8 bad_pkey_cntr,
+    // 12 qkey_viol_cntr, 16 gid_tbl_len, 20 pkey_tbl_len, 22 lid, 24 sm_lid, 26 state,
+    // 27 max_mtu, 28 active_mtu, 29 lmc, 30 max_vl_num, 31 sm_sl, 32 subnet_timeout,
+    // 33 init_type_reply, 34 active_width, 35 active_speed, 36 phys_state, 37 link_layer,
+    // 38 flags.
+    o.u32(4, 1 << 30)
+        .u32(16, h.info.gid_tbl_len())
         .u16(20, 1) // pkey_tbl_len
-        .u16(22, h.info.lid)
-        .u16(24, 1) // sm_lid
         .u8(26, 4) // state ACTIVE
         .u8(27, 5) // max_mtu 4096
-        .u8(28, 5) // active_mtu
-        .u8(30, 4) // max_vl_num
-        .u8(32, 18) // subnet_timeout
         .u8(34, 2) // active_width 4X
-        .u8(35, 32) // active_speed EDR
-        .u8(36, 5) // phys_state LinkUp
-        .u8(37, 1); // link_layer IB
+        .u8(35, 32) // active_speed EDR (25 Gb/s per lane: 100GbE on a RoCE port)
+        .u8(36, 5); // phys_state LinkUp
+    if h.info.is_roce() {
+        // mlx5_ib on Ethernet: CM supported, IP-based GIDs (the uverbs flag the core adds
+        // for ip_gids); no LID, SM or VLs; the active MTU is the largest IB MTU that fits
+        // the netdev MTU (1500) minus the RoCE headers: 1024.
+        o.u32(0, caps::PORT_CM_SUP | caps::PORT_IP_BASED_GIDS)
+            .u8(28, 3) // active_mtu 1024
+            .u8(37, 2); // link_layer Ethernet
+    } else {
+        o.u32(0, 0x0001_0000 | 0x0200_0000) // CM_SUP | ... IS_SM-less
+            .u16(22, h.info.lid)
+            .u16(24, 1) // sm_lid
+            .u8(28, 5) // active_mtu
+            .u8(30, 4) // max_vl_num
+            .u8(32, 18) // subnet_timeout
+            .u8(37, 1); // link_layer IB
+    }
     r.respond(&o)
+}
+
+/// The valid GID table entry `index` of the context's port, if any.
+pub(crate) fn gid_at(w: &World, hca: usize, index: u32) -> Option<crate::GidEntry> {
+    w.hcas[hca]
+        .info
+        .gid_table()
+        .into_iter()
+        .find(|e| e.index == index)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1005,17 +1036,39 @@ fn create_ah(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> {
     // 24 ah_attr { 24 dgid[16], 40 flow_label, 44 sgid_index, 45 hop_limit, 46 tclass,
     // 48 dlid, 50 sl, 51 src_path_bits, 52 static_rate, 53 is_global, 54 port_num }.
     let pdn = pd_of(w, ctx, le32(&r.core, 16))?;
-    if u8at(&r.core, 54) != 1 || u8at(&r.core, 44) != 0 && u8at(&r.core, 53) != 0 {
+    let hca = hca_of(w, ctx);
+    let roce = w.hcas[hca].info.is_roce();
+    let (sgid_index, is_global) = (u8at(&r.core, 44), u8at(&r.core, 53) != 0);
+    if u8at(&r.core, 54) != 1 {
         return Err(EINVAL);
     }
     let mut dgid = [0u8; 16];
     dgid.copy_from_slice(&r.core[24..40]);
-    let hca = hca_of(w, ctx);
+    let mut dmac = [0u8; 6];
+    if roce {
+        // RoCE: the AH must be global, with a valid source GID; the kernel resolves the
+        // destination MAC and (with udata) returns it in mlx5_ib_create_ah_resp
+        // (0 response_length, 4 dmac[6], 10 reserved[6]); response_length = 10.
+        if !is_global || gid_at(w, hca, u32::from(sgid_index)).is_none() {
+            return Err(EINVAL);
+        }
+        dmac = crate::roce::resolve_dmac(&dgid).ok_or(Errno(libc::EHOSTUNREACH))?;
+        if r.drv_out_len > 0 && r.drv_out_len < 10 {
+            return Err(EINVAL);
+        }
+    } else if sgid_index != 0 && is_global {
+        return Err(EINVAL);
+    }
     let id = next_id(w, hca);
     let handle = w.contexts[&ctx].next_handle;
     let mut o = Out::new(4);
     o.u32(0, handle);
     r.respond(&o)?;
+    if roce && r.drv_out_len >= 10 {
+        let mut d = Out::new(16);
+        d.u32(0, 10).bytes(4, &dmac);
+        r.respond_drv(&d)?;
+    }
     new_handle(w, ctx, Obj::Ah(id));
     w.hcas[hca].ahs.insert(
         id,
@@ -1024,7 +1077,9 @@ fn create_ah(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> {
             pdn,
             dlid: le16(&r.core, 48),
             dgid,
-            is_global: u8at(&r.core, 53) != 0,
+            is_global,
+            sgid_index,
+            dmac,
         },
     );
     pd_use(w, hca, pdn, 1);
@@ -1584,6 +1639,19 @@ fn modify_qp(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> {
     if m & mask::PATH_MIG_STATE != 0 && u8at(c, 99) > 2 {
         return Err(EINVAL);
     }
+    // RoCE (mlx5_set_path): an address vector must carry a GRH (is_global) whose source
+    // GID index names a valid GID table entry; the destination MAC is resolved from the
+    // GID and the DLID is not used.
+    let roce = w.hcas[hca].info.is_roce();
+    let mut dmac = [0u8; 6];
+    if roce && m & mask::AV != 0 {
+        if u8at(c, 30) == 0 || gid_at(w, hca, u32::from(u8at(c, 24))).is_none() {
+            return Err(EINVAL);
+        }
+        let mut dgid = [0u8; 16];
+        dgid.copy_from_slice(&c[0..16]);
+        dmac = crate::roce::resolve_dmac(&dgid).ok_or(Errno(libc::EHOSTUNREACH))?;
+    }
     if r.ex {
         // mlx5_ib_modify_qp: 0 comp_mask, 4 burst info, 12 ece_options; nothing supported.
         let d = r.drv(16)?;
@@ -1626,11 +1694,17 @@ fn modify_qp(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> {
         let mut dgid = [0u8; 16];
         dgid.copy_from_slice(&c[0..16]);
         qp.path = Path {
-            dlid: le16(c, 20),
+            // RoCE: no LIDs; the address is the GID (QUERY_QP reports DLID 0).
+            dlid: if roce { 0 } else { le16(c, 20) },
             dgid,
             is_global: u8at(c, 30) != 0,
             sl: u8at(c, 27),
             port: u8at(c, 31),
+            sgid_index: u8at(c, 24),
+            flow_label: le32(c, 16) & 0xf_ffff,
+            hop_limit: u8at(c, 25),
+            tclass: u8at(c, 26),
+            dmac,
         };
     }
     if next == qps::RESET {
@@ -1676,7 +1750,11 @@ fn query_qp(w: &World, ctx: u64, r: &Req) -> Result<(), Errno> {
     // 116 port_num, 117 timeout, 118 retry_cnt, 119 rnr_retry, 120 alt_port_num,
     // 121 alt_timeout, 122 sq_sig_all.
     o.bytes(0, &q.path.dgid)
+        .u32(16, q.path.flow_label)
         .u16(20, q.path.dlid)
+        .u8(24, q.path.sgid_index)
+        .u8(25, q.path.hop_limit)
+        .u8(26, q.path.tclass)
         .u8(27, q.path.sl)
         .u8(30, u8::from(q.path.is_global))
         .u8(31, q.path.port)

@@ -30,7 +30,10 @@
 //! What the emulated kernel/device deliberately does not do (yet): DEVX and the mlx5 VAR
 //! object, memory windows and UMR (LOCAL_INV,
 //! BIND_MW: local QP operation error), CQE compression, resize CQ, XRC/DC/RAW_PACKET QPs.
-//! The port is InfiniBand (LID-routed, one GID: link-local prefix + node GUID, one P_Key).
+//! The port is InfiniBand by default (LID-routed, one GID: link-local prefix + node GUID,
+//! one P_Key); [`EmuConfig::link_layer`] = [`LinkLayer::Ethernet`] makes it a RoCE port
+//! (GID-routed, RoCE v1/v2 GID table, destination MACs; the fabric between processes is
+//! RoCEv2 either way, RoCE v1 entries are accepted but travel as RoCEv2 there).
 //! SEND with invalidate reports the rkey in the CQE without invalidating anything.
 //!
 //! ```no_run
@@ -49,6 +52,7 @@ mod kernel;
 mod mem;
 mod pcap;
 mod record;
+mod roce;
 mod state;
 mod transport;
 mod uar;
@@ -59,6 +63,7 @@ use std::time::Duration;
 pub use abi::{Errno, UverbsSurface};
 pub use mem::{DmaPath, dma_path, set_dma_path};
 pub use record::{WqeRecord, WqeVia};
+pub use roce::{GidEntry, GidType, LinkLayer, NDEV_IFINDEX, NDEV_NAME, ROCE_GID_TBL_LEN};
 
 /// The RoCEv2 ICRC (sent little-endian after the payload) of the UDP payload `bth_on` (BTH
 /// onwards, without the ICRC) from fabric node `src_lid` to `dst_lid`, for tools and tests
@@ -179,6 +184,11 @@ pub struct EmuConfig {
     /// mmap at the returned offset), and must name a UAR page in CQ/QP creation. Off by
     /// default: contexts get static UARs, as from a kernel before dynamic UARs.
     pub dyn_uar: bool,
+    /// Link layer of every HCA's port. `InfiniBand` (default): LID-routed, one GID.
+    /// `Ethernet`: a RoCE port as mlx5_ib presents it -- LID 0, a GID table of RoCE v1/v2
+    /// entries (link-local and IPv4-mapped, see [`HcaInfo::gid_table`]), CREATE_AH returns
+    /// the destination MAC, connected QPs need a GRH, and the device routes by GID.
+    pub link_layer: LinkLayer,
 }
 
 /// GUID of node 0; node (LID) n has GUID `BASE_GUID + n`.
@@ -198,6 +208,7 @@ impl Default for EmuConfig {
             node: None,
             pcap: None,
             dyn_uar: false,
+            link_layer: LinkLayer::InfiniBand,
         }
     }
 }
@@ -211,10 +222,18 @@ pub struct HcaInfo {
     pub node_guid: u64,
     /// System image GUID.
     pub sys_image_guid: u64,
-    /// Port 1 GID 0: link-local prefix + node GUID.
+    /// Port 1 GID 0: InfiniBand: link-local prefix + node GUID; RoCE: `fe80::` + the
+    /// modified EUI-64 of [`HcaInfo::mac`].
     pub port_gid: [u8; 16],
-    /// Port 1 LID.
+    /// The fabric node number: on InfiniBand the port's LID (a RoCE port reports LID 0
+    /// but the node keeps its number, which fixes its addresses).
     pub lid: u16,
+    /// Link layer of port 1.
+    pub link_layer: LinkLayer,
+    /// MAC address of the port (Ethernet): the node GUID without its bytes 3 and 4.
+    pub mac: [u8; 6],
+    /// IPv4 address of the node on the fabric (`127.1.x.y`, x.y = node number).
+    pub ipv4: [u8; 4],
     /// Firmware version, "major.minor.sub".
     pub fw_ver: String,
     /// Firmware version as QUERY_DEVICE encodes it: major << 32 | minor << 16 | sub.
@@ -223,6 +242,36 @@ pub struct HcaInfo {
     pub vendor_id: u32,
     /// Vendor part id.
     pub vendor_part_id: u32,
+}
+
+impl HcaInfo {
+    /// The valid entries of port 1's GID table: one InfiniBand GID, or on a RoCE port
+    /// RoCE v1 and v2 entries for the link-local GID (indexes 0, 1) and the IPv4-mapped
+    /// `::ffff:a.b.c.d` GID (indexes 2, 3), as the RoCE GID management fills it.
+    pub fn gid_table(&self) -> Vec<GidEntry> {
+        match self.link_layer {
+            LinkLayer::InfiniBand => vec![GidEntry {
+                index: 0,
+                gid: self.port_gid,
+                gid_type: GidType::Ib,
+                ndev_ifindex: 0,
+            }],
+            LinkLayer::Ethernet => roce::gid_table(self.mac, self.ipv4),
+        }
+    }
+
+    /// Length of port 1's GID table (QUERY_PORT `gid_tbl_len`).
+    pub fn gid_tbl_len(&self) -> u32 {
+        match self.link_layer {
+            LinkLayer::InfiniBand => 1,
+            LinkLayer::Ethernet => ROCE_GID_TBL_LEN,
+        }
+    }
+
+    /// Whether port 1 is Ethernet (RoCE).
+    pub fn is_roce(&self) -> bool {
+        self.link_layer == LinkLayer::Ethernet
+    }
 }
 
 /// Device counters of one HCA. The second group is named exactly like the mlx5
@@ -416,10 +465,14 @@ impl Emulator {
             .enumerate()
             .map(|(i, (&lid, sock))| {
                 let guid = BASE_GUID + u64::from(lid);
+                let mac = roce::mac_of_guid(guid);
                 let mut gid = [0u8; 16];
                 gid[0] = 0xfe;
                 gid[1] = 0x80;
                 gid[8..].copy_from_slice(&guid.to_be_bytes());
+                if cfg.link_layer == LinkLayer::Ethernet {
+                    gid = roce::link_local_gid(mac);
+                }
                 state::Hca {
                     info: HcaInfo {
                         name: format!("mlx5_{i}"),
@@ -427,6 +480,9 @@ impl Emulator {
                         sys_image_guid: guid,
                         port_gid: gid,
                         lid,
+                        link_layer: cfg.link_layer,
+                        mac,
+                        ipv4: transport::node_ip(lid),
                         fw_ver: "16.35.1012".to_string(),
                         fw_ver_raw: (16 << 32) | (35 << 16) | 1012,
                         vendor_id: 0x02c9,

@@ -25,11 +25,24 @@ pub(crate) fn open(path: &std::path::Path) -> Option<std::io::BufWriter<std::fs:
 
 /// Append one packet (`udp_payload` = BTH..ICRC) sent from `src` to `dst` at `now_ns`.
 pub(crate) fn capture(w: &mut World, src: [u8; 4], dst: [u8; 4], udp_payload: &[u8], now_ns: u64) {
-    let Some(out) = w.pcap.as_mut() else { return };
+    if w.pcap.is_none() {
+        return;
+    }
     let mut frame = Vec::with_capacity(14 + 28 + udp_payload.len());
-    // Ethernet: locally administered MACs derived from the node addresses, type IPv4.
-    frame.extend_from_slice(&[0x02, 0, dst[0], dst[1], dst[2], dst[3]]);
-    frame.extend_from_slice(&[0x02, 0, src[0], src[1], src[2], src[3]]);
+    // Ethernet, type IPv4: on a RoCE port the nodes' MACs; otherwise locally administered
+    // MACs derived from the node addresses.
+    let mac = |ip: [u8; 4]| {
+        if w.cfg.link_layer == crate::LinkLayer::Ethernet {
+            let node = u16::from_be_bytes([ip[2], ip[3]]);
+            crate::roce::mac_of_guid(crate::BASE_GUID + u64::from(node))
+        } else {
+            [0x02, 0, ip[0], ip[1], ip[2], ip[3]]
+        }
+    };
+    let (dmac, smac) = (mac(dst), mac(src));
+    let Some(out) = w.pcap.as_mut() else { return };
+    frame.extend_from_slice(&dmac);
+    frame.extend_from_slice(&smac);
     frame.extend_from_slice(&0x0800u16.to_be_bytes());
     frame.extend_from_slice(&ip_udp_headers(src, dst, udp_payload.len(), false));
     frame.extend_from_slice(udp_payload);

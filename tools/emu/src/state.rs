@@ -171,6 +171,9 @@ pub(crate) struct Ah {
     pub(crate) dlid: u16,
     pub(crate) dgid: [u8; 16],
     pub(crate) is_global: bool,
+    pub(crate) sgid_index: u8,
+    /// RoCE: the destination MAC the kernel resolved.
+    pub(crate) dmac: [u8; 6],
 }
 
 /// The primary path of a connected QP.
@@ -181,6 +184,15 @@ pub(crate) struct Path {
     pub(crate) is_global: bool,
     pub(crate) sl: u8,
     pub(crate) port: u8,
+    /// GRH fields (used on RoCE, where every packet carries them).
+    pub(crate) sgid_index: u8,
+    pub(crate) flow_label: u32,
+    pub(crate) hop_limit: u8,
+    pub(crate) tclass: u8,
+    /// RoCE: the destination MAC resolved at modify time (kept as the QP context does;
+    /// the in-process fabric routes by GID).
+    #[allow(dead_code)]
+    pub(crate) dmac: [u8; 6],
 }
 
 /// A list that keeps up to `N` elements in place and moves to the heap beyond that (a

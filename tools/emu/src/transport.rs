@@ -90,6 +90,9 @@ pub(crate) struct Packet {
     pub(crate) sl: u8,
     /// Boxed, like the AtomicETH: rare, and a small packet is cheap to move.
     pub(crate) grh: Option<Box<Grh>>,
+    /// Sent by a RoCE port: the network header type the receiving CQE reports
+    /// (`MLX5_CQE_ROCE_L3_HEADER_TYPE_*`: 0 GRH (RoCE v1), 1 IPv6, 2 IPv4).
+    pub(crate) roce: Option<u8>,
     // BTH
     pub(crate) opcode: u8,
     pub(crate) se: bool,

@@ -7,6 +7,7 @@
 //! | `MLX5_EMU_CQE_VERSION` | 0 or 1 | 1 |
 //! | `MLX5_EMU_BF_REG_SIZE` | BlueFlame register size in bytes, 0 = no BlueFlame | 512 |
 //! | `MLX5_EMU_DYN_UAR` | `1`: contexts asking for dynamic UARs get them (`tot_bfregs = 0`, `UAR_OBJ_ALLOC`; modern flavour) | off |
+//! | `MLX5_EMU_LINK_LAYER` | `ib` (InfiniBand port), `eth` (Ethernet: a RoCE port with RoCE v1/v2 GIDs; aliases `ethernet`, `roce`) | `ib` |
 //! | `MLX5_EMU_FABRIC` | `udp` (RoCEv2 over loopback UDP: processes reach each other), `inprocess` | `udp` |
 //! | `MLX5_EMU_NODE` | LID of HCA 0, 1..=254 (HCA i gets node + i); unset: first free | unset |
 //! | `MLX5_EMU_PCAP` | write every packet this process puts on the fabric to this pcap file | unset |
@@ -18,7 +19,7 @@
 //! A malformed value is reported once on stderr and the default is used: the host program
 //! keeps running.
 
-use mlx5_emu::{EmuConfig, Fabric, FaultConfig, Flavour, RunMode};
+use mlx5_emu::{EmuConfig, Fabric, FaultConfig, Flavour, LinkLayer, RunMode};
 
 /// Largest `MLX5_EMU_HCAS` accepted (minor numbers 192.. stay below 256).
 pub(crate) const MAX_HCAS: usize = 16;
@@ -79,6 +80,13 @@ impl Config {
                 _ => warnings.push(format!(
                     "MLX5_EMU_BF_REG_SIZE={v:?} is not 0 or a power of two in 64..=2048; using 512"
                 )),
+            }
+        }
+        if let Some(v) = get("MLX5_EMU_LINK_LAYER") {
+            match v.trim().to_ascii_lowercase().as_str() {
+                "ib" | "infiniband" => emu.link_layer = LinkLayer::InfiniBand,
+                "eth" | "ethernet" | "roce" => emu.link_layer = LinkLayer::Ethernet,
+                _ => warnings.push(format!("MLX5_EMU_LINK_LAYER={v:?} is not ib|eth; using ib")),
             }
         }
         if let Some(v) = get("MLX5_EMU_FABRIC") {
@@ -165,6 +173,7 @@ mod tests {
         assert_eq!(cfg.emu.fabric, Fabric::Udp);
         assert_eq!(cfg.emu.node, None);
         assert_eq!(cfg.emu.fault, FaultConfig::default());
+        assert_eq!(cfg.emu.link_layer, LinkLayer::InfiniBand);
         assert!(!cfg.trace && !cfg.keep_sysfs);
         assert_eq!(cfg.wqe_log, None);
         assert!(!cfg.emu.dyn_uar);
@@ -190,6 +199,7 @@ mod tests {
             ("MLX5_EMU_DELAY_NS", "1000"),
             ("MLX5_EMU_WQE_LOG", "/tmp/wqes.log"),
             ("MLX5_EMU_DYN_UAR", "1"),
+            ("MLX5_EMU_LINK_LAYER", "RoCE"),
         ]);
         assert!(warnings.is_empty(), "{warnings:?}");
         assert_eq!(cfg.emu.flavour, Flavour::WriteOnly);
@@ -203,6 +213,7 @@ mod tests {
         );
         assert_eq!(cfg.emu.fabric, Fabric::InProcess);
         assert!(cfg.emu.dyn_uar);
+        assert_eq!(cfg.emu.link_layer, LinkLayer::Ethernet);
         assert_eq!(cfg.emu.node, Some(7));
         assert_eq!(
             cfg.emu.pcap.as_deref(),
@@ -231,8 +242,9 @@ mod tests {
             ("MLX5_EMU_FABRIC", "ethernet"),
             ("MLX5_EMU_NODE", "255"),
             ("MLX5_EMU_DROP_PPM", "1000001"),
+            ("MLX5_EMU_LINK_LAYER", "fddi"),
         ]);
-        assert_eq!(warnings.len(), 7, "{warnings:?}");
+        assert_eq!(warnings.len(), 8, "{warnings:?}");
         assert!(warnings[0].contains("ancient"));
         assert_eq!(cfg, parse(&[]).0);
         assert!(!cfg.trace);

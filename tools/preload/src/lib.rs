@@ -25,10 +25,10 @@
 //!   `UverbsSurface`. Event descriptors (async events, completion channels) are real
 //!   descriptors made by the emulator: `read`/`poll` on them need no interception.
 //!
-//! Configuration comes from `MLX5_EMU_*` environment variables (flavour, HCA count, fabric,
-//! node, faults, pcap, trace; see the `config` module). Every interposer forwards what is not
-//! ours to libc unchanged (`dlsym(RTLD_NEXT)`), and a panic inside the emulator becomes an
-//! `EIO` failure of the call, never an unwind into C.
+//! Configuration comes from `MLX5_EMU_*` environment variables (flavour, HCA count, link
+//! layer (InfiniBand or RoCE), fabric, node, faults, pcap, trace; see the `config` module).
+//! Every interposer forwards what is not ours to libc unchanged (`dlsym(RTLD_NEXT)`), and
+//! a panic inside the emulator becomes an `EIO` failure of the call, never an unwind into C.
 //!
 //! Not covered: `MAP_FIXED` or private mappings of the device descriptor (refused with
 //! `EINVAL`), and using the device in a `fork`ed child (the emulator's thread does not

@@ -8,7 +8,11 @@
 //! 0x15b3 and a ConnectX device id), and, where the ioctl GID query is unavailable,
 //! `ports/1/{gids,gid_attrs/types}/I` for every I below the GID table length, and
 //! `ports/1/pkeys/I`. The rest (`fw_ver`, port `state`, `lid`, ...) is written for tools and
-//! people that look, with the values the emulated kernel reports.
+//! people that look, with the values the emulated kernel reports. On a RoCE port
+//! (`MLX5_EMU_LINK_LAYER=eth`) `link_layer` is "Ethernet", `lid`/`sm_lid` are 0, the GID
+//! table holds the RoCE v1/v2 entries ("IB/RoCE v1" / "RoCE v2" in `gid_attrs/types/I`)
+//! for all 255 indexes the port reports, and `gid_attrs/ndevs/I` names the netdev of each
+//! valid entry.
 
 use std::fmt::Write as _;
 use std::fs;
@@ -146,32 +150,56 @@ fn write_pci_function(dir: &Path, hca: &HcaInfo) -> io::Result<()> {
     Ok(())
 }
 
-/// `ports/1`: state, LID, GID table, P_Key table, as the emulated QUERY_PORT reports them.
+/// `ports/1`: state, LID, GID table (with the GID types and, on a RoCE port, the netdev of
+/// every valid entry), P_Key table, as the emulated QUERY_PORT reports them.
 fn write_port(dir: &Path, hca: &HcaInfo) -> io::Result<()> {
     fs::create_dir_all(dir)?;
+    let roce = hca.is_roce();
     put(&dir.join("state"), "4: ACTIVE")?;
     put(&dir.join("phys_state"), "5: LinkUp")?;
-    put(&dir.join("lid"), &format!("{:#x}", hca.lid))?;
+    // A RoCE port has no LID and no SM; its capability mask is CM_SUP | IP_BASED_GIDS.
+    let (lid, sm_lid, cap_mask) = if roce {
+        (0, 0, "0x04010000")
+    } else {
+        (hca.lid, 1, "0x02010000")
+    };
+    put(&dir.join("lid"), &format!("{lid:#x}"))?;
     put(&dir.join("lid_mask_count"), "0")?;
-    put(&dir.join("sm_lid"), "0x1")?;
+    put(&dir.join("sm_lid"), &format!("{sm_lid:#x}"))?;
     put(&dir.join("sm_sl"), "0")?;
-    put(&dir.join("cap_mask"), "0x02010000")?;
+    put(&dir.join("cap_mask"), cap_mask)?;
     put(&dir.join("rate"), "100 Gb/sec (4X EDR)")?;
-    put(&dir.join("link_layer"), "InfiniBand")?;
+    put(
+        &dir.join("link_layer"),
+        if roce { "Ethernet" } else { "InfiniBand" },
+    )?;
     let gids = dir.join("gids");
     let types = dir.join("gid_attrs/types");
+    let ndevs = dir.join("gid_attrs/ndevs");
     let pkeys = dir.join("pkeys");
     fs::create_dir_all(&gids)?;
     fs::create_dir_all(&types)?;
+    fs::create_dir_all(&ndevs)?;
     fs::create_dir_all(&pkeys)?;
-    for i in 0..TABLE_ENTRIES {
-        let gid = if i == 0 { hca.port_gid } else { [0; 16] };
+    let table = hca.gid_table();
+    let entries = TABLE_ENTRIES.max(hca.gid_tbl_len() as usize);
+    for i in 0..entries {
+        let entry = table.iter().find(|e| e.index as usize == i);
+        let gid = entry.map_or([0; 16], |e| e.gid);
         put(&gids.join(i.to_string()), &gid_string(&gid))?;
-        put(&types.join(i.to_string()), "IB/RoCE v1")?;
         put(
-            &pkeys.join(i.to_string()),
-            if i == 0 { "0xffff" } else { "0x0000" },
+            &types.join(i.to_string()),
+            entry.map_or("IB/RoCE v1", |e| e.gid_type.sysfs_name()),
         )?;
+        if entry.is_some_and(|e| e.ndev_ifindex != 0) {
+            put(&ndevs.join(i.to_string()), mlx5_emu::NDEV_NAME)?;
+        }
+        if i < TABLE_ENTRIES {
+            put(
+                &pkeys.join(i.to_string()),
+                if i == 0 { "0xffff" } else { "0x0000" },
+            )?;
+        }
     }
     Ok(())
 }
@@ -261,6 +289,52 @@ mod tests {
         assert_eq!(read(&port.join("gid_attrs/types/127")), "IB/RoCE v1");
         assert_eq!(read(&port.join("pkeys/0")), "0xffff");
         assert_eq!(read(&port.join("lid")), format!("{:#x}", hcas[1].lid));
+        assert_eq!(read(&port.join("link_layer")), "InfiniBand");
+        fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn roce_port_tree_shows_ethernet_and_gid_types() {
+        let emu = Emulator::new(EmuConfig {
+            mode: RunMode::Stepped,
+            link_layer: mlx5_emu::LinkLayer::Ethernet,
+            ..EmuConfig::default()
+        });
+        let hca = emu.hca_info(0).unwrap();
+        let root = scratch("roce");
+        write_tree(&root, std::slice::from_ref(&hca)).unwrap();
+        let port = root
+            .join("class/infiniband")
+            .join(&hca.name)
+            .join("ports/1");
+        assert_eq!(read(&port.join("link_layer")), "Ethernet");
+        assert_eq!(read(&port.join("lid")), "0x0");
+        assert_eq!(read(&port.join("sm_lid")), "0x0");
+        let table = hca.gid_table();
+        assert_eq!(table.len(), 4);
+        for e in &table {
+            let i = e.index.to_string();
+            assert_eq!(read(&port.join("gids").join(&i)), gid_string(&e.gid));
+            assert_eq!(
+                read(&port.join("gid_attrs/types").join(&i)),
+                if e.index % 2 == 0 {
+                    "IB/RoCE v1"
+                } else {
+                    "RoCE v2"
+                }
+            );
+            assert_eq!(read(&port.join("gid_attrs/ndevs").join(&i)), "lo");
+        }
+        assert_eq!(
+            read(&port.join("gids/3")),
+            format!("0000:0000:0000:0000:0000:ffff:7f01:{:04x}", hca.lid)
+        );
+        // The whole reported table length exists for the sysfs fallback.
+        assert!(port.join("gids/254").exists());
+        assert!(
+            !port.join("gid_attrs/ndevs/4").exists(),
+            "no netdev: no entry"
+        );
         fs::remove_dir_all(&root).unwrap();
     }
 }

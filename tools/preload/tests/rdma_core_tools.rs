@@ -462,14 +462,35 @@ fn printed_lid(out: &str, which: &str) -> u16 {
         .find(|l| l.starts_with(&format!("{which} address:")))
         .unwrap_or_else(|| panic!("no {which} address in:\n{out}"));
     let at = line
-        .find("LID 0x")
+        .find("LID ")
         .unwrap_or_else(|| panic!("no LID in {line:?}"))
-        + "LID 0x".len();
-    let hex: String = line[at..]
+        + "LID ".len();
+    // "0x0001", or (printf's "%#04x" of zero, as perftest prints a RoCE port's LID) "0000".
+    let rest = &line[at..];
+    let hex: String = rest
+        .strip_prefix("0x")
+        .unwrap_or(rest)
         .chars()
         .take_while(char::is_ascii_hexdigit)
         .collect();
     u16::from_str_radix(&hex, 16).unwrap_or_else(|_| panic!("bad LID in {line:?}"))
+}
+
+/// The GID printed with the `"<which> address:"` of a tool's output: on the same line after
+/// `GID ` (ibv_*_pingpong), or on the next line after `GID:` (perftest).
+fn printed_gid(out: &str, which: &str) -> String {
+    let mut lines = out.lines().map(str::trim);
+    let line = lines
+        .find(|l| l.starts_with(&format!("{which} address:")))
+        .unwrap_or_else(|| panic!("no {which} address in:\n{out}"));
+    if let Some(at) = line.find("GID ") {
+        return line[at + 4..].trim().to_string();
+    }
+    lines
+        .next()
+        .and_then(|l| l.strip_prefix("GID:"))
+        .map(|g| g.trim().to_string())
+        .unwrap_or_else(|| panic!("no GID after {line:?} in:\n{out}"))
 }
 
 /// `text` with every run of white space made one space (perftest aligns its columns).
@@ -612,12 +633,28 @@ fn two_process_env(
         "{}",
         report()
     );
-    assert_ne!(
-        printed_lid(&s, "local"),
-        printed_lid(&c, "local"),
-        "{}",
-        report()
-    );
+    let roce = extra
+        .iter()
+        .any(|&(k, v)| k == "MLX5_EMU_LINK_LAYER" && v == "eth");
+    if roce {
+        // A RoCE port has no LID: the peers are told apart (and found) by their GIDs.
+        assert_eq!(printed_lid(&s, "local"), 0, "{}", report());
+        assert_eq!(printed_gid(&c, "remote"), printed_gid(&s, "local"));
+        assert_eq!(printed_gid(&s, "remote"), printed_gid(&c, "local"));
+        assert_ne!(
+            printed_gid(&s, "local"),
+            printed_gid(&c, "local"),
+            "{}",
+            report()
+        );
+    } else {
+        assert_ne!(
+            printed_lid(&s, "local"),
+            printed_lid(&c, "local"),
+            "{}",
+            report()
+        );
+    }
     [server.stderr(), client.stderr()]
 }
 
@@ -700,6 +737,119 @@ fn ibv_rc_pingpong_runs_with_dynamic_uars() {
 fn ibv_rc_pingpong_runs_with_global_routing() {
     // -g 0: GID index 0 in the address vector (GRH), GIDs exchanged over TCP.
     pingpong("ibv_rc_pingpong", 50, 1024, &["-g", "0"], &MODERN);
+}
+
+const ROCE: [(&str, &str); 2] = [
+    ("MLX5_EMU_FLAVOUR", "modern"),
+    ("MLX5_EMU_LINK_LAYER", "eth"),
+];
+
+/// `ibv_devinfo -v` on a RoCE port: Ethernet link layer, no LID, the RoCE v1/v2 GID table
+/// (over the ioctl GID query, or from the fake sysfs on a write-only kernel).
+fn devinfo_roce(flavour: &str) {
+    let mut cmd = local_tool(
+        "ibv_devinfo",
+        &[
+            ("MLX5_EMU_FLAVOUR", flavour),
+            ("MLX5_EMU_LINK_LAYER", "eth"),
+        ],
+    );
+    cmd.arg("-v");
+    let (out, _) = run_ok(cmd);
+    let field = |name: &str| -> String {
+        out.lines()
+            .find_map(|l| {
+                l.trim_start()
+                    .strip_prefix(&format!("{name}:"))
+                    .map(|v| v.trim().to_string())
+            })
+            .unwrap_or_else(|| panic!("no {name} in ibv_devinfo ({flavour}):\n{out}"))
+    };
+    assert_eq!(field("link_layer"), "Ethernet", "{out}");
+    assert_eq!(field("port_lid"), "0");
+    assert_eq!(field("sm_lid"), "0");
+    assert_eq!(field("state"), "PORT_ACTIVE (4)");
+    assert_eq!(field("active_mtu"), "1024 (3)");
+    assert_eq!(field("port_cap_flags"), "0x04010000");
+    // The same node (NODE) as `hca()` describes, on an Ethernet port.
+    let info = hca(1, 0);
+    let mac = {
+        let g = info.node_guid.to_be_bytes();
+        [g[0], g[1], g[2], g[5], g[6], g[7]]
+    };
+    let ll = format!(
+        "fe80:0000:0000:0000:{:02x}{:02x}:{:02x}ff:fe{:02x}:{:02x}{:02x}",
+        mac[0] ^ 2,
+        mac[1],
+        mac[2],
+        mac[3],
+        mac[4],
+        mac[5]
+    );
+    let v4 = format!("0000:0000:0000:0000:0000:ffff:7f01:{:04x}", info.lid);
+    // ibv_devinfo prints "GID[ i]: <gid>, <type>"; it shortens RoCE v2 GIDs to their
+    // textual form.
+    let g0 = field("GID[  0]");
+    let g2 = field("GID[  2]");
+    assert_eq!(g0, format!("{ll}, RoCE v1"));
+    assert!(field("GID[  1]").ends_with(", RoCE v2"), "{out}");
+    assert_eq!(g2, format!("{v4}, RoCE v1"));
+    assert_eq!(
+        field("GID[  3]"),
+        format!("::ffff:127.1.0.{}, RoCE v2", info.lid)
+    );
+    assert!(!out.contains("GID[  4]"), "four valid GIDs:\n{out}");
+}
+
+#[test]
+fn ibv_devinfo_verbose_shows_a_roce_port() {
+    devinfo_roce("modern");
+}
+
+#[test]
+fn ibv_devinfo_verbose_shows_a_roce_port_from_sysfs_on_a_write_only_kernel() {
+    devinfo_roce("write");
+}
+
+#[test]
+fn ibv_rc_pingpong_runs_on_a_roce_port_by_the_ipv4_roce_v2_gid() {
+    // -g 3: ::ffff:127.1.0.n, RoCE v2; the QPs are routed by GID (LID 0 on both sides).
+    pingpong("ibv_rc_pingpong", 50, 4096, &["-g", "3"], &ROCE);
+}
+
+#[test]
+fn ibv_rc_pingpong_runs_on_a_roce_port_on_a_write_only_kernel() {
+    // The GID comes from the fake sysfs, CREATE_AH/MODIFY_QP through write().
+    pingpong(
+        "ibv_rc_pingpong",
+        20,
+        1024,
+        &["-g", "3"],
+        &[
+            ("MLX5_EMU_FLAVOUR", "write"),
+            ("MLX5_EMU_LINK_LAYER", "eth"),
+        ],
+    );
+}
+
+#[test]
+fn ibv_ud_pingpong_runs_on_a_roce_port() {
+    // Address handles with a GRH: libmlx5 asks the kernel for the destination MAC
+    // (CREATE_AH with driver data) and builds RoCE address vectors.
+    let traces = pingpong("ibv_ud_pingpong", 50, 1024, &["-g", "3"], &ROCE);
+    for t in &traces {
+        assert!(ok_verbs(t, "CREATE_AH") >= 1, "{t}");
+    }
+}
+
+#[test]
+fn ib_send_lat_runs_on_a_roce_port() {
+    two_process_env(
+        "ib_send_lat",
+        &["-n", "100", "-x", "3"],
+        &ROCE,
+        &both("t_avg"),
+    );
 }
 
 #[test]

@@ -201,11 +201,15 @@ impl EmuFile {
                     return Err(EINVAL);
                 }
                 let cap = a.find(2).map_or(0, |x| x.2 as usize / esz);
-                let n = cap.min(1);
+                let entries = self.gid_entries(1)?;
+                let n = cap.min(entries.len());
                 if n > 0 {
-                    let mut e = self.gid_entry(1, 0)?;
-                    e.resize(esz, 0);
-                    a.out(2, &e)?;
+                    let mut out = Vec::with_capacity(n * esz);
+                    for mut e in entries.into_iter().take(n) {
+                        e.resize(esz, 0);
+                        out.extend_from_slice(&e);
+                    }
+                    a.out(2, &out)?;
                 }
                 a.out(3, &(n as u64).to_ne_bytes())
             }
@@ -346,23 +350,37 @@ impl EmuFile {
         a.out(1, &r[..resp])
     }
 
-    /// `ib_uverbs_gid_entry` for (port, index): one GID per port (index 0).
-    fn gid_entry(&self, port: u32, index: u32) -> Result<Vec<u8>, Errno> {
+    /// The valid `ib_uverbs_gid_entry` records of `port` (0 gid[16], 16 gid_index,
+    /// 20 port_num, 24 gid_type, 28 netdev_ifindex), in index order.
+    fn gid_entries(&self, port: u32) -> Result<Vec<Vec<u8>>, Errno> {
         let ctx = self.ctx().ok_or(EINVAL)?;
         let w = self.shared.lock();
         let c = w.contexts.get(&ctx).ok_or(EINVAL)?;
         if port != 1 {
             return Err(EINVAL);
         }
-        if index != 0 {
-            return Err(Errno(libc::ENODATA));
-        }
-        let mut e = Out::new(32);
-        e.bytes(0, &w.hcas[c.hca].info.port_gid)
-            .u32(16, index)
-            .u32(20, port)
-            .u32(24, 0);
-        Ok(e.0)
+        Ok(w.hcas[c.hca]
+            .info
+            .gid_table()
+            .iter()
+            .map(|g| {
+                let mut e = Out::new(32);
+                e.bytes(0, &g.gid)
+                    .u32(16, g.index)
+                    .u32(20, port)
+                    .u32(24, g.gid_type as u32)
+                    .u32(28, g.ndev_ifindex);
+                e.0
+            })
+            .collect())
+    }
+
+    /// `ib_uverbs_gid_entry` for (port, index); ENODATA for an index without a valid GID.
+    fn gid_entry(&self, port: u32, index: u32) -> Result<Vec<u8>, Errno> {
+        self.gid_entries(port)?
+            .into_iter()
+            .find(|e| le32(e, 16) == index)
+            .ok_or(Errno(libc::ENODATA))
     }
 
     fn set_async_handed_out(&self, v: bool) {
