@@ -2321,13 +2321,14 @@ fn requester_response(w: &mut World, pkt: &Packet) {
     }
     let mut err: Option<(u16, u8, Syndrome)> = None;
     let mut retransmit_from: Option<u32> = None;
-    // READ data or an atomic result at the PSN of a pending SEND/WRITE is an unexpected
-    // opcode, which an IB requester takes as a bad response.
+    // A response of the wrong kind at the PSN of a pending request (READ data or an atomic
+    // result for a SEND/WRITE, READ data for an atomic, an atomic result for a READ) is an
+    // unexpected opcode, which an IB requester takes as a bad response.
     let unexpected = (pkt.opcode != op::RC_ACK)
         .then(|| {
             q.rc.outstanding
                 .iter()
-                .find(|o| !o.is_read_like && !o.done && contains(o, pkt.psn))
+                .find(|o| !o.done && contains(o, pkt.psn) && !answers(o, pkt.opcode))
         })
         .flatten()
         .map(|o| (o.wqe_idx, o.opcode, Syndrome::BAD_RESP));
@@ -2498,6 +2499,17 @@ fn retire(w: &mut World, hca: usize, qpn: u32) {
         if o.signaled {
             requester_ok(w, hca, qpn, o.wqe_idx, o.opcode, o.len, scatter_data);
         }
+    }
+}
+
+/// Whether response opcode `opcode` (not a plain ACK) is the kind that answers request `o`:
+/// READ response packets answer a READ, an atomic acknowledge answers an atomic.
+fn answers(o: &Outstanding, opcode: u8) -> bool {
+    let read = o.opcode == SendOpcode::RDMA_READ.0;
+    match opcode {
+        op::RC_READ_RESPONSE_FIRST..=op::RC_READ_RESPONSE_ONLY => read,
+        op::RC_ATOMIC_ACK => o.is_read_like && !read,
+        _ => false,
     }
 }
 

@@ -7,7 +7,7 @@ mod common;
 use common::*;
 use mlx5_emu::{EmuConfig, Emulator, Fabric, RunMode, roce_icrc};
 use mlx5_hw::opcodes::{SendOpcode, Syndrome, VendorSyndrome};
-use mlx5_hw::wqe::{DataSeg, FM_CE_SE_CQ_UPDATE};
+use mlx5_hw::wqe::{AtomicSeg, DataSeg, FM_CE_SE_CQ_UPDATE, RaddrSeg};
 use std::net::{SocketAddrV4, UdpSocket};
 use zerocopy::IntoBytes;
 
@@ -19,6 +19,9 @@ const PEER_QPN: u32 = 0x00_BEEF;
 const FIRST_PSN: u32 = 0x100;
 /// BTH opcodes.
 const RC_SEND_ONLY: u8 = 0x04;
+const RC_READ_REQUEST: u8 = 0x0C;
+const RC_FETCH_ADD: u8 = 0x14;
+const RC_ATOMIC_ACK: u8 = 0x12;
 const RC_READ_RESPONSE_ONLY: u8 = 0x10;
 const RC_ACK: u8 = 0x11;
 /// `IBV_EVENT_QP_FATAL`.
@@ -95,11 +98,35 @@ fn async_event(fd: i32) -> Option<u32> {
     (n == 16).then(|| u32::from_ne_bytes([rec[8], rec[9], rec[10], rec[11]]))
 }
 
-/// Two signaled SENDs from a requester (stepped emulator on the UDP fabric) to the fake
+/// The first request of [`run`] (the second is always a SEND): its send opcode, its WQE
+/// segments after the control segment (local buffer `addr`/`lkey`), its BTH opcode.
+fn first_request(op: SendOpcode, addr: u64, lkey: u32) -> (Vec<u8>, u8) {
+    let local = DataSeg::new(8, lkey, addr);
+    let raddr = RaddrSeg::new(0x1000, 0x42);
+    match op {
+        SendOpcode::RDMA_READ => (
+            [raddr.as_bytes(), local.as_bytes()].concat(),
+            RC_READ_REQUEST,
+        ),
+        SendOpcode::ATOMIC_FA => {
+            let add = AtomicSeg::new(1, 0);
+            let segs = [raddr.as_bytes(), add.as_bytes(), local.as_bytes()].concat();
+            (segs, RC_FETCH_ADD)
+        }
+        _ => (local.as_bytes().to_vec(), RC_SEND_ONLY),
+    }
+}
+
+/// Two signaled requests (the first `first`, the second a SEND) from a requester (stepped emulator on the UDP fabric) to the fake
 /// peer, which answers the first with `opcode` / AETH `syndrome` / `payload`. Asserts
 /// what the peer received and returns the requester's completions, its context, its QP and
 /// the two WQE indices.
-fn run(opcode: u8, syndrome: u8, payload: &[u8]) -> (Vec<Cqe>, Ctx, Qp, [u16; 2]) {
+fn run(
+    first: SendOpcode,
+    opcode: u8,
+    syndrome: u8,
+    payload: &[u8],
+) -> (Vec<Cqe>, Ctx, Qp, [u16; 2]) {
     let (peer, peer_lid) = bind_peer();
     peer.set_read_timeout(Some(std::time::Duration::from_millis(20)))
         .unwrap();
@@ -120,15 +147,11 @@ fn run(opcode: u8, syndrome: u8, payload: &[u8]) -> (Vec<Cqe>, Ctx, Qp, [u16; 2]
     m.write(0, b"to a peer that answers badly");
     let before = m.read(0, 64);
     let mut idx = [0u16; 2];
-    for i in &mut idx {
-        let d = DataSeg::new(8, lkey, m.addr());
-        *i = qp.build_send(
-            SendOpcode::SEND,
-            0,
-            FM_CE_SE_CQ_UPDATE,
-            [0; 4],
-            d.as_bytes(),
-        );
+    let mut bth = [0u8; 2];
+    for (k, op) in [first, SendOpcode::SEND].into_iter().enumerate() {
+        let (segs, b) = first_request(op, m.addr(), lkey);
+        idx[k] = qp.build_send(op, 0, FM_CE_SE_CQ_UPDATE, [0; 4], &segs);
+        bth[k] = b;
     }
     qp.ring(&a, idx[1], Ring::Doorbell);
     // Both SENDs go out at once (they fit the window): collect them at the peer.
@@ -148,18 +171,18 @@ fn run(opcode: u8, syndrome: u8, payload: &[u8]) -> (Vec<Cqe>, Ctx, Qp, [u16; 2]
             reqs.push(parse_request(&buf[..n], lid, peer_lid));
         }
     }
-    assert_eq!(reqs.len(), 2, "both SENDs reached the peer");
+    assert_eq!(reqs.len(), 2, "both requests reached the peer");
     for (k, r) in reqs.iter().enumerate() {
         assert_eq!(
             (r.opcode, r.dst_qpn, r.psn, r.ack_req),
-            (RC_SEND_ONLY, PEER_QPN, FIRST_PSN + k as u32, true)
+            (bth[k], PEER_QPN, FIRST_PSN + k as u32, true)
         );
     }
     assert!(
         drain(&mut cq).is_empty(),
         "nothing completes before a response"
     );
-    // The bad response to the first SEND.
+    // The bad response to the first request.
     let pkt = response(opcode, qp.qpn, FIRST_PSN, syndrome, payload, peer_lid, lid);
     peer.send_to(&pkt, node_addr(lid)).unwrap();
     let mut cqes = Vec::new();
@@ -179,9 +202,9 @@ fn run(opcode: u8, syndrome: u8, payload: &[u8]) -> (Vec<Cqe>, Ctx, Qp, [u16; 2]
     (cqes, a, qp, idx)
 }
 
-/// The requester's verdict on a bad response: BAD_RESP for the first SEND, a flush for the
-/// second, the QP in ERR and QP_FATAL raised.
-fn assert_bad_response(cqes: &[Cqe], a: &Ctx, qp: &Qp, idx: [u16; 2]) {
+/// The requester's verdict on a bad response: BAD_RESP for the first request (send opcode
+/// `first`), a flush for the second, the QP in ERR and QP_FATAL raised.
+fn assert_bad_response(first: SendOpcode, cqes: &[Cqe], a: &Ctx, qp: &Qp, idx: [u16; 2]) {
     assert_eq!(cqes.len(), 2, "{cqes:?}");
     assert_eq!(
         (cqes[0].opcode, cqes[0].syndrome, cqes[0].vendor),
@@ -195,7 +218,7 @@ fn assert_bad_response(cqes: &[Cqe], a: &Ctx, qp: &Qp, idx: [u16; 2]) {
     assert_eq!(Syndrome::BAD_RESP.0, 0x10);
     assert_eq!(
         (cqes[0].wqe_counter, cqes[0].send_op, cqes[0].qpn),
-        (idx[0], SendOpcode::SEND.0, qp.qpn)
+        (idx[0], first.0, qp.qpn)
     );
     assert_eq!(
         (cqes[1].opcode, cqes[1].syndrome, cqes[1].vendor),
@@ -213,13 +236,27 @@ fn assert_bad_response(cqes: &[Cqe], a: &Ctx, qp: &Qp, idx: [u16; 2]) {
 #[test]
 fn an_ack_with_a_reserved_aeth_syndrome_is_a_bad_response() {
     // AETH syndrome type 01b (0x40..0x5f) is reserved.
-    let (cqes, a, qp, idx) = run(RC_ACK, 0x40, &[]);
-    assert_bad_response(&cqes, &a, &qp, idx);
+    let (cqes, a, qp, idx) = run(SendOpcode::SEND, RC_ACK, 0x40, &[]);
+    assert_bad_response(SendOpcode::SEND, &cqes, &a, &qp, idx);
 }
 
 #[test]
 fn a_read_response_to_a_send_is_a_bad_response() {
     // Opcode and PSN valid, but a SEND is answered by an ACK, never by READ data.
-    let (cqes, a, qp, idx) = run(RC_READ_RESPONSE_ONLY, 0x00, &[0x5A; 8]);
-    assert_bad_response(&cqes, &a, &qp, idx);
+    let (cqes, a, qp, idx) = run(SendOpcode::SEND, RC_READ_RESPONSE_ONLY, 0x00, &[0x5A; 8]);
+    assert_bad_response(SendOpcode::SEND, &cqes, &a, &qp, idx);
+}
+
+#[test]
+fn read_data_for_an_atomic_is_a_bad_response_and_lands_nowhere() {
+    let fa = SendOpcode::ATOMIC_FA;
+    let (cqes, a, qp, idx) = run(fa, RC_READ_RESPONSE_ONLY, 0x00, &[0x5A; 8]);
+    assert_bad_response(fa, &cqes, &a, &qp, idx);
+}
+
+#[test]
+fn an_atomic_result_for_a_read_is_a_bad_response_and_lands_nowhere() {
+    let read = SendOpcode::RDMA_READ;
+    let (cqes, a, qp, idx) = run(read, RC_ATOMIC_ACK, 0x00, &[0x5A; 8]);
+    assert_bad_response(read, &cqes, &a, &qp, idx);
 }
