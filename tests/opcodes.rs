@@ -411,3 +411,17 @@ fn on_threaded_emulator_all_opcodes() {
     uc_send(&rig);
     ud_send(&rig);
 }
+
+/// The connected scenarios on RoCE ports: the pairs connect by GID (common::connect takes the
+/// port's RoCE v2 GID), everything else is the same.
+#[test]
+fn on_roce_emulator_connected_opcodes() {
+    let rig = common::EmuRig::roce();
+    rc_send_multi_sge(&rig);
+    uc_send(&rig);
+    rc_write(&rig);
+    uc_write(&rig);
+    rc_read(&rig);
+    rc_atomics(&rig);
+    rc_send_inv(&rig);
+}

@@ -640,6 +640,9 @@ impl Qp {
                 });
             }
         }
+        if mask & IB_QP_AV != 0 && attr.ah_attr.grh.is_none() {
+            self.check_path_needs_no_grh(attr)?;
+        }
         let dest = qp_dest(&attr.ah_attr);
         let cmd = IbUverbsModifyQp {
             dest,
@@ -682,6 +685,22 @@ impl Qp {
         }
         if let Some(next) = next {
             self.apply_state(next);
+        }
+        Ok(())
+    }
+
+    /// A path without GRH is only valid on InfiniBand: a RoCE port routes by GID, so the
+    /// kernel (mlx5_ib) refuses it with a bare EINVAL; say why before asking.
+    fn check_path_needs_no_grh(&self, attr: &QpAttr) -> Result<()> {
+        let port = match attr.ah_attr.port_num {
+            0 => self.port,
+            p => p,
+        };
+        if port != 0 && self.handle.ctx.query_port(port)?.is_roce() {
+            return Err(Error::InvalidArgument {
+                attr: "ah_attr.grh",
+                reason: "a RoCE port routes by GID: the path needs a GRH (remote GID and source GID index)",
+            });
         }
         Ok(())
     }

@@ -46,6 +46,16 @@ impl EmuRig {
         })
     }
 
+    /// Two HCAs with RoCE (Ethernet) ports, stepped.
+    pub fn roce() -> Self {
+        Self::with(EmuConfig {
+            num_hcas: 2,
+            mode: RunMode::Stepped,
+            link_layer: mlx5_emu::LinkLayer::Ethernet,
+            ..EmuConfig::default()
+        })
+    }
+
     pub fn with(cfg: EmuConfig) -> Self {
         let mode = cfg.mode;
         Self {

@@ -70,6 +70,9 @@ struct corpus {
 	uint32_t recv_len[NQP];
 	uint32_t qkey;
 	int sig_all;
+	/* RoCE port: the GRH of the UD AH (and the RC/UC paths) to the own GID at sgid_index. */
+	int roce;
+	unsigned sgid_index, flow_label, sl, tclass, hop_limit;
 	/* posts: post_start[i] .. post_start[i+1] index into wrs */
 	struct wrspec *wrs;
 	unsigned nwrs, wrs_cap;
@@ -152,6 +155,11 @@ static void read_corpus(const char *path, struct corpus *c)
 		} else if (!strncmp(line, "sigall ", 7)) {
 			if (sscanf(line, "sigall %d", &c->sig_all) != 1)
 				die("bad line: %s", line);
+		} else if (!strncmp(line, "roce ", 5)) {
+			if (sscanf(line, "roce %u %i %u %i %u", &c->sgid_index, (int *)&c->flow_label,
+				   &c->sl, (int *)&c->tclass, &c->hop_limit) != 5)
+				die("bad line: %s", line);
+			c->roce = 1;
 		} else if (!strncmp(line, "post ", 5)) {
 			if (c->nposts + 1 >= c->posts_cap) {
 				c->posts_cap = c->posts_cap ? 2 * c->posts_cap : 256;
@@ -308,6 +316,17 @@ static int post_wr_api(struct ibv_qp *qp, struct ibv_send_wr *wrs)
 	return ibv_wr_complete(x);
 }
 
+/* RoCE: a connected path to the own GID, as the mlx5 crate's to_rtr (hop limit 64). */
+static void set_path_grh(struct ibv_ah_attr *ah, const struct corpus *c, const union ibv_gid *gid)
+{
+	if (!c->roce)
+		return;
+	ah->is_global = 1;
+	ah->grh.dgid = *gid;
+	ah->grh.sgid_index = c->sgid_index;
+	ah->grh.hop_limit = 64;
+}
+
 int main(int argc, char **argv)
 {
 	struct corpus c;
@@ -319,6 +338,7 @@ int main(int argc, char **argv)
 	struct ibv_mr *mr;
 	struct ibv_cq *scq, *rcq;
 	struct ibv_ah *ah;
+	union ibv_gid gid;
 	struct side sd[NQP], peer[NQP];
 	uint8_t *buf;
 	unsigned p, i, k;
@@ -349,6 +369,12 @@ int main(int argc, char **argv)
 		die("ibv_open_device(%s) failed", ibv_get_device_name(list[0]));
 	if (ibv_query_device(ctx, &dattr) || ibv_query_port(ctx, 1, &port))
 		die("query device/port failed");
+	if (c.roce != (port.link_layer == IBV_LINK_LAYER_ETHERNET))
+		die("corpus is for %s, the port's link layer is %u", c.roce ? "RoCE" : "InfiniBand",
+		    port.link_layer);
+	memset(&gid, 0, sizeof(gid));
+	if (c.roce && ibv_query_gid(ctx, 1, c.sgid_index, &gid))
+		die("ibv_query_gid(%u) failed", c.sgid_index);
 	pd = ibv_alloc_pd(ctx);
 	if (!pd)
 		die("ibv_alloc_pd failed");
@@ -417,6 +443,15 @@ int main(int argc, char **argv)
 		memset(&aa, 0, sizeof(aa));
 		aa.dlid = port.lid;
 		aa.port_num = 1;
+		if (c.roce) {
+			aa.is_global = 1;
+			aa.grh.dgid = gid;
+			aa.grh.sgid_index = c.sgid_index;
+			aa.grh.flow_label = c.flow_label;
+			aa.grh.traffic_class = c.tclass;
+			aa.grh.hop_limit = c.hop_limit;
+			aa.sl = c.sl;
+		}
 		ah = ibv_create_ah(pd, &aa);
 		if (!ah)
 			die("ibv_create_ah failed: %s", strerror(errno));
@@ -445,6 +480,7 @@ int main(int argc, char **argv)
 		a.min_rnr_timer = 12;
 		a.ah_attr.dlid = port.lid;
 		a.ah_attr.port_num = 1;
+		set_path_grh(&a.ah_attr, &c, &gid);
 		modify(qp, &a,
 		       IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
 			       IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER,
@@ -499,6 +535,7 @@ int main(int argc, char **argv)
 		a.rq_psn = 0;
 		a.ah_attr.dlid = port.lid;
 		a.ah_attr.port_num = 1;
+		set_path_grh(&a.ah_attr, &c, &gid);
 		modify(qp, &a,
 		       IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN,
 		       "RTR");

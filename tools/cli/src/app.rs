@@ -83,6 +83,10 @@ pub trait Testbed {
     /// What the driver did, summed over both QPs (`wqes`, `doorbells` = 8-byte stores,
     /// `bf_copies`, `rings` = both kinds), as a JSON object.
     fn driver_counters(&self) -> serde_json::Value;
+    /// The port is Ethernet (RoCE), and the source GID index of global paths.
+    fn link(&self) -> (bool, Option<u8>) {
+        (false, None)
+    }
 }
 
 /// Runs a parsed command line.
@@ -258,7 +262,7 @@ where
         pcap: a.pcap.clone(),
         cpu_cost: a.cpu_cost,
         ib_port: 1,
-        gid_index: None,
+        gid_index: a.gid_index,
         echo: false,
     };
     Ok(Plan {
@@ -289,7 +293,7 @@ where
         remote.rkey_vaddr = None;
     }
     let mut rep = Reporter::new(&plan, a);
-    let header = rep.header(
+    let mut header = rep.header(
         &plan,
         tb.device(),
         tb.bf(),
@@ -299,6 +303,7 @@ where
         local,
         remote,
     );
+    (header.ethernet, header.gid_index) = tb.link();
     rep.begin(tb.emulated(), &header)?;
     for &size in &plan.sizes {
         let mut p = plan.params;
@@ -401,6 +406,8 @@ impl Reporter {
             tx_depth: plan.params.tx_depth,
             cq_mod: (!plan.lat).then_some(plan.params.cq_mod),
             mtu: plan.testbed.mtu,
+            ethernet: false,
+            gid_index: None,
             max_inline: max_inline.min(plan.params.inline_max),
             outstand_reads: matches!(op, Op::Read | Op::FetchAdd | Op::CmpSwap)
                 .then_some(u32::from(plan.testbed.max_rd_atomic)),

@@ -13,7 +13,7 @@ use mlx5::{
     Access, Backing, BfPolicy, CompChannel, Context, Cq, CqInit, DmaBuf, HugePolicy, Mr, Pd, Qp,
     QpCap, QpInitAttr, QpState, QpType, RecvWr, RemoteQp, SendFlags, SendWr, WorkCompletion, WrOp,
 };
-use mlx5_emu::{Counters, EmuConfig, Emulator, Fabric};
+use mlx5_emu::{Counters, EmuConfig, Emulator, Fabric, LinkLayer};
 
 use crate::app::{Testbed, TestbedConfig};
 use crate::bench::{BenchResult, Op, Side, Wr};
@@ -86,6 +86,7 @@ fn pick(cfg: &TestbedConfig) -> Result<Target, String> {
     let emu = Emulator::new(EmuConfig {
         fabric,
         pcap: cfg.pcap.clone(),
+        link_layer: emu_link_layer()?,
         ..EmuConfig::default()
     });
     if let Some(name) = dev {
@@ -97,6 +98,22 @@ fn pick(cfg: &TestbedConfig) -> Result<Target, String> {
         }
     }
     Ok(Target::Emulated(emu))
+}
+
+/// The emulated port's link layer: `MLX5_EMU_LINK_LAYER` as the preload shim reads it
+/// (`ib`, the default, or `eth`/`ethernet`/`roce` for a RoCE port), so that our tool and
+/// rdma-core programs under the shim see the same kind of port.
+fn emu_link_layer() -> Result<LinkLayer, String> {
+    match std::env::var("MLX5_EMU_LINK_LAYER") {
+        Err(_) => Ok(LinkLayer::InfiniBand),
+        Ok(v) => match v.to_ascii_lowercase().as_str() {
+            "" | "ib" | "infiniband" => Ok(LinkLayer::InfiniBand),
+            "eth" | "ethernet" | "roce" => Ok(LinkLayer::Ethernet),
+            other => Err(format!(
+                "MLX5_EMU_LINK_LAYER={other:?}: expected ib or eth (ethernet, roce)"
+            )),
+        },
+    }
 }
 
 /// One end: a QP with its CQs, completion channels and buffer.
@@ -194,17 +211,19 @@ impl End {
             wcs: [WorkCompletion::default(); 16],
             psn,
             port: cfg.ib_port,
-            sgid_index: cfg.gid_index.unwrap_or(0),
+            // set from the opened device by the caller
+            sgid_index: 0,
             echo: cfg.echo,
         })
     }
 
-    fn endpoint(&self, lid: u16) -> Endpoint {
+    fn endpoint(&self, lid: u16, gid: Option<[u8; 16]>) -> Endpoint {
         Endpoint {
             lid,
             qpn: self.qp.qpn(),
             psn: self.psn,
             rkey_vaddr: Some((self.mr.rkey(), self.mr.addr() + self.area as u64)),
+            gid,
         }
     }
 
@@ -398,6 +417,8 @@ pub struct DriverTestbed {
     emu: Option<Emulator>,
     device: String,
     lid: u16,
+    gid: Option<[u8; 16]>,
+    roce: bool,
     max_inline: u32,
     bf: bool,
 }
@@ -428,9 +449,12 @@ impl Testbed for DriverTestbed {
     }
     fn endpoints(&self) -> (Endpoint, Endpoint) {
         (
-            self.ends[0].endpoint(self.lid),
-            self.ends[1].endpoint(self.lid),
+            self.ends[0].endpoint(self.lid, self.gid),
+            self.ends[1].endpoint(self.lid, self.gid),
         )
+    }
+    fn link(&self) -> (bool, Option<u8>) {
+        (self.roce, self.gid.map(|_| self.ends[0].sgid_index))
     }
     fn sides(&mut self) -> (&mut dyn Side, &mut dyn Side) {
         let [a, b] = &mut self.ends;
@@ -454,6 +478,8 @@ struct Opened {
     device: String,
     lid: u16,
     gid: Option<[u8; 16]>,
+    /// Source GID index of the paths (with `gid`).
+    sgid_index: u8,
     roce: bool,
     mtu: u8,
 }
@@ -477,14 +503,27 @@ fn open_device(cfg: &TestbedConfig) -> Result<Opened, String> {
     let port = ctx
         .query_port(port_num)
         .map_err(|e| format!("QUERY_PORT {port_num}: {e}"))?;
-    // a GID index given (-g) puts a GRH on the path; RoCE always needs one (index 0 by default)
-    let gid = match (cfg.gid_index, port.is_roce()) {
-        (Some(i), _) => Some(
-            ctx.query_gid(port_num, u32::from(i))
-                .map_err(|e| format!("QUERY_GID {port_num}/{i}: {e}"))?,
+    // a GID index given (-g/-x) puts a GRH on the path; RoCE always needs one: without an
+    // index, as perftest, the port's RoCE v2 GID (IPv4-mapped preferred)
+    let (sgid_index, gid) = match (cfg.gid_index, port.is_roce()) {
+        (Some(i), _) => (
+            i,
+            Some(
+                ctx.query_gid(port_num, u32::from(i))
+                    .map_err(|e| format!("QUERY_GID {port_num}/{i}: {e}"))?,
+            ),
         ),
-        (None, true) => Some(ctx.query_gid(port_num, 0).map_err(err("QUERY_GID"))?),
-        (None, false) => None,
+        (None, true) => {
+            let (i, g) = ctx
+                .find_gid(port_num)
+                .map_err(err("GID table"))?
+                .ok_or_else(|| format!("port {port_num} has no RoCE v2 GID: give one with -x"))?;
+            (
+                u8::try_from(i).map_err(|_| format!("GID index {i} out of range"))?,
+                Some(g),
+            )
+        }
+        (None, false) => (0, None),
     };
     let mtu = mtu_enum(cfg.mtu).min(port.active_mtu.max(1));
     Ok(Opened {
@@ -493,6 +532,7 @@ fn open_device(cfg: &TestbedConfig) -> Result<Opened, String> {
         device,
         lid: port.lid,
         gid,
+        sgid_index,
         roce: port.is_roce(),
         mtu,
     })
@@ -582,6 +622,7 @@ pub fn open(cfg: &TestbedConfig) -> Result<Box<dyn Testbed>, String> {
     let pd = Pd::new(&dev.ctx).map_err(err("ALLOC_PD"))?;
     let mut a = End::new(&dev.ctx, &pd, cfg)?;
     let mut b = End::new(&dev.ctx, &pd, cfg)?;
+    (a.sgid_index, b.sgid_index) = (dev.sgid_index, dev.sgid_index);
     let remote = |e: &End| RemoteQp {
         qpn: e.qp.qpn(),
         psn: e.psn,
@@ -601,6 +642,8 @@ pub fn open(cfg: &TestbedConfig) -> Result<Box<dyn Testbed>, String> {
         emu: dev.emu,
         device: dev.device,
         lid: dev.lid,
+        gid: dev.gid,
+        roce: dev.roce,
         max_inline,
         bf,
     }))
@@ -634,7 +677,8 @@ impl SingleEnd {
     pub fn open(cfg: &TestbedConfig) -> Result<Self, String> {
         let dev = open_device(cfg)?;
         let pd = Pd::new(&dev.ctx).map_err(err("ALLOC_PD"))?;
-        let end = End::new(&dev.ctx, &pd, cfg)?;
+        let mut end = End::new(&dev.ctx, &pd, cfg)?;
+        end.sgid_index = dev.sgid_index;
         let max_inline = end.qp.cap().max_inline_data;
         let bf = cfg.bf != Some(false) && end.qp.sq_ref().bfreg().bf_size > 0;
         Ok(Self {
@@ -663,6 +707,7 @@ impl SingleEnd {
             rkey,
             vaddr,
             srqn: 0,
+            gid: self.gid,
         }
     }
 
@@ -671,13 +716,23 @@ impl SingleEnd {
         self.mtu
     }
 
-    /// Connects to the peer described by `peer` with path MTU enum `mtu`.
+    /// Connects to the peer described by `peer` with path MTU enum `mtu`: by the peer's GID
+    /// when it sent one (perftest does with a GID index, always on RoCE).
     pub fn connect(&mut self, peer: &crate::exchange::PerftestKey, mtu: u8) -> Result<(), String> {
+        let gid = match (peer.gid, self.gid) {
+            (Some(g), _) => Some(g),
+            (None, Some(_)) if self.roce => {
+                return Err("the peer sent no GID, but this RoCE port needs one: \
+                            give the peer a GID index (-x)"
+                    .into());
+            }
+            (None, _) => None,
+        };
         let remote = RemoteQp {
             qpn: peer.qpn,
             psn: peer.psn,
             lid: peer.lid,
-            gid: self.gid,
+            gid,
         };
         self.end.connect(&remote, (peer.vaddr, peer.rkey), mtu)
     }
@@ -723,7 +778,12 @@ impl SingleEnd {
 
     /// Endpoint for the address lines.
     pub fn endpoint(&self) -> Endpoint {
-        self.end.endpoint(self.lid)
+        self.end.endpoint(self.lid, self.gid)
+    }
+
+    /// The port is Ethernet (RoCE), and the source GID index of the path if global.
+    pub fn link(&self) -> (bool, Option<u8>) {
+        (self.roce, self.gid.map(|_| self.end.sgid_index))
     }
 
     /// The end, for the measurement loops.

@@ -327,7 +327,11 @@ pub struct TestArgs<Op: ValueEnum + Clone + Send + Sync + 'static> {
     /// Write a latency histogram as SVG.
     #[arg(long, value_name = "FILE.svg")]
     pub histogram: Option<PathBuf>,
-    /// Use the emulated HCA even if a real device exists.
+    /// Source GID index (perftest's -x): the path carries a GRH and the GID goes to the peer.
+    /// RoCE ports always use one: without -x, the port's RoCE v2 GID.
+    #[arg(short = 'x', long = "gid-index", value_name = "INDEX")]
+    pub gid_index: Option<u8>,
+    /// Use the emulated HCA (its port: MLX5_EMU_LINK_LAYER=ib|eth) even if a real device exists.
     #[arg(long)]
     pub emu: bool,
     /// Emulator only: write every packet it puts on its fabric to this pcap file (RoCEv2 over

@@ -7,7 +7,9 @@
 //!    of its own;
 //! 3. MTU: 2 bytes, the ASCII digit of the `ibv_mtu` enum and a NUL;
 //! 4. keys: `"%04x:%04x:%06x:%06x:%08x:%016x:%08x"` = LID:OUT_READS:QPN:PSN:RKEY:VADDR:SRQN,
-//!    59 bytes with the NUL; repeated as a barrier; the client closes with `"done\0"`.
+//!    59 bytes with the NUL; with a GID index (`-x`, always on RoCE) the 16 GID bytes as
+//!    `"%02x:"` each go between VADDR and SRQN and SRQN gets a trailing colon, 108 bytes;
+//!    repeated as a barrier; the client closes with `"done\0"`.
 //!
 //! ibv_rc_pingpong: `"%04x:%06x:%06x:%s"` = LID:QPN:PSN:GID (32 hex digits), 52 bytes with NUL.
 
@@ -19,6 +21,8 @@ pub const PERFTEST_VERSION: &str = "6.06";
 pub const VERSION_LEN: usize = 16;
 /// Size of one perftest key message (58 characters and a NUL).
 pub const PERFTEST_KEY_LEN: usize = 59;
+/// Size of one perftest key message with a GID (107 characters and a NUL).
+pub const PERFTEST_KEY_GID_LEN: usize = 108;
 /// Size of one ibv_rc_pingpong message (51 characters and a NUL).
 pub const PINGPONG_MSG_LEN: usize = 52;
 /// The closing message of both tools.
@@ -41,6 +45,8 @@ pub struct PerftestKey {
     pub vaddr: u64,
     /// SRQ number (0 without SRQ).
     pub srqn: u32,
+    /// Port GID (wire order), sent when the side uses a GID index.
+    pub gid: Option<[u8; 16]>,
 }
 
 /// A message that does not parse.
@@ -73,39 +79,68 @@ fn until_nul(buf: &[u8]) -> Result<&str, ParseError> {
 }
 
 impl PerftestKey {
-    /// Encodes as perftest's 59-byte key message.
-    pub fn encode(&self) -> [u8; PERFTEST_KEY_LEN] {
-        let s = format!(
-            "{:04x}:{:04x}:{:06x}:{:06x}:{:08x}:{:016x}:{:08x}",
+    /// Size of this key's message: [`PERFTEST_KEY_LEN`], or [`PERFTEST_KEY_GID_LEN`] with a GID.
+    pub fn message_len(&self) -> usize {
+        if self.gid.is_some() {
+            PERFTEST_KEY_GID_LEN
+        } else {
+            PERFTEST_KEY_LEN
+        }
+    }
+
+    /// Encodes as perftest's key message (59 bytes, or 108 with a GID).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut s = format!(
+            "{:04x}:{:04x}:{:06x}:{:06x}:{:08x}:{:016x}:",
             self.lid,
             self.out_reads,
             self.qpn & 0xff_ffff,
             self.psn & 0xff_ffff,
             self.rkey,
             self.vaddr,
-            self.srqn
         );
-        let mut out = [0u8; PERFTEST_KEY_LEN];
+        match self.gid {
+            Some(g) => {
+                for b in g {
+                    s.push_str(&format!("{b:02x}:"));
+                }
+                s.push_str(&format!("{:08x}:", self.srqn));
+            }
+            None => s.push_str(&format!("{:08x}", self.srqn)),
+        }
+        let mut out = vec![0u8; self.message_len()];
         out[..s.len()].copy_from_slice(s.as_bytes());
         out
     }
 
-    /// Parses perftest's key message (as sscanf would: hex fields separated by colons).
+    /// Parses perftest's key message (as sscanf would: hex fields separated by colons), with
+    /// or without the GID.
     pub fn decode(buf: &[u8]) -> Result<Self, ParseError> {
         let text = until_nul(buf)?;
-        let mut it = text.split(':');
-        let key = Self {
+        let fields: Vec<&str> = text.split(':').collect();
+        // without GID: 7 fields; with: 6 + 16 + SRQN + the empty one after the last colon
+        let with_gid = fields.len() > 8;
+        let mut it = fields.iter().copied();
+        let mut key = Self {
             lid: hex_field(it.next(), "LID", 4)?,
             out_reads: hex_field(it.next(), "OUT_READS", 4)?,
             qpn: hex_field(it.next(), "QPN", 6)?,
             psn: hex_field(it.next(), "PSN", 6)?,
             rkey: hex_field(it.next(), "RKEY", 8)?,
             vaddr: hex_field(it.next(), "VADDR", 16)?,
-            srqn: hex_field(it.next(), "SRQN", 8)?,
+            ..Self::default()
         };
+        if with_gid {
+            let mut g = [0u8; 16];
+            for b in &mut g {
+                *b = hex_field(it.next(), "GID byte", 2)?;
+            }
+            key.gid = Some(g);
+        }
+        key.srqn = hex_field(it.next(), "SRQN", 8)?;
         match it.next() {
-            None | Some("") => Ok(key),
-            Some(rest) => Err(ParseError(format!("trailing data {rest:?}"))),
+            None | Some("") if it.next().is_none() => Ok(key),
+            _ => Err(ParseError(format!("trailing data in {text:?}"))),
         }
     }
 }
@@ -221,6 +256,7 @@ pub fn perftest_keys<S: Read + Write>(
     role: Role,
     ours: &PerftestKey,
 ) -> io::Result<PerftestKey> {
+    // Both sides use the same format (perftest: a GID index on both or on neither).
     let peer = swap(s, role, &ours.encode())?;
     PerftestKey::decode(&peer).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.0))
 }
@@ -279,10 +315,43 @@ mod tests {
                 psn: 0x27c848,
                 rkey: 0x1042,
                 vaddr: 0x55fc_9584_0000,
-                srqn: 0
+                srqn: 0,
+                gid: None,
             }
         );
-        assert_eq!(&k.encode(), observed);
+        assert_eq!(&k.encode()[..], observed);
+    }
+
+    #[test]
+    fn perftest_key_with_gid_as_perftest_formats_it() {
+        // KEY_PRINT_FMT_GID: "%04x:%04x:%06x:%06x:%08x:%016llx:" + 16 x "%02x:" + "%08x:"
+        let mut gid = [0u8; 16];
+        gid[10] = 0xff;
+        gid[11] = 0xff;
+        gid[12..].copy_from_slice(&[127, 1, 0, 2]);
+        let k = PerftestKey {
+            lid: 0,
+            out_reads: 1,
+            qpn: 0x1234,
+            psn: 0xabcdef,
+            rkey: 0x42,
+            vaddr: 0x7f00_0000_1000,
+            srqn: 0,
+            gid: Some(gid),
+        };
+        let m = k.encode();
+        assert_eq!(m.len(), PERFTEST_KEY_GID_LEN);
+        let text = "0000:0001:001234:abcdef:00000042:00007f0000001000:\
+                    00:00:00:00:00:00:00:00:00:00:ff:ff:7f:01:00:02:00000000:";
+        assert_eq!(&m[..text.len()], text.as_bytes());
+        assert_eq!(text.len() + 1, PERFTEST_KEY_GID_LEN);
+        assert_eq!(m[text.len()], 0);
+        assert_eq!(PerftestKey::decode(&m).unwrap(), k);
+        // a GID byte too many, or a missing SRQN, does not parse
+        assert!(
+            PerftestKey::decode(text.replace(":00000000:", ":00:00000000:").as_bytes()).is_err()
+        );
+        assert!(PerftestKey::decode(text.replace(":00000000:", ":").as_bytes()).is_err());
     }
 
     #[test]

@@ -102,13 +102,14 @@ where
         qpn: peer.qpn,
         psn: peer.psn,
         rkey_vaddr: rdma.then_some((peer.rkey, peer.vaddr)),
+        gid: peer.gid,
     };
     let mut local = end.endpoint();
     if !rdma {
         local.rkey_vaddr = None;
     }
     let mut rep = Reporter::new(plan, a);
-    let header = rep.header(
+    let mut header = rep.header(
         plan,
         end.device(),
         end.bf(),
@@ -118,6 +119,7 @@ where
         local,
         remote,
     );
+    (header.ethernet, header.gid_index) = end.link();
     rep.begin(end.emulated(), &header)?;
     let mut ours = exchange::BwReport::default();
     for &size in &plan.sizes {

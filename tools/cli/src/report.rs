@@ -69,6 +69,9 @@ pub struct Endpoint {
     pub psn: u32,
     /// Remote key and buffer address, printed for RDMA tests.
     pub rkey_vaddr: Option<(u32, u64)>,
+    /// Port GID (wire order) when the path is global (RoCE, or a GID index given).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gid: Option<[u8; 16]>,
 }
 
 impl Endpoint {
@@ -79,6 +82,11 @@ impl Endpoint {
         );
         if let Some((rkey, vaddr)) = self.rkey_vaddr {
             let _ = write!(s, " RKey {rkey:#08x} VAddr {vaddr:#016x}");
+        }
+        if let Some(g) = self.gid {
+            // perftest prints the GID bytes in decimal ("%02d:")
+            let bytes: Vec<String> = g.iter().map(|b| format!("{b:02}")).collect();
+            let _ = write!(s, "\n GID: {}", bytes.join(":"));
         }
         s
     }
@@ -99,6 +107,10 @@ pub struct Header {
     pub cq_mod: Option<u32>,
     /// Path MTU in bytes.
     pub mtu: u32,
+    /// The port is Ethernet (RoCE): perftest's "Link type".
+    pub ethernet: bool,
+    /// Source GID index of the path, if global.
+    pub gid_index: Option<u8>,
     /// Inline data size actually used.
     pub max_inline: u32,
     /// Outstanding reads/atomics (read tests only).
@@ -150,7 +162,11 @@ impl Header {
             let _ = writeln!(s, " CQ Moderation   : {q}");
         }
         let _ = writeln!(s, " Mtu             : {}[B]", self.mtu);
-        let _ = writeln!(s, " Link type       : IB");
+        let link = if self.ethernet { "Ethernet" } else { "IB" };
+        let _ = writeln!(s, " Link type       : {link}");
+        if let Some(i) = self.gid_index {
+            let _ = writeln!(s, " GID index       : {i}");
+        }
         match self.outstand_reads {
             Some(r) => {
                 let _ = writeln!(s, " Outstand reads  : {r}");
@@ -345,6 +361,8 @@ mod tests {
             tx_depth: 1,
             cq_mod: None,
             mtu: 4096,
+            ethernet: false,
+            gid_index: None,
             max_inline: 236,
             outstand_reads: None,
             data_ex: "Ethernet".into(),
@@ -357,12 +375,14 @@ mod tests {
                 qpn: 0x128,
                 psn: 0x6f0c1c,
                 rkey_vaddr: None,
+                gid: None,
             },
             remote: Endpoint {
                 lid: 1,
                 qpn: 0x127,
                 psn: 0x9a4e7f,
                 rkey_vaddr: Some((0x1fd4bc, 0x7f0e0c8aa000)),
+                gid: None,
             },
         };
         let text = h.render();
@@ -379,6 +399,27 @@ mod tests {
             assert!(text.contains(needle), "missing {needle:?} in\n{text}");
         }
         assert!(!text.contains("CQ Moderation"));
+        assert!(text.contains(" Link type       : IB\n") && !text.contains("GID"));
+        // RoCE: perftest's link type, GID index and the GID lines (bytes in decimal)
+        let mut g = [0u8; 16];
+        g[10..].copy_from_slice(&[255, 255, 127, 1, 0, 2]);
+        let roce = Header {
+            ethernet: true,
+            gid_index: Some(3),
+            local: Endpoint {
+                gid: Some(g),
+                ..h.local.clone()
+            },
+            ..h
+        };
+        let text = roce.render();
+        for needle in [
+            " Link type       : Ethernet\n GID index       : 3\n",
+            " local address: LID 0x01 QPN 0x0128 PSN 0x6f0c1c\n \
+             GID: 00:00:00:00:00:00:00:00:00:00:255:255:127:01:00:02\n",
+        ] {
+            assert!(text.contains(needle), "missing {needle:?} in\n{text}");
+        }
     }
 
     #[test]

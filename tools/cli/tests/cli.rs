@@ -623,6 +623,124 @@ fn interoperates_with_perftest_binaries() {
     }
 }
 
+/// `mlx5 lat`/`bw` in one process on an emulated RoCE port: connected by GID (the port's RoCE
+/// v2 GID without -x, perftest's choice; the one given with -x), reported as perftest does; a
+/// bad MLX5_EMU_LINK_LAYER is refused by name.
+#[test]
+fn lat_and_bw_run_on_a_roce_port() {
+    let run = |args: &[&str], link: &str| {
+        Command::new(env!("CARGO_BIN_EXE_mlx5"))
+            .args(args)
+            .env("MLX5_EMU_LINK_LAYER", link)
+            .output()
+            .expect("run the mlx5 binary")
+    };
+    let text = |o: &Output| String::from_utf8_lossy(&o.stdout).into_owned();
+    let lat = run(&["lat", "send", "--emu", "-n", "50"], "eth");
+    assert!(lat.status.success(), "{lat:?}");
+    let t = text(&lat);
+    assert_eq!(row(&t, "2")[1], 50.0, "{t}");
+    assert!(
+        t.contains(" Link type       : Ethernet\n GID index       : 3\n"),
+        "{t}"
+    );
+    assert_eq!(t.matches(" GID: ").count(), 2, "{t}");
+    let bw = run(&["bw", "read", "--emu", "-n", "64", "-x", "1"], "roce");
+    assert!(bw.status.success(), "{bw:?}");
+    let t = text(&bw);
+    assert_eq!(row(&t, "65536")[1], 64.0, "{t}");
+    assert!(t.contains(" GID index       : 1\n"), "{t}");
+    // InfiniBand stays the default: no GID, LID routing
+    let ib = mlx5(&["lat", "send", "--emu", "-n", "10"]);
+    let t = text(&ib);
+    assert!(
+        t.contains(" Link type       : IB\n") && !t.contains("GID"),
+        "{t}"
+    );
+    let bad = run(&["lat", "send", "--emu", "-n", "10"], "fddi");
+    assert!(!bad.status.success());
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("MLX5_EMU_LINK_LAYER"),
+        "{bad:?}"
+    );
+}
+
+/// A RoCE port (`MLX5_EMU_LINK_LAYER=eth` for both processes): perftest's ib_send_lat with
+/// `-x 3` (the IPv4-mapped RoCE v2 GID) and our `-x 3` exchange keys with GIDs (perftest's
+/// 108-byte format), connect by GID and measure, in both roles.
+#[test]
+fn roce_port_interoperates_with_ib_send_lat_by_gid() {
+    let eth = |c: &mut Command| {
+        c.env("MLX5_EMU_LINK_LAYER", "eth");
+    };
+    // ib_send_lat serves, we are the client
+    let port = free_port().to_string();
+    let mut srv_cmd = perftest("ib_send_lat", &["-p", &port, "-n", "20", "-x", "3"]);
+    let mut cli_cmd = ours(&[
+        "lat",
+        "send",
+        "127.0.0.1",
+        "--emu",
+        "-p",
+        &port,
+        "-n",
+        "20",
+        "-x",
+        "3",
+    ]);
+    eth(&mut srv_cmd);
+    eth(&mut cli_cmd);
+    let (srv, cli) = run_pair(&mut srv_cmd, &mut cli_cmd);
+    assert_eq!(row(&srv, "2")[1], 20.0, "{srv}");
+    assert_eq!(row(&cli, "2")[1], 20.0, "{cli}");
+    assert!(srv.contains("Ethernet"), "perftest saw a RoCE port:\n{srv}");
+    assert!(cli.contains("Link type       : Ethernet"), "{cli}");
+    for f in ["QPN", "PSN"] {
+        assert_eq!(
+            field(address_line(&srv, "local"), f),
+            field(address_line(&cli, "remote"), f)
+        );
+    }
+    // perftest prints the peer's GID (decimal bytes): ours, the IPv4-mapped one
+    let gid_lines: Vec<&str> = srv.lines().filter(|l| l.contains("GID:")).collect();
+    assert_eq!(gid_lines.len(), 2, "{srv}");
+    assert!(
+        gid_lines
+            .iter()
+            .all(|l| l.contains(":00:00:255:255:127:01:")),
+        "{gid_lines:?}"
+    );
+
+    // we serve ib_send_lat's client
+    let port = free_port().to_string();
+    let mut srv_cmd = ours(&[
+        "lat",
+        "send",
+        "--server",
+        "--emu",
+        "--bind",
+        "127.0.0.1",
+        "-p",
+        &port,
+        "-n",
+        "20",
+        "-x",
+        "3",
+    ]);
+    let mut cli_cmd = perftest(
+        "ib_send_lat",
+        &["127.0.0.1", "-p", &port, "-n", "20", "-x", "3"],
+    );
+    eth(&mut srv_cmd);
+    eth(&mut cli_cmd);
+    let (srv, cli) = run_pair(&mut srv_cmd, &mut cli_cmd);
+    assert_eq!(row(&cli, "2")[1], 20.0, "{cli}");
+    // SEND: the client posts first, so our server has 19 intervals between its 20 posts
+    assert_eq!(row(&srv, "2")[1], 19.0, "{srv}");
+    assert!(srv.contains("GID index       : 3"), "{srv}");
+    assert!(cli.contains("Ethernet"), "{cli}");
+}
+
 #[test]
 fn emu_run_puts_an_unmodified_program_on_the_emulator() {
     let so = preload_so();

@@ -473,6 +473,7 @@ mod tests {
                 sges: vec![(0, 8)],
             }]],
             sq_sig_all: false,
+            roce: None,
         }
     }
 
@@ -551,6 +552,7 @@ mod tests {
                 sges: vec![(0, 5)],
             }]],
             sq_sig_all: false,
+            roce: None,
         };
         let i = info(0x10, 1);
         let s = |r: &[WqeRecord]| r.to_vec();

@@ -13,6 +13,8 @@
 //! recv <rc|ud|uc> <count> <offset> <length>
 //! qkey <qkey>
 //! sigall <0|1>                   -- create the requester QPs with sq_sig_all
+//! roce <sgid_index> <flow_label> <sl> <traffic_class> <hop_limit>
+//!                                -- optional: RoCE port; address the own GID with a GRH
 //! post <n>                       -- one ibv_post_send call of the n `wr` lines that follow
 //! wr <rc|ud|uc> <opcode> <flags> <imm> <remote_off> <compare> <swap_add> <nsge> [<off>:<len>]...
 //! end
@@ -306,6 +308,41 @@ pub struct Corpus {
     /// Create the requester QPs with `sq_sig_all` (every WR gets a CQE; the CE bits of
     /// every WQE are set by the driver, whatever the WR's flags say).
     pub sq_sig_all: bool,
+    /// On a RoCE port: the global route of the UD address handle and of the RC/UC paths
+    /// (to the port's own GID at `sgid_index`); `None` on InfiniBand (LID routing).
+    pub roce: Option<RoceRoute>,
+}
+
+/// The GRH fields both sides use on a RoCE port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RoceRoute {
+    /// Source GID index; the destination GID is the GID at this index (loopback).
+    pub sgid_index: u8,
+    /// Flow label. Non-zero, so that both drivers derive the same RoCE v2 UDP source port
+    /// from it (with 0 libmlx5 draws a random port per AH).
+    pub flow_label: u32,
+    /// Service level (the Ethernet priority, AV `stat_rate_sl` bits 3:1).
+    pub sl: u8,
+    /// Traffic class.
+    pub traffic_class: u8,
+    /// Hop limit.
+    pub hop_limit: u8,
+}
+
+impl RoceRoute {
+    /// The emulated RoCE port's IPv4-mapped RoCE v2 GID (index 3).
+    pub const V2: RoceRoute = RoceRoute {
+        sgid_index: 3,
+        flow_label: 0x5_A5A5,
+        sl: 5,
+        traffic_class: 0x20,
+        hop_limit: 64,
+    };
+    /// The same address as RoCE v1 (index 2): no UDP header, `rlid` 0.
+    pub const V1: RoceRoute = RoceRoute {
+        sgid_index: 2,
+        ..RoceRoute::V2
+    };
 }
 
 /// Deterministic generator (xorshift64*).
@@ -708,6 +745,7 @@ impl Corpus {
         Corpus {
             posts: b.posts,
             sq_sig_all: false,
+            roce: None,
         }
     }
 
@@ -759,6 +797,13 @@ impl Corpus {
         }
         let _ = writeln!(s, "qkey {QKEY:#x}");
         let _ = writeln!(s, "sigall {}", u8::from(self.sq_sig_all));
+        if let Some(r) = self.roce {
+            let _ = writeln!(
+                s,
+                "roce {} {:#x} {} {:#x} {}",
+                r.sgid_index, r.flow_label, r.sl, r.traffic_class, r.hop_limit
+            );
+        }
         for p in &self.posts {
             let _ = writeln!(s, "post {}", p.len());
             for w in p {

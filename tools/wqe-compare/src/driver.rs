@@ -4,11 +4,11 @@
 use std::sync::Mutex;
 
 use mlx5::{
-    Access, Ah, AhAttr, BfPolicy, Context, ContextConfig, Cq, CqInit, Mr, Pd, Qp, QpCap,
-    QpInitAttr, QpType, RecvWr, RemoteQp, SendFlags, SendWr, Sge, UdDest, UserMemory,
+    Access, Ah, AhAttr, BfPolicy, Context, ContextConfig, Cq, CqInit, GlobalRoute, Mr, Pd, Qp,
+    QpCap, QpInitAttr, QpType, RecvWr, RemoteQp, SendFlags, SendWr, Sge, UdDest, UserMemory,
     WorkCompletion, WrOp,
 };
-use mlx5_emu::{EmuConfig, Emulator, Fabric, RunMode, WqeRecord};
+use mlx5_emu::{EmuConfig, Emulator, Fabric, LinkLayer, RunMode, WqeRecord};
 
 use crate::corpus::{
     BUF_LEN, BUF_VA, Caps, Corpus, QKEY, QpSel, RECV_LEN, SRC_OFF, Wr, flag, op, src_byte,
@@ -73,6 +73,11 @@ pub fn run(corpus: &Corpus, knobs: &Knobs) -> Result<SideRun, String> {
         node: Some(NODE),
         bf_reg_size: knobs.bf_reg_size,
         dyn_uar: knobs.dyn_uar,
+        link_layer: if knobs.roce {
+            LinkLayer::Ethernet
+        } else {
+            LinkLayer::InfiniBand
+        },
         ..EmuConfig::default()
     });
     emu.record_wqes(true);
@@ -90,6 +95,19 @@ pub fn run(corpus: &Corpus, knobs: &Knobs) -> Result<SideRun, String> {
     };
     let ctx = Context::open_with(surface, config).map_err(|e| err("Context::open", e))?;
     let lid = ctx.query_port(1).map_err(|e| err("query_port", e))?.lid;
+    // RoCE: everything addressed to the port's own GID at the route's index, with its GRH.
+    let grh = match corpus.roce {
+        Some(r) => Some(GlobalRoute {
+            dgid: ctx
+                .query_gid(1, u32::from(r.sgid_index))
+                .map_err(|e| err("query_gid", e))?,
+            flow_label: r.flow_label,
+            sgid_index: r.sgid_index,
+            hop_limit: r.hop_limit,
+            traffic_class: r.traffic_class,
+        }),
+        None => None,
+    };
     let pd = Pd::new(&ctx).map_err(|e| err("Pd::new", e))?;
     // SAFETY: `buf` is a private anonymous mapping owned by this function; it stays mapped
     // until `buf` drops, after every object registered over it (declared later, dropped
@@ -130,6 +148,8 @@ pub fn run(corpus: &Corpus, knobs: &Knobs) -> Result<SideRun, String> {
         AhAttr {
             dlid: lid,
             port_num: 1,
+            sl: corpus.roce.map_or(0, |r| r.sl),
+            grh,
             ..AhAttr::default()
         },
     )
@@ -151,9 +171,9 @@ pub fn run(corpus: &Corpus, knobs: &Knobs) -> Result<SideRun, String> {
                 qpn: remote,
                 psn: 0,
                 lid,
-                gid: None,
+                gid: grh.map(|g| g.dgid),
             };
-            qp.to_rtr(&r, PATH_MTU, 0)
+            qp.to_rtr(&r, PATH_MTU, grh.map_or(0, |g| g.sgid_index))
                 .map_err(|e| err(&format!("{} RTR", sel.name()), e))?;
             qp.to_rts(0, 7)
                 .map_err(|e| err(&format!("{} RTS", sel.name()), e))?;

@@ -88,7 +88,8 @@ pub fn preload_so() -> Result<PathBuf, String> {
 /// `MLX5_SCATTER_TO_CQE=0` (and the `mlx5` crate's QPs are created with `scatter_to_cqe = false`,
 /// so both sides run without it; it changes CQEs, not WQEs), `MLX5_NUM_LOW_LAT_UUARS`,
 /// `MLX5_POST_SEND_PREFER_BF=0` unless
-/// `knobs.prefer_bf`, `MLX5_SHUT_UP_BF=1` if `knobs.shut_up_bf`.
+/// `knobs.prefer_bf`, `MLX5_SHUT_UP_BF=1` if `knobs.shut_up_bf`, `MLX5_EMU_LINK_LAYER=eth`
+/// if `knobs.roce`.
 ///
 /// # Errors
 /// Start failure, timeout, non-zero exit (with its output), or a malformed log.
@@ -130,6 +131,9 @@ pub fn run(
     }
     if knobs.shut_up_bf {
         cmd.env("MLX5_SHUT_UP_BF", "1");
+    }
+    if knobs.roce {
+        cmd.env("MLX5_EMU_LINK_LAYER", "eth");
     }
     let mut child = cmd
         .spawn()

@@ -29,7 +29,8 @@
 //! UARs; `MLX5_POST_SEND_PREFER_BF=0` (BlueFlame for inline WQEs only); `MLX5_SHUT_UP_BF=1`;
 //! an HCA without BlueFlame registers; 256-byte BlueFlame registers; 8 low-latency registers
 //! (every QP its own); requester QPs with `sq_sig_all`; the harness posting through the
-//! `ibv_wr_*` API (perftest's) instead of `ibv_post_send`. Both sides always run
+//! `ibv_wr_*` API (perftest's) instead of `ibv_post_send`; a RoCE port (UD through an AH made
+//! by GID, RC/UC connected by GID; RoCE v2 and v1 source GIDs). Both sides always run
 //! without scatter-to-CQE (`MLX5_SCATTER_TO_CQE=0` for libmlx5, `scatter_to_cqe = false` for ours):
 //! it changes CQEs, not WQEs, and keeps READ/atomic results in memory on both sides.
 
@@ -62,6 +63,10 @@ pub struct Knobs {
     /// The harness posts with the extended API (`ibv_wr_start` .. `ibv_wr_complete`, what
     /// perftest uses) instead of `ibv_post_send`. The `mlx5` crate side is the same.
     pub wr_api: bool,
+    /// The emulated port is Ethernet (RoCE): `MLX5_EMU_LINK_LAYER=eth` for the preload,
+    /// `EmuConfig::link_layer` in process. The corpus then carries the GRH both sides use
+    /// ([`corpus::RoceRoute`]).
+    pub roce: bool,
 }
 
 impl Knobs {
@@ -74,6 +79,7 @@ impl Knobs {
         shut_up_bf: false,
         low_latency_bfregs: 4,
         wr_api: false,
+        roce: false,
     };
 
     /// Whether any WQE may go by BlueFlame with these knobs.

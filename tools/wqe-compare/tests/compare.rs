@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use mlx5_wqe_compare::compare::{Allowance, Report, Side, compare};
-use mlx5_wqe_compare::corpus::{Corpus, QpSel, op};
+use mlx5_wqe_compare::corpus::{Corpus, QpSel, RoceRoute, op};
 use mlx5_wqe_compare::driver::SideRun;
 use mlx5_wqe_compare::{Knobs, driver, harness};
 
@@ -38,9 +38,19 @@ fn sides<'a>(theirs: &'a SideRun, ours: &'a SideRun) -> (Side<'a>, Side<'a>) {
 /// Run both sides with `knobs` on the standard corpus, compare, check what the corpus must
 /// have exercised, and return everything for further checks.
 fn run(knobs: Knobs, sq_sig_all: bool) -> (Corpus, SideRun, SideRun, Report) {
+    run_with(knobs, sq_sig_all, None)
+}
+
+/// [`run`] with a RoCE route in the corpus (`knobs.roce` must say the same).
+fn run_with(
+    knobs: Knobs,
+    sq_sig_all: bool,
+    roce: Option<RoceRoute>,
+) -> (Corpus, SideRun, SideRun, Report) {
     let dir = scratch(knobs.name);
     let mut corpus = Corpus::standard();
     corpus.sq_sig_all = sq_sig_all;
+    corpus.roce = roce;
     if knobs.wr_api {
         // libmlx5's ibv_wr_* path copies an atomic's SGE length into the data segment
         // (ibv_post_send and the mlx5 crate force 8); the device then completes a 16-byte
@@ -276,4 +286,51 @@ fn identical_wqes_and_doorbells_when_every_qp_has_its_own_register() {
         "{}",
         report.summary()
     );
+}
+
+/// RoCE: the corpus's UD WQEs carry libmlx5's RoCE address vector (the kernel's MAC, the UDP
+/// source port derived from the corpus's non-zero flow label for a RoCE v2 source GID, 0 for
+/// v1, SL in bits 3:1, no GRH bit) and RC/UC run connected by GID. No extra allowance.
+fn roce_run(name: &'static str, route: RoceRoute, v2: bool) {
+    let (_, theirs, _, _) = run_with(
+        Knobs {
+            name,
+            roce: true,
+            ..Knobs::DEFAULT
+        },
+        false,
+        Some(route),
+    );
+    // What libmlx5 put there (the crate's WQEs are equal to it, checked above): a UD WQE is
+    // ctrl (16 bytes) + the 48-byte AV.
+    let ud_qpn = theirs.info.qp(QpSel::Ud).qpn;
+    let w = &theirs
+        .records
+        .iter()
+        .find(|r| r.qpn == ud_qpn)
+        .expect("a UD WQE")
+        .bytes;
+    let sport = u16::from_be_bytes([w[30], w[31]]);
+    let fl = route.flow_label;
+    let derived = 0xC000 | ((fl & 0x3FFF) ^ (fl >> 14)) as u16;
+    assert_eq!(sport, if v2 { derived } else { 0 }, "rlid: UDP source port");
+    assert_eq!(w[28], route.sl << 1, "stat_rate_sl: priority in bits 3:1");
+    assert_ne!(w[36..42], [0u8; 6], "rmac from CREATE_AH");
+    let grh_gid_fl = u32::from_be_bytes([w[44], w[45], w[46], w[47]]);
+    assert_eq!(
+        grh_gid_fl,
+        (u32::from(route.sgid_index) << 20) | fl,
+        "sgid index and flow label, no GRH bit"
+    );
+    assert_eq!((w[42], w[43]), (route.traffic_class, route.hop_limit));
+}
+
+#[test]
+fn identical_wqes_on_a_roce_port_with_a_roce_v2_gid() {
+    roce_run("roce-v2", RoceRoute::V2, true);
+}
+
+#[test]
+fn identical_wqes_on_a_roce_port_with_a_roce_v1_gid() {
+    roce_run("roce-v1", RoceRoute::V1, false);
 }
