@@ -914,32 +914,13 @@ fn build_request(
             p.dst_lid = if mac_ok { node.unwrap_or(0) } else { 0 };
             p.roce = Some(l3);
             p.sl = (av.stat_rate_sl >> 1) & 7;
-            p.grh = Some(Box::new(Grh {
-                tclass: av.tclass,
-                flow_label: av.flow_label(),
-                hop_limit: av.hop_limit,
-                sgid,
-                dgid: av.rgid,
-            }));
-            if wqe.opcode == SendOpcode::SEND_IMM {
-                p.imm = Some(wqe.imm);
+            p.grh = Some(av_grh(&av, sgid));
+        } else {
+            p.dst_lid = route(w, av.rlid(), if av.grh() { Some(av.rgid) } else { None })
+                .ok_or(Syndrome::LOCAL_QP_OP)?;
+            if av.grh() {
+                p.grh = Some(av_grh(&av, w.hcas[hca].info.port_gid));
             }
-            p.payload = payload(w, hca, pdn, b, 64)?;
-            if p.payload.len() as u32 > mtu {
-                return Err(Syndrome::LOCAL_LENGTH);
-            }
-            return Ok((p, local, 0));
-        }
-        p.dst_lid = route(w, av.rlid(), if av.grh() { Some(av.rgid) } else { None })
-            .ok_or(Syndrome::LOCAL_QP_OP)?;
-        if av.grh() {
-            p.grh = Some(Box::new(Grh {
-                tclass: av.tclass,
-                flow_label: av.flow_label(),
-                hop_limit: av.hop_limit,
-                sgid: w.hcas[hca].info.port_gid,
-                dgid: av.rgid,
-            }));
         }
         if wqe.opcode == SendOpcode::SEND_IMM {
             p.imm = Some(wqe.imm);
@@ -2500,6 +2481,17 @@ fn retire(w: &mut World, hca: usize, qpn: u32) {
             requester_ok(w, hca, qpn, o.wqe_idx, o.opcode, o.len, scatter_data);
         }
     }
+}
+
+/// The global route header a UD address vector asks for, from source GID `sgid`.
+fn av_grh(av: &DatagramSeg, sgid: [u8; 16]) -> Box<Grh> {
+    Box::new(Grh {
+        tclass: av.tclass,
+        flow_label: av.flow_label(),
+        hop_limit: av.hop_limit,
+        sgid,
+        dgid: av.rgid,
+    })
 }
 
 /// Whether response opcode `opcode` (not a plain ACK) is the kind that answers request `o`:

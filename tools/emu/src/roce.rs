@@ -191,14 +191,8 @@ pub(crate) fn ipv4_header(
     h[9] = 17;
     h[12..16].copy_from_slice(&src);
     h[16..20].copy_from_slice(&dst);
-    let mut sum = 0u32;
-    for i in (0..20).step_by(2) {
-        sum += u32::from(u16::from_be_bytes([h[i], h[i + 1]]));
-    }
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    h[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+    let sum = crate::transport::ipv4_checksum(&h[..20]);
+    h[10..12].copy_from_slice(&sum.to_be_bytes());
     h
 }
 

@@ -342,6 +342,19 @@ pub(crate) fn mtu_bytes(mtu: u8) -> u32 {
     256u32 << (mtu.clamp(1, 5) - 1)
 }
 
+/// The IPv4 header checksum of `header` (its checksum field zero): the one's complement of
+/// the one's-complement sum of its 16-bit words.
+pub(crate) fn ipv4_checksum(header: &[u8]) -> u16 {
+    let mut sum = header
+        .chunks(2)
+        .map(|w| u32::from(u16::from_be_bytes([w[0], w.get(1).copied().unwrap_or(0)])))
+        .sum::<u32>();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -427,14 +440,8 @@ pub(crate) fn ip_udp_headers(
         h[10] = 0xff;
         h[11] = 0xff;
     } else {
-        let mut sum = 0u32;
-        for i in (0..20).step_by(2) {
-            sum += u32::from(u16::from_be_bytes([h[i], h[i + 1]]));
-        }
-        while sum > 0xffff {
-            sum = (sum & 0xffff) + (sum >> 16);
-        }
-        h[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+        let sum = ipv4_checksum(&h[..20]);
+        h[10..12].copy_from_slice(&sum.to_be_bytes());
     }
     h[20..22].copy_from_slice(&ROCE_PORT.to_be_bytes());
     h[22..24].copy_from_slice(&ROCE_PORT.to_be_bytes());
