@@ -5,13 +5,13 @@
 
 mod common;
 
-use common::{EmuRig, PairOpts, QKEY, Rig, pair, poll_n, side};
+use common::{EmuRig, PairOpts, QKEY, Rig, Side, pair, poll_n, side};
 use mlx5::ah::{AvLink, ROCE_UDP_SPORT_MIN, build_av, roce_udp_sport};
 use mlx5::ffi::ioctl::{IB_UVERBS_GID_TYPE_ROCE_V1, IB_UVERBS_GID_TYPE_ROCE_V2};
 use mlx5::ffi::uverbs::IB_LINK_LAYER_ETHERNET;
 use mlx5::{
     Access, Ah, AhAttr, Error, GlobalRoute, QpState, QpType, RecvWr, RemoteQp, SendFlags, SendWr,
-    UdDest, WcFlags, WcOpcode, WcStatus, WrOp,
+    UdDest, WcFlags, WcOpcode, WcStatus, WorkCompletion, WrOp,
 };
 use mlx5_emu::HcaInfo;
 use zerocopy::IntoBytes;
@@ -33,6 +33,40 @@ fn v4_gid(ip: [u8; 4]) -> [u8; 16] {
 
 fn info(rig: &EmuRig, side: usize) -> HcaInfo {
     rig.emu.hca_info(side).expect("emulated HCA")
+}
+
+/// Post one receive of `len` bytes at `off` of `b`'s buffer.
+fn post_recv_at(b: &mut Side, wr_id: u64, off: u64, len: u32) {
+    let rsge = [b.mr.sge(off, len)];
+    b.qp.post_recv(&[RecvWr {
+        wr_id,
+        sg_list: &rsge,
+    }])
+    .unwrap();
+}
+
+/// Post `wr` on `a` and poll one completion on each side: `a`'s must be a successful SEND,
+/// `b`'s a successful receive of `wr_id` with `byte_len` bytes from `a`'s QP (returned).
+fn send_received(
+    rig: &EmuRig,
+    a: &mut Side,
+    b: &mut Side,
+    wr: SendWr<'_>,
+    wr_id: u64,
+    byte_len: u32,
+) -> WorkCompletion {
+    a.qp.post_send(&[wr]).unwrap();
+    let s = poll_n(rig, &mut a.cq, 1);
+    assert_eq!(
+        (s[0].status, s[0].opcode),
+        (WcStatus::SUCCESS, WcOpcode::SEND)
+    );
+    let r = poll_n(rig, &mut b.cq, 1);
+    assert_eq!(
+        (r[0].status, r[0].wr_id, r[0].byte_len, r[0].src_qp),
+        (WcStatus::SUCCESS, wr_id, byte_len, a.qp.qpn())
+    );
+    r[0]
 }
 
 /// Index 3 of the emulated RoCE GID table: the IPv4-mapped RoCE v2 GID.
@@ -99,26 +133,11 @@ fn rc_connected_by_gid_moves_data() {
 
     let data = pattern(3000, 3);
     a.buf.write(0, &data);
-    let rsge = [b.mr.sge(4096, 4096)];
-    b.qp.post_recv(&[RecvWr {
-        wr_id: 1,
-        sg_list: &rsge,
-    }])
-    .unwrap();
+    post_recv_at(&mut b, 1, 4096, 4096);
     let sges = [a.mr.sge(0, 3000)];
-    a.qp.post_send(&[SendWr::send(2, &sges, SendFlags::SIGNALED)])
-        .unwrap();
-    let s = poll_n(&rig, &mut a.cq, 1);
-    assert_eq!(
-        (s[0].status, s[0].opcode),
-        (WcStatus::SUCCESS, WcOpcode::SEND)
-    );
-    let r = poll_n(&rig, &mut b.cq, 1);
-    assert_eq!(
-        (r[0].status, r[0].wr_id, r[0].byte_len, r[0].src_qp),
-        (WcStatus::SUCCESS, 1, 3000, a.qp.qpn())
-    );
-    assert!(!r[0].wc_flags.contains(WcFlags::GRH), "no GRH on RC");
+    let wr = SendWr::send(2, &sges, SendFlags::SIGNALED);
+    let r = send_received(&rig, &mut a, &mut b, wr, 1, 3000);
+    assert!(!r.wc_flags.contains(WcFlags::GRH), "no GRH on RC");
     let mut got = vec![0u8; 3000];
     b.buf.read(4096, &mut got);
     assert_eq!(got, data);
@@ -262,12 +281,7 @@ fn ud_send_by_gid_carries_the_ipv4_header() {
     );
 
     b.buf.write(0, &[0xEE; 40]);
-    let rsge = [b.mr.sge(0, 40 + 512)];
-    b.qp.post_recv(&[RecvWr {
-        wr_id: 7,
-        sg_list: &rsge,
-    }])
-    .unwrap();
+    post_recv_at(&mut b, 7, 0, 40 + 512);
     let data = pattern(300, 9);
     a.buf.write(1000, &data);
     let sges = [a.mr.sge(1000, 300)];
@@ -276,22 +290,12 @@ fn ud_send_by_gid_carries_the_ipv4_header() {
         remote_qpn: b.qp.qpn(),
         remote_qkey: QKEY,
     };
-    a.qp.post_send(&[SendWr::send(6, &sges, SendFlags::SIGNALED).to(dest)])
-        .unwrap();
-    let s = poll_n(&rig, &mut a.cq, 1);
-    assert_eq!(
-        (s[0].status, s[0].opcode),
-        (WcStatus::SUCCESS, WcOpcode::SEND)
-    );
-    let r = poll_n(&rig, &mut b.cq, 1);
-    assert_eq!(
-        (r[0].status, r[0].wr_id, r[0].byte_len, r[0].src_qp),
-        (WcStatus::SUCCESS, 7, 40 + 300, a.qp.qpn())
-    );
-    assert!(r[0].wc_flags.contains(WcFlags::GRH), "{:?}", r[0]);
+    let wr = SendWr::send(6, &sges, SendFlags::SIGNALED).to(dest);
+    let r = send_received(&rig, &mut a, &mut b, wr, 7, 40 + 300);
+    assert!(r.wc_flags.contains(WcFlags::GRH), "{r:?}");
     // As libmlx5: `sl` is bits 27:24 of the CQE's flags_rqpn, whose low two bits on RoCE are
     // the L3 header type (IPv4 = 2); no LID on Ethernet.
-    assert_eq!((r[0].sl, r[0].slid), (2, 0), "{:?}", r[0]);
+    assert_eq!((r.sl, r.slid), (2, 0), "{r:?}");
     let mut grh = [0u8; 40];
     b.buf.read(0, &mut grh);
     assert_eq!(grh[..20], [0u8; 20], "no IPv6 header in the first 20 bytes");
@@ -384,12 +388,7 @@ fn roce_v1_and_v2_source_gids_build_the_av_as_libmlx5() {
 
     // Traffic over the RoCE v1 link-local AH: the GRH area holds a real GRH (IPv6 version,
     // next header 0x1B = the BTH) between the two link-local GIDs.
-    let rsge = [b.mr.sge(0, 40 + 64)];
-    b.qp.post_recv(&[RecvWr {
-        wr_id: 1,
-        sg_list: &rsge,
-    }])
-    .unwrap();
+    post_recv_at(&mut b, 1, 0, 40 + 64);
     let sges = [a.mr.sge(0, 64)];
     let dest = UdDest {
         ah: &ah_ll,

@@ -28,34 +28,14 @@ fn pattern(n: usize, seed: u8) -> Vec<u8> {
 
 /// One endpoint with `cqe_size`-byte CQEs and the scatter knob as given.
 fn side_with(rig: &dyn Rig, n: usize, cqe_size: u32, scatter: bool, sig_all: bool) -> Side {
-    let o = PairOpts::new(QpType::Rc);
-    let ctx = rig.open(n);
-    let pd = Pd::new(&ctx).unwrap();
-    let cq = Cq::new(
-        &ctx,
-        CqInit {
-            cqe: 255,
-            cqe_size,
-            comp_vector: 0,
-        },
-        None,
-    )
-    .unwrap();
-    let mut init = QpInitAttr::new(QpType::Rc, &cq, &cq);
-    init.cap = o.cap;
-    init.scatter_to_cqe = scatter;
-    init.sq_sig_all = sig_all;
-    let qp = Qp::new(&pd, &init).unwrap();
-    let buf = Arc::new(DmaBuf::new(common::BUF_LEN).unwrap());
-    let mr = pd.reg_mr(&buf, Access::ALL).unwrap();
-    Side {
-        ctx,
-        pd,
-        cq,
-        qp,
-        buf,
-        mr,
-    }
+    let o = PairOpts {
+        cqe: 255,
+        cqe_size,
+        scatter_to_cqe: scatter,
+        sq_sig_all: sig_all,
+        ..PairOpts::new(QpType::Rc)
+    };
+    common::side(rig, n, &o)
 }
 
 /// Whether the emulator scatters `len` bytes into a CQE of `cqe_size` (single-packet RC

@@ -164,7 +164,13 @@ pub struct PairOpts {
     pub report_unsignaled: bool,
     pub rnr_retry: u8,
     pub cqe: u32,
+    /// CQE size in bytes (64 or 128).
+    pub cqe_size: u32,
     pub bf_policy: mlx5::BfPolicy,
+    /// `QpInitAttr::scatter_to_cqe` (on by default, as in libmlx5).
+    pub scatter_to_cqe: bool,
+    /// `QpInitAttr::sq_sig_all`.
+    pub sq_sig_all: bool,
 }
 
 impl PairOpts {
@@ -201,7 +207,10 @@ impl PairOpts {
             report_unsignaled: false,
             rnr_retry: 7,
             cqe: 1024,
+            cqe_size: 64,
             bf_policy: mlx5::BfPolicy::PreferBf,
+            scatter_to_cqe: true,
+            sq_sig_all: false,
         }
     }
 }
@@ -213,6 +222,7 @@ pub fn side(rig: &dyn Rig, n: usize, o: &PairOpts) -> Side {
         &ctx,
         CqInit {
             cqe: o.cqe,
+            cqe_size: o.cqe_size,
             ..CqInit::default()
         },
         None,
@@ -222,6 +232,8 @@ pub fn side(rig: &dyn Rig, n: usize, o: &PairOpts) -> Side {
     init.cap = o.cap;
     init.report_unsignaled = o.report_unsignaled;
     init.bf_policy = o.bf_policy;
+    init.scatter_to_cqe = o.scatter_to_cqe;
+    init.sq_sig_all = o.sq_sig_all;
     let qp = Qp::new(&pd, &init).expect("create QP");
     let buf = Arc::new(DmaBuf::new(BUF_LEN).expect("buffer"));
     let mr = pd.reg_mr(&buf, o.access).expect("reg MR");

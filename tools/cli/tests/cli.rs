@@ -497,14 +497,11 @@ fn run_pair(server: &mut Command, client: &mut Command) -> (String, String) {
         .nth(1)
         .and_then(|p| p.to_str()?.parse().ok())
         .expect("run_pair servers are given -p PORT");
-    let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while !common::listening(port) {
-        assert!(
-            std::time::Instant::now() < until,
-            "{server:?} never listened on {port}"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    common::wait_listening(
+        port,
+        std::time::Duration::from_secs(20),
+        &format!("{server:?}"),
+    );
     let cli = client
         .output()
         .unwrap_or_else(|e| panic!("{client:?}: {e} (is perftest installed?)"));
@@ -542,6 +539,29 @@ fn ours(args: &[&str]) -> Command {
     cmd
 }
 
+/// `mlx5 TEST OP --server --emu --bind 127.0.0.1 -p PORT EXTRA...` (see [`ours`]).
+fn ours_server(test: &str, op: &str, port: &str, extra: &[&str]) -> Command {
+    let mut cmd = ours(&[
+        test,
+        op,
+        "--server",
+        "--emu",
+        "--bind",
+        "127.0.0.1",
+        "-p",
+        port,
+    ]);
+    cmd.args(extra);
+    cmd
+}
+
+/// `mlx5 TEST OP 127.0.0.1 --emu -p PORT EXTRA...` (see [`ours`]).
+fn ours_client(test: &str, op: &str, port: &str, extra: &[&str]) -> Command {
+    let mut cmd = ours(&[test, op, "127.0.0.1", "--emu", "-p", port]);
+    cmd.args(extra);
+    cmd
+}
+
 /// The numbers of a table row starting with `first` (perftest separates with tabs, too).
 fn row(text: &str, first: &str) -> Vec<f64> {
     let line = text
@@ -559,7 +579,7 @@ fn interoperates_with_perftest_binaries() {
     let port = free_port().to_string();
     let (srv, cli) = run_pair(
         &mut perftest("ib_send_lat", &["-p", &port, "-n", "20"]),
-        &mut ours(&["lat", "send", "127.0.0.1", "--emu", "-p", &port, "-n", "20"]),
+        &mut ours_client("lat", "send", &port, &["-n", "20"]),
     );
     assert_eq!(row(&srv, "2")[1], 20.0, "{srv}");
     assert_eq!(row(&cli, "2")[1], 20.0, "{cli}");
@@ -578,18 +598,7 @@ fn interoperates_with_perftest_binaries() {
     // we serve ib_write_lat's client (the server writes first in WRITE latency)
     let port = free_port().to_string();
     let (srv, cli) = run_pair(
-        &mut ours(&[
-            "lat",
-            "write",
-            "--server",
-            "--emu",
-            "--bind",
-            "127.0.0.1",
-            "-p",
-            &port,
-            "-n",
-            "20",
-        ]),
+        &mut ours_server("lat", "write", &port, &["-n", "20"]),
         &mut perftest("ib_write_lat", &["127.0.0.1", "-p", &port, "-n", "20"]),
     );
     assert_eq!(row(&cli, "2")[1], 20.0, "{cli}");
@@ -599,18 +608,7 @@ fn interoperates_with_perftest_binaries() {
     let port = free_port().to_string();
     let (srv, cli) = run_pair(
         &mut perftest("ib_write_bw", &["-p", &port, "-n", "200", "-s", "4096"]),
-        &mut ours(&[
-            "bw",
-            "write",
-            "127.0.0.1",
-            "--emu",
-            "-p",
-            &port,
-            "-n",
-            "200",
-            "-s",
-            "4096",
-        ]),
+        &mut ours_client("bw", "write", &port, &["-n", "200", "-s", "4096"]),
     );
     let theirs = row(&srv, "4096");
     let mine = row(&cli, "4096");
@@ -670,27 +668,19 @@ fn lat_and_bw_run_on_a_roce_port() {
 /// 108-byte format), connect by GID and measure, in both roles.
 #[test]
 fn roce_port_interoperates_with_ib_send_lat_by_gid() {
-    let eth = |c: &mut Command| {
-        c.env("MLX5_EMU_LINK_LAYER", "eth");
+    // Both processes on a RoCE port.
+    let run_eth = |mut srv: Command, mut cli: Command| {
+        for c in [&mut srv, &mut cli] {
+            c.env("MLX5_EMU_LINK_LAYER", "eth");
+        }
+        run_pair(&mut srv, &mut cli)
     };
     // ib_send_lat serves, we are the client
     let port = free_port().to_string();
-    let mut srv_cmd = perftest("ib_send_lat", &["-p", &port, "-n", "20", "-x", "3"]);
-    let mut cli_cmd = ours(&[
-        "lat",
-        "send",
-        "127.0.0.1",
-        "--emu",
-        "-p",
-        &port,
-        "-n",
-        "20",
-        "-x",
-        "3",
-    ]);
-    eth(&mut srv_cmd);
-    eth(&mut cli_cmd);
-    let (srv, cli) = run_pair(&mut srv_cmd, &mut cli_cmd);
+    let (srv, cli) = run_eth(
+        perftest("ib_send_lat", &["-p", &port, "-n", "20", "-x", "3"]),
+        ours_client("lat", "send", &port, &["-n", "20", "-x", "3"]),
+    );
     assert_eq!(row(&srv, "2")[1], 20.0, "{srv}");
     assert_eq!(row(&cli, "2")[1], 20.0, "{cli}");
     assert!(srv.contains("Ethernet"), "perftest saw a RoCE port:\n{srv}");
@@ -713,27 +703,13 @@ fn roce_port_interoperates_with_ib_send_lat_by_gid() {
 
     // we serve ib_send_lat's client
     let port = free_port().to_string();
-    let mut srv_cmd = ours(&[
-        "lat",
-        "send",
-        "--server",
-        "--emu",
-        "--bind",
-        "127.0.0.1",
-        "-p",
-        &port,
-        "-n",
-        "20",
-        "-x",
-        "3",
-    ]);
-    let mut cli_cmd = perftest(
-        "ib_send_lat",
-        &["127.0.0.1", "-p", &port, "-n", "20", "-x", "3"],
+    let (srv, cli) = run_eth(
+        ours_server("lat", "send", &port, &["-n", "20", "-x", "3"]),
+        perftest(
+            "ib_send_lat",
+            &["127.0.0.1", "-p", &port, "-n", "20", "-x", "3"],
+        ),
     );
-    eth(&mut srv_cmd);
-    eth(&mut cli_cmd);
-    let (srv, cli) = run_pair(&mut srv_cmd, &mut cli_cmd);
     assert_eq!(row(&cli, "2")[1], 20.0, "{cli}");
     // SEND: the client posts first, so our server has 19 intervals between its 20 posts
     assert_eq!(row(&srv, "2")[1], 19.0, "{srv}");

@@ -167,14 +167,7 @@ fn pair(
     let mut cmd = server.command(&p, None);
     cmd.envs(server_env.iter().copied());
     let srv = Running::start(cmd);
-    let until = Instant::now() + LIMIT;
-    while !common::listening(port) {
-        assert!(
-            Instant::now() < until,
-            "the server never listened on {port}"
-        );
-        sleep(Duration::from_millis(20));
-    }
+    common::wait_listening(port, LIMIT, "the server");
     let mut cmd = client.command(&p, Some("127.0.0.1"));
     cmd.envs(client_env.iter().copied());
     let cli = Running::start(cmd);

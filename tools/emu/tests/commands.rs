@@ -311,37 +311,9 @@ fn queries_and_extended_commands() {
     assert_eq!(d.fw_ver, info.fw_ver_raw);
     assert_eq!(d.node_guid, info.node_guid.to_be());
     assert_eq!(d.phys_port_cnt, 1);
-    let q = IbUverbsQueryPort {
-        response: 0,
-        port_num: 1,
-        ..Default::default()
-    };
-    let (o, _) = write_cmd(
-        &ctx.dev,
-        IB_USER_VERBS_CMD_QUERY_PORT,
-        q.as_bytes(),
-        &[],
-        40,
-        0,
-    )
-    .unwrap();
-    let pr = IbUverbsQueryPortResp::read_from_bytes(&o).unwrap();
+    let pr = query_port(&ctx, 1).unwrap();
     assert_eq!((pr.lid, pr.state, pr.active_mtu), (info.lid, 4, 5));
-    let q = IbUverbsQueryPort {
-        response: 0,
-        port_num: 2,
-        ..Default::default()
-    };
-    assert_eq!(
-        run_cmd(
-            &ctx.dev,
-            IB_USER_VERBS_CMD_QUERY_PORT,
-            q.as_bytes(),
-            &[],
-            (40, 0)
-        ),
-        Err(EINVAL)
-    );
+    assert_eq!(query_port(&ctx, 2).err(), Some(EINVAL));
     // Extended QUERY_DEVICE: 304-byte core + mlx5 part.
     let mut out = vec![0u8; 304 + 104];
     let core = IbUverbsExQueryDevice::default();

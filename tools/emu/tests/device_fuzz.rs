@@ -13,15 +13,7 @@ const CANARY: u8 = 0x5A;
 
 fn reset_and_reconnect(p: &mut Pair, k: Knobs) {
     for (ctx, qp, cq) in [(&p.a, &mut p.qa, &mut p.cqa), (&p.b, &mut p.qb, &mut p.cqb)] {
-        let mut m = modify_base(qp);
-        m.attr_mask = M_STATE;
-        m.qp_state = 0;
-        ctx.modify(&m).unwrap();
-        qp.sq_pi = 0;
-        qp.rq_pi = 0;
-        qp.buf.write(0, &vec![0u8; qp.buf.len]);
-        store32(qp.db, 0);
-        store32(qp.db + 4, 0);
+        reset_qp(ctx, qp);
         drain(cq);
     }
     let (qa, qb) = (p.qa.qpn, p.qb.qpn);

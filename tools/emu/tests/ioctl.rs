@@ -193,35 +193,17 @@ fn objects_created_over_ioctl_carry_traffic() {
     let mut ctx = open_ioctl(&emu);
     assert_eq!(ctx.resp.cqe_version, 1);
     // QUERY_PORT and the GID entries.
-    let mut pr = IbUverbsQueryPortRespEx::default();
-    let mut b = IoctlBuilder::new(UVERBS_OBJECT_DEVICE, UVERBS_METHOD_QUERY_PORT)
-        .in_u32(UVERBS_ATTR_QUERY_PORT_PORT_NUM, 1)
-        .out_ptr(
-            UVERBS_ATTR_QUERY_PORT_RESP,
-            pr.as_mut_bytes().as_mut_ptr() as u64,
-            48,
-        )
-        .build()
-        .unwrap();
-    ctx.dev.ioctl(&mut b).unwrap();
+    let pr = query_port_ex(&ctx);
     let info = emu.hca_info(0).unwrap();
     assert_eq!(pr.legacy_resp.lid, info.lid);
-    let mut e = IbUverbsGidEntry::default();
-    for (index, want) in [(0u32, Ok(())), (1, Err(Errno(libc::ENODATA)))] {
-        let mut b = IoctlBuilder::new(UVERBS_OBJECT_DEVICE, UVERBS_METHOD_QUERY_GID_ENTRY)
-            .in_u32(UVERBS_ATTR_QUERY_GID_ENTRY_PORT, 1)
-            .in_u32(UVERBS_ATTR_QUERY_GID_ENTRY_GID_INDEX, index)
-            .in_u32(UVERBS_ATTR_QUERY_GID_ENTRY_FLAGS, 0)
-            .out_ptr(
-                UVERBS_ATTR_QUERY_GID_ENTRY_RESP_ENTRY,
-                e.as_mut_bytes().as_mut_ptr() as u64,
-                32,
-            )
-            .build()
-            .unwrap();
-        assert_eq!(ctx.dev.ioctl(&mut b), want, "gid index {index}");
-    }
-    assert_eq!(e.gid.as_bytes(), &info.port_gid);
+    let e = gid_entry(&ctx, 0);
+    assert_eq!(e.map(|_| ()), Ok(()), "gid index 0");
+    assert_eq!(
+        gid_entry(&ctx, 1).map(|_| ()),
+        Err(Errno(libc::ENODATA)),
+        "gid index 1"
+    );
+    assert_eq!(e.unwrap().gid.as_bytes(), &info.port_gid);
     // Objects.
     let pd = ctx.alloc_pd();
     let mut cq = create_cq(&mut ctx, 32);

@@ -16,11 +16,18 @@ use zerocopy::{FromBytes, IntoBytes};
 const EINVAL: Errno = Errno(libc::EINVAL);
 const SIG: u8 = FM_CE_SE_CQ_UPDATE;
 
-fn roce_emu(num_hcas: usize) -> Emulator {
+/// A stepped emulator with Ethernet (RoCE) ports, otherwise configured as `cfg`.
+fn roce_emu_with(cfg: EmuConfig) -> Emulator {
     Emulator::new(EmuConfig {
-        num_hcas,
         mode: RunMode::Stepped,
         link_layer: LinkLayer::Ethernet,
+        ..cfg
+    })
+}
+
+fn roce_emu(num_hcas: usize) -> Emulator {
+    roce_emu_with(EmuConfig {
+        num_hcas,
         ..EmuConfig::default()
     })
 }
@@ -40,24 +47,6 @@ fn v4_gid(ip: [u8; 4]) -> [u8; 16] {
     g[11] = 0xff;
     g[12..].copy_from_slice(&ip);
     g
-}
-
-fn query_port(ctx: &Ctx) -> IbUverbsQueryPortResp {
-    let q = IbUverbsQueryPort {
-        response: 0,
-        port_num: 1,
-        ..Default::default()
-    };
-    let (o, _) = write_cmd(
-        &ctx.dev,
-        IB_USER_VERBS_CMD_QUERY_PORT,
-        q.as_bytes(),
-        &[],
-        40,
-        0,
-    )
-    .expect("QUERY_PORT");
-    IbUverbsQueryPortResp::read_from_bytes(&o).expect("40 bytes")
 }
 
 /// QUERY_GID_TABLE over ioctl, room for 8 entries.
@@ -80,22 +69,6 @@ fn gid_table(ctx: &Ctx) -> Vec<IbUverbsGidEntry> {
         .expect("build");
     ctx.dev.ioctl(&mut b).expect("QUERY_GID_TABLE");
     entries[..n as usize].to_vec()
-}
-
-fn gid_entry(ctx: &Ctx, index: u32) -> Result<IbUverbsGidEntry, Errno> {
-    let mut e = IbUverbsGidEntry::default();
-    let mut b = IoctlBuilder::new(UVERBS_OBJECT_DEVICE, UVERBS_METHOD_QUERY_GID_ENTRY)
-        .in_u32(UVERBS_ATTR_QUERY_GID_ENTRY_PORT, 1)
-        .in_u32(UVERBS_ATTR_QUERY_GID_ENTRY_GID_INDEX, index)
-        .in_u32(UVERBS_ATTR_QUERY_GID_ENTRY_FLAGS, 0)
-        .out_ptr(
-            UVERBS_ATTR_QUERY_GID_ENTRY_RESP_ENTRY,
-            e.as_mut_bytes().as_mut_ptr() as u64,
-            32,
-        )
-        .build()
-        .expect("build");
-    ctx.dev.ioctl(&mut b).map(|()| e)
 }
 
 /// CREATE_AH (write) with 16 bytes of driver response room; (core, driver) response.
@@ -134,102 +107,68 @@ fn create_ah(
 
 /// The RTR modify of a connected QP towards `dgid` (GRH with `sgid_index` when `global`).
 fn rtr(qp: &Qp, dest_qpn: u32, dgid: [u8; 16], sgid_index: u8, global: bool) -> IbUverbsModifyQp {
-    let mut m = modify_base(qp);
-    m.qp_state = 2;
-    m.attr_mask = M_STATE | M_AV | M_MTU | M_DEST_QPN | M_RQ_PSN;
+    // The DLID is not used for routing on RoCE: a LID no node has.
+    let mut m = rtr_modify(qp, 0x4321, dest_qpn, Knobs::default());
     m.dest.dgid = dgid;
     m.dest.sgid_index = sgid_index;
     m.dest.hop_limit = 64;
     m.dest.is_global = u8::from(global);
-    // The DLID is not used for routing on RoCE: a LID no node has.
-    m.dest.dlid = 0x4321;
-    m.dest.port_num = 1;
-    m.path_mtu = 3;
-    m.dest_qp_num = dest_qpn;
-    m.rq_psn = 0x100;
-    if qp.qp_type == RC {
-        m.attr_mask |= M_MAX_DEST_RD | M_MIN_RNR;
-        m.max_dest_rd_atomic = 4;
-        m.min_rnr_timer = 12;
-    }
     m
 }
 
-fn to_init(ctx: &Ctx, qp: &Qp) {
-    let mut m = modify_base(qp);
-    m.qp_state = 1;
-    m.port_num = 1;
-    if qp.qp_type == UD {
-        m.attr_mask = M_STATE | M_PKEY | M_PORT | M_QKEY;
-        m.qkey = 0x1111_1111;
-    } else {
-        m.attr_mask = M_STATE | M_PKEY | M_PORT | M_ACCESS;
-        m.qp_access_flags = ALL_ACCESS;
-    }
-    ctx.modify(&m).expect("INIT");
+/// RESET -> RTS of a connected QP towards `peer_qpn` on the node `peer`, by its
+/// IPv4-mapped RoCE v2 GID (index 3).
+fn connect_by_gid(ctx: &Ctx, qp: &Qp, peer: &HcaInfo, peer_qpn: u32) {
+    to_init(ctx, qp, ALL_ACCESS);
+    ctx.modify(&rtr(qp, peer_qpn, v4_gid(peer.ipv4), 3, true))
+        .expect("RTR");
+    to_rts(ctx, qp, Knobs::default());
 }
 
-fn to_rts(ctx: &Ctx, qp: &Qp) {
-    let mut m = modify_base(qp);
-    m.qp_state = 3;
-    m.attr_mask = M_STATE | M_SQ_PSN;
-    m.sq_psn = 0x100;
-    if qp.qp_type == RC {
-        m.attr_mask |= M_TIMEOUT | M_RETRY | M_RNR_RETRY | M_MAX_RD;
-        m.timeout = 14;
-        m.retry_cnt = 7;
-        m.rnr_retry = 7;
-        m.max_rd_atomic = 4;
-    }
-    ctx.modify(&m).expect("RTS");
+/// RESET -> RTS of a UD QP (no address: the AV is in each WQE).
+fn ud_up(ctx: &Ctx, qp: &Qp) {
+    bring_up(ctx, qp, 0, 0, Knobs::default());
 }
 
 /// A connected (or UD) pair on a two-HCA RoCE emulator, addressed by the IPv4-mapped
 /// RoCE v2 GID (index 3).
 fn roce_pair(qp_type: u8) -> Pair {
-    let emu = roce_emu(2);
-    let mut a = Ctx::open(&emu, 0);
-    let mut b = Ctx::open(&emu, 1);
-    let (pda, pdb) = (a.alloc_pd(), b.alloc_pd());
-    let cqa = a.create_cq(64, 64, -1);
-    let cqb = b.create_cq(64, 64, -1);
-    let qa = a.create_qp(pda, &cqa, &cqa, qp_type, 64, 16, None);
-    let qb = b.create_qp(pdb, &cqb, &cqb, qp_type, 64, 16, None);
-    let bufa = Buf::new(4 * 4096);
-    let bufb = Buf::new(4 * 4096);
-    let (_, la, ra) = a
-        .reg_mr(pda, bufa.addr(), bufa.len as u64, ALL_ACCESS)
-        .expect("mr a");
-    let (_, lb, rb) = b
-        .reg_mr(pdb, bufb.addr(), bufb.len as u64, ALL_ACCESS)
-        .expect("mr b");
-    let (ia, ib) = (emu.hca_info(0).unwrap(), emu.hca_info(1).unwrap());
-    for (ctx, qp, peer, peer_qpn) in [(&a, &qa, &ib, qb.qpn), (&b, &qb, &ia, qa.qpn)] {
-        to_init(ctx, qp);
+    let p = pair_objects(roce_emu(2), qp_type, ALL_ACCESS, 64, 64, 16);
+    let (ia, ib) = (p.emu.hca_info(0).unwrap(), p.emu.hca_info(1).unwrap());
+    for (ctx, qp, peer, peer_qpn) in [(&p.a, &p.qa, &ib, p.qb.qpn), (&p.b, &p.qb, &ia, p.qa.qpn)] {
         if qp_type == UD {
-            let mut m = modify_base(qp);
-            m.qp_state = 2;
-            m.attr_mask = M_STATE;
-            ctx.modify(&m).expect("RTR");
+            ud_up(ctx, qp);
         } else {
-            ctx.modify(&rtr(qp, peer_qpn, v4_gid(peer.ipv4), 3, true))
-                .expect("RTR");
+            connect_by_gid(ctx, qp, peer, peer_qpn);
         }
-        to_rts(ctx, qp);
     }
-    Pair {
-        emu,
-        a,
-        b,
-        qa,
-        qb,
-        cqa,
-        cqb,
-        pda,
-        pdb,
-        ma: (bufa, la, ra),
-        mb: (bufb, lb, rb),
-    }
+    p
+}
+
+/// Write a signalled SEND with the address vector `av` and the data segment `data` on the
+/// UD QP `qp` and ring its doorbell (the caller runs the emulator).
+fn post_ud_send(ctx: &Ctx, qp: &mut Qp, av: &DatagramSeg, data: &[u8]) {
+    let i = qp.build_send(
+        SendOpcode::SEND,
+        0,
+        SIG,
+        [0; 4],
+        &[av.as_bytes(), data].concat(),
+    );
+    qp.ring(ctx, i, Ring::Doorbell);
+}
+
+/// Post a SEND with the address vector `av` and `len` bytes of `p.ma` on `p.qa`, run the
+/// emulator; the raw CQEs on `p.cqb`.
+fn ud_send(p: &mut Pair, av: &DatagramSeg, len: u32) -> Vec<[u8; 64]> {
+    let (ba, la) = (p.ma.0.addr(), p.ma.1);
+    p.send(
+        SendOpcode::SEND,
+        SIG,
+        [0; 4],
+        &[av.as_bytes(), &dseg(len, la, ba)].concat(),
+    );
+    drain_raw(&mut p.cqb)
 }
 
 /// Raw descriptor of every CQE in `cq`.
@@ -254,7 +193,7 @@ fn roce_port_reports_ethernet_and_a_roce_v1_v2_gid_table() {
     // GET_CONTEXT: CREATE_AH takes driver data (so libmlx5 asks the kernel for the MAC).
     assert_eq!(ctx.resp.cmds_supp_uhw, 1 | 2);
     assert_eq!(ctx.resp.eth_min_inline, 1, "inline mode none, plus one");
-    let pr = query_port(&ctx);
+    let pr = query_port(&ctx, 1).expect("QUERY_PORT");
     assert_eq!(pr.link_layer, 2, "IBV_LINK_LAYER_ETHERNET");
     assert_eq!((pr.lid, pr.sm_lid, pr.lmc), (0, 0, 0));
     assert_eq!(pr.state, 4);
@@ -265,18 +204,7 @@ fn roce_port_reports_ethernet_and_a_roce_v1_v2_gid_table() {
     assert_eq!(pr.gid_tbl_len, 255);
     assert_eq!(pr.pkey_tbl_len, 1);
     // The ioctl QUERY_PORT says the same.
-    let mut px = IbUverbsQueryPortRespEx::default();
-    let mut b = IoctlBuilder::new(UVERBS_OBJECT_DEVICE, UVERBS_METHOD_QUERY_PORT)
-        .in_u32(UVERBS_ATTR_QUERY_PORT_PORT_NUM, 1)
-        .out_ptr(
-            UVERBS_ATTR_QUERY_PORT_RESP,
-            px.as_mut_bytes().as_mut_ptr() as u64,
-            48,
-        )
-        .build()
-        .unwrap();
-    ctx.dev.ioctl(&mut b).unwrap();
-    assert_eq!(px.legacy_resp, pr);
+    assert_eq!(query_port_ex(&ctx).legacy_resp, pr);
     // MAC from the node GUID (OUI + the GUID's last three bytes).
     let g = info.node_guid.to_be_bytes();
     assert_eq!(info.mac, [g[0], g[1], g[2], g[5], g[6], g[7]]);
@@ -383,7 +311,7 @@ fn modify_to_rtr_needs_a_grh_and_a_valid_sgid_index() {
     let pd = ctx.alloc_pd();
     let cq = ctx.create_cq(16, 64, -1);
     let qp = ctx.create_qp(pd, &cq, &cq, RC, 16, 16, None);
-    to_init(&ctx, &qp);
+    to_init(&ctx, &qp, ALL_ACCESS);
     let peer = v4_gid(emu.hca_info(1).unwrap().ipv4);
     assert_eq!(ctx.modify(&rtr(&qp, 0x77, peer, 3, false)), Err(EINVAL));
     assert_eq!(ctx.modify(&rtr(&qp, 0x77, peer, 4, true)), Err(EINVAL));
@@ -477,7 +405,7 @@ fn roce_av(dqpn: u32, rgid: [u8; 16], rmac: [u8; 6], sgid_index: u8) -> Datagram
 fn ud_send_with_a_roce_av_puts_the_ipv4_header_in_the_grh_area() {
     let mut p = roce_pair(UD);
     let (ia, ib) = (p.emu.hca_info(0).unwrap(), p.emu.hca_info(1).unwrap());
-    let (ba, la, bb, lb) = (p.ma.0.addr(), p.ma.1, p.mb.0.addr(), p.mb.1);
+    let (bb, lb) = (p.mb.0.addr(), p.mb.1);
     p.ma.0.write(0, &pattern(5, 100));
     p.mb.0.write(0, &[0xEE; 40]);
     for k in 0..3 {
@@ -485,13 +413,7 @@ fn ud_send_with_a_roce_av_puts_the_ipv4_header_in_the_grh_area() {
     }
     // RoCE v2 from the IPv4-mapped source GID (index 3).
     let av = roce_av(p.qb.qpn, v4_gid(ib.ipv4), ib.mac, 3);
-    p.send(
-        SendOpcode::SEND,
-        SIG,
-        [0; 4],
-        &[av.as_bytes(), &dseg(100, la, ba)].concat(),
-    );
-    let cb = drain_raw(&mut p.cqb);
+    let cb = ud_send(&mut p, &av, 100);
     assert_eq!(cb.len(), 1);
     let c = decode(&cb[0]);
     assert_eq!((c.opcode, c.byte_cnt, c.src_qp), (2, 140, p.qa.qpn));
@@ -526,13 +448,7 @@ fn ud_send_with_a_roce_av_puts_the_ipv4_header_in_the_grh_area() {
     assert_eq!(p.mb.0.read(40, 100), pattern(5, 100));
     // RoCE v1 (index 0, link-local): a real GRH (next header 0x1B), packet type GRH.
     let av = roce_av(p.qb.qpn, ib.port_gid, ib.mac, 0);
-    p.send(
-        SendOpcode::SEND,
-        SIG,
-        [0; 4],
-        &[av.as_bytes(), &dseg(10, la, ba)].concat(),
-    );
-    let cb = drain_raw(&mut p.cqb);
+    let cb = ud_send(&mut p, &av, 10);
     assert_eq!(cb.len(), 1);
     assert_eq!((flags_rqpn(&cb[0]) >> 24) & 0x33, 0x10, "GRH, type 0");
     let grh = p.mb.0.read(1024, 40);
@@ -541,13 +457,7 @@ fn ud_send_with_a_roce_av_puts_the_ipv4_header_in_the_grh_area() {
     assert_eq!(grh[24..40], ib.port_gid);
     // RoCE v2 from the link-local GID (index 1): IPv6 header, next header UDP, type IPv6.
     let av = roce_av(p.qb.qpn, ib.port_gid, ib.mac, 1);
-    p.send(
-        SendOpcode::SEND,
-        SIG,
-        [0; 4],
-        &[av.as_bytes(), &dseg(10, la, ba)].concat(),
-    );
-    let cb = drain_raw(&mut p.cqb);
+    let cb = ud_send(&mut p, &av, 10);
     assert_eq!(cb.len(), 1);
     assert_eq!((flags_rqpn(&cb[0]) >> 24) & 0x33, 0x11, "GRH, type IPv6");
     assert_eq!((cb[0][0x1d] >> 2) & 3, 1, "l3_hdr_type IPv6");
@@ -557,13 +467,7 @@ fn ud_send_with_a_roce_av_puts_the_ipv4_header_in_the_grh_area() {
     let dropped = p.emu.counters(0).packets_dropped;
     let av = roce_av(p.qb.qpn, v4_gid(ib.ipv4), ia.mac, 3);
     p.qb.post_recv(&[(bb + 3072, 40 + 512, lb)]);
-    p.send(
-        SendOpcode::SEND,
-        SIG,
-        [0; 4],
-        &[av.as_bytes(), &dseg(10, la, ba)].concat(),
-    );
-    assert!(drain_raw(&mut p.cqb).is_empty(), "nothing received");
+    assert!(ud_send(&mut p, &av, 10).is_empty(), "nothing received");
     assert_eq!(p.emu.counters(0).packets_dropped, dropped + 1);
     assert_eq!(
         drain(&mut p.cqa).iter().filter(|c| c.syndrome == 0).count(),
@@ -572,12 +476,7 @@ fn ud_send_with_a_roce_av_puts_the_ipv4_header_in_the_grh_area() {
     );
     // An invalid source GID index: local QP operation error.
     let av = roce_av(p.qb.qpn, v4_gid(ib.ipv4), ib.mac, 9);
-    p.send(
-        SendOpcode::SEND,
-        SIG,
-        [0; 4],
-        &[av.as_bytes(), &dseg(10, la, ba)].concat(),
-    );
+    ud_send(&mut p, &av, 10);
     let ca = drain(&mut p.cqa);
     assert_eq!(ca.len(), 1);
     assert_eq!(ca[0].opcode, 13, "requester error CQE");
@@ -592,7 +491,7 @@ fn infiniband_default_is_unchanged() {
     // mlx5_ib advertises CREATE_AH driver data on every port type...
     assert_eq!(ctx.resp.cmds_supp_uhw, 1 | 2);
     assert_eq!(ctx.resp.eth_min_inline, 0, "not an Ethernet port");
-    let pr = query_port(&ctx);
+    let pr = query_port(&ctx, 1).expect("QUERY_PORT");
     assert_eq!((pr.link_layer, pr.lid, pr.sm_lid), (1, info.lid, 1));
     assert_ne!(pr.lid, 0);
     assert_eq!(pr.gid_tbl_len, 1);
@@ -611,10 +510,8 @@ fn infiniband_default_is_unchanged() {
 #[test]
 fn pcap_capture_on_a_roce_port_carries_the_node_macs() {
     let path = std::env::temp_dir().join(format!("mlx5-emu-roce-{}.pcap", std::process::id()));
-    let emu = Emulator::new(EmuConfig {
+    let emu = roce_emu_with(EmuConfig {
         num_hcas: 2,
-        mode: RunMode::Stepped,
-        link_layer: LinkLayer::Ethernet,
         pcap: Some(path.clone()),
         ..EmuConfig::default()
     });
@@ -623,23 +520,11 @@ fn pcap_capture_on_a_roce_port_carries_the_node_macs() {
     let pd = a.alloc_pd();
     let cq = a.create_cq(16, 64, -1);
     let mut qp = a.create_qp(pd, &cq, &cq, UD, 16, 16, None);
-    to_init(&a, &qp);
-    let mut m = modify_base(&qp);
-    m.qp_state = 2;
-    m.attr_mask = M_STATE;
-    a.modify(&m).expect("RTR");
-    to_rts(&a, &qp);
+    ud_up(&a, &qp);
     let buf = Buf::new(4096);
     let (_, lkey, _) = a.reg_mr(pd, buf.addr(), 4096, ALL_ACCESS).unwrap();
     let av = roce_av(0x99, v4_gid(ib.ipv4), ib.mac, 3);
-    let i = qp.build_send(
-        SendOpcode::SEND,
-        0,
-        SIG,
-        [0; 4],
-        &[av.as_bytes(), &dseg(16, lkey, buf.addr())].concat(),
-    );
-    qp.ring(&a, i, Ring::Doorbell);
+    post_ud_send(&a, &mut qp, &av, &dseg(16, lkey, buf.addr()));
     emu.run_until_idle();
     drop(emu);
     let cap = std::fs::read(&path).expect("capture");
@@ -656,23 +541,10 @@ fn pcap_capture_on_a_roce_port_carries_the_node_macs() {
 
 /// One RoCE node on the UDP fabric (as one process of a pair).
 fn udp_node() -> Emulator {
-    Emulator::new(EmuConfig {
-        mode: RunMode::Stepped,
+    roce_emu_with(EmuConfig {
         fabric: mlx5_emu::Fabric::Udp,
-        link_layer: LinkLayer::Ethernet,
         ..EmuConfig::default()
     })
-}
-
-fn settle(a: &Emulator, b: &Emulator) {
-    let mut idle = 0;
-    for _ in 0..100_000 {
-        let n = a.step() + b.step();
-        idle = if n == 0 { idle + 1 } else { 0 };
-        if idle > 20 {
-            return;
-        }
-    }
 }
 
 #[test]
@@ -692,12 +564,8 @@ fn rc_and_ud_between_two_roce_nodes_over_udp() {
     // RC, connected by the IPv4-mapped RoCE v2 GIDs.
     let mut qa = a.create_qp(pda, &cqa, &cqa, RC, 16, 8, None);
     let mut qb = b.create_qp(pdb, &cqb, &cqb, RC, 16, 8, None);
-    for (ctx, qp, peer, peer_qpn) in [(&a, &qa, &ib, qb.qpn), (&b, &qb, &ia, qa.qpn)] {
-        to_init(ctx, qp);
-        ctx.modify(&rtr(qp, peer_qpn, v4_gid(peer.ipv4), 3, true))
-            .expect("RTR");
-        to_rts(ctx, qp);
-    }
+    connect_by_gid(&a, &qa, &ib, qb.qpn);
+    connect_by_gid(&b, &qb, &ia, qa.qpn);
     let data = pattern(9, 2500);
     ma.write(0, &data);
     qb.post_recv(&[(mb.addr(), 4096, lb)]);
@@ -712,25 +580,12 @@ fn rc_and_ud_between_two_roce_nodes_over_udp() {
     // UD: the receiver writes the IPv4 header of the datagram it got.
     let mut ua = a.create_qp(pda, &cqa, &cqa, UD, 16, 8, None);
     let ub = b.create_qp(pdb, &cqb, &cqb, UD, 16, 8, None);
-    for (ctx, qp) in [(&a, &ua), (&b, &ub)] {
-        to_init(ctx, qp);
-        let mut m = modify_base(qp);
-        m.qp_state = 2;
-        m.attr_mask = M_STATE;
-        ctx.modify(&m).expect("RTR");
-        to_rts(ctx, qp);
-    }
+    ud_up(&a, &ua);
+    ud_up(&b, &ub);
     let mut ub = ub;
     ub.post_recv(&[(mb.addr() + 4096, 40 + 256, lb)]);
     let av = roce_av(ub.qpn, v4_gid(ib.ipv4), ib.mac, 3);
-    let i = ua.build_send(
-        SendOpcode::SEND,
-        0,
-        SIG,
-        [0; 4],
-        &[av.as_bytes(), &dseg(64, la, ma.addr())].concat(),
-    );
-    ua.ring(&a, i, Ring::Doorbell);
+    post_ud_send(&a, &mut ua, &av, &dseg(64, la, ma.addr()));
     settle(&ea, &eb);
     let cb = drain_raw(&mut cqb);
     assert_eq!(cb.len(), 1);
@@ -775,22 +630,8 @@ fn random_roce_address_vectors_never_break_the_device() {
         assert_eq!(ca.len(), 1, "round {round}: one completion per send");
         if ca[0].opcode == 13 {
             // A bad AV or length puts the QP in error: reset and bring it back.
-            let (ctx, qp) = (&p.a, &mut p.qa);
-            let mut m = modify_base(qp);
-            m.attr_mask = M_STATE;
-            m.qp_state = 0;
-            ctx.modify(&m).unwrap();
-            qp.sq_pi = 0;
-            qp.rq_pi = 0;
-            qp.buf.write(0, &vec![0u8; qp.buf.len]);
-            store32(qp.db, 0);
-            store32(qp.db + 4, 0);
-            to_init(ctx, qp);
-            let mut m = modify_base(qp);
-            m.qp_state = 2;
-            m.attr_mask = M_STATE;
-            ctx.modify(&m).unwrap();
-            to_rts(ctx, qp);
+            reset_qp(&p.a, &mut p.qa);
+            ud_up(&p.a, &p.qa);
         }
     }
     // About half aim at the peer, 2/3 of those with a valid source GID, most with a length

@@ -23,17 +23,6 @@ fn node_with(pcap: Option<std::path::PathBuf>, fault: FaultConfig) -> Emulator {
     })
 }
 
-fn settle(a: &Emulator, b: &Emulator) {
-    let mut idle = 0;
-    for _ in 0..100_000 {
-        let n = a.step() + b.step();
-        idle = if n == 0 { idle + 1 } else { 0 };
-        if idle > 20 {
-            return;
-        }
-    }
-}
-
 #[test]
 fn rc_between_two_emulators_over_udp_with_pcap() {
     let path = std::env::temp_dir().join(format!("mlx5-emu-udp-{}.pcap", std::process::id()));

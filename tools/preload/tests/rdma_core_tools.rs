@@ -188,6 +188,17 @@ fn without_the_shim_no_device_is_found() {
     assert!(!out.contains("mlx5_0"), "{out}");
 }
 
+/// The value after `name:` in `ibv_devinfo` output `out` (run in `flavour`).
+fn devinfo_field(out: &str, name: &str, flavour: &str) -> String {
+    out.lines()
+        .find_map(|l| {
+            l.trim_start()
+                .strip_prefix(&format!("{name}:"))
+                .map(|v| v.trim().to_string())
+        })
+        .unwrap_or_else(|| panic!("no {name} in ibv_devinfo ({flavour}):\n{out}"))
+}
+
 /// `ibv_devinfo -v` in one kernel ABI flavour: device attributes (QUERY_DEVICE), port
 /// attributes (QUERY_PORT) and GID 0 all as the emulator reports them.
 fn devinfo_verbose(flavour: &str) {
@@ -198,15 +209,7 @@ fn devinfo_verbose(flavour: &str) {
     );
     cmd.arg("-v");
     let (out, err) = run_ok(cmd);
-    let field = |name: &str| -> String {
-        out.lines()
-            .find_map(|l| {
-                l.trim_start()
-                    .strip_prefix(&format!("{name}:"))
-                    .map(|v| v.trim().to_string())
-            })
-            .unwrap_or_else(|| panic!("no {name} in ibv_devinfo ({flavour}):\n{out}"))
-    };
+    let field = |name: &str| devinfo_field(&out, name, flavour);
     assert_eq!(field("hca_id"), info.name);
     assert_eq!(field("transport"), "InfiniBand (0)");
     assert_eq!(field("fw_ver"), info.fw_ver);
@@ -756,15 +759,7 @@ fn devinfo_roce(flavour: &str) {
     );
     cmd.arg("-v");
     let (out, _) = run_ok(cmd);
-    let field = |name: &str| -> String {
-        out.lines()
-            .find_map(|l| {
-                l.trim_start()
-                    .strip_prefix(&format!("{name}:"))
-                    .map(|v| v.trim().to_string())
-            })
-            .unwrap_or_else(|| panic!("no {name} in ibv_devinfo ({flavour}):\n{out}"))
-    };
+    let field = |name: &str| devinfo_field(&out, name, flavour);
     assert_eq!(field("link_layer"), "Ethernet", "{out}");
     assert_eq!(field("port_lid"), "0");
     assert_eq!(field("sm_lid"), "0");

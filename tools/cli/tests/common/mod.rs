@@ -57,3 +57,16 @@ pub fn listening(port: u16) -> bool {
             })
     })
 }
+
+/// Wait (at most `limit`) until a socket listens on TCP `port`; `server` names the program
+/// in the panic message when it never does.
+pub fn wait_listening(port: u16, limit: std::time::Duration, server: &str) {
+    let until = std::time::Instant::now() + limit;
+    while !listening(port) {
+        assert!(
+            std::time::Instant::now() < until,
+            "{server} never listened on {port}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}

@@ -6,6 +6,13 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use mlx5_emu::{EmuConfig, Emulator, Errno, RunMode, UverbsSurface};
+use mlx5_ffi::ioctl::{
+    IbUverbsGidEntry, IbUverbsQueryPortRespEx, IoctlBuilder, UVERBS_ATTR_QUERY_GID_ENTRY_FLAGS,
+    UVERBS_ATTR_QUERY_GID_ENTRY_GID_INDEX, UVERBS_ATTR_QUERY_GID_ENTRY_PORT,
+    UVERBS_ATTR_QUERY_GID_ENTRY_RESP_ENTRY, UVERBS_ATTR_QUERY_PORT_PORT_NUM,
+    UVERBS_ATTR_QUERY_PORT_RESP, UVERBS_METHOD_QUERY_GID_ENTRY, UVERBS_METHOD_QUERY_PORT,
+    UVERBS_OBJECT_DEVICE,
+};
 use mlx5_ffi::mlx5::*;
 use mlx5_ffi::uverbs::*;
 use mlx5_hw::doorbell::{cq_arm_doorbell, cq_arm_word};
@@ -633,6 +640,57 @@ pub fn qp_state(ctx: &Ctx, qp: &Qp) -> u32 {
     query_qp(ctx, qp).qp_state.into()
 }
 
+/// QUERY_PORT (legacy write) of `port`: the 40-byte core response.
+pub fn query_port(ctx: &Ctx, port: u8) -> Result<IbUverbsQueryPortResp, Errno> {
+    let q = IbUverbsQueryPort {
+        response: 0,
+        port_num: port,
+        ..Default::default()
+    };
+    let (o, _) = write_cmd(
+        &ctx.dev,
+        IB_USER_VERBS_CMD_QUERY_PORT,
+        q.as_bytes(),
+        &[],
+        40,
+        0,
+    )?;
+    Ok(IbUverbsQueryPortResp::read_from_bytes(&o).expect("40 bytes"))
+}
+
+/// QUERY_PORT of port 1 over ioctl (the extended 48-byte response).
+pub fn query_port_ex(ctx: &Ctx) -> IbUverbsQueryPortRespEx {
+    let mut px = IbUverbsQueryPortRespEx::default();
+    let mut b = IoctlBuilder::new(UVERBS_OBJECT_DEVICE, UVERBS_METHOD_QUERY_PORT)
+        .in_u32(UVERBS_ATTR_QUERY_PORT_PORT_NUM, 1)
+        .out_ptr(
+            UVERBS_ATTR_QUERY_PORT_RESP,
+            px.as_mut_bytes().as_mut_ptr() as u64,
+            48,
+        )
+        .build()
+        .expect("build");
+    ctx.dev.ioctl(&mut b).expect("QUERY_PORT over ioctl");
+    px
+}
+
+/// QUERY_GID_ENTRY over ioctl: entry `index` of port 1's GID table.
+pub fn gid_entry(ctx: &Ctx, index: u32) -> Result<IbUverbsGidEntry, Errno> {
+    let mut e = IbUverbsGidEntry::default();
+    let mut b = IoctlBuilder::new(UVERBS_OBJECT_DEVICE, UVERBS_METHOD_QUERY_GID_ENTRY)
+        .in_u32(UVERBS_ATTR_QUERY_GID_ENTRY_PORT, 1)
+        .in_u32(UVERBS_ATTR_QUERY_GID_ENTRY_GID_INDEX, index)
+        .in_u32(UVERBS_ATTR_QUERY_GID_ENTRY_FLAGS, 0)
+        .out_ptr(
+            UVERBS_ATTR_QUERY_GID_ENTRY_RESP_ENTRY,
+            e.as_mut_bytes().as_mut_ptr() as u64,
+            32,
+        )
+        .build()
+        .expect("build");
+    ctx.dev.ioctl(&mut b).map(|()| e)
+}
+
 pub fn modify_base(qp: &Qp) -> IbUverbsModifyQp {
     IbUverbsModifyQp {
         qp_handle: qp.handle,
@@ -679,8 +737,8 @@ impl Default for Knobs {
     }
 }
 
-/// RESET -> INIT -> RTR -> RTS towards (`dlid`, `dest_qpn`).
-pub fn bring_up(ctx: &Ctx, qp: &Qp, dlid: u16, dest_qpn: u32, k: Knobs) {
+/// RESET -> INIT: a UD QP gets the test Q_Key, a connected one the `access` flags.
+pub fn to_init(ctx: &Ctx, qp: &Qp, access: u32) {
     let mut m = modify_base(qp);
     m.qp_state = 1;
     m.port_num = 1;
@@ -689,9 +747,13 @@ pub fn bring_up(ctx: &Ctx, qp: &Qp, dlid: u16, dest_qpn: u32, k: Knobs) {
         m.qkey = 0x1111_1111;
     } else {
         m.attr_mask = M_STATE | M_PKEY | M_PORT | M_ACCESS;
-        m.qp_access_flags = k.access;
+        m.qp_access_flags = access;
     }
     ctx.modify(&m).expect("INIT");
+}
+
+/// The INIT -> RTR modify towards (`dlid`, `dest_qpn`); only the state for UD.
+pub fn rtr_modify(qp: &Qp, dlid: u16, dest_qpn: u32, k: Knobs) -> IbUverbsModifyQp {
     let mut m = modify_base(qp);
     m.qp_state = 2;
     if qp.qp_type == UD {
@@ -709,7 +771,11 @@ pub fn bring_up(ctx: &Ctx, qp: &Qp, dlid: u16, dest_qpn: u32, k: Knobs) {
             m.min_rnr_timer = k.min_rnr_timer;
         }
     }
-    ctx.modify(&m).expect("RTR");
+    m
+}
+
+/// RTR -> RTS with the transport knobs of `k` (RC only).
+pub fn to_rts(ctx: &Ctx, qp: &Qp, k: Knobs) {
     let mut m = modify_base(qp);
     m.qp_state = 3;
     m.attr_mask = M_STATE | M_SQ_PSN;
@@ -722,6 +788,27 @@ pub fn bring_up(ctx: &Ctx, qp: &Qp, dlid: u16, dest_qpn: u32, k: Knobs) {
         m.max_rd_atomic = 4;
     }
     ctx.modify(&m).expect("RTS");
+}
+
+/// RESET -> INIT -> RTR -> RTS towards (`dlid`, `dest_qpn`).
+pub fn bring_up(ctx: &Ctx, qp: &Qp, dlid: u16, dest_qpn: u32, k: Knobs) {
+    to_init(ctx, qp, k.access);
+    ctx.modify(&rtr_modify(qp, dlid, dest_qpn, k)).expect("RTR");
+    to_rts(ctx, qp, k);
+}
+
+/// Back to RESET with the software producer state, the ring and the doorbell record
+/// cleared, so that the QP can be brought up again.
+pub fn reset_qp(ctx: &Ctx, qp: &mut Qp) {
+    let mut m = modify_base(qp);
+    m.attr_mask = M_STATE;
+    m.qp_state = 0;
+    ctx.modify(&m).unwrap();
+    qp.sq_pi = 0;
+    qp.rq_pi = 0;
+    qp.buf.write(0, &vec![0u8; qp.buf.len]);
+    store32(qp.db, 0);
+    store32(qp.db + 4, 0);
 }
 
 /// Two connected QPs (on HCA 0 and HCA 1 of one stepped emulator) with CQs, PDs and
@@ -767,6 +854,34 @@ pub fn pair_in(
     cq_entries: u32,
     rq: u32,
 ) -> Pair {
+    let p = pair_objects(emu, qp_type, k.access, cqe_size, cq_entries, rq);
+    bring_up(
+        &p.a,
+        &p.qa,
+        p.emu.hca_info(1).expect("hca 1").lid,
+        p.qb.qpn,
+        k,
+    );
+    bring_up(
+        &p.b,
+        &p.qb,
+        p.emu.hca_info(0).expect("hca 0").lid,
+        p.qa.qpn,
+        k,
+    );
+    p
+}
+
+/// The objects of [`pair_in`] with the QPs still in RESET (the caller connects them):
+/// buffers registered with `access` (plus local write).
+pub fn pair_objects(
+    emu: Emulator,
+    qp_type: u8,
+    access: u32,
+    cqe_size: u32,
+    cq_entries: u32,
+    rq: u32,
+) -> Pair {
     let mut a = Ctx::open(&emu, 0);
     let mut b = Ctx::open(&emu, 1);
     let pda = a.alloc_pd();
@@ -778,13 +893,11 @@ pub fn pair_in(
     let bufa = Buf::new(4 * 4096);
     let bufb = Buf::new(4 * 4096);
     let (_, la, ra) = a
-        .reg_mr(pda, bufa.addr(), bufa.len as u64, k.access | LOCAL_WRITE)
+        .reg_mr(pda, bufa.addr(), bufa.len as u64, access | LOCAL_WRITE)
         .expect("mr a");
     let (_, lb, rb) = b
-        .reg_mr(pdb, bufb.addr(), bufb.len as u64, k.access | LOCAL_WRITE)
+        .reg_mr(pdb, bufb.addr(), bufb.len as u64, access | LOCAL_WRITE)
         .expect("mr b");
-    bring_up(&a, &qa, emu.hca_info(1).expect("hca 1").lid, qb.qpn, k);
-    bring_up(&b, &qb, emu.hca_info(0).expect("hca 0").lid, qa.qpn, k);
     Pair {
         emu,
         a,
@@ -808,6 +921,18 @@ impl Pair {
         self.qa.ring(&self.a, i, Ring::Doorbell);
         self.emu.run_until_idle();
         i
+    }
+}
+
+/// Step two emulators (two nodes of a UDP fabric) until both have been idle for a while.
+pub fn settle(a: &Emulator, b: &Emulator) {
+    let mut idle = 0;
+    for _ in 0..100_000 {
+        let n = a.step() + b.step();
+        idle = if n == 0 { idle + 1 } else { 0 };
+        if idle > 20 {
+            return;
+        }
     }
 }
 
