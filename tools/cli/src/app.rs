@@ -113,6 +113,11 @@ pub fn run(cmd: Command) -> Result<(), String> {
         Command::Devices(a) => crate::devinfo::list_devices(a.emu),
         Command::Info(a) => crate::devinfo::info(a.dev.as_deref(), a.verbose, a.emu),
         Command::Pingpong(a) => pingpong(&a),
+        Command::Decode(a) => match crate::decode::command(&a)? {
+            0 => Ok(()),
+            // Decoded with warnings: the output is complete, the status says it is suspect.
+            code => std::process::exit(code),
+        },
         Command::Emu {
             cmd: crate::cli::EmuCommand::Run(r),
         } => emu_run(&r),

@@ -27,6 +27,8 @@ pub enum Command {
     Bw(TestArgs<BwOp>),
     /// RC ping-pong, as ibv_rc_pingpong.
     Pingpong(PingpongArgs),
+    /// Decode a send WQE or a CQE given as hex bytes: every field by name.
+    Decode(DecodeArgs),
     /// Emulator control.
     Emu {
         /// What to do with the emulator.
@@ -497,4 +499,34 @@ mod tests {
         assert_eq!(v.last(), Some(&(8 << 20)));
         assert_eq!(v.len(), 23);
     }
+}
+
+/// What `mlx5 decode` decodes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DecodeWhat {
+    /// A send WQE: control segment and the segments its opcode implies.
+    Wqe,
+    /// A 64- or 128-byte CQE (normal or error).
+    Cqe,
+}
+
+/// `mlx5 decode wqe|cqe [HEX...]`.
+#[derive(Debug, Args)]
+pub struct DecodeArgs {
+    /// WQE or CQE.
+    #[arg(value_enum)]
+    pub what: DecodeWhat,
+    /// Hex bytes (whitespace, commas, `0x`, xxd / `hexdump -C` columns and MLX5_EMU_WQE_LOG
+    /// lines are accepted); read from stdin when absent.
+    #[arg(value_name = "HEX")]
+    pub hex: Vec<String>,
+    /// The WQE is on a UD QP: an address vector follows the control segment of a SEND.
+    #[arg(long)]
+    pub ud: bool,
+    /// CQE size, 64 or 128 (default: 128 if at least 128 bytes are given, else 64).
+    #[arg(long, value_name = "BYTES", value_parser = ["64", "128"])]
+    pub cqe_size: Option<String>,
+    /// Machine-readable JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
 }

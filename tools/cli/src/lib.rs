@@ -7,6 +7,7 @@ pub mod backend;
 pub mod bench;
 pub mod cli;
 pub mod cost;
+pub mod decode;
 pub mod devinfo;
 pub mod exchange;
 pub mod progress;

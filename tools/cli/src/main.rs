@@ -1,4 +1,4 @@
-//! `mlx5`: devices, info, lat, bw, pingpong and emu subcommands.
+//! `mlx5`: devices, info, lat, bw, pingpong, emu and decode subcommands.
 #![forbid(unsafe_code)]
 
 use clap::Parser;
