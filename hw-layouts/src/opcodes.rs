@@ -116,6 +116,26 @@ open_enum! {
     MMO = 0x2F, "MLX5_OPCODE_MMO";
 }
 
+impl SendOpcode {
+    /// An atomic (compare-and-swap or fetch-and-add, plain or masked): an atomic segment
+    /// follows the remote address segment.
+    pub const fn is_atomic(self) -> bool {
+        matches!(
+            self,
+            Self::ATOMIC_CS | Self::ATOMIC_FA | Self::ATOMIC_MASKED_CS | Self::ATOMIC_MASKED_FA
+        )
+    }
+
+    /// An RDMA operation (WRITE, WRITE with immediate, READ, atomics): a remote address
+    /// segment follows the control segment (and a UD address vector, where there is one).
+    pub const fn has_raddr(self) -> bool {
+        matches!(
+            self,
+            Self::RDMA_WRITE | Self::RDMA_WRITE_IMM | Self::RDMA_READ
+        ) || self.is_atomic()
+    }
+}
+
 /// Control-segment opcode modifier of a masked atomic on 4-byte operands (`0x08 | (2 - 2)`).
 pub const OPMOD_MASKED_ATOMIC_4B: u8 = 0x08;
 /// Control-segment opcode modifier of a masked atomic on 8-byte operands (`0x08 | (3 - 2)`).

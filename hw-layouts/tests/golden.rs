@@ -849,3 +849,22 @@ fn cqe_display_names_every_field() {
         assert!(s.contains(field), "missing {field:?} in\n{s}");
     }
 }
+
+#[test]
+fn send_opcode_segment_predicates() {
+    use mlx5_hw::opcodes::SendOpcode as Op;
+    let raddr = [
+        Op::RDMA_WRITE,
+        Op::RDMA_WRITE_IMM,
+        Op::RDMA_READ,
+        Op::ATOMIC_CS,
+        Op::ATOMIC_FA,
+        Op::ATOMIC_MASKED_CS,
+        Op::ATOMIC_MASKED_FA,
+    ];
+    for &(op, _, _) in Op::ALL {
+        assert_eq!(op.has_raddr(), raddr.contains(&op), "{op}");
+        assert_eq!(op.is_atomic(), raddr[3..].contains(&op), "{op}");
+    }
+    assert!(!Op::SEND.has_raddr() && !Op::NOP.is_atomic());
+}

@@ -317,16 +317,7 @@ impl fmt::Display for WqeView<'_> {
         }
         let op = ctrl.opcode();
         let wide = ctrl.opmod() == OPMOD_MASKED_ATOMIC_8B;
-        let remote = matches!(
-            op,
-            SendOpcode::RDMA_WRITE
-                | SendOpcode::RDMA_WRITE_IMM
-                | SendOpcode::RDMA_READ
-                | SendOpcode::ATOMIC_CS
-                | SendOpcode::ATOMIC_FA
-                | SendOpcode::ATOMIC_MASKED_CS
-                | SendOpcode::ATOMIC_MASKED_FA
-        );
+        let remote = op.has_raddr();
         if remote {
             if !seg::<RaddrSeg>(f, b, off)? {
                 return Ok(());

@@ -453,16 +453,7 @@ pub fn decode_wqe(b: &[u8], opt: WqeOptions) -> Result<Decoded, String> {
             off = end;
         }
     }
-    let remote = matches!(
-        op,
-        SendOpcode::RDMA_WRITE
-            | SendOpcode::RDMA_WRITE_IMM
-            | SendOpcode::RDMA_READ
-            | SendOpcode::ATOMIC_CS
-            | SendOpcode::ATOMIC_FA
-            | SendOpcode::ATOMIC_MASKED_CS
-            | SendOpcode::ATOMIC_MASKED_FA
-    );
+    let remote = op.has_raddr();
     if remote {
         if seg(&mut d, off, DS_SIZE, "remote address") {
             if let Some(r) = at::<RaddrSeg>(b, off) {
