@@ -19,59 +19,25 @@ pub fn source() -> PathBuf {
 pub fn build(out_dir: &Path) -> Result<PathBuf, String> {
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
     let exe = out_dir.join("bench-harness");
-    let out = Command::new(&cc)
-        .args([
-            "-std=gnu11",
-            "-O2",
-            "-g",
-            "-fno-ipa-icf",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-        ])
-        .arg("-o")
-        .arg(&exe)
-        .arg(source())
-        .args(["-libverbs", "-lmlx5"])
-        .output()
-        .map_err(|e| format!("cannot run the C compiler `{cc}`: {e} (install gcc or set CC)"))?;
-    if out.status.success() {
-        return Ok(exe);
-    }
-    let err = String::from_utf8_lossy(&out.stderr);
-    if err.contains("infiniband/") || err.contains("-libverbs") || err.contains("-lmlx5") {
-        return Err(format!(
-            "the libibverbs development files are missing: install `libibverbs-dev`\n{err}"
-        ));
-    }
-    Err(format!("compiling {} failed:\n{err}", source().display()))
+    let flags = [
+        "-std=gnu11",
+        "-O2",
+        "-g",
+        "-fno-ipa-icf",
+        "-Wall",
+        "-Wextra",
+        "-Werror",
+    ];
+    mlx5_emu::cprog::compile_verbs_program(&cc, &flags, &source(), &exe)?;
+    Ok(exe)
 }
 
-/// The preload's shared object: `$MLX5_EMU_PRELOAD_SO`, or `libmlx5_emu_preload.so` that
-/// cargo built next to this executable (its directory, `deps/`, or a parent).
+/// The preload's shared object (see [`mlx5_emu::cprog::preload_so`]).
 ///
 /// # Errors
 /// Where it looked.
 pub fn preload_so() -> Result<PathBuf, String> {
-    if let Some(p) = std::env::var_os("MLX5_EMU_PRELOAD_SO") {
-        return Ok(PathBuf::from(p));
-    }
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let name = "libmlx5_emu_preload.so";
-    let mut tried = Vec::new();
-    for dir in exe.ancestors().skip(1).take(3) {
-        for p in [dir.join(name), dir.join("deps").join(name)] {
-            if p.exists() {
-                return Ok(p);
-            }
-            tried.push(p.display().to_string());
-        }
-    }
-    Err(format!(
-        "{name} not found (looked at {}); build it with `cargo build --release -p \
-         mlx5-emu-preload` or set MLX5_EMU_PRELOAD_SO",
-        tried.join(", ")
-    ))
+    mlx5_emu::cprog::preload_so()
 }
 
 /// The command that runs the harness (`exe`, `calls` per operation) on the emulator, behind

@@ -46,6 +46,7 @@
 //! ```
 
 mod abi;
+pub mod cprog;
 mod device;
 mod fds;
 mod kernel;

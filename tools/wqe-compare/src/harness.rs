@@ -32,51 +32,17 @@ pub fn build(out_dir: &Path) -> Result<PathBuf, String> {
 /// As [`build`].
 pub fn build_with(cc: &str, out_dir: &Path) -> Result<PathBuf, String> {
     let exe = out_dir.join("wqe-harness");
-    let out = Command::new(cc)
-        .args(["-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", "-o"])
-        .arg(&exe)
-        .arg(source())
-        .args(["-libverbs", "-lmlx5"])
-        .output()
-        .map_err(|e| format!("cannot run the C compiler `{cc}`: {e} (install gcc or set CC)"))?;
-    if out.status.success() {
-        return Ok(exe);
-    }
-    let err = String::from_utf8_lossy(&out.stderr);
-    if err.contains("infiniband/") || err.contains("-libverbs") || err.contains("-lmlx5") {
-        return Err(format!(
-            "the libibverbs development files are missing: install the package \
-             `libibverbs-dev` (rdma-core; it brings infiniband/verbs.h, mlx5dv.h, \
-             libibverbs.so and libmlx5.so)\n{err}"
-        ));
-    }
-    Err(format!("compiling {} failed:\n{err}", source().display()))
+    let flags = ["-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror"];
+    mlx5_emu::cprog::compile_verbs_program(cc, &flags, &source(), &exe)?;
+    Ok(exe)
 }
 
-/// The preload shared object: `$MLX5_EMU_PRELOAD_SO`, or `libmlx5_emu_preload.so` built by
-/// cargo into the target directory this test binary lives in.
+/// The preload shared object (see [`mlx5_emu::cprog::preload_so`]).
 ///
 /// # Errors
 /// Where it looked.
 pub fn preload_so() -> Result<PathBuf, String> {
-    if let Some(p) = std::env::var_os("MLX5_EMU_PRELOAD_SO") {
-        return Ok(PathBuf::from(p));
-    }
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let name = "libmlx5_emu_preload.so";
-    let mut tried = Vec::new();
-    for dir in exe.ancestors().skip(1).take(3) {
-        let p = dir.join(name);
-        if p.exists() {
-            return Ok(p);
-        }
-        tried.push(p.display().to_string());
-    }
-    Err(format!(
-        "{name} not found (looked at {}); build it with `cargo build -p mlx5-emu-preload` \
-         or set MLX5_EMU_PRELOAD_SO",
-        tried.join(", ")
-    ))
+    mlx5_emu::cprog::preload_so()
 }
 
 /// Run the harness on `corpus_file` under the preload with `knobs`; the emulator writes its
