@@ -10,6 +10,11 @@
 //!
 //! Elsewhere (or when [`set_path`] chose [`DmaPath::Syscall`]) [`enabled`] is false and the
 //! caller uses `process_vm_readv`/`process_vm_writev`.
+//!
+//! The handler is installed at the first DMA. A program that installs its own SIGSEGV/SIGBUS
+//! handler after that without chaining to the previous one (ours) would receive the faults of
+//! a bad pointer handed to the emulator instead of letting it become EFAULT; such a program
+//! should run with `MLX5_EMU_DMA=syscall`.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
