@@ -1,17 +1,32 @@
-//! Emulator benchmark: 64-byte RC SEND messages per second between two in-process QPs in
-//! stepped mode (with the fault-catching direct DMA copy, and, for the ratio, with every
-//! DMA through `process_vm_readv`/`writev`), and the CPU share of an idle threaded HCA
-//! (getrusage).
+//! Emulator benchmark, every figure of `docs/emulator-wake.md` in one run:
 //!
-//! `cargo run --release -p mlx5-emu --example bench [messages]`
+//! 1. 64-byte RC SEND messages per second between two in-process QPs in stepped mode (with
+//!    the fault-catching direct DMA copy, and, for the ratio, with every DMA through
+//!    `process_vm_readv`/`writev`);
+//! 2. the application's cost of a doorbell store: onto a protected UAR page (a fault that
+//!    wakes the sleeping device) and onto an open one (the device is still scanning);
+//! 3. the CPU share of an idle threaded HCA, waking and polling device;
+//! 4. latency between two processes against the same in one process, for the waking device
+//!    (`MLX5_EMU_WAKE=fault`) and the old polling one (`MLX5_EMU_WAKE=poll`): `mlx5 lat
+//!    send` p50/p99, `ibv_rc_pingpong -s 64` and `ib_send_lat` (both unmodified, under the
+//!    preload) against in-process `mlx5 pingpong --loopback` / `mlx5 lat send`, and the CPU
+//!    an idle `ibv_rc_pingpong` server burns in 4 s. Needs the `mlx5` binary next to this
+//!    example (`cargo build --release -p mlx5-tools -p mlx5-emu-preload`) and the rdma-core
+//!    tools; what is missing is reported and skipped.
+//!
+//! `cargo run --release -p mlx5-emu --example bench [messages] [lat-iters]`
 
 #[path = "../tests/common/mod.rs"]
 mod common;
 
+use std::io::Read;
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
-use mlx5_emu::{DmaPath, EmuConfig, Emulator, RunMode};
+use mlx5_emu::{DmaPath, EmuConfig, Emulator, RunMode, WakeMode};
 use mlx5_hw::opcodes::SendOpcode;
 use mlx5_hw::wqe::{DataSeg, FM_CE_SE_CQ_UPDATE};
 use zerocopy::IntoBytes;
@@ -21,6 +36,11 @@ fn main() {
         .nth(1)
         .and_then(|a| a.parse().ok())
         .unwrap_or(1_000_000);
+    let iters: u32 = std::env::args()
+        .nth(2)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(2000);
+    println!("load average at start: {}", loadavg());
     let direct = mlx5_emu::set_dma_path(DmaPath::Direct);
     let rate = send_rate(n);
     println!("stepped RC SEND 64 B: {rate:.0} msgs/s ({n} messages, DMA path {direct:?})");
@@ -36,16 +56,39 @@ fn main() {
         mlx5_emu::set_dma_path(DmaPath::Direct);
     }
 
-    let emu = Emulator::new(EmuConfig {
-        mode: RunMode::Threaded,
-        ..EmuConfig::default()
-    });
-    let _ctx = Ctx::open(&emu, 0);
-    std::thread::sleep(Duration::from_millis(300));
-    let (c0, w0) = (cpu_seconds(), Instant::now());
-    std::thread::sleep(Duration::from_secs(2));
-    let share = (cpu_seconds() - c0) / w0.elapsed().as_secs_f64();
-    println!("idle threaded HCA CPU: {:.2}% of one core", share * 100.0);
+    let (fault, open) = doorbell_cost(2000);
+    println!(
+        "application cost of a doorbell store: {fault:.2} us onto a protected page (fault + \
+         wake), {open:.3} us onto an open one (median of 2000)"
+    );
+
+    for mode in [WakeMode::Fault, WakeMode::Poll] {
+        let emu = Emulator::with_wake(
+            EmuConfig {
+                mode: RunMode::Threaded,
+                ..EmuConfig::default()
+            },
+            mode,
+        );
+        let _ctx = Ctx::open(&emu, 0);
+        std::thread::sleep(Duration::from_millis(1300));
+        let (c0, w0) = (cpu_seconds(), Instant::now());
+        std::thread::sleep(Duration::from_secs(2));
+        let share = (cpu_seconds() - c0) / w0.elapsed().as_secs_f64();
+        println!(
+            "idle threaded HCA CPU ({mode:?}): {:.3}% of one core",
+            share * 100.0
+        );
+    }
+
+    processes(iters);
+    println!("load average at end: {}", loadavg());
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(4).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
 }
 
 /// Messages per second for `n` signaled 64-byte RC SENDs in batches of 16 (one doorbell
@@ -79,4 +122,343 @@ fn send_rate(n: usize) -> f64 {
         done += k;
     }
     n as f64 / t0.elapsed().as_secs_f64()
+}
+
+/// The application's time for one 8-byte doorbell store (median, microseconds): right
+/// after the waking device went to sleep (the page is protected: the store faults, the
+/// handler unprotects the page and pokes the device), and right after a completion (the
+/// device is still scanning, the page is open).
+fn doorbell_cost(rounds: usize) -> (f64, f64) {
+    let emu = Emulator::with_wake(
+        EmuConfig {
+            mode: RunMode::Threaded,
+            ..EmuConfig::default()
+        },
+        WakeMode::Fault,
+    );
+    let mut a = Ctx::open(&emu, 0);
+    let pd = a.alloc_pd();
+    let mut cq = a.create_cq(256, 64, -1);
+    let tx = a.create_qp(pd, &cq, &cq, RC, 64, 64, None);
+    let mut rx = a.create_qp(pd, &cq, &cq, RC, 64, 64, None);
+    bring_up(&a, &tx, 1, rx.qpn, Knobs::default());
+    bring_up(&a, &rx, 1, tx.qpn, Knobs::default());
+    let mut tx = tx;
+    let buf = Buf::new(8192);
+    let (_, lkey, _) = a.reg_mr(pd, buf.addr(), 8192, ALL_ACCESS).expect("mr");
+    let mut times = [Vec::new(), Vec::new()];
+    for r in 0..rounds {
+        let asleep = r % 2 == 0;
+        if asleep {
+            // Past the spin window: the device has re-protected the page and blocks.
+            std::thread::sleep(Duration::from_micros(500));
+        }
+        rx.post_recv(&[(buf.addr() + 4096, 64, lkey)]);
+        let seg = DataSeg::new(8, lkey, buf.addr());
+        let i = tx.build_send(
+            SendOpcode::SEND,
+            0,
+            FM_CE_SE_CQ_UPDATE,
+            [0; 4],
+            seg.as_bytes(),
+        );
+        let t0 = Instant::now();
+        tx.ring(&a, i, Ring::Doorbell);
+        times[usize::from(!asleep)].push(t0.elapsed().as_secs_f64() * 1e6);
+        let mut got = 0;
+        let t = Instant::now();
+        while got < 2 && t.elapsed() < Duration::from_secs(10) {
+            if cq.poll().is_some() {
+                got += 1;
+            }
+        }
+        assert_eq!(got, 2, "no completion");
+    }
+    let med = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let [mut f, mut o] = times;
+    (med(&mut f), med(&mut o))
+}
+
+// ---------------------------------------------------------------------------------------
+// Between processes
+
+/// The `mlx5` binary next to this example (target/<profile>/mlx5).
+fn mlx5_bin() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let p = exe.parent()?.parent()?.join("mlx5");
+    p.exists().then_some(p)
+}
+
+fn on_path(tool: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).exists()))
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or(18515)
+}
+
+fn listening(port: u16) -> bool {
+    TcpStream::connect_timeout(
+        &std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+        Duration::from_millis(100),
+    )
+    .is_ok()
+}
+
+/// Run to completion (killed after `limit`), returning stdout + stderr.
+fn output(mut child: Child, limit: Duration) -> String {
+    let t0 = Instant::now();
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break,
+            Ok(None) if t0.elapsed() < limit => std::thread::sleep(Duration::from_millis(5)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break;
+            }
+        }
+    }
+    let mut s = String::new();
+    if let Some(mut o) = child.stdout.take() {
+        let _ = o.read_to_string(&mut s);
+    }
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut s);
+    }
+    s
+}
+
+fn command(program: &Path, args: &[&str], mode: &str, preload: Option<&Path>) -> Command {
+    let mut c = Command::new(program);
+    c.args(args)
+        .env("MLX5_EMU_WAKE", mode)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if let Some(so) = preload {
+        c.env("LD_PRELOAD", so);
+    }
+    c
+}
+
+/// A server and a client of `program` (server args, then client args + "localhost").
+fn two_process(
+    program: &Path,
+    args: &[&str],
+    mode: &str,
+    preload: Option<&Path>,
+    peer: &str,
+) -> Option<String> {
+    let port = free_port().to_string();
+    let mut sargs = args.to_vec();
+    sargs.extend(["-p", &port]);
+    let mut server_args = sargs.clone();
+    if program.ends_with("mlx5") {
+        server_args.push("--server");
+    }
+    let server = command(program, &server_args, mode, preload).spawn().ok()?;
+    let t0 = Instant::now();
+    let p: u16 = port.parse().ok()?;
+    while !listening(p) && t0.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut cargs = sargs;
+    cargs.push(peer);
+    let client = command(program, &cargs, mode, preload).spawn().ok()?;
+    let out = output(client, Duration::from_secs(180));
+    let _ = output(server, Duration::from_secs(10));
+    Some(out)
+}
+
+/// `mlx5 lat`'s percentile line: (p50, p99) in microseconds.
+fn lat_p50_p99(out: &str) -> Option<(f64, f64)> {
+    let mut lines = out.lines();
+    lines.find(|l| l.contains("p50[usec]"))?;
+    let f: Vec<f64> = lines
+        .next()?
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    Some((*f.get(2)?, *f.get(3)?))
+}
+
+/// `ibv_rc_pingpong`'s "N iters in S seconds = U usec/iter".
+fn usec_per_iter(out: &str) -> Option<f64> {
+    let l = out.lines().find(|l| l.contains("usec/iter"))?;
+    let w: Vec<&str> = l.split_whitespace().collect();
+    let i = w.iter().position(|&x| x == "usec/iter")?;
+    w.get(i - 1)?.parse().ok()
+}
+
+/// perftest's result line under `t_typical`: (t_typical, 99%) in microseconds.
+fn perftest_typical_p99(out: &str) -> Option<(f64, f64)> {
+    let mut lines = out.lines();
+    lines.find(|l| l.contains("t_typical"))?;
+    let f: Vec<f64> = lines
+        .next()?
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    Some((*f.get(4)?, *f.get(7)?))
+}
+
+/// CPU seconds (user + system) of process `pid`.
+fn proc_cpu(pid: u32) -> Option<f64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &s[s.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let (u, k): (f64, f64) = (f.get(11)?.parse().ok()?, f.get(12)?.parse().ok()?);
+    Some((u + k) / hz)
+}
+
+fn processes(iters: u32) {
+    let Some(mlx5) = mlx5_bin() else {
+        println!("two-process figures skipped: build the mlx5 binary (-p mlx5-tools) first");
+        return;
+    };
+    let preload = mlx5_emu::cprog::preload_so().ok();
+    let rdma = preload.is_some() && on_path("ibv_rc_pingpong");
+    let perftest = preload.is_some() && on_path("ib_send_lat");
+    let n = iters.to_string();
+    println!("[mode ] figure (ratios: two-process / in-process, same run)   value   target");
+    for mode in ["fault", "poll"] {
+        // The polling device is slow between processes: fewer iterations.
+        let k = if mode == "poll" {
+            (iters / 5).max(100).to_string()
+        } else {
+            n.clone()
+        };
+        let inproc = output(
+            command(&mlx5, &["lat", "send", "-n", &k], mode, None)
+                .spawn()
+                .expect("mlx5"),
+            Duration::from_secs(120),
+        );
+        let two = two_process(&mlx5, &["lat", "send", "-n", &k], mode, None, "127.0.0.1");
+        let (ip50, ip99) = lat_p50_p99(&inproc).unwrap_or((f64::NAN, f64::NAN));
+        let (tp50, tp99) = two
+            .as_deref()
+            .and_then(lat_p50_p99)
+            .unwrap_or((f64::NAN, f64::NAN));
+        row(
+            mode,
+            "in-process mlx5 lat send p50 / p99 [us]",
+            ip50,
+            ip99,
+            "p50 <= 1.5x today",
+        );
+        row(
+            mode,
+            "two-process mlx5 lat send p50 / p99 [us]",
+            tp50,
+            tp99,
+            "",
+        );
+        row(
+            mode,
+            "  ratio p50 / p99",
+            tp50 / ip50,
+            tp99 / ip99,
+            "<= 10x / <= 20x",
+        );
+        let pp_in = output(
+            command(
+                &mlx5,
+                &["pingpong", "--loopback", "-s", "64", "-n", &k],
+                mode,
+                None,
+            )
+            .spawn()
+            .expect("mlx5"),
+            Duration::from_secs(120),
+        );
+        let pp_in = usec_per_iter(&pp_in).unwrap_or(f64::NAN);
+        if rdma {
+            let so = preload.as_deref();
+            let args = ["-d", "mlx5_0", "-s", "64", "-n", &k];
+            let two = two_process(Path::new("ibv_rc_pingpong"), &args, mode, so, "localhost");
+            let us = two.as_deref().and_then(usec_per_iter).unwrap_or(f64::NAN);
+            row(
+                mode,
+                "ibv_rc_pingpong -s 64 two-process / mlx5 pingpong in-process [us/iter]",
+                us,
+                pp_in,
+                "",
+            );
+            row(mode, "  ratio", us / pp_in, f64::NAN, "<= 10x");
+        }
+        if perftest {
+            let so = preload.as_deref();
+            let two = two_process(
+                Path::new("ib_send_lat"),
+                &["-d", "mlx5_0", "-n", &k],
+                mode,
+                so,
+                "localhost",
+            );
+            let (t, p99) = two
+                .as_deref()
+                .and_then(perftest_typical_p99)
+                .unwrap_or((f64::NAN, f64::NAN));
+            row(
+                mode,
+                "ib_send_lat two-process t_typical / 99% [us]",
+                t,
+                p99,
+                "",
+            );
+            row(
+                mode,
+                "  ratio to in-process mlx5 lat send p50 / p99",
+                t / ip50,
+                p99 / ip99,
+                "<= 10x",
+            );
+        }
+        if rdma {
+            let port = free_port().to_string();
+            let server = command(
+                Path::new("ibv_rc_pingpong"),
+                &["-d", "mlx5_0", "-p", &port],
+                mode,
+                preload.as_deref(),
+            )
+            .spawn()
+            .expect("ibv_rc_pingpong");
+            let pid = server.id();
+            std::thread::sleep(Duration::from_millis(1500));
+            let c0 = proc_cpu(pid).unwrap_or(f64::NAN);
+            std::thread::sleep(Duration::from_secs(4));
+            let c1 = proc_cpu(pid).unwrap_or(f64::NAN);
+            let mut server = server;
+            let _ = server.kill();
+            let _ = server.wait();
+            row(
+                mode,
+                "idle ibv_rc_pingpong server CPU in 4 s [s]",
+                c1 - c0,
+                f64::NAN,
+                "< 0.05 s",
+            );
+        }
+    }
+}
+
+fn row(mode: &str, what: &str, a: f64, b: f64, target: &str) {
+    let v = if b.is_nan() {
+        format!("{a:.3}")
+    } else {
+        format!("{a:.3} / {b:.3}")
+    };
+    println!("[{mode:>5}] {what:<70} {v:>24}   {target}");
 }

@@ -2683,7 +2683,7 @@ fn run_timers(w: &mut World) -> usize {
     work
 }
 
-fn next_deadline(w: &World) -> Option<u64> {
+pub(crate) fn next_deadline(w: &World) -> Option<u64> {
     let wire = w
         .wire
         .queue

@@ -548,7 +548,7 @@ impl UverbsSurface for EmuFile {
         maps.swap_remove(pos);
         // SAFETY: (addr, len) is a mapping this surface created (checked just above) and the
         // caller promises it is no longer used; the device uses its own mapping.
-        if unsafe { libc::munmap(addr.as_ptr().cast(), len) } != 0 {
+        if unsafe { crate::uar::unmap_user(addr.as_ptr().cast(), len) } != 0 {
             return Err(Errno(libc::EINVAL));
         }
         Ok(())
@@ -569,7 +569,7 @@ impl Drop for EmuFile {
         for (a, l) in maps {
             // SAFETY: these mappings were created by this file's mmap and the file (which
             // owns them, as closing the real fd would tear them down) is going away.
-            unsafe { libc::munmap(a as *mut libc::c_void, l) };
+            unsafe { crate::uar::unmap_user(a as *mut libc::c_void, l) };
         }
         if let Some(ctx) = self.ctx() {
             let mut w = self.shared.lock();
@@ -712,7 +712,8 @@ fn get_context(w: &mut World, hca: usize, r: &Req) -> Result<u64, Errno> {
     let dyn_uar = w.cfg.dyn_uar && w.cfg.flavour == Flavour::Modern && lib_caps & 2 != 0;
     let total = if dyn_uar { 0 } else { total };
     let uar_pages = (total / 2) as usize;
-    let uar = UarRegion::new(uar_pages + 2 + MAX_DYN_UARS)?;
+    let mut uar = UarRegion::new(uar_pages + 2 + MAX_DYN_UARS)?;
+    uar.set_wake(w.wake.clone());
     // Clock-info page (v1): 0 sign, 4 resv, 8 nsec, 16 cycles, 24 frac, 32 mult, 36 shift,
     // 40 mask, 48 overflow_period. 1 cycle = 1 ns: mult = 1 << shift.
     let mut ci = [0u8; 56];

@@ -410,13 +410,89 @@ struct Shared {
     world: Mutex<state::World>,
     /// The UDP sockets' descriptors (owned by the HCAs in `world`), for the idle wait.
     udp_fds: Vec<i32>,
+    /// Threaded wake mode: the device thread's wake-up line (see [`WakeMode`]).
+    wake: Option<Arc<uar::Wake>>,
 }
 
 impl Shared {
-    fn lock(&self) -> MutexGuard<'_, state::World> {
+    /// The world, for a caller that may create device work (a kernel command): the device
+    /// thread is woken when the guard drops.
+    fn lock(&self) -> WorldGuard<'_> {
+        WorldGuard {
+            guard: self.lock_quiet(),
+            wake: self.wake.as_deref(),
+        }
+    }
+
+    /// The world, without waking the device (the device thread itself, read-only queries).
+    fn lock_quiet(&self) -> MutexGuard<'_, state::World> {
         self.world
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // The device thread may be blocked with no timeout: let it see that we are gone.
+        if let Some(w) = &self.wake {
+            w.poke();
+        }
+    }
+}
+
+/// The world locked by a kernel command; dropping it wakes the device thread, which then
+/// sees whatever the command changed (a QP moved to the error state has to be flushed, a
+/// new QP may have receives waiting, ...), as the old polling device would have within
+/// milliseconds.
+struct WorldGuard<'a> {
+    guard: MutexGuard<'a, state::World>,
+    wake: Option<&'a uar::Wake>,
+}
+
+impl std::ops::Deref for WorldGuard<'_> {
+    type Target = state::World;
+    fn deref(&self) -> &state::World {
+        &self.guard
+    }
+}
+
+impl std::ops::DerefMut for WorldGuard<'_> {
+    fn deref_mut(&mut self) -> &mut state::World {
+        &mut self.guard
+    }
+}
+
+impl Drop for WorldGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(w) = self.wake {
+            w.poke();
+        }
+    }
+}
+
+/// How a threaded device waits for work (`MLX5_EMU_WAKE`, read when the emulator is
+/// created; see `docs/emulator-wake.md`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WakeMode {
+    /// Stepped mode: nothing waits.
+    Stepped,
+    /// `MLX5_EMU_WAKE=fault` (the default): UAR pages are write-protected between scans;
+    /// the first doorbell store faults and wakes the device thread, which otherwise blocks
+    /// (on an eventfd, the UDP sockets and the next timer deadline).
+    Fault,
+    /// `MLX5_EMU_WAKE=poll`: the old device thread, which spins for 300 us after work, then
+    /// sleeps 50 us while recently active and backs off to 2 ms (for comparison).
+    Poll,
+}
+
+impl WakeMode {
+    /// The mode the environment asks for, for a threaded emulator.
+    pub fn from_env() -> WakeMode {
+        match std::env::var("MLX5_EMU_WAKE").as_deref() {
+            Ok("poll") => WakeMode::Poll,
+            _ => WakeMode::Fault,
+        }
     }
 }
 
@@ -430,6 +506,12 @@ impl Emulator {
     /// Create the emulator; in [`RunMode::Threaded`] this starts the device thread, which
     /// ends when the last handle (emulator or opened surface) is dropped.
     pub fn new(cfg: EmuConfig) -> Emulator {
+        Emulator::with_wake(cfg, WakeMode::from_env())
+    }
+
+    /// [`Emulator::new`] with the threaded device's wait chosen here instead of by
+    /// `MLX5_EMU_WAKE` ([`WakeMode::Fault`] or [`WakeMode::Poll`]; ignored in stepped mode).
+    pub fn with_wake(cfg: EmuConfig, wake: WakeMode) -> Emulator {
         let n = cfg.num_hcas.max(1);
         let mut socks: Vec<Option<std::net::UdpSocket>> = Vec::new();
         let lids: Vec<u16> = match cfg.fabric {
@@ -508,6 +590,12 @@ impl Emulator {
             .collect();
         let pcap = cfg.pcap.as_deref().and_then(pcap::open);
         let mode = cfg.mode;
+        // The wake path needs the fault handler; without it (or without an eventfd) the
+        // device polls as before.
+        let wake = (mode == RunMode::Threaded && wake == WakeMode::Fault)
+            .then(uar::Wake::new)
+            .flatten()
+            .filter(|_| mem::install_fault_handler());
         let seed = cfg.fault.seed;
         let world = state::World {
             cfg,
@@ -523,16 +611,21 @@ impl Emulator {
             rx_buf: Vec::new(),
             pcap,
             wqe_log: Default::default(),
+            wake: wake.clone(),
         };
         let shared = Arc::new(Shared {
             world: Mutex::new(world),
             udp_fds,
+            wake: wake.clone(),
         });
         if mode == RunMode::Threaded {
             let weak = Arc::downgrade(&shared);
             std::thread::Builder::new()
                 .name("mlx5-emu".into())
-                .spawn(move || device_thread(weak))
+                .spawn(move || match wake {
+                    Some(wake) => wake_thread(weak, wake),
+                    None => device_thread(weak),
+                })
                 .ok();
         }
         Emulator { shared }
@@ -542,7 +635,7 @@ impl Emulator {
     /// ucontext after GET_CONTEXT; dropping the returned surface closes it and destroys
     /// every object it owns.
     pub fn open(&self, hca: usize) -> Result<Arc<dyn UverbsSurface>, Errno> {
-        if hca >= self.shared.lock().hcas.len() {
+        if hca >= self.shared.lock_quiet().hcas.len() {
             return Err(Errno(libc::ENODEV));
         }
         Ok(Arc::new(kernel::EmuFile::new(self.shared.clone(), hca)))
@@ -550,18 +643,18 @@ impl Emulator {
 
     /// Number of HCAs.
     pub fn num_hcas(&self) -> usize {
-        self.shared.lock().hcas.len()
+        self.shared.lock_quiet().hcas.len()
     }
 
     /// Identity of HCA `i` (None if out of range).
     pub fn hca_info(&self, i: usize) -> Option<HcaInfo> {
-        self.shared.lock().hcas.get(i).map(|h| h.info.clone())
+        self.shared.lock_quiet().hcas.get(i).map(|h| h.info.clone())
     }
 
     /// Counters of HCA `i` (zeroes if out of range).
     pub fn counters(&self, i: usize) -> Counters {
         self.shared
-            .lock()
+            .lock_quiet()
             .hcas
             .get(i)
             .map(|h| h.counters)
@@ -573,8 +666,17 @@ impl Emulator {
     /// now). In stepped mode, when nothing else is pending, virtual time jumps to the next
     /// timer so retransmission timeouts elapse.
     pub fn step(&self) -> usize {
-        let mut w = self.shared.lock();
+        let mut w = self.shared.lock_quiet();
         device::step(&mut w)
+    }
+
+    /// How the device thread waits for work ([`WakeMode::Stepped`] in stepped mode).
+    pub fn wake_mode(&self) -> WakeMode {
+        match (&self.shared.wake, self.shared.lock_quiet().cfg.mode) {
+            (_, RunMode::Stepped) => WakeMode::Stepped,
+            (Some(_), _) => WakeMode::Fault,
+            (None, _) => WakeMode::Poll,
+        }
     }
 
     /// Call [`Emulator::step`] until it reports no work (bounded, so a QP retrying forever
@@ -622,7 +724,7 @@ fn device_thread(weak: Weak<Shared>) {
     loop {
         let Some(shared) = weak.upgrade() else { return };
         let n = {
-            let mut w = shared.lock();
+            let mut w = shared.lock_quiet();
             device::step(&mut w)
         };
         drop(shared);
@@ -681,4 +783,171 @@ fn device_thread(weak: Weak<Shared>) {
             }
         }
     }
+}
+
+/// How long the waking device keeps scanning after its last work item before it protects
+/// the UAR pages and blocks (`MLX5_EMU_SPIN_US`, default below): a ping-pong partner in
+/// this process usually rings again within microseconds, and a scan is far cheaper for it
+/// than a fault plus a wake-up. Cut short as soon as the thread finds itself preempted.
+const DEFAULT_SPIN: Duration = Duration::from_micros(50);
+
+/// While contexts exist, the device wakes at least this often to keep the core-clock page
+/// moving.
+const CLOCK_TICK: Duration = Duration::from_millis(10);
+
+fn spin_window() -> Duration {
+    std::env::var("MLX5_EMU_SPIN_US")
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map_or(DEFAULT_SPIN, Duration::from_micros)
+}
+
+/// The waking device thread ([`WakeMode::Fault`]): step while there is work; keep scanning
+/// a little longer (an adaptive window, see [`DEFAULT_SPIN`]); then drain the eventfd,
+/// re-protect the UAR pages, scan once more and block on the eventfd, the UDP sockets and
+/// the next timer deadline.
+fn wake_thread(weak: Weak<Shared>, wake: Arc<uar::Wake>) {
+    use std::time::Instant;
+    short_slice();
+    let max_spin = spin_window();
+    let mut spin = max_spin;
+    let mut sleeps: u32 = 0;
+    // When the device last ran out of work (None: it has work, or it just woke up).
+    let mut idle_since: Option<Instant> = None;
+    let mut last_iter = Instant::now();
+    loop {
+        let Some(shared) = weak.upgrade() else { return };
+        let n = {
+            let mut w = shared.lock_quiet();
+            device::step(&mut w)
+        };
+        let now = Instant::now();
+        // A gap between two scans: the scheduler took the core away, the CPUs are
+        // oversubscribed, and spinning only delays the threads we wait for.
+        let preempted = now.duration_since(last_iter) > Duration::from_micros(30);
+        last_iter = now;
+        if n > 0 {
+            if idle_since.take().is_some() {
+                // The spin found work: it pays; widen it again.
+                spin = (spin * 2 + Duration::from_micros(1)).min(max_spin);
+            }
+            continue;
+        }
+        let since = *idle_since.get_or_insert(now);
+        if !preempted && now.duration_since(since) < spin {
+            std::hint::spin_loop();
+            continue;
+        }
+        // The spin found nothing (or was preempted): narrow it; probe again now and then.
+        spin /= 2;
+        sleeps = sleeps.wrapping_add(1);
+        if spin < Duration::from_micros(2) {
+            spin = if sleeps % 64 == 0 {
+                max_spin / 8
+            } else {
+                Duration::ZERO
+            };
+        }
+        // Going to sleep. Order matters: drain, protect, scan. A store that landed before
+        // the protection is seen by the scan; a later one faults and pokes the eventfd
+        // after the drain, so the wait below returns at once.
+        wake.drain();
+        uar::protect_pages(&wake);
+        let (n, deadline, clock) = {
+            let mut w = shared.lock_quiet();
+            let n = device::step(&mut w);
+            let now_ns = w.now();
+            let deadline = device::next_deadline(&w).map(|t| t.saturating_sub(now_ns));
+            (n, deadline, !w.contexts.is_empty())
+        };
+        if n > 0 {
+            idle_since = None;
+            last_iter = Instant::now();
+            continue;
+        }
+        let fds = shared.udp_fds.clone();
+        drop(shared);
+        let mut timeout = deadline.map(Duration::from_nanos);
+        if clock || wake.unwatched.load(std::sync::atomic::Ordering::Relaxed) {
+            let tick = if clock {
+                CLOCK_TICK
+            } else {
+                Duration::from_millis(1)
+            };
+            timeout = Some(timeout.map_or(tick, |t| t.min(tick)));
+        }
+        wait(wake.fd(), &fds, timeout);
+        idle_since = None;
+        last_iter = Instant::now();
+    }
+}
+
+/// Ask the fair scheduler for a short time slice (`sched_attr.sched_runtime`, honoured by
+/// EEVDF kernels, 6.6 and later): the device runs in bursts of microseconds, and a short
+/// slice gives it an early deadline, so on wake-up it preempts a busy-polling application
+/// instead of waiting for that one's slice to end. Best effort; no privilege needed.
+fn short_slice() {
+    #[repr(C)]
+    struct SchedAttr {
+        size: u32,
+        policy: u32,
+        flags: u64,
+        nice: i32,
+        priority: u32,
+        runtime: u64,
+        deadline: u64,
+        period: u64,
+    }
+    let us = std::env::var("MLX5_EMU_SLICE_US")
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(100);
+    if us == 0 {
+        return;
+    }
+    // SAFETY: getpriority has no pointer arguments; errno is irrelevant here (a failure
+    // just leaves the nice value at 0).
+    let nice = unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
+    let attr = SchedAttr {
+        size: size_of::<SchedAttr>() as u32,
+        policy: libc::SCHED_OTHER as u32,
+        flags: 0,
+        nice,
+        priority: 0,
+        runtime: us * 1000,
+        deadline: 0,
+        period: 0,
+    };
+    // SAFETY: sched_setattr(0 = this thread, a live sched_attr of the size it states, 0).
+    unsafe { libc::syscall(libc::SYS_sched_setattr, 0, &raw const attr, 0) };
+}
+
+/// Block until `efd` or one of `fds` is readable, or `timeout` passes (`None`: forever).
+fn wait(efd: i32, fds: &[i32], timeout: Option<Duration>) {
+    let mut pfds: Vec<libc::pollfd> = std::iter::once(efd)
+        .chain(fds.iter().copied())
+        .map(|fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    let ts = timeout.map(|t| libc::timespec {
+        tv_sec: t.as_secs() as libc::time_t,
+        tv_nsec: t.subsec_nanos() as libc::c_long,
+    });
+    let tsp = ts
+        .as_ref()
+        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: `pfds` is a valid array of pollfd for the call and `tsp` null or a live
+    // timespec; the eventfd lives in the `Wake` we hold, the sockets while any handle
+    // lives (a closed fd only makes ppoll report POLLNVAL).
+    unsafe {
+        libc::ppoll(
+            pfds.as_mut_ptr(),
+            pfds.len() as libc::nfds_t,
+            tsp,
+            std::ptr::null(),
+        )
+    };
 }

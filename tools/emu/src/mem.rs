@@ -24,6 +24,17 @@ mod direct;
 
 pub use direct::{DmaPath, path as dma_path, set_path as set_dma_path};
 
+/// Install the process's SIGSEGV/SIGBUS handler (the DMA copy's fixup and the UAR wake,
+/// `crate::uar`) if it is not in place; true if it is.
+pub(crate) fn install_fault_handler() -> bool {
+    direct::handler::install()
+}
+
+/// True if the fault handler is in place (a watched UAR page may fault).
+pub(crate) fn fault_handler_installed() -> bool {
+    direct::handler::installed()
+}
+
 /// The own pid, cached: `getpid` is a system call (glibc no longer caches it) and the data
 /// path would otherwise make one per DMA access. 0 means "not known"; a fork child resets
 /// it (pthread_atfork), so a child never reads its parent's memory.

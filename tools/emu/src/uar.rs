@@ -5,9 +5,20 @@
 //! is a second, independent mapping of one page of the same file. So the user's
 //! doorbell stores and the device's atomic swaps hit the same physical memory, and a user
 //! `munmap` can never pull memory from under the device.
+//!
+//! **Waking the device** (threaded mode, `docs/emulator-wake.md`): a region given a [`Wake`]
+//! maps every writable user page read-only and enters it in a process-wide table. The first
+//! store to such a page faults; the fault handler ([`on_write_fault`], called from the
+//! SIGSEGV handler in `mem/direct.rs`) gives the page its requested protection back, marks
+//! it unprotected and pokes the emulator's eventfd; the store is then retried by the CPU and
+//! lands. Before the device thread blocks it drains the eventfd, re-protects every page it
+//! unprotected ([`protect_pages`]), and only then scans once more: a store that landed before
+//! the protection is seen by that scan, and one after it faults again and pokes the eventfd,
+//! which the drain can no longer swallow.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI32, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 
 use crate::abi::Errno;
 
@@ -22,6 +33,8 @@ pub(crate) struct UarRegion {
     base: *mut u64,
     /// Total pages in the file (UAR pages + 2 clock pages).
     pages: usize,
+    /// Threaded wake mode: the eventfd a store to one of our user pages pokes.
+    wake: Option<Arc<Wake>>,
 }
 
 // SAFETY: `base` points at a MAP_SHARED mapping owned by this struct; all device accesses
@@ -62,7 +75,14 @@ impl UarRegion {
             fd,
             base: p.cast::<u64>(),
             pages,
+            wake: None,
         })
+    }
+
+    /// From now on, map writable user pages read-only and wake `wake` on their first store
+    /// (`None`: plain shared pages that the device polls, as in stepped mode).
+    pub(crate) fn set_wake(&mut self, wake: Option<Arc<Wake>>) {
+        self.wake = wake;
     }
 
     /// Map page `page` for the user with protection `prot`.
@@ -75,12 +95,18 @@ impl UarRegion {
         if page >= self.pages || len != PAGE {
             return Err(Errno(libc::EINVAL));
         }
+        // A writable page of a waking region starts out protected: its first store faults.
+        let watched = self
+            .wake
+            .as_ref()
+            .filter(|_| prot & libc::PROT_WRITE != 0 && crate::mem::fault_handler_installed());
+        let map_prot = if watched.is_some() { PROTECTED } else { prot };
         // SAFETY: a fresh shared mapping of one page of our memfd at a kernel-chosen address.
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
                 len,
-                prot,
+                map_prot,
                 libc::MAP_SHARED,
                 self.fd.as_raw_fd(),
                 (page * PAGE) as libc::off_t,
@@ -93,7 +119,18 @@ impl UarRegion {
                     .unwrap_or(libc::ENOMEM),
             ));
         }
-        std::ptr::NonNull::new(p.cast()).ok_or(Errno(libc::ENOMEM))
+        let Some(p) = std::ptr::NonNull::new(p.cast::<u8>()) else {
+            return Err(Errno(libc::ENOMEM));
+        };
+        if let Some(wake) = watched {
+            if !register(p.as_ptr() as usize, prot, wake) {
+                // The table is full: give the page its protection and let the device poll.
+                // SAFETY: our fresh mapping of one page.
+                unsafe { libc::mprotect(p.as_ptr().cast(), PAGE, prot) };
+                wake.unwatched.store(true, Ordering::Relaxed);
+            }
+        }
+        Ok(p)
     }
 
     fn word(&self, page: usize, off: usize) -> Option<&AtomicU64> {
@@ -158,4 +195,189 @@ impl Drop for UarRegion {
         // SAFETY: `base`/len is exactly the mapping created in `new`, unused after this.
         unsafe { libc::munmap(self.base.cast(), self.pages * PAGE) };
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// Waking the device on the first store to a UAR page
+
+/// How a watched page is mapped between scans: readable (a load of a doorbell page is
+/// harmless), not writable.
+const PROTECTED: i32 = libc::PROT_READ;
+
+/// The wake-up line of one emulator's device thread: a non-blocking eventfd, poked by the
+/// fault handler (one `write`, async-signal-safe) and by kernel commands, waited on with
+/// `ppoll` next to the UDP sockets.
+#[derive(Debug)]
+pub(crate) struct Wake {
+    fd: OwnedFd,
+    /// A watched page could not be entered in the fault table: the device must poll.
+    pub(crate) unwatched: std::sync::atomic::AtomicBool,
+}
+
+impl Wake {
+    /// A fresh eventfd, or `None` if the process has none left.
+    pub(crate) fn new() -> Option<Arc<Wake>> {
+        // SAFETY: eventfd with no pointer arguments.
+        let raw = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if raw < 0 {
+            return None;
+        }
+        Some(Arc::new(Wake {
+            // SAFETY: eventfd returned a fresh descriptor owned by nobody else.
+            fd: unsafe { OwnedFd::from_raw_fd(raw) },
+            unwatched: std::sync::atomic::AtomicBool::new(false),
+        }))
+    }
+
+    /// The descriptor to poll for POLLIN.
+    pub(crate) fn fd(&self) -> i32 {
+        self.fd.as_raw_fd()
+    }
+
+    /// Wake the device thread (from any thread, or a signal handler).
+    pub(crate) fn poke(&self) {
+        poke_fd(self.fd.as_raw_fd());
+    }
+
+    /// Consume every poke so far (the device thread, before it re-protects).
+    pub(crate) fn drain(&self) {
+        let mut v = 0u64;
+        // SAFETY: reads 8 bytes into our own u64 from our non-blocking eventfd.
+        unsafe { libc::read(self.fd.as_raw_fd(), (&raw mut v).cast(), 8) };
+    }
+}
+
+fn poke_fd(fd: i32) {
+    let one = 1u64;
+    // SAFETY: writes 8 bytes of a live u64 to an eventfd; write(2) is async-signal-safe. A
+    // full counter (EAGAIN) already means "awake".
+    unsafe { libc::write(fd, (&raw const one).cast(), 8) };
+}
+
+/// Slot states.
+const FREE: u8 = 0;
+/// Mapped [`PROTECTED`]: the next store faults.
+const ARMED: u8 = 1;
+/// Given its protection back by the fault handler: the device re-arms it before it sleeps.
+const OPEN: u8 = 2;
+
+/// One watched user page.
+struct Slot {
+    /// Page address, 0 = free. Written last on registration (Release), cleared first on
+    /// removal; the fault handler reads it with Acquire.
+    page: AtomicUsize,
+    /// The protection the user asked for.
+    prot: AtomicI32,
+    /// The eventfd of the owning emulator.
+    efd: AtomicI32,
+    state: AtomicU8,
+}
+
+const SLOTS: usize = 4096;
+
+#[allow(clippy::declare_interior_mutable_const)]
+const EMPTY: Slot = Slot {
+    page: AtomicUsize::new(0),
+    prot: AtomicI32::new(0),
+    efd: AtomicI32::new(-1),
+    state: AtomicU8::new(FREE),
+};
+
+/// The process-wide table the fault handler searches (lock-free, up to [`HIGH`]).
+static TABLE: [Slot; SLOTS] = [EMPTY; SLOTS];
+/// One past the highest slot ever used.
+static HIGH: AtomicUsize = AtomicUsize::new(0);
+/// Serializes registration, removal (with the munmap) and re-protection, so the device
+/// never changes the protection of an address that has been unmapped and reused.
+static EDIT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn edit() -> std::sync::MutexGuard<'static, ()> {
+    EDIT.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn register(page: usize, prot: i32, wake: &Wake) -> bool {
+    let _g = edit();
+    let Some(i) = TABLE
+        .iter()
+        .position(|s| s.page.load(Ordering::Relaxed) == 0)
+    else {
+        return false;
+    };
+    let s = &TABLE[i];
+    s.prot.store(prot, Ordering::Relaxed);
+    s.efd.store(wake.fd(), Ordering::Relaxed);
+    s.state.store(ARMED, Ordering::Relaxed);
+    s.page.store(page, Ordering::Release);
+    HIGH.fetch_max(i + 1, Ordering::Release);
+    true
+}
+
+/// Unmap a user mapping made by [`UarRegion::map_user`], first taking its pages out of the
+/// fault table. Returns munmap's result.
+///
+/// # Safety
+/// `(addr, len)` is a mapping returned by `map_user` that nothing uses any more.
+pub(crate) unsafe fn unmap_user(addr: *mut libc::c_void, len: usize) -> i32 {
+    let _g = edit();
+    let (lo, hi) = (addr as usize, addr as usize + len);
+    for s in &TABLE[..HIGH.load(Ordering::Acquire)] {
+        let p = s.page.load(Ordering::Relaxed);
+        if p != 0 && p >= lo && p < hi {
+            s.page.store(0, Ordering::Release);
+            s.state.store(FREE, Ordering::Relaxed);
+        }
+    }
+    // SAFETY: forwarded contract.
+    unsafe { libc::munmap(addr, len) }
+}
+
+/// Re-arm every page of `wake` that the fault handler opened since the last call. Returns
+/// how many were re-armed. The state is set before the protection changes, so a fault
+/// racing with us (its handler opens the page after our mprotect) leaves the slot `OPEN`
+/// for the next call, never `ARMED` on a writable page.
+pub(crate) fn protect_pages(wake: &Wake) -> usize {
+    let fd = wake.fd();
+    let _g = edit();
+    let mut n = 0;
+    for s in &TABLE[..HIGH.load(Ordering::Acquire)] {
+        if s.state.load(Ordering::Acquire) != OPEN || s.efd.load(Ordering::Relaxed) != fd {
+            continue;
+        }
+        let p = s.page.load(Ordering::Relaxed);
+        if p == 0 {
+            continue;
+        }
+        s.state.store(ARMED, Ordering::SeqCst);
+        // SAFETY: `p` is a live one-page user mapping of a UAR region: entries leave the
+        // table (under EDIT, which we hold) before their page is unmapped.
+        unsafe { libc::mprotect(p as *mut libc::c_void, PAGE, PROTECTED) };
+        n += 1;
+    }
+    n
+}
+
+/// The fault handler's part: if `addr` lies in a watched page, give the page its protection
+/// back, mark it open, poke its device and return true (the faulting store is retried).
+/// Async-signal-safe: atomics, `mprotect` and `write` only, no lock.
+pub(crate) fn on_write_fault(addr: usize) -> bool {
+    let page = addr & !(PAGE - 1);
+    if page == 0 {
+        return false;
+    }
+    for s in &TABLE[..HIGH.load(Ordering::Acquire).min(SLOTS)] {
+        if s.page.load(Ordering::Acquire) != page {
+            continue;
+        }
+        let prot = s.prot.load(Ordering::Relaxed);
+        // SAFETY: the page is a watched user mapping (in the table); only its protection
+        // changes, to what its user asked for.
+        if unsafe { libc::mprotect(page as *mut libc::c_void, PAGE, prot) } != 0 {
+            return false;
+        }
+        s.state.store(OPEN, Ordering::SeqCst);
+        poke_fd(s.efd.load(Ordering::Relaxed));
+        return true;
+    }
+    false
 }

@@ -110,11 +110,6 @@ pub(crate) unsafe fn copy(dst: *mut u8, src: *const u8, len: usize) -> Result<()
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 mod imp {
-    use std::cell::UnsafeCell;
-    use std::ffi::{c_int, c_void};
-    use std::sync::Once;
-    use std::sync::atomic::{AtomicBool, Ordering};
-
     // `mlx5_emu_dma_copy(dst = rdi, src = rsi, len = rdx) -> rax = bytes not copied`.
     // The only instruction that touches memory is the `rep movsb` at
     // `mlx5_emu_dma_copy_insn`; on a fault the handler moves rip past it, so `rcx` (the
@@ -161,6 +156,35 @@ mod imp {
         (&raw const mlx5_emu_dma_copy_insn) as i64
     }
 
+    pub(super) fn install() -> bool {
+        super::handler::install()
+    }
+
+    /// If the fault interrupted the copy instruction, resume after it (the copy then
+    /// reports the bytes not copied) and return true.
+    pub(super) fn fixup(ctx: *mut std::ffi::c_void) -> bool {
+        let uc = ctx.cast::<libc::ucontext_t>();
+        // SAFETY: the kernel passes a valid ucontext_t for an SA_SIGINFO handler; we
+        // only touch the saved rip of the interrupted (same) thread.
+        let rip = unsafe { &mut (*uc).uc_mcontext.gregs[libc::REG_RIP as usize] };
+        if *rip == insn_addr() {
+            *rip += INSN_LEN;
+            return true;
+        }
+        false
+    }
+}
+
+/// The process's SIGSEGV/SIGBUS handler: the copy's fixup, the first store to a watched UAR
+/// page (which wakes the device, `crate::uar`), and everything else chained to the handler
+/// that was installed before ours.
+#[cfg(target_os = "linux")]
+pub(crate) mod handler {
+    use std::cell::UnsafeCell;
+    use std::ffi::{c_int, c_void};
+    use std::sync::Once;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
     /// The actions in place before ours, for SIGSEGV and SIGBUS. Written once, before our
     /// handler is installed (the `sigaction` system call that installs it orders the
     /// write before any delivery), read-only afterwards.
@@ -180,7 +204,7 @@ mod imp {
 
     const SIGNALS: [c_int; 2] = [libc::SIGSEGV, libc::SIGBUS];
 
-    pub(super) fn install() -> bool {
+    pub(crate) fn install() -> bool {
         INSTALL.call_once(|| {
             for (i, &sig) in SIGNALS.iter().enumerate() {
                 // SAFETY: queries the current action into our own storage; nothing reads
@@ -196,8 +220,9 @@ mod imp {
                 sa.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK | libc::SA_NODEFER;
                 // SAFETY: `sa.sa_mask` is our own sigset_t.
                 unsafe { libc::sigemptyset(&mut sa.sa_mask) };
-                // SAFETY: installs a handler that is async-signal-safe (it reads statics
-                // and edits the interrupted context only).
+                // SAFETY: installs a handler that is async-signal-safe (it reads statics,
+                // edits the interrupted context, and calls only mprotect, write and
+                // sigaction).
                 if unsafe { libc::sigaction(sig, &sa, std::ptr::null_mut()) } != 0 {
                     return;
                 }
@@ -207,13 +232,32 @@ mod imp {
         INSTALLED.load(Ordering::Acquire)
     }
 
+    /// True once our handler is in place.
+    pub(crate) fn installed() -> bool {
+        INSTALLED.load(Ordering::Acquire)
+    }
+
     extern "C" fn on_fault(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
-        let uc = ctx.cast::<libc::ucontext_t>();
-        // SAFETY: the kernel passes a valid ucontext_t for an SA_SIGINFO handler; we
-        // only touch the saved rip of the interrupted (same) thread.
-        let rip = unsafe { &mut (*uc).uc_mcontext.gregs[libc::REG_RIP as usize] };
-        if *rip == insn_addr() {
-            *rip += INSN_LEN;
+        if sig == libc::SIGSEGV {
+            // SAFETY: __errno_location has no preconditions and returns this thread's
+            // errno slot, valid for the thread's lifetime.
+            let slot = unsafe { libc::__errno_location() };
+            // mprotect/write may set errno: the interrupted code must find its own.
+            // SAFETY: `slot` is this thread's errno, readable and writable.
+            let errno = unsafe { *slot };
+            // SAFETY: the siginfo the kernel passes to an SA_SIGINFO handler is valid for
+            // the call.
+            let info_ref = unsafe { &*info };
+            // SAFETY: for SIGSEGV the kernel fills si_addr with the faulting address.
+            let addr = unsafe { info_ref.si_addr() } as usize;
+            let handled = crate::uar::on_write_fault(addr);
+            // SAFETY: as above.
+            unsafe { *slot = errno };
+            if handled {
+                return;
+            }
+        }
+        if super::imp::fixup(ctx) {
             return;
         }
         let i = usize::from(sig == libc::SIGBUS);
@@ -243,6 +287,12 @@ mod imp {
 #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
 mod imp {
     pub(super) fn install() -> bool {
+        false
+    }
+
+    /// No copy instruction to resume here.
+    #[cfg(target_os = "linux")]
+    pub(super) fn fixup(_ctx: *mut std::ffi::c_void) -> bool {
         false
     }
 

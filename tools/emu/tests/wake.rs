@@ -1,0 +1,252 @@
+//! The waking device (threaded mode, `MLX5_EMU_WAKE` unset = fault): it blocks until a
+//! doorbell store faults on a protected UAR page, a kernel command, a packet or a timer
+//! wakes it, and it loses none of them.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use mlx5_emu::{EmuConfig, Emulator, RunMode, WakeMode};
+use mlx5_hw::opcodes::SendOpcode;
+use mlx5_hw::wqe::{DataSeg, FM_CE_SE_CQ_UPDATE};
+use zerocopy::IntoBytes;
+
+fn threaded() -> Emulator {
+    let emu = Emulator::new(EmuConfig {
+        mode: RunMode::Threaded,
+        ..EmuConfig::default()
+    });
+    if std::env::var("MLX5_EMU_WAKE").as_deref() != Ok("poll") {
+        assert_eq!(emu.wake_mode(), WakeMode::Fault);
+    }
+    emu
+}
+
+/// Wait (bounded) for one CQE.
+fn wait_cqe(cq: &mut Cq, what: &str) -> Cqe {
+    let t0 = Instant::now();
+    loop {
+        if let Some((d, _)) = cq.poll() {
+            return decode(&d);
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "{what}: no completion (a lost wake-up)"
+        );
+        std::hint::spin_loop();
+    }
+}
+
+/// A context shared by the posting threads: they only read it (the UAR addresses and the
+/// BlueFlame size in `Qp::ring`).
+struct Shared(Ctx);
+// SAFETY: the threads only read `Ctx` (its `uars` pointers and `resp`); every store
+// through a UAR pointer is an atomic-width volatile store to device memory, which the
+// emulator's device is built to receive from any thread.
+unsafe impl Sync for Shared {}
+
+/// One loopback RC pair in context `a` with its own CQ, and a registered buffer.
+struct Lane {
+    tx: Qp,
+    rx: Qp,
+    cq: Cq,
+    buf: Buf,
+    lkey: u32,
+}
+
+fn lane(a: &mut Ctx, pd: u32) -> Lane {
+    let cq = a.create_cq(256, 64, -1);
+    let tx = a.create_qp(pd, &cq, &cq, RC, 64, 64, None);
+    let rx = a.create_qp(pd, &cq, &cq, RC, 64, 64, None);
+    bring_up(a, &tx, 1, rx.qpn, Knobs::default());
+    bring_up(a, &rx, 1, tx.qpn, Knobs::default());
+    let buf = Buf::new(8192);
+    let (_, lkey, _) = a.reg_mr(pd, buf.addr(), 8192, ALL_ACCESS).expect("mr");
+    Lane {
+        tx,
+        rx,
+        cq,
+        buf,
+        lkey,
+    }
+}
+
+/// `n` SENDs of an 8-byte sequence number on `l`, each rung by an 8-byte doorbell or a
+/// BlueFlame copy (pseudo-randomly), each awaited (send and receive CQE) and its payload
+/// checked: a WQE executed twice, or not at all, or a doorbell the device never saw, fails.
+fn run_lane(ctx: &Ctx, l: &mut Lane, n: u64, seed: u64) -> u64 {
+    let mut rng = Rng(seed);
+    let mut bf = 0;
+    for seq in 0..n {
+        l.rx.post_recv(&[(l.buf.addr() + 4096, 64, l.lkey)]);
+        l.buf.write(0, &seq.to_le_bytes());
+        let seg = DataSeg::new(8, l.lkey, l.buf.addr());
+        let i = l.tx.build_send(
+            SendOpcode::SEND,
+            0,
+            FM_CE_SE_CQ_UPDATE,
+            [0; 4],
+            seg.as_bytes(),
+        );
+        let ring = if rng.below(2) == 0 {
+            Ring::Doorbell
+        } else {
+            bf += 1;
+            Ring::BlueFlame
+        };
+        l.tx.ring(ctx, i, ring);
+        let a = wait_cqe(&mut l.cq, "first");
+        let b = wait_cqe(&mut l.cq, "second");
+        let mut ops = [a.opcode, b.opcode];
+        ops.sort_unstable();
+        assert_eq!(ops, [0, 2], "seq {seq}: one send and one receive CQE");
+        let got = u64::from_le_bytes(l.buf.read(4096, 8).try_into().expect("8"));
+        assert_eq!(got, seq, "payload of SEND {seq}");
+        assert!(l.cq.poll().is_none(), "seq {seq}: an extra CQE");
+    }
+    bf
+}
+
+/// At least 10^5 doorbells from two threads on two QPs (sharing the context's UAR pages),
+/// while the device thread sleeps and re-protects the pages between them: every WQE runs
+/// exactly once, and the doorbell, WQE and CQE counters are exact.
+#[test]
+fn no_wake_up_is_lost_between_two_threads() {
+    const N: u64 = 50_000;
+    let emu = threaded();
+    let mut a = Ctx::open(&emu, 0);
+    let pd = a.alloc_pd();
+    let mut l1 = lane(&mut a, pd);
+    let mut l2 = lane(&mut a, pd);
+    // Both lanes ring registers of one UAR page: two threads store to the same protected
+    // page, one may fault while the other's store lands, and the device re-protects it
+    // under both.
+    l2.tx.bfreg = l1.tx.bfreg ^ 1;
+    println!(
+        "bfregs {} and {} (page {} and {})",
+        l1.tx.bfreg,
+        l2.tx.bfreg,
+        l1.tx.bfreg / 4,
+        l2.tx.bfreg / 4
+    );
+    let before = emu.counters(0);
+    let shared = Shared(a);
+    let t0 = Instant::now();
+    let (bf1, bf2) = std::thread::scope(|s| {
+        let c = &shared;
+        let h1 = s.spawn(|| run_lane(&c.0, &mut l1, N, 1));
+        let h2 = s.spawn(|| run_lane(&c.0, &mut l2, N, 2));
+        (h1.join().expect("lane 1"), h2.join().expect("lane 2"))
+    });
+    let el = t0.elapsed();
+    let c = emu.counters(0);
+    println!(
+        "{} SENDs in {el:?} ({:.1} us per round trip per thread); {c:?}",
+        2 * N,
+        el.as_secs_f64() * 1e6 / N as f64
+    );
+    assert_eq!(c.doorbells - before.doorbells, 2 * N, "doorbells");
+    assert_eq!(c.doorbell_drops, 0);
+    assert_eq!(
+        c.wqes_executed - before.wqes_executed,
+        2 * N,
+        "WQEs executed"
+    );
+    assert_eq!(c.cqes_written - before.cqes_written, 4 * N, "CQEs");
+    assert_eq!(
+        c.bf_writes - before.bf_writes,
+        bf1 + bf2,
+        "BlueFlame copies"
+    );
+    assert_eq!(c.packets_dropped, 0);
+}
+
+/// A WQE published only in the doorbell record is not executed by the sleeping device;
+/// the doorbell store then wakes it.
+#[test]
+fn the_doorbell_record_alone_does_not_wake_the_device() {
+    let emu = threaded();
+    let mut a = Ctx::open(&emu, 0);
+    let pd = a.alloc_pd();
+    let mut l = lane(&mut a, pd);
+    l.rx.post_recv(&[(l.buf.addr() + 4096, 64, l.lkey)]);
+    let seg = DataSeg::new(8, l.lkey, l.buf.addr());
+    let i = l.tx.build_send(
+        SendOpcode::SEND,
+        0,
+        FM_CE_SE_CQ_UPDATE,
+        [0; 4],
+        seg.as_bytes(),
+    );
+    l.tx.ring(&a, i, Ring::RecordOnly);
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(l.cq.poll().is_none(), "executed without a doorbell");
+    assert_eq!(emu.counters(0).wqes_executed, 0);
+    l.tx.ring(&a, i, Ring::Doorbell);
+    wait_cqe(&mut l.cq, "after the doorbell");
+    wait_cqe(&mut l.cq, "after the doorbell");
+    assert_eq!(emu.counters(0).doorbells, 1);
+}
+
+/// The CQ-arm doorbell wakes the device too: arm, then a completion raises the event.
+#[test]
+fn a_cq_arm_and_a_completion_event_wake_the_device() {
+    let emu = threaded();
+    let mut a = Ctx::open(&emu, 0);
+    let pd = a.alloc_pd();
+    let ch = a.comp_channel();
+    let mut cq = a.create_cq(64, 64, ch);
+    let tx = a.create_qp(pd, &cq, &cq, RC, 64, 64, None);
+    let mut rx = a.create_qp(pd, &cq, &cq, RC, 64, 64, None);
+    bring_up(&a, &tx, 1, rx.qpn, Knobs::default());
+    bring_up(&a, &rx, 1, tx.qpn, Knobs::default());
+    let mut tx = tx;
+    let buf = Buf::new(8192);
+    let (_, lkey, _) = a.reg_mr(pd, buf.addr(), 8192, ALL_ACCESS).expect("mr");
+    a.arm_cq(&mut cq, false);
+    // Let the device take the arm and go back to sleep before the send.
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(emu.counters(0).cq_arms, 1, "the arm store woke the device");
+    rx.post_recv(&[(buf.addr() + 4096, 64, lkey)]);
+    let seg = DataSeg::new(8, lkey, buf.addr());
+    let i = tx.build_send(
+        SendOpcode::SEND,
+        0,
+        FM_CE_SE_CQ_UPDATE,
+        [0; 4],
+        seg.as_bytes(),
+    );
+    tx.ring(&a, i, Ring::Doorbell);
+    let mut p = libc::pollfd {
+        fd: ch,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one live pollfd on our completion channel.
+    let r = unsafe { libc::poll(&mut p, 1, 20_000) };
+    assert_eq!(r, 1, "no completion event");
+    assert_eq!(emu.counters(0).comp_events, 1);
+}
+
+/// A kernel command that gives the device work (moving a QP with posted receives to the
+/// error state flushes them) wakes it: the flush CQEs appear without any doorbell.
+#[test]
+fn a_kernel_command_wakes_the_device() {
+    let emu = threaded();
+    let mut a = Ctx::open(&emu, 0);
+    let pd = a.alloc_pd();
+    let mut l = lane(&mut a, pd);
+    for _ in 0..3 {
+        l.rx.post_recv(&[(l.buf.addr() + 4096, 64, l.lkey)]);
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    let mut m = modify_base(&l.rx);
+    m.attr_mask = M_STATE;
+    m.qp_state = 6; // ERR
+    a.modify(&m).expect("to ERR");
+    for k in 0..3 {
+        let c = wait_cqe(&mut l.cq, "flush");
+        assert_ne!(c.opcode, 0, "flush CQE {k} is an error CQE");
+    }
+}
