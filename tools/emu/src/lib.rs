@@ -852,7 +852,7 @@ fn wake_thread(weak: Weak<Shared>, wake: Arc<uar::Wake>) {
         // the protection is seen by the scan; a later one faults and pokes the eventfd
         // after the drain, so the wait below returns at once.
         wake.drain();
-        uar::protect_pages(&wake);
+        let pending = uar::protect_pages(&wake);
         let (n, deadline, clock) = {
             let mut w = shared.lock_quiet();
             let n = device::step(&mut w);
@@ -865,6 +865,32 @@ fn wake_thread(weak: Weak<Shared>, wake: Arc<uar::Wake>) {
             last_iter = Instant::now();
             continue;
         }
+        // A page just opened by a fault whose store has not landed yet: look again in a
+        // moment (first by scanning for a few microseconds, the retry usually follows at
+        // once; then by a short sleep, which lets the writer have the core if it shares
+        // ours). Its store is seen then, or it is re-armed and faults again.
+        let deadline = match pending {
+            Some(p) => {
+                let t = Instant::now();
+                let mut found = false;
+                while t.elapsed() < Duration::from_micros(3) {
+                    std::hint::spin_loop();
+                    let mut w = shared.lock_quiet();
+                    if device::step(&mut w) > 0 {
+                        found = true;
+                        break;
+                    }
+                }
+                if found {
+                    idle_since = None;
+                    last_iter = Instant::now();
+                    continue;
+                }
+                let p = p.as_nanos() as u64;
+                Some(deadline.map_or(p, |d| d.min(p)))
+            }
+            None => deadline,
+        };
         let fds = shared.udp_fds.clone();
         drop(shared);
         let mut timeout = deadline.map(Duration::from_nanos);

@@ -271,6 +271,8 @@ struct Slot {
     /// The eventfd of the owning emulator.
     efd: AtomicI32,
     state: AtomicU8,
+    /// When the fault handler opened the page (CLOCK_MONOTONIC ns).
+    opened: AtomicU64,
 }
 
 const SLOTS: usize = 4096;
@@ -281,6 +283,7 @@ const EMPTY: Slot = Slot {
     prot: AtomicI32::new(0),
     efd: AtomicI32::new(-1),
     state: AtomicU8::new(FREE),
+    opened: AtomicU64::new(0),
 };
 
 /// The process-wide table the fault handler searches (lock-free, up to [`HIGH`]).
@@ -332,14 +335,35 @@ pub(crate) unsafe fn unmap_user(addr: *mut libc::c_void, len: usize) -> i32 {
     unsafe { libc::munmap(addr, len) }
 }
 
-/// Re-arm every page of `wake` that the fault handler opened since the last call. Returns
-/// how many were re-armed. The state is set before the protection changes, so a fault
-/// racing with us (its handler opens the page after our mprotect) leaves the slot `OPEN`
-/// for the next call, never `ARMED` on a writable page.
-pub(crate) fn protect_pages(wake: &Wake) -> usize {
+/// How long a page stays open after the fault that opened it before the device may re-arm
+/// it. The faulting store is retried only after the handler returns (sigreturn, and on a
+/// busy CPU after the woken device thread gives the core back); re-arming before that
+/// makes the retry fault again, and on a fast device over and over (a livelock seen with
+/// libmlx5, whose doorbell follows the WQE by a few instructions).
+pub(crate) const GRACE: std::time::Duration = std::time::Duration::from_micros(20);
+
+/// CLOCK_MONOTONIC in nanoseconds (async-signal-safe: clock_gettime).
+fn mono_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime into our own timespec; async-signal-safe.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Re-arm every page of `wake` that the fault handler opened at least [`GRACE`] ago.
+/// Returns how long until the youngest of the pages left open may be re-armed (`None`: no
+/// page is left open); the device must look again by then. The state is set before the
+/// protection changes, so a fault racing with us (its handler opens the page after our
+/// mprotect) leaves the slot `OPEN` for the next call, never `ARMED` on a writable page.
+pub(crate) fn protect_pages(wake: &Wake) -> Option<std::time::Duration> {
     let fd = wake.fd();
     let _g = edit();
-    let mut n = 0;
+    let now = mono_ns();
+    let grace = GRACE.as_nanos() as u64;
+    let mut left: Option<u64> = None;
     for s in &TABLE[..HIGH.load(Ordering::Acquire)] {
         if s.state.load(Ordering::Acquire) != OPEN || s.efd.load(Ordering::Relaxed) != fd {
             continue;
@@ -348,13 +372,17 @@ pub(crate) fn protect_pages(wake: &Wake) -> usize {
         if p == 0 {
             continue;
         }
+        let age = now.saturating_sub(s.opened.load(Ordering::Relaxed));
+        if age < grace {
+            left = Some(left.map_or(grace - age, |l| l.min(grace - age)));
+            continue;
+        }
         s.state.store(ARMED, Ordering::SeqCst);
         // SAFETY: `p` is a live one-page user mapping of a UAR region: entries leave the
         // table (under EDIT, which we hold) before their page is unmapped.
         unsafe { libc::mprotect(p as *mut libc::c_void, PAGE, PROTECTED) };
-        n += 1;
     }
-    n
+    left.map(std::time::Duration::from_nanos)
 }
 
 /// The fault handler's part: if `addr` lies in a watched page, give the page its protection
@@ -375,6 +403,7 @@ pub(crate) fn on_write_fault(addr: usize) -> bool {
         if unsafe { libc::mprotect(page as *mut libc::c_void, PAGE, prot) } != 0 {
             return false;
         }
+        s.opened.store(mono_ns(), Ordering::Relaxed);
         s.state.store(OPEN, Ordering::SeqCst);
         poke_fd(s.efd.load(Ordering::Relaxed));
         return true;
