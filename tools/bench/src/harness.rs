@@ -47,7 +47,8 @@ pub fn preload_so() -> Result<PathBuf, String> {
 /// `MLX5_EMU_FABRIC=inprocess`, `MLX5_EMU_HCAS=1`, and for libmlx5
 /// `MLX5_SCATTER_TO_CQE=0` (our side creates its QP with `scatter_to_cqe = false`) and
 /// `MLX5_POST_SEND_PREFER_BF=0` (BlueFlame for single inline WQEs only, as
-/// [`mlx5::BfPolicy::InlineOnly`] on our side).
+/// [`mlx5::BfPolicy::InlineOnly`] on our side), and `MLX5_EMU_WAKE=poll` (the polling
+/// device: with the waking one the first doorbell of every timed batch would pay a fault).
 pub fn command(exe: &Path, so: &Path, calls: usize, prefix: &[String]) -> Command {
     let mut cmd = match prefix.split_first() {
         Some((first, rest)) => {
@@ -69,6 +70,7 @@ pub fn command(exe: &Path, so: &Path, calls: usize, prefix: &[String]) -> Comman
         .env("MLX5_EMU_HCAS", "1")
         .env("MLX5_SCATTER_TO_CQE", "0")
         .env("MLX5_POST_SEND_PREFER_BF", "0")
+        .env("MLX5_EMU_WAKE", "poll")
         .stdin(Stdio::null());
     cmd
 }

@@ -308,7 +308,8 @@ fn register(page: usize, prot: i32, wake: &Wake) -> bool {
         return false;
     };
     let s = &TABLE[i];
-    s.prot.store(prot, Ordering::Relaxed);
+    // Reads stay allowed once open (x86 implies them anyway; valgrind tracks them).
+    s.prot.store(prot | libc::PROT_READ, Ordering::Relaxed);
     s.efd.store(wake.fd(), Ordering::Relaxed);
     s.state.store(ARMED, Ordering::Relaxed);
     s.page.store(page, Ordering::Release);
