@@ -151,7 +151,13 @@ fn doorbell_cost(rounds: usize) -> (f64, f64) {
         std::thread::sleep(Duration::from_micros(500));
         rx.post_recv(&[(buf.addr() + 4096, 64, lkey)]);
         let seg = DataSeg::new(8, lkey, buf.addr());
-        let i = tx.build_send(SendOpcode::SEND, 0, FM_CE_SE_CQ_UPDATE, [0; 4], seg.as_bytes());
+        let i = tx.build_send(
+            SendOpcode::SEND,
+            0,
+            FM_CE_SE_CQ_UPDATE,
+            [0; 4],
+            seg.as_bytes(),
+        );
         let t0 = thread_cpu_us();
         tx.ring(&a, i, Ring::Doorbell);
         let t1 = thread_cpu_us();

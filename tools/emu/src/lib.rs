@@ -937,9 +937,18 @@ fn short_slice() {
     if us == 0 {
         return;
     }
+    // The device plays the hardware: where the process may (CAP_SYS_NICE), it also runs at
+    // a higher weight (`MLX5_EMU_NICE`, default -10), so that on a loaded machine a woken
+    // device is not queued behind CPU-bound jobs. It sleeps whenever it has no work, so the
+    // weight never buys it more than the work it has.
+    let want: i32 = std::env::var("MLX5_EMU_NICE")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(-10);
     // SAFETY: getpriority has no pointer arguments; errno is irrelevant here (a failure
-    // just leaves the nice value at 0).
-    let nice = unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
+    // just leaves the nice value as it was).
+    let base = unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
+    let nice = want.clamp(-20, 19).min(base);
     let attr = SchedAttr {
         size: size_of::<SchedAttr>() as u32,
         policy: libc::SCHED_OTHER as u32,
