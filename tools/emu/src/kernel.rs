@@ -414,7 +414,11 @@ unsafe impl UverbsSurface for EmuFile {
                 out,
                 out_len: m.resp,
                 drv_out: user_add(out, m.resp),
-                drv_out_len: if m.udata { cmd.core_out_len - m.resp } else { 0 },
+                drv_out_len: if m.udata {
+                    cmd.core_out_len - m.resp
+                } else {
+                    0
+                },
             }
         };
         self.dispatch(&req)?;

@@ -36,7 +36,11 @@ fn hdr(command: u32, in_words: u16, out_words: u16) -> Vec<u8> {
 fn header_and_size_validation() {
     let emu = stepped(1);
     let dev = emu.open(0).unwrap();
-    assert_eq!(dev.cmd_write(&[0u8; 4]), Err(EINVAL), "shorter than the header");
+    assert_eq!(
+        dev.cmd_write(&[0u8; 4]),
+        Err(EINVAL),
+        "shorter than the header"
+    );
     assert_eq!(
         dev.cmd_write(&hdr(0x4000_0001, 2, 0)),
         Err(EINVAL),
