@@ -193,6 +193,8 @@ struct UarState {
 }
 
 pub(crate) struct ContextInner {
+    /// Unique among the contexts of this process (never reused), for the same-context checks.
+    pub(crate) id: u64,
     pub(crate) surface: Arc<dyn UverbsSurface>,
     pub(crate) ucx: Mlx5IbAllocUcontextResp,
     pub(crate) config: ContextConfig,
@@ -332,6 +334,7 @@ impl Context {
             ucx.cache_line_size as usize
         };
         let inner = ContextInner {
+            id: next_context_id(),
             surface,
             ucx,
             config,
@@ -353,6 +356,37 @@ impl Context {
         Ok(Self {
             inner: Arc::new(inner),
         })
+    }
+
+    /// Whether `self` and `other` are the same device context (clones of one [`Context`]).
+    /// Objects handed to each other must share one: see [`Error::ContextMismatch`].
+    pub fn same_as(&self, other: &Context) -> bool {
+        self.inner.id == other.inner.id
+    }
+
+    /// This context's identity, unique in the process and never reused; a copy kept in an
+    /// object (an address handle, a send queue) makes the same-context check one compare.
+    #[allow(
+        dead_code,
+        reason = "used by the UD send path once the send queue keeps its id"
+    )]
+    pub(crate) fn id(&self) -> u64 {
+        self.inner.id
+    }
+
+    /// `Ok` if `other` (the context of the object called `object`) is this context (the one of
+    /// `with`), else [`Error::ContextMismatch`] naming both.
+    pub(crate) fn check_same(
+        &self,
+        object: &'static str,
+        other: &Context,
+        with: &'static str,
+    ) -> Result<()> {
+        if self.same_as(other) {
+            Ok(())
+        } else {
+            Err(Error::ContextMismatch { object, with })
+        }
     }
 
     /// The uverbs surface commands go through.
@@ -863,6 +897,11 @@ pub(crate) fn read_event(fd: &OwnedFd, buf: &mut [u8], timeout_ms: i32) -> Resul
 static NEXT_USER_HANDLE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// A process-unique `user_handle` for a new CQ/QP/SRQ (what events report back).
+fn next_context_id() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 pub(crate) fn next_user_handle() -> u64 {
     NEXT_USER_HANDLE.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }

@@ -187,6 +187,11 @@ impl Srq {
         self.handle.srqn
     }
 
+    /// The device context the SRQ was created in.
+    pub fn context(&self) -> &crate::Context {
+        self.handle.pd.context()
+    }
+
     /// Usable capacity in WRs (ring size minus the sentinel).
     pub fn capacity(&self) -> u32 {
         self.n - 1

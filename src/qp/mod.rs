@@ -281,10 +281,16 @@ impl Qp {
     /// more inline data than asked, as libmlx5).
     ///
     /// # Errors
+    /// [`Error::ContextMismatch`] if a CQ or the SRQ belongs to another context than `pd`;
     /// [`Error::Limit`] naming the attribute, value and limit; [`Error::Uverbs`] naming
     /// CREATE_QP.
     pub fn new(pd: &Pd, init: &QpInitAttr<'_>) -> Result<Self> {
         let ctx = pd.context().clone();
+        ctx.check_same("send_cq", &init.send_cq.shared().ctx, "pd")?;
+        ctx.check_same("recv_cq", &init.recv_cq.shared().ctx, "pd")?;
+        if let Some(srq) = init.srq {
+            ctx.check_same("srq", srq.context(), "pd")?;
+        }
         let ucx = ctx.inner.ucx;
         let dev = ctx.inner.attr.raw;
         let tctx = init.qp_type.limit_context();
