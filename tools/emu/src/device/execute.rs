@@ -29,6 +29,9 @@ pub(super) fn exec_wqe(
     let sq = q.buf + ((q.rq_wqe_cnt as u64) << q.rq_wqe_shift);
     let (cnt, head) = (q.sq_wqe_cnt, q.sq_head);
     let idx = head as u16;
+    if q.rc.req.halted {
+        return Exec::Blocked;
+    }
     if cnt == 0 {
         return Exec::Done(1);
     }
@@ -36,7 +39,7 @@ pub(super) fn exec_wqe(
     buf.clear();
     let first_pf = pf.and_then(|p| p.get(head, 64));
     if first_pf.is_none() && read_wqe_into(sq, cnt, head, 64, buf).is_err() {
-        requester_error(w, hca, qpn, idx, 0, Syndrome::LOCAL_PROT);
+        fail_wqe(w, hca, qpn, idx, 0, Syndrome::LOCAL_PROT);
         return Exec::Done(1);
     }
     let first = first_pf.unwrap_or(&buf[..]);
@@ -45,7 +48,7 @@ pub(super) fn exec_wqe(
     let wqebbs = ds.div_ceil(4).max(1);
     let opcode = ctrl.opcode();
     if ds == 0 || ctrl.qpn() != qpn || ctrl.wqe_index() != idx {
-        requester_error(w, hca, qpn, idx, opcode.0, Syndrome::LOCAL_QP_OP);
+        fail_wqe(w, hca, qpn, idx, opcode.0, Syndrome::LOCAL_QP_OP);
         return Exec::Done(wqebbs);
     }
     let len = ds as usize * 16;
@@ -68,7 +71,7 @@ pub(super) fn exec_wqe(
                     None => read_wqe_into(sq, cnt, rest, len - 64, buf),
                 };
                 if got.is_err() {
-                    requester_error(w, hca, qpn, idx, opcode.0, Syndrome::LOCAL_PROT);
+                    fail_wqe(w, hca, qpn, idx, opcode.0, Syndrome::LOCAL_PROT);
                     return Exec::Done(wqebbs);
                 }
             }
@@ -89,11 +92,14 @@ pub(super) fn exec_wqe(
     // Ordering constraints for RC: fence waits for outstanding READ/atomics; the number of
     // outstanding READ/atomics is bounded by max_rd_atomic.
     if qt == qpt::RC {
+        // Every READ/atomic still on the outstanding list counts, answered or not: the
+        // responder keeps the answers of that many for replay (max_dest_rd_atomic), and
+        // one answered behind a lost answer is still outstanding until it retires.
         let reads = || {
             q.rc.req
                 .outstanding
                 .iter()
-                .filter(|o| o.is_read_like && !o.done)
+                .filter(|o| o.is_read_like)
                 .count()
         };
         let is_read = matches!(
@@ -117,7 +123,7 @@ pub(super) fn exec_wqe(
             post_request(w, hca, qpn, &wqe, pkt, local, len);
         }
         Err(s) => {
-            requester_error(w, hca, qpn, idx, opcode.0, s);
+            fail_wqe(w, hca, qpn, idx, opcode.0, s);
         }
     }
     Exec::Done(wqe.wqebbs)

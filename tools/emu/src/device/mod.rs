@@ -56,7 +56,7 @@ use wire::*;
 
 pub(crate) use requester::ReqState;
 pub(crate) use responder::RespState;
-pub(crate) use timers::TimerState;
+pub(crate) use timers::{TimerState, next_deadline};
 pub(crate) use wire::{Outgoing, Wire};
 
 /// Transport state of one QP, each part owned by its stage. The retry counters are the

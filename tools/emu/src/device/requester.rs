@@ -13,6 +13,13 @@ pub(crate) struct ReqState {
     pub(super) acked: Option<u32>,
     /// The next PSN to transmit (None: everything posted is on the wire).
     pub(super) tx_next: Option<u32>,
+    /// The highest PSN transmitted (for a READ: the last response PSN it asked for): the
+    /// upper edge of the window of PSNs a response may name.
+    pub(super) sent_high: Option<u32>,
+    /// The resume point of the last go-back-N an implied NAK caused.
+    pub(super) restarted_at: Option<u32>,
+    /// A WQE failed behind outstanding requests: execute nothing more.
+    pub(super) halted: bool,
 }
 
 /// One outstanding RC request (sent, not yet acknowledged/answered).
@@ -30,6 +37,8 @@ pub(crate) struct Outstanding {
     pub(super) local: Sgl,
     pub(super) len: u32,
     pub(super) done: bool,
+    /// Completes with this error (WR_FLUSH: flushed) when it reaches the front.
+    pub(super) error: Option<Syndrome>,
     pub(super) is_read_like: bool,
     /// READ/atomic: the data returned so far, and the next response PSN expected.
     pub(super) read_buf: Vec<u8>,
@@ -69,6 +78,7 @@ pub(super) fn post_request(
                 local,
                 len: 0,
                 done: true,
+                error: None,
                 is_read_like: false,
                 read_buf: Vec::new(),
                 read_next: psn,
@@ -115,6 +125,7 @@ pub(super) fn post_request(
             local,
             len,
             done: false,
+            error: None,
             is_read_like,
             read_buf: Vec::new(),
             read_next: first,
@@ -221,56 +232,95 @@ pub(super) fn segment(pkt: Packet, mtu: usize, first_psn: u32) -> Packets {
     Packets::Many(packets)
 }
 
+/// Where a response came from and what it says, after the checks every response passes.
 pub(super) fn requester_response(w: &mut World, pkt: &Packet) {
     let hca = pkt.dst_hca;
     let qpn = pkt.dst_qpn;
     let now = w.now();
-    let Some(q) = w.hcas.get_mut(hca).and_then(|h| h.qps.get_mut(&qpn)) else {
+    let Some(q) = w.hcas.get(hca).and_then(|h| h.qps.get(&qpn)) else {
+        count_foreign(w, hca);
         return;
     };
-    if q.qp_type != qpt::RC
-        || q.state != qps::RTS && q.state != qps::SQD
-        || (pkt.src_qpn != q.dest_qpn && pkt.src_qpn != UNKNOWN_QPN)
-    {
+    if q.qp_type != qpt::RC || !matches!(q.state, qps::RTS | qps::SQD) {
+        w.hcas[hca].counters.packets_dropped += 1;
+        return;
+    }
+    if !from_peer(w, hca, q, pkt) {
+        count_foreign(w, hca);
+        return;
+    }
+    let q = w.hcas[hca].qps.get_mut(&qpn).expect("looked up above");
+    // The PSN window: a response names a PSN from the one before the oldest outstanding
+    // request (a repeated ACK) up to the last PSN transmitted. Older: a stale duplicate,
+    // ignored. Newer: nothing this QP sent can be answered by it (forged): dropped, counted.
+    let Some(front_psn) = q.rc.req.outstanding.front().map(|o| o.psn) else {
+        if q.rc.req.sent_high.is_some_and(|h| psn_before(h, pkt.psn)) {
+            w.hcas[hca].counters.rx_out_of_window += 1;
+        }
+        return;
+    };
+    let lo = front_psn.wrapping_sub(1) & 0xff_ffff;
+    let hi = q.rc.req.sent_high.unwrap_or(lo);
+    if psn_before(pkt.psn, lo) {
+        return;
+    }
+    if psn_before(hi, pkt.psn) {
+        w.hcas[hca].counters.rx_out_of_window += 1;
+        w.hcas[hca].counters.packets_dropped += 1;
         return;
     }
     let (syn, _) = pkt.aeth.unwrap_or((aeth::ACK, 0));
     let timeout = transport::ack_timeout_ns(q.timeout);
     let (retry_cnt, rnr_retry) = (q.retry_cnt, q.rnr_retry);
-    // Anything before pkt.psn that is not a READ/atomic is implicitly acknowledged. (The
-    // outstanding list is in PSN order: the scans stop at the first request ending later.)
+    let mtu = transport::mtu_bytes(q.path_mtu) as usize;
+    let out = &mut q.rc.req.outstanding;
     let mut progressed = false;
-    for o in q.rc.req.outstanding.iter_mut() {
-        if !psn_before(o.last_psn, pkt.psn) {
-            break;
+    // Everything wholly before `psn` that is not a READ/atomic is acknowledged by any
+    // response at `psn` (the responder executes in order). A READ/atomic before it whose
+    // answer is still missing lost it on the way: an implied NAK, go back to it.
+    let mut implied = false;
+    let ack_before = |out: &mut VecDeque<Outstanding>, psn: u32, inclusive: bool| {
+        let (mut prog, mut imp) = (false, false);
+        for o in out.iter_mut() {
+            let covered = if inclusive {
+                !psn_before(psn, o.last_psn)
+            } else {
+                psn_before(o.last_psn, psn)
+            };
+            if !covered {
+                break;
+            }
+            if o.done || o.error.is_some() {
+                continue;
+            }
+            if o.is_read_like {
+                imp = true;
+            } else {
+                o.done = true;
+                prog = true;
+            }
         }
-        if !o.is_read_like && !o.done {
-            o.done = true;
-            progressed = true;
-        }
-    }
-    let mut err: Option<(u16, u8, Syndrome)> = None;
-    let mut retransmit_from: Option<u32> = None;
+        (prog, imp)
+    };
+    let mut err: Option<(usize, Syndrome)> = None;
+    let mut retransmit_now = false;
     // A response of the wrong kind at the PSN of a pending request (READ data or an atomic
     // result for a SEND/WRITE, READ data for an atomic, an atomic result for a READ) is an
     // unexpected opcode, which an IB requester takes as a bad response.
     let unexpected = (pkt.opcode != op::RC_ACK)
         .then(|| {
-            q.rc.req
-                .outstanding
-                .iter()
-                .find(|o| !o.done && contains(o, pkt.psn) && !answers(o, pkt.opcode))
+            out.iter()
+                .position(|o| !o.done && contains(o, pkt.psn) && !answers(o, pkt.opcode))
         })
-        .flatten()
-        .map(|o| (o.wqe_idx, o.opcode, Syndrome::BAD_RESP));
+        .flatten();
     match (pkt.opcode, syn & 0xE0) {
-        _ if unexpected.is_some() => err = unexpected,
+        _ if unexpected.is_some() => err = unexpected.map(|i| (i, Syndrome::BAD_RESP)),
         (op::RC_ATOMIC_ACK, _) => {
-            if let Some(o) =
-                q.rc.req
-                    .outstanding
-                    .iter_mut()
-                    .find(|o| o.psn == pkt.psn && o.is_read_like && !o.done)
+            let (p, i) = ack_before(out, pkt.psn, false);
+            (progressed, implied) = (p, i);
+            if let Some(o) = out
+                .iter_mut()
+                .find(|o| o.psn == pkt.psn && o.is_read_like && !o.done && o.error.is_none())
             {
                 let v = pkt.atomic_ack.unwrap_or(0);
                 o.read_buf = if o.len == 4 {
@@ -283,40 +333,41 @@ pub(super) fn requester_response(w: &mut World, pkt: &Packet) {
             }
         }
         (op::RC_READ_RESPONSE_FIRST..=op::RC_READ_RESPONSE_ONLY, _) => {
-            let in_span =
-                |o: &Outstanding| !psn_before(pkt.psn, o.psn) && !psn_before(o.last_psn, pkt.psn);
-            if let Some(o) =
-                q.rc.req
-                    .outstanding
-                    .iter_mut()
-                    .find(|o| o.is_read_like && !o.done && in_span(o))
+            let (p, i) = ack_before(out, pkt.psn, false);
+            (progressed, implied) = (p, i);
+            if let Some(o) = out
+                .iter_mut()
+                .find(|o| o.is_read_like && !o.done && o.error.is_none() && contains(o, pkt.psn))
             {
-                // In-order response packets only; a gap is recovered by re-reading.
+                implied = false;
+                // Every response but the last of the READ carries exactly one MTU; the
+                // last, the rest. Anything else is not a response to this READ.
+                let want = if pkt.psn == o.last_psn {
+                    o.len as usize - mtu * (o.last_psn.wrapping_sub(o.psn) & 0xff_ffff) as usize
+                } else {
+                    mtu
+                };
+                if pkt.payload.len() != want {
+                    w.hcas[hca].counters.rx_bad_packets += 1;
+                    w.hcas[hca].counters.packets_dropped += 1;
+                    return;
+                }
                 if pkt.psn == o.read_next {
                     o.read_buf.extend_from_slice(&pkt.payload);
                     o.read_next = (o.read_next + 1) & 0xff_ffff;
                     progressed = true;
-                    // The last response of the last part completes the READ.
-                    if matches!(
-                        pkt.opcode,
-                        op::RC_READ_RESPONSE_LAST | op::RC_READ_RESPONSE_ONLY
-                    ) && pkt.psn == o.last_psn
-                    {
+                    if pkt.psn == o.last_psn {
                         o.done = true;
                     }
+                } else if psn_before(o.read_next, pkt.psn) {
+                    // A gap in the responses: re-read from the first missing one.
+                    implied = true;
                 }
             }
         }
         (_, 0x00) => {
-            for o in q.rc.req.outstanding.iter_mut() {
-                if psn_before(pkt.psn, o.last_psn) {
-                    break;
-                }
-                if !o.is_read_like && !o.done {
-                    o.done = true;
-                    progressed = true;
-                }
-            }
+            let (p, i) = ack_before(out, pkt.psn, true);
+            (progressed, implied) = (p, i);
             // A coalesced ACK inside a multi-packet message is progress too.
             if q.rc.req.acked.is_none_or(|a| psn_before(a, pkt.psn)) {
                 q.rc.req.acked = Some(pkt.psn);
@@ -324,11 +375,15 @@ pub(super) fn requester_response(w: &mut World, pkt: &Packet) {
             }
         }
         (_, 0x20) => {
-            // RNR NAK
+            // RNR NAK: the request at `psn` found no receive WQE; everything before it
+            // was executed.
+            let (p, _) = ack_before(out, pkt.psn, false);
+            progressed = p;
             if rnr_retry != 7 && q.rc.rnr_left == 0 {
-                if let Some(o) = q.rc.req.outstanding.iter().find(|o| contains(o, pkt.psn)) {
-                    err = Some((o.wqe_idx, o.opcode, Syndrome::RNR_RETRY_EXC));
-                }
+                err = out
+                    .iter()
+                    .position(|o| contains(o, pkt.psn))
+                    .map(|i| (i, Syndrome::RNR_RETRY_EXC));
             } else {
                 if rnr_retry != 7 {
                     q.rc.rnr_left -= 1;
@@ -338,26 +393,46 @@ pub(super) fn requester_response(w: &mut World, pkt: &Packet) {
                 q.rc.timer.deadline = None;
             }
         }
+        (_, 0x60) if syn == aeth::NAK_PSN_SEQ => {
+            // The responder expects `psn`: everything before it arrived.
+            let (p, _) = ack_before(out, pkt.psn, false);
+            progressed = p;
+            retransmit_now = true;
+        }
         (_, 0x60) => {
-            let code = syn;
-            if code == aeth::NAK_PSN_SEQ {
-                retransmit_from = Some(pkt.psn);
-            } else if let Some(o) = q.rc.req.outstanding.iter().find(|o| contains(o, pkt.psn)) {
-                let s = match code {
-                    aeth::NAK_INV_REQ => Syndrome::REMOTE_INVAL_REQ,
-                    aeth::NAK_REM_ACCESS => Syndrome::REMOTE_ACCESS,
-                    _ => Syndrome::REMOTE_OP,
-                };
-                err = Some((o.wqe_idx, o.opcode, s));
-            }
+            let (p, _) = ack_before(out, pkt.psn, false);
+            progressed = p;
+            let s = match syn {
+                aeth::NAK_INV_REQ => Syndrome::REMOTE_INVAL_REQ,
+                aeth::NAK_REM_ACCESS => Syndrome::REMOTE_ACCESS,
+                _ => Syndrome::REMOTE_OP,
+            };
+            err = out
+                .iter()
+                .position(|o| contains(o, pkt.psn))
+                .map(|i| (i, s));
         }
         _ => {
-            err =
-                q.rc.req
-                    .outstanding
-                    .front()
-                    .map(|o| (o.wqe_idx, o.opcode, Syndrome::BAD_RESP));
+            // A reserved AETH syndrome: a response the requester cannot accept, for the
+            // request it names (else the oldest).
+            let at = out.iter().position(|o| contains(o, pkt.psn)).unwrap_or(0);
+            err = Some((at, Syndrome::BAD_RESP));
         }
+    }
+    if let Some((i, s)) = err {
+        // The failing request completes with its error; those before it that are still
+        // waiting can no longer be answered (the QP is going to the error state): flushed.
+        for (k, o) in out.iter_mut().enumerate() {
+            if k == i {
+                o.error = Some(s);
+                break;
+            }
+            if !o.done && o.error.is_none() {
+                o.error = Some(Syndrome::WR_FLUSH);
+            }
+        }
+        q.rc.timer.deadline = None;
+        q.rc.timer.rnr_wait_until = None;
     }
     if progressed {
         q.rc.retries_left = retry_cnt;
@@ -368,51 +443,121 @@ pub(super) fn requester_response(w: &mut World, pkt: &Packet) {
         };
         q.rc.timer.deadline = timeout.map(|t| now + t);
     }
-    // Whether anything waits for the window (retiring below does not change that).
+    // An implied NAK restarts once per lost response (the resume point), not once per
+    // later response that shows the loss.
+    if implied && err.is_none() {
+        let resume =
+            q.rc.req
+                .outstanding
+                .iter()
+                .find(|o| !o.done)
+                .map(resume_point);
+        if resume.is_some() && resume != q.rc.req.restarted_at {
+            q.rc.req.restarted_at = resume;
+            retransmit_now = true;
+        }
+    }
     let tx_pending = q.rc.req.tx_next.is_some();
-    if pkt.opcode == op::RC_ACK && syn & 0xE0 == 0x60 && syn == aeth::NAK_PSN_SEQ {
+    if pkt.opcode == op::RC_ACK && syn == aeth::NAK_PSN_SEQ {
         w.hcas[hca].counters.packet_seq_err += 1;
     }
     if syn & 0xE0 == 0x20 && pkt.opcode == op::RC_ACK {
         w.hcas[hca].counters.rnr_nak_retry_err += 1;
     }
     retire(w, hca, qpn);
-    if tx_pending {
+    if retransmit_now {
+        retransmit(w, hca, qpn);
+    } else if tx_pending {
         pump(w, hca, qpn);
     }
-    if let Some((idx, opc, s)) = err {
-        // Complete everything before the failed one, then fail it.
-        drop_outstanding_until(w, hca, qpn, idx);
-        requester_error(w, hca, qpn, idx, opc, s);
-    }
-    if let Some(from) = retransmit_from {
-        retransmit(w, hca, qpn, from);
+}
+
+/// Count a packet that is not from the connected peer (or for no QP of ours).
+fn count_foreign(w: &mut World, hca: usize) {
+    if let Some(h) = w.hcas.get_mut(hca) {
+        h.counters.rx_foreign += 1;
+        h.counters.packets_dropped += 1;
     }
 }
 
-/// Remove the failed WQE (and anything before it) from the outstanding list.
-pub(super) fn drop_outstanding_until(w: &mut World, hca: usize, qpn: u32, idx: u16) {
-    if let Some(q) = w.hcas[hca].qps.get_mut(&qpn) {
-        while let Some(o) = q.rc.req.outstanding.pop_front() {
-            if o.wqe_idx == idx {
-                break;
-            }
-        }
-        q.rc.timer.deadline = None;
-        q.rc.timer.rnr_wait_until = None;
+/// Whether `pkt` comes from the connected peer of RC/UC QP `q`: its source node and (where
+/// the packet says) its source QP. (RoCEv2 packets do not carry the source QP; the source
+/// address then has to do.)
+pub(super) fn from_peer(w: &World, hca: usize, q: &crate::state::Qp, pkt: &Packet) -> bool {
+    let peer = peer_lid(w, hca, q);
+    peer != 0 && pkt.slid == peer && (pkt.src_qpn == q.dest_qpn || pkt.src_qpn == UNKNOWN_QPN)
+}
+
+/// The fabric node of a connected QP's peer, as the requester addresses it.
+pub(super) fn peer_lid(w: &World, hca: usize, q: &crate::state::Qp) -> u16 {
+    if w.hcas[hca].info.is_roce() {
+        crate::roce::node_of_gid(&q.path.dgid).unwrap_or(0)
+    } else {
+        route(w, q.path.dlid, q.path.is_global.then_some(q.path.dgid)).unwrap_or(0)
     }
 }
 
-/// Complete finished requests in order.
+/// The PSN from which request `o` has to be sent again: a READ at its first missing
+/// response, an atomic whole, a SEND/WRITE after its last acknowledged packet.
+pub(super) fn resume_point(o: &Outstanding) -> u32 {
+    if o.is_read_like { o.read_next } else { o.psn }
+}
+
+/// A send WQE failed while being executed. With nothing outstanding it completes in error
+/// now; behind outstanding requests it waits for them, in WQE order: the send queue stops
+/// here, and the error completion is written when everything before it has completed.
+pub(super) fn fail_wqe(w: &mut World, hca: usize, qpn: u32, idx: u16, op: u8, s: Syndrome) {
+    let Some(q) = w.hcas[hca].qps.get_mut(&qpn) else {
+        return;
+    };
+    if q.qp_type != qpt::RC || q.rc.req.outstanding.is_empty() {
+        requester_error(w, hca, qpn, idx, op, s);
+        return;
+    }
+    let psn = q.sq_psn.wrapping_sub(1) & 0xff_ffff;
+    q.rc.req.halted = true;
+    q.rc.req.outstanding.push_back(Outstanding {
+        psn,
+        last_psn: psn,
+        wqe_idx: idx,
+        opcode: op,
+        signaled: true,
+        packets: Packets::default(),
+        local: Sgl::default(),
+        len: 0,
+        done: false,
+        error: Some(s),
+        is_read_like: false,
+        read_buf: Vec::new(),
+        read_next: psn,
+        read_mtu: 0,
+        read_va: 0,
+    });
+    retire(w, hca, qpn);
+}
+
+/// Complete finished requests in WQE order: successes, then (at the first request that
+/// failed) its error completion and the QP to the error state, whose flush completes the
+/// rest. Stops at the first request still waiting.
 pub(super) fn retire(w: &mut World, hca: usize, qpn: u32) {
     loop {
         let Some(q) = w.hcas[hca].qps.get_mut(&qpn) else {
             return;
         };
-        if !q.rc.req.outstanding.front().is_some_and(|o| o.done) {
-            if q.rc.req.outstanding.is_empty() {
-                q.rc.timer.deadline = None;
+        let Some(front) = q.rc.req.outstanding.front() else {
+            q.rc.timer.deadline = None;
+            return;
+        };
+        if let Some(s) = front.error {
+            let o = q.rc.req.outstanding.pop_front().expect("front exists");
+            if s == Syndrome::WR_FLUSH {
+                flush_send(w, hca, qpn, o.wqe_idx, o.opcode);
+                continue;
             }
+            requester_error(w, hca, qpn, o.wqe_idx, o.opcode, s);
+            return;
+        }
+        if !front.done {
             return;
         }
         let o = q.rc.req.outstanding.pop_front().expect("front exists");
@@ -464,19 +609,30 @@ pub(super) fn pump(w: &mut World, hca: usize, qpn: u32) {
     let Some(mut next) = q.rc.req.tx_next else {
         return;
     };
-    let Some(base) = q.rc.req.outstanding.iter().find(|o| !o.done).map(|o| o.psn) else {
+    let Some(first) =
+        q.rc.req
+            .outstanding
+            .iter()
+            .find(|o| !o.done && o.error.is_none())
+    else {
         q.rc.req.tx_next = None;
         return;
     };
-    // The window starts after the highest acknowledged PSN when that is newer.
-    let start = match q.rc.req.acked.map(|a| (a + 1) & 0xff_ffff) {
-        Some(a) if psn_before(base, a) => a,
-        _ => base,
-    };
+    // The window starts at the oldest PSN still needed: a READ's first missing response,
+    // an atomic, or the first unacknowledged packet of a SEND/WRITE.
+    let mut start = resume_point(first);
+    if !first.is_read_like {
+        if let Some(a) = q.rc.req.acked.map(|a| (a + 1) & 0xff_ffff) {
+            if psn_before(start, a) && !psn_before(first.last_psn, a) {
+                start = a;
+            }
+        }
+    }
     let in_window = |psn: u32| psn.wrapping_sub(start) & 0xff_ffff < TX_WINDOW;
     let mut out = std::mem::take(&mut w.wire.tx);
     out.clear();
     let mut blocked = false;
+    let mut high: Option<u32> = None;
     // The list is in PSN order: the entries that end before `next` (all but the newest,
     // usually) have nothing left to send; start after the last of them.
     let skip =
@@ -503,6 +659,10 @@ pub(super) fn pump(w: &mut World, hca: usize, qpn: u32) {
                     break 'entries;
                 }
                 out.push(p.clone());
+                let span = p.reth.map_or(1, |r| {
+                    (r.len as usize).div_ceil(o.read_mtu.max(1) as usize).max(1) as u32
+                });
+                high = Some((p.psn + span - 1) & 0xff_ffff);
                 next = o
                     .packets
                     .get(k + 1)
@@ -519,10 +679,16 @@ pub(super) fn pump(w: &mut World, hca: usize, qpn: u32) {
                 break 'entries;
             }
             out.push(p.clone());
+            high = Some(p.psn);
             next = (p.psn + 1) & 0xff_ffff;
         }
     }
     q.rc.req.tx_next = if blocked { Some(next) } else { None };
+    if let Some(h) = high {
+        if q.rc.req.sent_high.is_none_or(|s| psn_before(s, h)) {
+            q.rc.req.sent_high = Some(h);
+        }
+    }
     for p in out.drain(..) {
         send_packet(w, p);
     }

@@ -113,6 +113,7 @@ pub(super) fn responder(w: &mut World, pkt: &mut Packet) {
     let hca = pkt.dst_hca;
     let Some(q) = w.hcas.get(hca).and_then(|h| h.qps.get(&pkt.dst_qpn)) else {
         if let Some(h) = w.hcas.get_mut(hca) {
+            h.counters.rx_foreign += 1;
             h.counters.packets_dropped += 1;
         }
         return;
@@ -133,7 +134,9 @@ pub(super) fn responder(w: &mut World, pkt: &mut Packet) {
             w.hcas[hca].counters.packets_dropped += 1;
             return;
         }
-    } else if pkt.src_qpn != q.dest_qpn && pkt.src_qpn != UNKNOWN_QPN {
+    } else if !from_peer(w, hca, q, pkt) {
+        // Not the connected peer (source node or QP): dropped, the connection intact.
+        w.hcas[hca].counters.rx_foreign += 1;
         w.hcas[hca].counters.packets_dropped += 1;
         return;
     }

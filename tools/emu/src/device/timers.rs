@@ -15,45 +15,52 @@ pub(crate) struct TimerState {
     pub(super) rnr_from: u32,
 }
 
-/// Go back to `from`: everything unacknowledged from that PSN on is sent again (through
-/// the window). A READ whose span reaches `from` is re-requested whole.
-pub(super) fn retransmit(w: &mut World, hca: usize, qpn: u32, from: u32) {
+/// Go back N: everything from the oldest PSN still needed is sent again (through the
+/// window): a READ resumes at its first missing response (a new request for the rest of its
+/// current part, which the responder serves like a duplicate, from the adjusted address),
+/// an atomic is asked again whole (the responder answers it from its replay state), a
+/// SEND/WRITE from its first unacknowledged packet.
+pub(super) fn retransmit(w: &mut World, hca: usize, qpn: u32) {
     let Some(q) = w.hcas[hca].qps.get_mut(&qpn) else {
         return;
     };
-    let mut start = from;
+    let mut start = None;
     for o in q.rc.req.outstanding.iter_mut() {
-        if o.done || psn_before(o.last_psn, from) || !o.is_read_like {
+        if o.done || o.error.is_some() {
             continue;
         }
-        let part = if o.packets.first().is_some_and(|p| p.atomic.is_some()) || o.read_mtu == 0 {
-            // An atomic is asked again whole.
-            o.read_buf.clear();
-            o.read_next = o.psn;
-            o.psn
-        } else {
-            // A READ resumes at its first missing response, as IB requesters do: a new
-            // request with that PSN for the rest of the current part (the responder serves
-            // it like a duplicate, from the adjusted address).
-            let got = o.read_buf.len() as u64;
-            let part_bytes = u64::from(TX_WINDOW) * u64::from(o.read_mtu);
-            let k = (got / part_bytes) as usize;
-            let end = ((k as u64 + 1) * part_bytes).min(u64::from(o.len));
-            let read_next = o.read_next;
-            if let Some(p) = o.packets.get_mut(k) {
-                p.psn = read_next;
-                if let Some(r) = p.reth.as_mut() {
-                    r.va = o.read_va.wrapping_add(got);
-                    r.len = (end - got) as u32;
+        if o.is_read_like {
+            if o.packets.first().is_some_and(|p| p.atomic.is_some()) || o.read_mtu == 0 {
+                o.read_buf.clear();
+                o.read_next = o.psn;
+            } else {
+                let got = o.read_buf.len() as u64;
+                let part_bytes = u64::from(TX_WINDOW) * u64::from(o.read_mtu);
+                let k = (got / part_bytes) as usize;
+                let end = ((k as u64 + 1) * part_bytes).min(u64::from(o.len));
+                let read_next = o.read_next;
+                if let Some(p) = o.packets.get_mut(k) {
+                    p.psn = read_next;
+                    if let Some(r) = p.reth.as_mut() {
+                        r.va = o.read_va.wrapping_add(got);
+                        r.len = (end - got) as u32;
+                    }
                 }
             }
-            read_next
-        };
-        if psn_before(part, start) {
-            start = part;
+        }
+        if start.is_none() {
+            let mut s = resume_point(o);
+            if !o.is_read_like {
+                if let Some(a) = q.rc.req.acked.map(|a| (a + 1) & 0xff_ffff) {
+                    if psn_before(s, a) && !psn_before(o.last_psn, a) {
+                        s = a;
+                    }
+                }
+            }
+            start = Some(s);
         }
     }
-    q.rc.req.tx_next = Some(start);
+    q.rc.req.tx_next = start;
     pump(w, hca, qpn);
 }
 
@@ -64,60 +71,53 @@ pub(super) fn run_timers(w: &mut World) -> usize {
         let Some(q) = w.hcas[hca].qps.get_mut(&qpn) else {
             return;
         };
-        if q.qp_type != qpt::RC || q.state != qps::RTS {
+        if q.qp_type != qpt::RC || !matches!(q.state, qps::RTS | qps::SQD) {
             return;
         }
-        if let Some(t) = q.rc.timer.rnr_wait_until.filter(|&t| t <= now) {
-            let _ = t;
+        if q.rc.timer.rnr_wait_until.is_some_and(|t| t <= now) {
             q.rc.timer.rnr_wait_until = None;
             q.rc.timer.deadline = transport::ack_timeout_ns(q.timeout).map(|t| now + t);
-            let from = q.rc.timer.rnr_from;
-            retransmit(w, hca, qpn, from);
+            q.rc.req.restarted_at = None;
+            retransmit(w, hca, qpn);
             work += 1;
             return;
         }
-        if q.rc.timer.deadline.is_some_and(|d| d <= now) {
-            work += 1;
-            if q.rc.req.outstanding.iter().all(|o| o.done) {
-                q.rc.timer.deadline = None;
-                return;
-            }
-            w.hcas[hca].counters.local_ack_timeout_err += 1;
-            let q = w.hcas[hca].qps.get_mut(&qpn).expect("exists");
-            if q.rc.retries_left == 0 {
-                let front =
-                    q.rc.req
-                        .outstanding
-                        .iter()
-                        .find(|o| !o.done)
-                        .map(|o| (o.wqe_idx, o.opcode));
-                if let Some((idx, opc)) = front {
-                    retire(w, hca, qpn);
-                    drop_outstanding_until(w, hca, qpn, idx);
-                    requester_error(w, hca, qpn, idx, opc, Syndrome::TRANSPORT_RETRY_EXC);
-                }
-                return;
-            }
-            q.rc.retries_left -= 1;
-            q.rc.timer.deadline = transport::ack_timeout_ns(q.timeout).map(|t| now + t);
-            let first =
-                q.rc.req
-                    .outstanding
-                    .iter()
-                    .find(|o| !o.done)
-                    .map_or(0, |o| o.psn);
-            // Resume after the highest acknowledged PSN when that lies inside the message.
-            let from = match q.rc.req.acked.map(|a| (a + 1) & 0xff_ffff) {
-                Some(next) if psn_before(first, next) => next,
-                _ => first,
-            };
-            retransmit(w, hca, qpn, from);
+        if q.rc.timer.deadline.is_none_or(|d| d > now) {
+            return;
         }
+        work += 1;
+        let Some(first) =
+            q.rc.req
+                .outstanding
+                .iter()
+                .position(|o| !o.done && o.error.is_none())
+        else {
+            q.rc.timer.deadline = None;
+            return;
+        };
+        w.hcas[hca].counters.local_ack_timeout_err += 1;
+        let q = w.hcas[hca].qps.get_mut(&qpn).expect("exists");
+        if q.rc.retries_left == 0 {
+            // Everything before the oldest waiting request is complete: it fails, the
+            // rest is flushed behind it.
+            q.rc.req.outstanding[first].error = Some(Syndrome::TRANSPORT_RETRY_EXC);
+            q.rc.timer.deadline = None;
+            retire(w, hca, qpn);
+            return;
+        }
+        q.rc.retries_left -= 1;
+        q.rc.timer.deadline = transport::ack_timeout_ns(q.timeout).map(|t| now + t);
+        q.rc.req.restarted_at = None;
+        retransmit(w, hca, qpn);
     });
     work
 }
 
-pub(super) fn next_deadline(w: &World) -> Option<u64> {
+/// The earliest time at which the device has something timed to do: a packet in flight
+/// due for delivery, a datagram due to be sent, an ACK timeout or an RNR back-off ending.
+/// The same time base as [`World::now`] (virtual nanoseconds in stepped mode). None:
+/// nothing is timed; only a doorbell, an arm or an arriving packet brings work.
+pub(crate) fn next_deadline(w: &World) -> Option<u64> {
     let wire = w
         .wire
         .queue
@@ -129,7 +129,7 @@ pub(super) fn next_deadline(w: &World) -> Option<u64> {
         .hcas
         .iter()
         .flat_map(|h| h.qps.values())
-        .filter(|q| q.state == qps::RTS)
+        .filter(|q| matches!(q.state, qps::RTS | qps::SQD))
         .flat_map(|q| [q.rc.timer.deadline, q.rc.timer.rnr_wait_until])
         .flatten()
         .min();

@@ -204,7 +204,11 @@ pub(super) fn receive_udp(w: &mut World) -> usize {
                     w.wire.queue.push_back((now, p));
                     n += 1;
                 }
-                None => w.hcas[hca].counters.packets_dropped += 1,
+                None => {
+                    // Short, truncated, malformed or with a bad ICRC.
+                    w.hcas[hca].counters.rx_bad_packets += 1;
+                    w.hcas[hca].counters.packets_dropped += 1;
+                }
             }
         }
     }
