@@ -58,6 +58,12 @@ pub(super) fn get_context(w: &mut World, hca: usize, r: &Req) -> Result<u64, Err
         if d.comp_mask != 0 || d.reserved0 != 0 || d.reserved1 != 0 || d.reserved2 != 0 {
             return Err(EOPNOTSUPP);
         }
+        // A DEVX context needs a firmware user context (mlx5_ib_devx_create, CREATE_UCTX);
+        // the emulated HCA has no DEVX, so the context fails with "not supported" and a
+        // probing program (mlx5dv_open_device with DEVX) falls back to a plain context.
+        if d.flags & MLX5_IB_ALLOC_UCTX_DEVX != 0 {
+            return Err(EOPNOTSUPP);
+        }
     }
     let max_cqe_version = if v2 { d.max_cqe_version } else { 0 };
     let total = (d.total_num_bfregs.saturating_add(1)) & !1;

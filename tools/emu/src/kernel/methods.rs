@@ -8,11 +8,14 @@
 use mlx5_ffi::cmd::{Command, cmds, read_prefix_zero_fill};
 use mlx5_ffi::ioctl::*;
 use mlx5_ffi::mlx5::{
-    MLX5_IB_ATTR_UAR_OBJ_ALLOC_HANDLE, MLX5_IB_ATTR_UAR_OBJ_ALLOC_MMAP_LENGTH,
-    MLX5_IB_ATTR_UAR_OBJ_ALLOC_MMAP_OFFSET, MLX5_IB_ATTR_UAR_OBJ_ALLOC_PAGE_ID,
-    MLX5_IB_ATTR_UAR_OBJ_ALLOC_TYPE, MLX5_IB_ATTR_UAR_OBJ_DESTROY_HANDLE,
-    MLX5_IB_METHOD_UAR_OBJ_ALLOC, MLX5_IB_METHOD_UAR_OBJ_DESTROY, MLX5_IB_OBJECT_UAR,
-    MLX5_IB_UAPI_UAR_ALLOC_TYPE_BF, MLX5_IB_UAPI_UAR_ALLOC_TYPE_NC,
+    MLX5_DEVX_WHITELIST_OPCODES, MLX5_IB_ATTR_DEVX_OBJ_CREATE_CMD_IN,
+    MLX5_IB_ATTR_DEVX_OTHER_CMD_IN, MLX5_IB_ATTR_UAR_OBJ_ALLOC_HANDLE,
+    MLX5_IB_ATTR_UAR_OBJ_ALLOC_MMAP_LENGTH, MLX5_IB_ATTR_UAR_OBJ_ALLOC_MMAP_OFFSET,
+    MLX5_IB_ATTR_UAR_OBJ_ALLOC_PAGE_ID, MLX5_IB_ATTR_UAR_OBJ_ALLOC_TYPE,
+    MLX5_IB_ATTR_UAR_OBJ_DESTROY_HANDLE, MLX5_IB_METHOD_DEVX_OBJ_CREATE, MLX5_IB_METHOD_DEVX_OTHER,
+    MLX5_IB_METHOD_UAR_OBJ_ALLOC, MLX5_IB_METHOD_UAR_OBJ_DESTROY, MLX5_IB_OBJECT_DEVX,
+    MLX5_IB_OBJECT_DEVX_OBJ, MLX5_IB_OBJECT_UAR, MLX5_IB_UAPI_UAR_ALLOC_TYPE_BF,
+    MLX5_IB_UAPI_UAR_ALLOC_TYPE_NC, prm_opcode,
 };
 use mlx5_ffi::uverbs::{
     IB_USER_VERBS_CMD_FLAG_EXTENDED, IbUverbsCreateQp, IbUverbsCreateSrq, IbUverbsDeallocPd,
@@ -161,6 +164,9 @@ pub(super) fn known(object: u16, method: u16) -> bool {
             | (UVERBS_OBJECT_AH, UVERBS_METHOD_AH_DESTROY)
             | (UVERBS_OBJECT_MR, UVERBS_METHOD_MR_DESTROY)
             | (UVERBS_OBJECT_ASYNC_EVENT, UVERBS_METHOD_ASYNC_EVENT_ALLOC)
+            | (UVERBS_OBJECT_DM, UVERBS_METHOD_DM_ALLOC)
+            | (MLX5_IB_OBJECT_DEVX, MLX5_IB_METHOD_DEVX_OTHER)
+            | (MLX5_IB_OBJECT_DEVX_OBJ, MLX5_IB_METHOD_DEVX_OBJ_CREATE)
             | (
                 MLX5_IB_OBJECT_UAR,
                 MLX5_IB_METHOD_UAR_OBJ_ALLOC | MLX5_IB_METHOD_UAR_OBJ_DESTROY
@@ -367,7 +373,12 @@ impl EmuFile {
                     return Err(EINVAL);
                 }
                 let cap: IbUverbsQpCap = read_prefix_zero_fill(&cap);
+                // uverbs_get_flags32: unknown bits are EINVAL; known ones this HCA does
+                // not implement are mlx5_ib's EOPNOTSUPP (process_create_flags).
                 let flags = a.u32(UVERBS_ATTR_CREATE_QP_FLAGS)?.unwrap_or(0);
+                if flags & !IB_UVERBS_QP_CREATE_FLAGS_KNOWN != 0 {
+                    return Err(EINVAL);
+                }
                 if flags & !IB_UVERBS_QP_CREATE_SQ_SIG_ALL != 0 {
                     return Err(Errno(libc::EOPNOTSUPP));
                 }
@@ -462,6 +473,18 @@ impl EmuFile {
                 let r = self.run::<cmds::DestroySrq>(&req, no_uhw())?;
                 a.out(UVERBS_ATTR_DESTROY_SRQ_RESP, r.as_bytes())
             }
+            // Device memory: mlx5_ib_alloc_dm answers EOPNOTSUPP without MEMIC (and
+            // QUERY_DEVICE reports max_dm_size 0).
+            (UVERBS_OBJECT_DM, UVERBS_METHOD_DM_ALLOC) => Err(Errno(libc::EOPNOTSUPP)),
+            // DEVX general commands and object creation on a context without a DEVX uid
+            // (devx_get_uid): whitelisted queries would use the device's uid, which this HCA
+            // does not have (EOPNOTSUPP); anything else needs a DEVX context (EINVAL).
+            (MLX5_IB_OBJECT_DEVX, MLX5_IB_METHOD_DEVX_OTHER) => {
+                self.devx_uid(&a, MLX5_IB_ATTR_DEVX_OTHER_CMD_IN)
+            }
+            (MLX5_IB_OBJECT_DEVX_OBJ, MLX5_IB_METHOD_DEVX_OBJ_CREATE) => {
+                self.devx_uid(&a, MLX5_IB_ATTR_DEVX_OBJ_CREATE_CMD_IN)
+            }
             (MLX5_IB_OBJECT_UAR, MLX5_IB_METHOD_UAR_OBJ_ALLOC) => {
                 a.only(&[
                     MLX5_IB_ATTR_UAR_OBJ_ALLOC_HANDLE,
@@ -489,6 +512,17 @@ impl EmuFile {
                 self.destroy_uar(h)
             }
             _ => Err(EPROTONOSUPPORT),
+        }
+    }
+
+    /// mlx5_ib's `devx_get_uid` for the PRM command in attribute `cmd_in`: every context
+    /// of this kernel is a non-DEVX one (GET_CONTEXT refuses the DEVX flag) and the device
+    /// has no whitelist uid, so this always fails, with the errno mlx5_ib gives.
+    fn devx_uid(&self, a: &Attrs<'_>, cmd_in: u16) -> Result<(), Errno> {
+        let cmd = a.bytes(cmd_in)?.ok_or(EINVAL)?;
+        match prm_opcode(&cmd) {
+            Some(op) if MLX5_DEVX_WHITELIST_OPCODES.contains(&op) => Err(Errno(libc::EOPNOTSUPP)),
+            _ => Err(EINVAL),
         }
     }
 
@@ -543,8 +577,10 @@ impl EmuFile {
     fn alloc_uar(&self, ty: u32) -> Result<(u32, u32, u64), Errno> {
         let ctx = self.ctx().ok_or(EINVAL)?;
         let mut w = self.shared.lock();
+        // mlx5_ib UAR_OBJ_ALLOC: a type other than BF/NC is EOPNOTSUPP, as is BF without
+        // write-combining.
         if ty != MLX5_IB_UAPI_UAR_ALLOC_TYPE_BF && ty != MLX5_IB_UAPI_UAR_ALLOC_TYPE_NC {
-            return Err(EINVAL);
+            return Err(Errno(libc::EOPNOTSUPP));
         }
         if ty == MLX5_IB_UAPI_UAR_ALLOC_TYPE_BF && w.cfg.bf_reg_size == 0 {
             return Err(Errno(libc::EOPNOTSUPP));

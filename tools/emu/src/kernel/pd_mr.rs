@@ -4,9 +4,11 @@ use mlx5_ffi::cmd::cmds;
 use mlx5_ffi::mlx5::Mlx5IbAllocPdResp;
 use mlx5_ffi::uverbs::{IbUverbsAllocPdResp, IbUverbsRegMrResp};
 
+use mlx5_ffi::ioctl::IB_UVERBS_ACCESS_OPTIONAL_RANGE;
+
 use super::{
-    EBUSY, EINVAL, Req, handle_of, hca_of, new_handle, next_handle, next_id, pd_of, pd_use,
-    remove_handle,
+    EBUSY, EINVAL, EOPNOTSUPP, Req, handle_of, hca_of, new_handle, next_handle, next_id, pd_of,
+    pd_use, remove_handle,
 };
 use crate::abi::Errno;
 use crate::mem;
@@ -41,18 +43,18 @@ pub(super) fn reg_mr(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> {
     let c = r.core::<cmds::RegMr>();
     let (start, length, iova, acc) = (c.start, c.length, c.hca_va, c.access_flags);
     let pdn = pd_of(w, ctx, c.pd_handle)?;
-    let known = access::LOCAL_WRITE
-        | access::REMOTE_WRITE
-        | access::REMOTE_READ
-        | access::REMOTE_ATOMIC
-        | access::MW_BIND
-        | access::ZERO_BASED
-        | access::RELAXED_ORDERING;
-    if acc & !known != 0 {
-        return Err(EINVAL);
-    }
+    // ib_check_mr_access: remote write/atomic need local write; only the flags up to
+    // HUGETLB and the optional range exist (unknown optional flags are ignored); on-demand
+    // paging needs the device's ODP capability, which this HCA does not report.
     if acc & (access::REMOTE_WRITE | access::REMOTE_ATOMIC) != 0 && acc & access::LOCAL_WRITE == 0 {
         return Err(EINVAL);
+    }
+    let supported = ((access::HUGETLB << 1) - 1) | IB_UVERBS_ACCESS_OPTIONAL_RANGE;
+    if acc & !supported != 0 {
+        return Err(EINVAL);
+    }
+    if acc & access::ON_DEMAND != 0 {
+        return Err(EOPNOTSUPP);
     }
     if (start ^ iova) & (PAGE as u64 - 1) != 0 || length == 0 || start.checked_add(length).is_none()
     {

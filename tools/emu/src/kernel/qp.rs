@@ -2,14 +2,19 @@
 //! kernel's transition table, QUERY_QP, DESTROY_QP.
 
 use mlx5_ffi::cmd::cmds;
+use mlx5_ffi::ioctl::{
+    IB_QP_CREATE_SOURCE_QPN, IB_UVERBS_QP_CREATE_BLOCK_MULTICAST_LOOPBACK,
+    IB_UVERBS_QP_CREATE_CVLAN_STRIPPING, IB_UVERBS_QP_CREATE_PCI_WRITE_END_PADDING,
+    IB_UVERBS_QP_CREATE_SCATTER_FCS,
+};
 use mlx5_ffi::mlx5::{
     MLX5_QP_FLAG_ALLOW_SCATTER_CQE, MLX5_QP_FLAG_SCATTER_CQE, MLX5_QP_FLAG_SIGNATURE,
     MLX5_QP_FLAG_UAR_PAGE_INDEX, Mlx5IbCreateQp, Mlx5IbCreateQpResp, Mlx5IbModifyQpResp,
 };
 use mlx5_ffi::uverbs::{
-    IbUverbsCreateQpResp, IbUverbsDestroyQpResp, IbUverbsExCreateQp, IbUverbsExCreateQpResp,
-    IbUverbsExModifyQp, IbUverbsExModifyQpResp, IbUverbsQpDest, IbUverbsQueryQpResp, mig_state,
-    mtu, qp_attr,
+    IB_UVERBS_CREATE_QP_SUP_COMP_MASK, IbUverbsCreateQpResp, IbUverbsDestroyQpResp,
+    IbUverbsExCreateQp, IbUverbsExCreateQpResp, IbUverbsExModifyQp, IbUverbsExModifyQpResp,
+    IbUverbsQpDest, IbUverbsQueryQpResp, mig_state, mtu, qp_attr,
 };
 
 use super::{
@@ -62,8 +67,23 @@ pub(super) fn create_qp(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> {
             ..Default::default()
         }
     };
-    if r.ex && (c.comp_mask != 0 || c.create_flags != 0) {
-        return Err(EINVAL);
+    if r.ex {
+        // ib_uverbs_ex_create_qp: comp_mask bits it does not know and create flags outside
+        // its list are EINVAL; the listed ones reach mlx5_ib, which answers EOPNOTSUPP for
+        // those the HCA lacks (process_create_flags): here, all of them.
+        let core_flags = IB_UVERBS_QP_CREATE_BLOCK_MULTICAST_LOOPBACK
+            | IB_UVERBS_QP_CREATE_SCATTER_FCS
+            | IB_UVERBS_QP_CREATE_CVLAN_STRIPPING
+            | IB_QP_CREATE_SOURCE_QPN
+            | IB_UVERBS_QP_CREATE_PCI_WRITE_END_PADDING;
+        if c.comp_mask & !IB_UVERBS_CREATE_QP_SUP_COMP_MASK != 0
+            || c.create_flags & !core_flags != 0
+        {
+            return Err(EINVAL);
+        }
+        if c.create_flags != 0 || c.comp_mask != 0 {
+            return Err(EOPNOTSUPP);
+        }
     }
     let qp_type = c.qp_type;
     if ![qpt::RC, qpt::UC, qpt::UD].contains(&qp_type) {
