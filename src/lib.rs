@@ -105,7 +105,7 @@ pub use mem::{Backing, DmaBuf, HugePolicy};
 pub use pd::{Access, Mr, Pd};
 pub use qp::rq::RecvQueue;
 pub use qp::sq::{BfPolicy, BfregInfo, SendQueue, SqStats, WqeBuilder};
-pub use qp::{Qp, QpAttr, QpCap, QpInitAttr, QpState, QpType, RemoteQp};
+pub use qp::{ConnectParams, Mtu, Qp, QpAttr, QpCap, QpInitAttr, QpState, QpType, RemoteQp};
 pub use srq::Srq;
 pub use wr::{
     PostError, RecvWr, SendFlags, SendWr, Sge, Syndrome, UdDest, VendorSyndrome, WcFlags, WcOpcode,
