@@ -2,18 +2,15 @@
 //! every UD WQE (with the destination QPN and Q_Key set per WR).
 
 use mlx5_ffi::ioctl::IB_UVERBS_GID_TYPE_ROCE_V2;
-use mlx5_ffi::mlx5::{MLX5_USER_CMDS_SUPP_UHW_CREATE_AH, Mlx5IbCreateAhResp};
-use mlx5_ffi::uverbs::{
-    IB_USER_VERBS_CMD_CREATE_AH, IB_USER_VERBS_CMD_DESTROY_AH, IbUverbsAhAttr, IbUverbsCreateAh,
-    IbUverbsCreateAhResp, IbUverbsDestroyAh, IbUverbsGlobalRoute,
-};
+use mlx5_ffi::mlx5::MLX5_USER_CMDS_SUPP_UHW_CREATE_AH;
+use mlx5_ffi::uverbs::{IbUverbsAhAttr, IbUverbsCreateAh, IbUverbsDestroyAh, IbUverbsGlobalRoute};
 use mlx5_hw::types::{Be16, Be32};
 use mlx5_hw::wqe::{AV_GRH_PRESENT, DQP_EXTENDED_AV, DatagramSeg};
-use zerocopy::IntoBytes;
 
 use crate::error::{Error, Result};
 use crate::pd::Pd;
-use crate::uverbs::{RespBuf, write_cmd};
+use crate::uverbs;
+use mlx5_ffi::cmd::cmds;
 
 /// Global routing (GRH) part of an address: mandatory on RoCE.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -127,25 +124,14 @@ impl Ah {
                 what: "RoCE address handles need a kernel whose CREATE_AH returns the destination MAC",
             });
         }
-        let core_len = size_of::<IbUverbsCreateAhResp>();
-        let mut resp = RespBuf::new(core_len + size_of::<Mlx5IbCreateAhResp>());
         let cmd = IbUverbsCreateAh {
-            response: resp.addr(),
+            response: 0,
             user_handle: 0,
             pd_handle: pd.inner.handle,
             reserved: 0,
             attr: attr.to_uverbs(),
         };
-        write_cmd(
-            ctx.surface(),
-            "CREATE_AH",
-            IB_USER_VERBS_CMD_CREATE_AH,
-            cmd.as_bytes(),
-            &[],
-            Some(&mut resp),
-        )?;
-        let r: IbUverbsCreateAhResp = resp.get(0);
-        let m: Mlx5IbCreateAhResp = resp.get(core_len);
+        let (r, m) = uverbs::write::<cmds::CreateAh>(ctx.surface(), &cmd, &())?;
         let av = build_av(
             &attr,
             AvLink::Roce {
@@ -296,12 +282,7 @@ impl Drop for Ah {
     fn drop(&mut self) {
         if let Some(h) = self.handle {
             let cmd = IbUverbsDestroyAh { ah_handle: h };
-            self.pd.inner.ctx.destroy(
-                "DESTROY_AH",
-                IB_USER_VERBS_CMD_DESTROY_AH,
-                cmd.as_bytes(),
-                None,
-            );
+            self.pd.inner.ctx.destroy::<cmds::DestroyAh>(&cmd);
         }
     }
 }
@@ -309,6 +290,7 @@ impl Drop for Ah {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use zerocopy::IntoBytes;
 
     fn route(
         dgid: [u8; 16],
