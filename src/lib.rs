@@ -65,6 +65,7 @@
 //! ```
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
+#![warn(unnameable_types)]
 
 #[cfg(not(all(
     target_os = "linux",
