@@ -1,8 +1,15 @@
 //! Queue pairs (RC, UC, UD): creation with checked capabilities, the state machine, query,
 //! destroy, and the send/receive queues they own.
 
-pub mod rq;
-pub mod sq;
+// The queues' internals (ring layout, WQE encoding) are crate-private; their user-facing
+// types are re-exported here and at the crate root.
+pub(crate) mod rq;
+pub(crate) mod sq;
+
+pub use rq::{RecvQueue, RqGeometry, rq_geometry};
+pub use sq::{
+    BfPolicy, BfregInfo, SendQueue, SqGeometry, SqStats, WqeBuilder, sq_geometry, sq_overhead,
+};
 
 use std::sync::Arc;
 
@@ -28,8 +35,7 @@ use crate::srq::{Srq, SrqHandle};
 use crate::uverbs;
 use crate::wr::{PostError, RecvWr, SendWr};
 use mlx5_ffi::cmd::cmds;
-use rq::{RecvQueue, rq_geometry};
-use sq::{BfPolicy, Bfreg, SendQueue, sq_geometry};
+use sq::Bfreg;
 
 /// QP transport type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
