@@ -500,3 +500,74 @@ fn connect_params_out_of_range_are_named() {
     qp.to_rts_with(0, &ConnectParams::new()).unwrap();
     assert_eq!(kernel_state(&qp), QpState::Rts);
 }
+
+/// Random walks over the state machine: random target states and random attribute masks,
+/// with valid values. Whatever the driver accepts the kernel must accept too (the driver's
+/// table is never looser than the kernel's: no bare EINVAL), whatever the driver refuses is
+/// refused by name and leaves the kernel's state as it was, and an accepted modify moves the
+/// kernel to the asked state.
+#[test]
+fn random_walks_agree_with_the_kernel() {
+    let r = rig();
+    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let states = [
+        QpState::Reset,
+        QpState::Init,
+        QpState::Rtr,
+        QpState::Rts,
+        QpState::Sqd,
+        QpState::Err,
+    ];
+    let (mut accepted, mut refused) = (0u32, 0u32);
+    for t in [QpType::Rc, QpType::Uc, QpType::Ud] {
+        let mut qp = r.qp(t);
+        for step in 0..3000 {
+            let from = qp.state();
+            let to = states[(next() % states.len() as u64) as usize];
+            // Mostly masks near what transitions need, sometimes anything.
+            let bits = next() as u32 & 0x1F_FFFE & !IB_QP_CAP;
+            let mask = match next() % 4 {
+                0 => IB_QP_STATE | bits,
+                1 => IB_QP_STATE | (bits & next() as u32),
+                2 => bits & next() as u32 & next() as u32,
+                _ => IB_QP_STATE,
+            };
+            let mut attr = full_attr(&qp, to);
+            if mask & IB_QP_STATE == 0 {
+                attr.qp_state = None;
+            }
+            let want = if mask & IB_QP_STATE != 0 { to } else { from };
+            match qp.modify(&attr, mask) {
+                Ok(()) => {
+                    accepted += 1;
+                    assert_eq!(
+                        kernel_state(&qp),
+                        want,
+                        "{t} step {step}: {from} -> {to} mask {mask:#x}"
+                    );
+                }
+                Err(
+                    e @ (Error::QpTransition { .. }
+                    | Error::QpAttribute { .. }
+                    | Error::Unsupported { .. }),
+                ) => {
+                    refused += 1;
+                    assert_eq!(kernel_state(&qp), from, "{t} step {step}: {e}");
+                }
+                Err(e) => panic!("{t} step {step}: {from} -> {want} mask {mask:#x}: {e:?}"),
+            }
+        }
+    }
+    eprintln!("{accepted} accepted, {refused} refused");
+    // Both outcomes were exercised.
+    assert!(
+        accepted > 300 && refused > 300,
+        "{accepted} accepted, {refused} refused"
+    );
+}
