@@ -482,7 +482,12 @@ impl Drop for QpHandle {
             qp_handle: self.handle,
             reserved: 0,
         };
-        self.ctx.destroy::<cmds::DestroyQp>(&cmd);
+        if !self.ctx.destroy::<cmds::DestroyQp>(&cmd) {
+            // The QP may live on in the kernel, and the device may still read the ring and
+            // record and write the ring: never give them back.
+            leak(&self._buf);
+            leak(&self._dbrec);
+        }
         self.send_cq.detach(self.qpn);
         self.recv_cq.detach(self.qpn);
         if let Some(u) = self.uidx {
@@ -492,6 +497,12 @@ impl Drop for QpHandle {
             self.ctx.release_bfreg(id);
         }
     }
+}
+
+/// Keep the memory behind `a` alive for the rest of the process (after a failed destroy or
+/// deregistration, when the device may still use it).
+pub(crate) fn leak<T>(a: &Arc<T>) {
+    std::mem::forget(Arc::clone(a));
 }
 
 /// A queue pair. Posting and modifying take `&mut self`; `Send`, not `Sync`.
