@@ -482,14 +482,17 @@ impl Drop for QpHandle {
             qp_handle: self.handle,
             reserved: 0,
         };
-        if !self.ctx.destroy::<cmds::DestroyQp>(&cmd) {
-            // The QP may live on in the kernel, and the device may still read the ring and
-            // record and write the ring: never give them back.
-            leak(&self._buf);
-            leak(&self._dbrec);
-        }
+        let destroyed = self.ctx.destroy::<cmds::DestroyQp>(&cmd);
         self.send_cq.detach(self.qpn);
         self.recv_cq.detach(self.qpn);
+        if !destroyed {
+            // The QP may live on in the kernel, and the device may still read the ring and
+            // record, write the ring, and complete into the CQs: never give the memory back,
+            // nor the user index and doorbell register (a new QP must not inherit its CQEs).
+            leak(&self._buf);
+            leak(&self._dbrec);
+            return;
+        }
         if let Some(u) = self.uidx {
             self.ctx.free_uidx(u);
         }
