@@ -10,7 +10,7 @@ use std::hint::black_box;
 use std::sync::Arc;
 
 use mlx5::hw::cqe::Cqe64;
-use mlx5::hw::opcodes::{CqeOpcode, SendOpcode};
+use mlx5::hw::opcodes::CqeOpcode;
 use mlx5::{
     Access, BfPolicy, Context, Cq, CqInit, DmaBuf, Mr, Pd, PostError, Qp, QpCap, QpInitAttr,
     QpType, RecvQueue, RecvWr, RemoteQp, SendFlags, SendQueue, SendWr, Sge, WcOpcode, WcStatus,
@@ -61,9 +61,7 @@ pub fn bench_rs_send_inline64_lowlevel(
     wr_id: u64,
     data: &[u8],
 ) -> Result<(), PostError> {
-    let mut w = sq.start(SendOpcode::SEND, SendFlags::SIGNALED, [0; 4])?;
-    w.inline(data)?;
-    w.finish(wr_id);
+    sq.send(SendFlags::SIGNALED)?.inline(data)?.finish(wr_id);
     sq.ring();
     Ok(())
 }
@@ -82,9 +80,7 @@ pub fn bench_rs_send_sge64_lowlevel(
     wr_id: u64,
     sge: &Sge,
 ) -> Result<(), PostError> {
-    let mut w = sq.start(SendOpcode::SEND, SendFlags::SIGNALED, [0; 4])?;
-    w.sge(sge)?;
-    w.finish(wr_id);
+    sq.send(SendFlags::SIGNALED)?.sge(sge)?.finish(wr_id);
     sq.ring();
     Ok(())
 }
@@ -104,9 +100,7 @@ pub fn bench_rs_chain32_lowlevel(
     sge: &Sge,
 ) -> Result<(), PostError> {
     for i in 0..CHAIN as u64 {
-        let mut w = sq.start(SendOpcode::SEND, SendFlags::SIGNALED, [0; 4])?;
-        w.sge(sge)?;
-        w.finish(wr_id + i);
+        sq.send(SendFlags::SIGNALED)?.sge(sge)?.finish(wr_id + i);
     }
     sq.ring();
     Ok(())
