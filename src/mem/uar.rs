@@ -169,13 +169,16 @@ impl UarReg {
 ///
 /// # Invariants
 /// `half` is 0, or a multiple of 64 with `2 * half <= reg.len()` and the register 64-byte
-/// aligned; `offset` is 0 or `half`; `reg.len() >= 8`. So an 8-byte store at `offset` and
-/// `half / 64` blocks of 64 bytes from `offset` are inside the register.
+/// aligned; `offset` is 0 or `half`; `bf_max <= half`; `reg.len() >= 8`. So an 8-byte store at
+/// `offset` and `half / 64` blocks of 64 bytes from `offset` are inside the register, and a WQE
+/// of at most `bf_max` bytes, rounded up to whole blocks, is at most `half / 64` blocks.
 #[derive(Debug)]
 pub(crate) struct SqDoorbell {
     reg: UarReg,
     offset: usize,
     half: usize,
+    /// The largest WQE in bytes the BlueFlame policy copies (at most `half`).
+    bf_max: usize,
 }
 
 impl SqDoorbell {
@@ -189,10 +192,12 @@ impl SqDoorbell {
         let fits = half % 64 == 0
             && half.checked_mul(2).is_some_and(|h| h <= reg.reg.len())
             && reg.reg.base().as_ptr() as usize % 64 == 0;
+        let half = if fits { half } else { 0 };
         Self {
             reg,
             offset: 0,
-            half: if fits { half } else { 0 },
+            half,
+            bf_max: half,
         }
     }
 
@@ -200,6 +205,13 @@ impl SqDoorbell {
     #[inline(always)]
     pub(crate) fn half(&self) -> usize {
         self.half
+    }
+
+    /// Set the largest WQE in bytes that [`blueflame`](Self::blueflame) copies (the policy's
+    /// limit; clamped to the half, 0 for never).
+    pub(crate) fn set_bf_max(&mut self, max: usize) {
+        // INVARIANT: `bf_max <= half`.
+        self.bf_max = max.min(self.half);
     }
 
     /// The register's page.
@@ -233,21 +245,58 @@ impl SqDoorbell {
         unsafe { p.write_volatile(word) };
     }
 
-    /// The BlueFlame copy: `blocks` 64-byte blocks of `ring` from byte position `pos` (each
-    /// block taken modulo the ring, so the source wraps at the ring end) to the current half,
-    /// ascending. At most `half / 64` blocks are copied (the caller never asks for more).
+    /// The BlueFlame copy of the WQE of `ds` 16-byte units at byte position `pos` of `ring`, if
+    /// it fits the policy's limit (`bf_max`, at most the half): its 64-byte blocks from `pos`
+    /// (each taken modulo the ring, so the source wraps at the ring end) to the current half,
+    /// ascending. Returns whether it copied (else the caller rings the 8-byte doorbell).
     #[inline(always)]
-    pub(crate) fn blueflame(&self, ring: &SqRing, pos: usize, blocks: usize) {
-        let blocks = blocks.min(self.half / 64);
-        let dst = self.reg.reg.base().as_ptr().wrapping_add(self.offset);
-        for i in 0..blocks {
-            let d = dst.wrapping_add(i * 64);
-            let d = NonNull::new(d).unwrap_or(self.reg.reg.base());
-            // SAFETY: `offset + 64 * (i + 1) <= offset + half <= 2 * half <= len`, 64-byte
-            // aligned (type invariant), so `d` is 64 writable bytes of the mapped register; the
-            // source is a 64-byte aligned block inside the ring (`SqRing::block`).
-            unsafe { wc_copy64(d, ring.block(pos + i * 64)) };
+    pub(crate) fn blueflame(&self, ring: &SqRing, pos: usize, ds: u32) -> bool {
+        let bytes = ds as usize * 16;
+        if bytes > self.bf_max || bytes == 0 {
+            return false;
         }
+        // `bytes <= bf_max <= half` and `half` is a multiple of 64: `blocks <= half / 64`.
+        let blocks = (bytes + 63) >> 6;
+        let (src, before_end) = ring.blocks(pos);
+        // SAFETY: `offset + half <= 2 * half <= len` (type invariant), so the pointer stays
+        // inside the register and is not null.
+        let dst = unsafe { self.reg.reg.base().add(self.offset) };
+        if blocks <= before_end {
+            // SAFETY: `dst` is 64-byte aligned with `64 * blocks <= half` writable bytes of the
+            // mapped register behind it (type invariant); `src` is 64-byte aligned with
+            // `64 * blocks <= 64 * before_end` readable ring bytes (`SqRing::blocks`);
+            // `blocks >= 1` as `bytes >= 1`.
+            unsafe { wc_copy64(dst, src, blocks) };
+        } else {
+            self.blueflame_wrapped(ring, pos, dst, blocks, before_end);
+        }
+        true
+    }
+
+    /// [`blueflame`](Self::blueflame) of a WQE that wraps at the ring end: the blocks before the
+    /// end, then the rest from the ring start.
+    #[cold]
+    #[inline(never)]
+    fn blueflame_wrapped(
+        &self,
+        ring: &SqRing,
+        pos: usize,
+        dst: NonNull<u8>,
+        blocks: usize,
+        first: usize,
+    ) {
+        let (src, _) = ring.blocks(pos);
+        // SAFETY: `first < blocks <= half / 64` blocks of register at `dst` (type invariant, see
+        // `blueflame`) and `first` ring blocks at `src` (`SqRing::blocks`); `first >= 1`.
+        unsafe { wc_copy64(dst, src, first) };
+        let (src, avail) = ring.blocks(0);
+        let rest = (blocks - first).min(avail);
+        // SAFETY: `64 * first < 64 * blocks <= half`, inside the register (see `blueflame`).
+        let dst = unsafe { dst.add(64 * first) };
+        // SAFETY: `dst` is inside the register with `64 * rest` bytes behind it
+        // (`first + rest <= blocks <= half / 64`); `src` is the ring start with `avail >= rest`
+        // blocks (`SqRing::blocks`); `rest >= 1` as `blocks > first` and `avail >= 1`.
+        unsafe { wc_copy64(dst, src, rest) };
     }
 
     /// Move to the other half (no-op without halves).

@@ -84,13 +84,6 @@ impl WqRing {
         self.writer().write(pos, src);
     }
 
-    /// Store a fixed-size block of whole segments at byte position `pos`; see
-    /// [`WqWriter::write_segs`].
-    #[inline(always)]
-    pub(crate) fn write_segs<const N: usize>(&mut self, pos: usize, seg: &[u8; N]) {
-        self.writer().write_segs(pos, seg);
-    }
-
     /// Copy `dst.len()` bytes out of the ring from byte position `pos` (modulo, wrapping).
     pub(crate) fn read(&self, pos: usize, dst: &mut [u8]) {
         read_ring(self.base, self.mask, pos, dst);
@@ -143,15 +136,38 @@ impl SqRing {
         &mut self.ring
     }
 
+    /// The first 8 bytes of the 64-byte block holding byte position `pos` (modulo the ring), as
+    /// one native word (a control segment's first half, for the 8-byte doorbell).
+    #[inline(always)]
+    pub(crate) fn word0(&self, pos: usize) -> u64 {
+        #[expect(
+            clippy::cast_ptr_alignment,
+            reason = "blocks are 64-byte aligned (`block`)"
+        )]
+        let p = self.block(pos).as_ptr().cast::<u64>();
+        // SAFETY: the first word of a 64-byte aligned block inside the ring (`block`); a plain
+        // raw load of memory only this queue writes (the device only reads the ring).
+        unsafe { p.read() }
+    }
+
+    /// The blocks from the one holding byte position `pos` (modulo the ring) on: a 64-byte
+    /// aligned pointer valid for reads of 64 bytes times the number of blocks before the ring
+    /// end (that number is the second value, at least 1), for the BlueFlame copy
+    /// ([`crate::mem::uar`]).
+    #[inline(always)]
+    pub(crate) fn blocks(&self, pos: usize) -> (NonNull<u8>, usize) {
+        let start = pos & self.ring.mask & !63;
+        (self.block(pos), (self.ring.len() - start) / 64)
+    }
+
     /// The 64-byte block that holds byte position `pos` (modulo the ring): a pointer valid for
     /// 64 bytes of reads, 64-byte aligned, for the BlueFlame copy ([`crate::mem::uar`]).
     #[inline(always)]
     pub(crate) fn block(&self, pos: usize) -> NonNull<u8> {
         let start = pos & self.ring.mask & !63;
-        // `start + 64 <= len` (len is a multiple of 64 of at least 64, type invariant), so the
-        // pointer stays inside the ring.
-        let p = self.ring.base.as_ptr().wrapping_add(start);
-        NonNull::new(p).unwrap_or(self.ring.base)
+        // SAFETY: `start + 64 <= len` (len is a multiple of 64 of at least 64, type invariant),
+        // so the pointer stays inside the ring (and is not null).
+        unsafe { self.ring.base.add(start) }
     }
 }
 
@@ -256,7 +272,7 @@ impl WqWriter<'_> {
     /// [`write`](Self::write) for a copy that reaches the ring end.
     #[cold]
     #[inline(never)]
-    fn write_wrapping(&self, start: usize, src: &[u8]) {
+    fn write_wrapping(self, start: usize, src: &[u8]) {
         let first = src.len().min(self.len() - start);
         // SAFETY: `start + first <= len`, inside the ring (type invariant); raw copy from a Rust
         // slice that cannot overlap the mapping.
@@ -361,7 +377,7 @@ unsafe fn copy_short(dst: *mut u8, src: *const u8, n: usize) {
             unsafe { mov::<[B16; 2]>(dst, src, n - 32) };
         } else {
             // SAFETY: `n` bytes in both buffers, not overlapping (caller's contract).
-            unsafe { core::ptr::copy_nonoverlapping(src, dst, n) };
+            unsafe { copy_long(dst, src, n) };
         }
     } else if n >= 8 {
         // SAFETY: see above (8 <= n).
@@ -381,6 +397,18 @@ unsafe fn copy_short(dst: *mut u8, src: *const u8, n: usize) {
         // SAFETY: see above.
         unsafe { mov::<u8>(dst, src, n - 1) };
     }
+}
+
+/// [`copy_short`] of more than 64 bytes: out of line and cold, so the `memcpy` call does not
+/// make the hot path save registers around it.
+///
+/// # Safety
+/// As [`copy_short`]'s.
+#[cold]
+#[inline(never)]
+unsafe fn copy_long(dst: *mut u8, src: *const u8, n: usize) {
+    // SAFETY: `n` bytes in both buffers, not overlapping (caller's contract).
+    unsafe { core::ptr::copy_nonoverlapping(src, dst, n) };
 }
 
 /// Copy one `T` of plain bytes from `src + k` to `dst + k`, unaligned.
@@ -424,7 +452,7 @@ mod tests {
         assert_eq!(first, [9; 8]);
         // A 48-byte segment block at 240 wraps after its first 16 bytes, word by word.
         let seg: [u8; 48] = core::array::from_fn(|i| i as u8 + 1);
-        r.write_segs(240, &seg);
+        r.writer().write_segs(240, &seg);
         let mut back = [0u8; 48];
         r.read(240, &mut back);
         assert_eq!(back, seg);

@@ -222,24 +222,26 @@ impl MmioReg {
     }
 }
 
-/// Copy one 64-byte block to write-combining MMIO space with the widest plain stores the ISA
-/// offers, in ascending address order, never through `memcpy` (its string instructions may
-/// reorder or split the stores): on x86-64 four 16-byte SSE2 stores (two 32-byte AVX stores
-/// when the crate is built with AVX enabled), on aarch64 one NEON `ld4`/`st4` pair as
-/// rdma-core's `mmio_memcpy_x64` (its `util/mmio.h`). Loads and stores are one `asm!` block,
-/// so the compiler can neither merge, split nor reorder them, nor turn them into a call.
+/// Copy `blocks` 64-byte blocks to write-combining MMIO space with the widest plain stores the
+/// ISA offers, in ascending address order, never through `memcpy` (its string instructions may
+/// reorder or split the stores): on x86-64 four 16-byte SSE2 stores per block (two 32-byte AVX
+/// stores when the crate is built with AVX enabled), on aarch64 one NEON `ld4`/`st4` pair per
+/// block as rdma-core's `mmio_memcpy_x64` (its `util/mmio.h`). The whole copy is one `asm!`
+/// loop, so the compiler can neither merge, split nor reorder the stores, nor turn them into a
+/// call.
 ///
 /// # Safety
-/// `src` must be valid for 64 bytes of reads and `dst` for 64 bytes of writes, both 64-byte
-/// aligned; the caller orders the copy with [`wc_start`](super::barrier::wc_start) and
-/// [`wc_flush`](super::barrier::wc_flush).
+/// `src` must be valid for `64 * blocks` bytes of reads and `dst` for `64 * blocks` bytes of
+/// writes, both 64-byte aligned, and `blocks >= 1`; the caller orders the copy with
+/// [`wc_start`](super::barrier::wc_start) and [`wc_flush`](super::barrier::wc_flush).
 #[inline(always)]
-pub(crate) unsafe fn wc_copy64(dst: NonNull<u8>, src: NonNull<u8>) {
+pub(crate) unsafe fn wc_copy64(dst: NonNull<u8>, src: NonNull<u8>, blocks: usize) {
     #[cfg(all(target_arch = "x86_64", not(target_feature = "avx")))]
-    // SAFETY: 64 bytes of aligned reads from `src` and writes to `dst` (caller's contract);
-    // only the named xmm registers are clobbered.
+    // SAFETY: `64 * blocks` bytes of aligned reads from `src` and writes to `dst`, `blocks >= 1`
+    // (caller's contract); only the named registers are clobbered.
     unsafe {
         core::arch::asm!(
+            "2:",
             "movdqa xmm0, [{s}]",
             "movdqa xmm1, [{s} + 16]",
             "movdqa xmm2, [{s} + 32]",
@@ -248,10 +250,15 @@ pub(crate) unsafe fn wc_copy64(dst: NonNull<u8>, src: NonNull<u8>) {
             "movdqa [{d} + 16], xmm1",
             "movdqa [{d} + 32], xmm2",
             "movdqa [{d} + 48], xmm3",
-            s = in(reg) src.as_ptr(),
-            d = in(reg) dst.as_ptr(),
+            "add {s}, 64",
+            "add {d}, 64",
+            "dec {n}",
+            "jnz 2b",
+            s = inout(reg) src.as_ptr() => _,
+            d = inout(reg) dst.as_ptr() => _,
+            n = inout(reg) blocks => _,
             out("xmm0") _, out("xmm1") _, out("xmm2") _, out("xmm3") _,
-            options(nostack, preserves_flags),
+            options(nostack),
         );
     }
     #[cfg(all(target_arch = "x86_64", target_feature = "avx"))]
@@ -259,28 +266,38 @@ pub(crate) unsafe fn wc_copy64(dst: NonNull<u8>, src: NonNull<u8>) {
     // binary is built for has it).
     unsafe {
         core::arch::asm!(
+            "2:",
             "vmovdqa ymm0, [{s}]",
             "vmovdqa ymm1, [{s} + 32]",
             "vmovdqa [{d}], ymm0",
             "vmovdqa [{d} + 32], ymm1",
-            s = in(reg) src.as_ptr(),
-            d = in(reg) dst.as_ptr(),
+            "add {s}, 64",
+            "add {d}, 64",
+            "dec {n}",
+            "jnz 2b",
+            s = inout(reg) src.as_ptr() => _,
+            d = inout(reg) dst.as_ptr() => _,
+            n = inout(reg) blocks => _,
             out("ymm0") _, out("ymm1") _,
-            options(nostack, preserves_flags),
+            options(nostack),
         );
     }
     #[cfg(target_arch = "aarch64")]
-    // SAFETY: 64 bytes of reads from `src` and writes to `dst` (caller's contract); `ld4`
-    // de-interleaves into v0..v3 and `st4` interleaves back, so the bytes land in order; only
-    // v0..v3 are clobbered.
+    // SAFETY: `64 * blocks` bytes of reads from `src` and writes to `dst`, `blocks >= 1`
+    // (caller's contract); `ld4` de-interleaves into v0..v3 and `st4` interleaves back, so the
+    // bytes land in order; both post-increment by 64; only v0..v3 and the flags are clobbered.
     unsafe {
         core::arch::asm!(
-            "ld4 {{v0.2d, v1.2d, v2.2d, v3.2d}}, [{s}]",
-            "st4 {{v0.2d, v1.2d, v2.2d, v3.2d}}, [{d}]",
-            s = in(reg) src.as_ptr(),
-            d = in(reg) dst.as_ptr(),
+            "2:",
+            "ld4 {{v0.2d, v1.2d, v2.2d, v3.2d}}, [{s}], #64",
+            "st4 {{v0.2d, v1.2d, v2.2d, v3.2d}}, [{d}], #64",
+            "subs {n}, {n}, #1",
+            "b.ne 2b",
+            s = inout(reg) src.as_ptr() => _,
+            d = inout(reg) dst.as_ptr() => _,
+            n = inout(reg) blocks => _,
             out("v0") _, out("v1") _, out("v2") _, out("v3") _,
-            options(nostack, preserves_flags),
+            options(nostack),
         );
     }
 }

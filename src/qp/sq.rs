@@ -288,6 +288,14 @@ pub fn sq_geometry(
 #[derive(Debug)]
 pub struct SendQueue {
     ring: SqRing,
+    /// Everything else, split from the ring so that a [`WqeBuilder`] can hold the ring's
+    /// writer by value next to a borrow of the rest.
+    q: SqCore,
+}
+
+/// A send queue's state besides its ring.
+#[derive(Debug)]
+struct SqCore {
     size: RingSize,
     /// Free-running WQEBB producer counter.
     cur_post: u32,
@@ -295,7 +303,7 @@ pub struct SendQueue {
     head: u32,
     /// WRs that may be posted before `tail` is read again (0 outside RTS/SQD/SQE/ERR).
     credits: u32,
-    /// The QP state as last set by the QP ([`set_state`](Self::set_state)).
+    /// The QP state as last set by the QP ([`SendQueue::set_state`]).
     state: QpState,
     /// Bytes 4..8 of every control segment but the `ds` byte: the QP number, big-endian, in
     /// memory order.
@@ -304,26 +312,24 @@ pub struct SendQueue {
     cfg: SqConfig,
     dbrec: Arc<DbRec>,
     bf: Bfreg,
-    /// The BlueFlame policy as two facts: the largest WQE it may BlueFlame in bytes
-    /// (`bf.half`, or 0 for [`BfPolicy::AlwaysDoorbell`]), and whether that needs no inline
-    /// WQE ([`BfPolicy::PreferBf`]).
-    bf_max: u32,
+    /// Whether a WQE need not be inline to be BlueFlamed ([`BfPolicy::PreferBf`]); the
+    /// largest WQE that may be is the doorbell's (`SqDoorbell::set_bf_max`).
     bf_any: bool,
     pend: Pending,
     stats: SqStats,
 }
 
-/// WQEs built since the last doorbell.
+/// WQEs built since the last doorbell, as two counters: none if the producer is where the
+/// last ring left it, a single one if the last WQE starts there. The doorbell's other facts
+/// (`ds`, the first 8 bytes) are read back from the last WQE's control segment.
 #[derive(Debug, Default)]
 struct Pending {
-    /// How many.
-    n: u32,
-    /// Ring byte position of the last one.
-    pos: usize,
-    /// The first 8 bytes of the last one's control segment (the 8-byte doorbell).
-    head: u64,
-    /// 64-byte blocks to BlueFlame if the last one is rung alone (0: the 8-byte doorbell).
-    bf_blocks: u32,
+    /// The WQEBB producer counter at the last ring.
+    rung: u32,
+    /// WQEBB counter of the last WQE built.
+    last: u32,
+    /// Whether the last one is inline (BlueFlame policy).
+    inline: bool,
 }
 
 /// What a send queue was created with: read-only on the data path.
@@ -331,8 +337,9 @@ struct Pending {
 struct SqConfig {
     qp_type: QpType,
     geo: SqGeometry,
-    /// [`SendFlags`] added to every WR (SIGNALED for `sq_sig_all`).
-    always: SendFlags,
+    /// The control segment's `fm_ce_se` byte by [`SendFlags`] bits 0..3, with the flags added
+    /// to every WR (SIGNALED for `sq_sig_all`) folded in.
+    fm: [u8; 8],
 }
 
 /// Counters of what a send queue has done (cheap, always on).
@@ -358,8 +365,8 @@ fn posting_state(state: QpState) -> bool {
 /// then `qpn_ds`, both big-endian, exactly as [`CtrlSeg`](mlx5_hw::wqe::CtrlSeg) lays them out.
 #[inline(always)]
 fn ctrl_word0(opcode: SendOpcode, wqe_index: u32, qpn_word: u32, ds: u32) -> u64 {
-    let idx = wqe_index as u16;
-    let w = u32::from_ne_bytes([0, (idx >> 8) as u8, idx as u8, opcode.0]);
+    // opmod 0 | wqe_index (16 bits) | opcode, big-endian.
+    let w = ((wqe_index & 0xFFFF) << 8 | u32::from(opcode.0)).to_be();
     let q = qpn_word | u32::from_ne_bytes([0, 0, 0, ds as u8]);
     u64::from(w) | u64::from(q) << 32
 }
@@ -409,85 +416,87 @@ impl SendQueue {
         let ring = SqRing::new(ring).expect("SQ ring of whole, aligned 64-byte blocks");
         let mut sq = Self {
             ring,
-            size,
-            cur_post: 0,
-            head: 0,
-            credits: 0,
-            state: QpState::Reset,
-            qpn_word: u32::from_ne_bytes((qpn << 8).to_be_bytes()),
-            shared,
-            cfg: SqConfig {
-                qp_type,
-                geo,
-                always: if sig_all {
-                    SendFlags::SIGNALED
-                } else {
-                    SendFlags::NONE
+            q: SqCore {
+                size,
+                cur_post: 0,
+                head: 0,
+                credits: 0,
+                state: QpState::Reset,
+                qpn_word: u32::from_ne_bytes((qpn << 8).to_be_bytes()),
+                shared,
+                cfg: SqConfig {
+                    qp_type,
+                    geo,
+                    fm: fm_table(if sig_all {
+                        SendFlags::SIGNALED
+                    } else {
+                        SendFlags::NONE
+                    }),
                 },
+                dbrec,
+                bf,
+                bf_any: false,
+                pend: Pending::default(),
+                stats: SqStats::default(),
             },
-            dbrec,
-            bf,
-            bf_max: 0,
-            bf_any: false,
-            pend: Pending::default(),
-            stats: SqStats::default(),
         };
         sq.set_bf_policy(policy);
         sq
     }
 
     pub(crate) fn shared(&self) -> &Arc<SqShared> {
-        &self.shared
+        &self.q.shared
     }
 
     /// The QP moved to `state` (called by the QP after a successful modify): posting is
     /// allowed in RTS, SQD, SQE and ERR; refusals name `state`.
     pub(crate) fn set_state(&mut self, state: QpState) {
-        self.state = state;
+        self.q.state = state;
         // INVARIANT: 0 credits outside the posting states; re-counted on the next post.
-        self.credits = 0;
+        self.q.credits = 0;
     }
 
     /// The geometry (capacity, SGE and inline limits).
     pub fn geometry(&self) -> SqGeometry {
-        self.cfg.geo
+        self.q.cfg.geo
     }
 
     /// Counters.
     pub fn stats(&self) -> SqStats {
-        self.stats
+        self.q.stats
     }
 
     /// Which register this queue rings.
     pub fn bfreg(&self) -> BfregInfo {
         BfregInfo {
-            id: self.bf.id,
-            uar_page: self.bf.db.page().page_id,
-            dedicated: self.bf.dedicated,
-            bf_size: self.bf.db.half(),
+            id: self.q.bf.id,
+            uar_page: self.q.bf.db.page().page_id,
+            dedicated: self.q.bf.dedicated,
+            bf_size: self.q.bf.db.half(),
         }
     }
 
     /// Change the BlueFlame policy.
     pub fn set_bf_policy(&mut self, policy: BfPolicy) {
-        self.bf_max = match policy {
+        self.q.bf.db.set_bf_max(match policy {
             BfPolicy::AlwaysDoorbell => 0,
-            BfPolicy::PreferBf | BfPolicy::InlineOnly => self.bf.db.half() as u32,
-        };
-        self.bf_any = policy == BfPolicy::PreferBf;
+            BfPolicy::PreferBf | BfPolicy::InlineOnly => self.q.bf.db.half(),
+        });
+        self.q.bf_any = policy == BfPolicy::PreferBf;
     }
 
     /// WRs posted and not yet retired.
     #[inline]
     pub fn outstanding(&self) -> u32 {
-        self.head
-            .wrapping_sub(self.shared.tail.load(Ordering::Acquire))
+        self.q
+            .head
+            .wrapping_sub(self.q.shared.tail.load(Ordering::Acquire))
     }
 
     /// WRs that can still be posted.
     #[inline]
     pub fn free(&self) -> u32 {
-        self.cfg.geo.max_post.saturating_sub(self.outstanding())
+        self.q.cfg.geo.max_post.saturating_sub(self.outstanding())
     }
 
     /// Low-level completion: the requester CQE for the WQE at `wqe_counter` (its `wqe_counter`
@@ -496,11 +505,12 @@ impl SendQueue {
     /// [`Cq::poll`](crate::Cq::poll) does this itself; use one or the other per CQ.)
     #[inline]
     pub fn retire(&mut self, wqe_counter: u16) -> u64 {
-        let ord = self.shared.ordinal_at(wqe_counter);
-        self.shared
+        let ord = self.q.shared.ordinal_at(wqe_counter);
+        self.q
+            .shared
             .tail
             .store(ord.wrapping_add(1), Ordering::Release);
-        self.shared.wr_id(ord)
+        self.q.shared.wr_id(ord)
     }
 
     /// Copy `out.len()` bytes of the SQ ring starting at the WQE whose first WQEBB has
@@ -509,41 +519,29 @@ impl SendQueue {
     pub fn wqe_bytes(&self, wqe_counter: u32, out: &mut [u8]) {
         let out_len = out.len().min(self.ring.ring().len());
         self.ring.ring().read(
-            self.size.slot(wqe_counter) as usize * 64,
+            self.q.size.slot(wqe_counter) as usize * 64,
             &mut out[..out_len],
         );
     }
 
     /// The free-running WQEBB producer counter (the next WQE's index).
     pub fn producer(&self) -> u32 {
-        self.cur_post
+        self.q.cur_post
     }
 
     /// Zero both doorbell-record words (QP moved to RESET).
     pub(crate) fn clear_dbrec(&mut self) {
-        self.dbrec.clear();
+        self.q.dbrec.clear();
     }
 
     /// Reset all indices (QP moved to RESET).
     pub(crate) fn reset(&mut self) {
-        self.cur_post = 0;
-        self.head = 0;
-        self.credits = 0;
-        self.shared.tail.store(0, Ordering::Release);
-        self.pend = Pending::default();
+        self.q.cur_post = 0;
+        self.q.head = 0;
+        self.q.credits = 0;
+        self.q.shared.tail.store(0, Ordering::Release);
+        self.q.pend = Pending::default();
         self.ring.ring_mut().zero();
-    }
-
-    /// Re-count the credits from the poller's `tail`.
-    ///
-    /// # Errors
-    /// [`PostError::BadState`] naming the QP state unless it allows posting;
-    /// [`PostError::Full`] when `max_post` WRs are outstanding.
-    #[cold]
-    #[inline(never)]
-    fn refill(&mut self) -> Result<(), PostError> {
-        self.credits = credits(self.state, self.head, &self.shared, self.cfg.geo.max_post)?;
-        Ok(())
     }
 
     /// Take one credit and open a WQE of `ds` units so far (ctrl plus the segments the caller
@@ -556,18 +554,20 @@ impl SendQueue {
         imm: [u8; 4],
         ds: u32,
     ) -> Result<WqeBuilder<'_, P>, PostError> {
-        if self.credits == 0 {
-            self.refill()?;
+        let q = &mut self.q;
+        if q.credits == 0 && !q.refill() {
+            return Err(q.no_credit());
         }
-        self.credits -= 1;
+        q.credits -= 1;
         Ok(WqeBuilder {
-            start: self.cur_post,
+            w: self.ring.ring_mut().writer(),
+            start: q.cur_post,
             ds,
             payload: 0,
             opcode,
-            fm_ce_se: fm_ce_se(flags, self.cfg.always),
+            fm_ce_se: q.cfg.fm_ce_se(flags),
             imm,
-            sq: self,
+            q,
             _kind: PhantomData,
         })
     }
@@ -575,13 +575,13 @@ impl SendQueue {
     /// Ring byte position of the segment `unit` 16-byte units into the WQE at the producer.
     #[inline(always)]
     fn seg_pos(&self, unit: u32) -> usize {
-        self.cur_post as usize * 64 + unit as usize * 16
+        self.q.cur_post as usize * 64 + unit as usize * 16
     }
 
     /// Refuse an operation of a connected QP on UD (and vice versa for `connected == false`).
     #[inline(always)]
     fn need_connected(&self, connected: bool, err: PostError) -> Result<(), PostError> {
-        if (self.cfg.qp_type != QpType::Ud) == connected {
+        if (self.q.cfg.qp_type != QpType::Ud) == connected {
             Ok(())
         } else {
             Err(err)
@@ -651,7 +651,7 @@ impl SendQueue {
         };
         let pos = self.seg_pos(1);
         let b = self.begin(op, flags, imm, 4)?;
-        b.sq.ring.ring_mut().write_segs(pos, &av_bytes(dest));
+        b.w.write_segs(pos, &av_bytes(dest));
         Ok(b)
     }
 
@@ -675,9 +675,7 @@ impl SendQueue {
         };
         let pos = self.seg_pos(1);
         let b = self.begin(op, flags, imm, 2)?;
-        b.sq.ring
-            .ring_mut()
-            .write_segs::<16>(pos, &zerocopy::transmute!(RaddrSeg::new(raddr, rkey)));
+        b.w.write_segs::<16>(pos, &zerocopy::transmute!(RaddrSeg::new(raddr, rkey)));
         Ok(b)
     }
 
@@ -693,14 +691,12 @@ impl SendQueue {
         raddr: u64,
         rkey: u32,
     ) -> Result<WqeBuilder<'_, Gather>, PostError> {
-        if self.cfg.qp_type != QpType::Rc {
+        if self.q.cfg.qp_type != QpType::Rc {
             return Err(PostError::BadOpcode);
         }
         let pos = self.seg_pos(1);
         let b = self.begin(SendOpcode::RDMA_READ, flags, [0; 4], 2)?;
-        b.sq.ring
-            .ring_mut()
-            .write_segs::<16>(pos, &zerocopy::transmute!(RaddrSeg::new(raddr, rkey)));
+        b.w.write_segs::<16>(pos, &zerocopy::transmute!(RaddrSeg::new(raddr, rkey)));
         Ok(b)
     }
 
@@ -721,7 +717,7 @@ impl SendQueue {
         compare: Option<u64>,
         result: &Sge,
     ) -> Result<WqeBuilder<'_, NoPayload>, PostError> {
-        if self.cfg.qp_type != QpType::Rc {
+        if self.q.cfg.qp_type != QpType::Rc {
             return Err(PostError::BadOpcode);
         }
         if result.length < 8 {
@@ -733,7 +729,7 @@ impl SendQueue {
         };
         let pos = self.seg_pos(1);
         let b = self.begin(op, flags, [0; 4], 4)?;
-        let w = b.sq.ring.ring_mut().writer();
+        let w = b.w;
         w.write_segs::<16>(pos, &zerocopy::transmute!(RaddrSeg::new(raddr, rkey)));
         w.write_segs::<16>(
             pos + 16,
@@ -748,39 +744,37 @@ impl SendQueue {
     /// Does nothing if there is none.
     #[inline(always)]
     pub fn ring(&mut self) {
-        if self.pend.n == 0 {
+        let p = &self.q.pend;
+        if self.q.cur_post == p.rung {
             return;
         }
-        // A single WQE of more than the control segment that fits a BlueFlame half (worked out
-        // when it was finished), else the 8-byte doorbell.
-        let blocks = if self.pend.n == 1 {
-            self.pend.bf_blocks
-        } else {
-            0
-        };
-        self.pend.n = 0;
+        // The last WQE's first 8 bytes (the 8-byte doorbell) and its `ds` (their byte 7).
+        let head = self.ring.word0(p.last as usize * 64);
+        let ds = u32::from(head.to_ne_bytes()[7] & 0x3F);
+        let pos = p.last as usize * 64;
+        // BlueFlame only for a single WQE of more than the control segment, inline unless
+        // `PreferBf`; whether it fits the policy's limit (and the half) is the doorbell's check.
+        let try_bf = p.last == p.rung && ds > 1 && (self.q.bf_any | p.inline);
+        self.q.pend.rung = self.q.cur_post;
 
         // 1. WQE bytes before the doorbell record.
         barrier::to_device();
         // 2. SQ record (word 1) = next free WQEBB counter, low 16 bits.
-        self.dbrec.word1().store_be32(self.cur_post & 0xFFFF);
+        self.q.dbrec.word1().store_be32(self.q.cur_post & 0xFFFF);
         // 3. Record before the write-combining MMIO store.
         barrier::wc_start();
-        if blocks != 0 {
-            // 4a. BlueFlame: the WQE in ascending 64-byte blocks, the source wrapping at the end.
-            self.bf
-                .db
-                .blueflame(&self.ring, self.pend.pos, blocks as usize);
-            self.stats.bf_copies += 1;
+        // 4a. BlueFlame: the WQE in ascending 64-byte blocks, the source wrapping at the end.
+        if try_bf && self.q.bf.db.blueflame(&self.ring, pos, ds) {
+            self.q.stats.bf_copies += 1;
         } else {
             // 4b. The first 8 bytes of the last ctrl segment, verbatim.
-            self.bf.db.ring8(self.pend.head);
-            self.stats.doorbells += 1;
+            self.q.bf.db.ring8(head);
+            self.q.stats.doorbells += 1;
         }
         // 5. Flush the write-combining buffer before anyone rings again.
         barrier::wc_flush();
         // 6. Alternate BlueFlame halves (no-op for doorbell-only registers).
-        self.bf.db.flip();
+        self.q.bf.db.flip();
     }
 
     /// Post a chain of verbs-shaped work requests and ring once.
@@ -809,34 +803,59 @@ impl SendQueue {
     fn batch(&mut self) -> Batch<'_> {
         Batch {
             ring: self.ring.ring_mut().writer(),
-            shared: &self.shared,
-            cfg: &self.cfg,
-            state: self.state,
-            qpn_word: self.qpn_word,
-            bf: BfPlan {
-                max: self.bf_max,
-                any: self.bf_any,
-            },
-            credits: self.credits,
-            cur_post: self.cur_post,
-            head: self.head,
-            last: Pending::default(),
+            shared: &self.q.shared,
+            cfg: &self.q.cfg,
+            state: self.q.state,
+            qpn_word: self.q.qpn_word,
+            credits: self.q.credits,
+            cur_post: self.q.cur_post,
+            head: self.q.head,
+            last: 0,
+            last_inline: false,
         }
     }
 
     /// Take back what a [`Batch`] built (its counters and the last WQE for the doorbell).
     #[inline(always)]
     fn end_batch(&mut self, e: BatchEnd) {
-        let built = e.head.wrapping_sub(self.head);
-        self.cur_post = e.cur_post;
-        self.head = e.head;
-        self.credits = e.credits;
+        let built = e.head.wrapping_sub(self.q.head);
+        self.q.cur_post = e.cur_post;
+        self.q.head = e.head;
+        self.q.credits = e.credits;
         if built != 0 {
-            self.pend.n += built;
-            self.pend.pos = e.last.pos;
-            self.pend.head = e.last.head;
-            self.pend.bf_blocks = e.last.bf_blocks;
-            self.stats.wqes += u64::from(built);
+            self.q.pend.last = e.last;
+            self.q.pend.inline = e.last_inline;
+            self.q.stats.wqes += u64::from(built);
+        }
+    }
+}
+
+impl SqCore {
+    /// Re-count the credits from the poller's `tail`; `false` if there is none (the reason
+    /// is [`no_credit`](Self::no_credit)). Returns a flag, not a `Result`, so the fast path
+    /// keeps everything in registers.
+    #[inline(never)]
+    fn refill(&mut self) -> bool {
+        match credits(self.state, self.head, &self.shared, self.cfg.geo.max_post) {
+            Ok(n) => {
+                self.credits = n;
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Why [`refill`](Self::refill) found no credit.
+    #[cold]
+    #[inline(never)]
+    fn no_credit(&self) -> PostError {
+        match credits(self.state, self.head, &self.shared, self.cfg.geo.max_post) {
+            Err(e) => e,
+            // The poller retired WRs in between: report the queue as it was (full).
+            Ok(_) => PostError::Full {
+                outstanding: self.cfg.geo.max_post,
+                capacity: self.cfg.geo.max_post,
+            },
         }
     }
 }
@@ -882,11 +901,18 @@ const FM_CE_SE_BY_FLAGS: [u8; 8] = {
     t
 };
 
-/// The control segment's `fm_ce_se` byte for `flags` plus `always` (SIGNALED, SOLICITED,
-/// FENCE; INLINE is ignored here).
-#[inline(always)]
-fn fm_ce_se(flags: SendFlags, always: SendFlags) -> u8 {
-    FM_CE_SE_BY_FLAGS[((flags.0 | always.0) & 7) as usize]
+/// [`FM_CE_SE_BY_FLAGS`] with `always` added to every entry.
+fn fm_table(always: SendFlags) -> [u8; 8] {
+    core::array::from_fn(|i| FM_CE_SE_BY_FLAGS[(i as u32 | always.0) as usize & 7])
+}
+
+impl SqConfig {
+    /// The control segment's `fm_ce_se` byte for `flags` plus the queue's `sq_sig_all`
+    /// (SIGNALED, SOLICITED, FENCE; INLINE is ignored here).
+    #[inline(always)]
+    fn fm_ce_se(&self, flags: SendFlags) -> u8 {
+        self.fm[(flags.0 & 7) as usize]
+    }
 }
 
 /// Record WR `ordinal` (id, send opcode) as the WQE starting at WQEBB counter `wqe_counter`.
@@ -910,30 +936,8 @@ fn av_bytes(dest: &UdDest<'_>) -> [u8; 48] {
     zerocopy::transmute!(av)
 }
 
-/// The BlueFlame policy as [`Pending::bf_blocks`] needs it.
-#[derive(Clone, Copy)]
-struct BfPlan {
-    /// Largest WQE in bytes that may be BlueFlamed (0: never).
-    max: u32,
-    /// Whether a WQE need not be inline to be BlueFlamed.
-    any: bool,
-}
-
-impl BfPlan {
-    /// The 64-byte blocks to BlueFlame a WQE of `ds` units with if it is rung alone, or 0: more
-    /// than the control segment, fitting a half, inline unless [`BfPolicy::PreferBf`].
-    #[inline(always)]
-    fn blocks(self, ds: u32, inline: bool) -> u32 {
-        if ds > 1 && ds * 16 <= self.max && (self.any | inline) {
-            ds.div_ceil(4)
-        } else {
-            0
-        }
-    }
-}
-
-/// Write the control segment of the WQE of `ds` units starting at WQEBB counter `start`,
-/// record `wr_id`, and return what the doorbell needs. Shared by both APIs.
+/// Write the control segment of the WQE of `ds` units starting at WQEBB counter `start` and
+/// record `wr_id`. Shared by both APIs.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn commit(
@@ -947,12 +951,10 @@ fn commit(
     fm_ce_se: u8,
     imm: [u8; 4],
     wr_id: u64,
-) -> (usize, u64) {
-    let pos = start as usize * 64;
+) {
     let w0 = ctrl_word0(opcode, start, qpn_word, ds);
-    ring.store16(pos, w0, ctrl_word1(fm_ce_se, imm));
+    ring.store16(start as usize * 64, w0, ctrl_word1(fm_ce_se, imm));
     record(&shared.slots, ordinal, start, wr_id, opcode);
-    (pos, w0)
 }
 
 /// A send queue's hot state while a verbs `post_send` chain is built: the counters by value,
@@ -965,12 +967,12 @@ struct Batch<'q> {
     cfg: &'q SqConfig,
     state: QpState,
     qpn_word: u32,
-    bf: BfPlan,
     credits: u32,
     cur_post: u32,
     head: u32,
-    /// The last WQE built (for the doorbell).
-    last: Pending,
+    /// WQEBB counter of the last WQE built, and whether it is inline (for the doorbell).
+    last: u32,
+    last_inline: bool,
 }
 
 /// The counters at the end of a [`Batch`].
@@ -978,7 +980,8 @@ struct BatchEnd {
     cur_post: u32,
     head: u32,
     credits: u32,
-    last: Pending,
+    last: u32,
+    last_inline: bool,
 }
 
 /// What a verbs-shaped WR's WQE carries besides its segments.
@@ -998,6 +1001,7 @@ impl Batch<'_> {
             head: self.head,
             credits: self.credits,
             last: self.last,
+            last_inline: self.last_inline,
         }
     }
 
@@ -1016,7 +1020,7 @@ impl Batch<'_> {
     #[inline(always)]
     fn commit(&mut self, ds: u32, plan: Plan, fm_ce_se: u8, wr_id: u64) {
         let start = self.cur_post;
-        let (pos, w0) = commit(
+        commit(
             self.ring,
             self.shared,
             self.qpn_word,
@@ -1029,14 +1033,10 @@ impl Batch<'_> {
             wr_id,
         );
         self.head = self.head.wrapping_add(1);
-        self.cur_post = start.wrapping_add(ds.div_ceil(4));
+        self.cur_post = start.wrapping_add((ds + 3) >> 2);
         self.credits -= 1;
-        self.last = Pending {
-            n: 1,
-            pos,
-            head: w0,
-            bf_blocks: self.bf.blocks(ds, plan.inline),
-        };
+        self.last = start;
+        self.last_inline = plan.inline;
     }
 
     /// Validate one verbs-shaped WR and build its WQE. The checks come in the order of the
@@ -1080,7 +1080,7 @@ impl Batch<'_> {
         self.commit(
             ((end - start) / 16) as u32,
             plan,
-            fm_ce_se(wr.flags, cfg.always),
+            cfg.fm_ce_se(wr.flags),
             wr.wr_id,
         );
         Ok(())
@@ -1093,7 +1093,7 @@ impl Batch<'_> {
         self.reserve()?;
         let start = self.cur_post as usize * 64;
         let end = write_general(self.ring, self.cfg, start, wr, plan)?;
-        let fm = fm_ce_se(wr.flags, self.cfg.always);
+        let fm = self.cfg.fm_ce_se(wr.flags);
         self.commit(((end - start) / 16) as u32, plan, fm, wr.wr_id);
         Ok(())
     }
@@ -1328,7 +1328,9 @@ impl PayloadKind for NoPayload {
 #[derive(Debug)]
 #[must_use = "a WQE is posted only by `finish` (and rung by `SendQueue::ring`)"]
 pub struct WqeBuilder<'q, P> {
-    sq: &'q mut SendQueue,
+    /// The ring's writer, by value (kept in registers across the appends).
+    w: WqWriter<'q>,
+    q: &'q mut SqCore,
     /// WQEBB counter of the WQE.
     start: u32,
     /// 16-byte units written before the payload (ctrl and operation segments), plus the data
@@ -1347,7 +1349,8 @@ impl<'q, P> WqeBuilder<'q, P> {
     #[inline(always)]
     fn into_kind<Q>(self) -> WqeBuilder<'q, Q> {
         WqeBuilder {
-            sq: self.sq,
+            w: self.w,
+            q: self.q,
             start: self.start,
             ds: self.ds,
             payload: self.payload,
@@ -1364,7 +1367,7 @@ impl<'q, P> WqeBuilder<'q, P> {
         if sge.length == 0 {
             return Ok(());
         }
-        let max = self.sq.cfg.geo.max_gs;
+        let max = self.q.cfg.geo.max_gs;
         if self.payload >= max {
             return Err(PostError::TooManySges {
                 n: self.payload as usize + 1,
@@ -1374,7 +1377,7 @@ impl<'q, P> WqeBuilder<'q, P> {
         self.payload += 1;
         let (lo, hi) = data_seg_words(sge.length, sge.lkey, sge.addr);
         let pos = self.start as usize * 64 + self.ds as usize * 16;
-        self.sq.ring.ring_mut().writer().store16(pos, lo, hi);
+        self.w.store16(pos, lo, hi);
         self.ds += 1;
         Ok(())
     }
@@ -1382,13 +1385,13 @@ impl<'q, P> WqeBuilder<'q, P> {
     /// Append inline payload bytes after those appended so far.
     #[inline(always)]
     fn push_inline(&mut self, data: &[u8]) -> Result<(), PostError> {
-        let max = self.sq.cfg.geo.max_inline;
+        let max = self.q.cfg.geo.max_inline;
         let total = self.payload as usize + data.len();
         if total > max as usize {
             return Err(PostError::InlineTooLarge { len: total, max });
         }
         let pos = self.start as usize * 64 + self.ds as usize * 16 + 4 + self.payload as usize;
-        self.sq.ring.ring_mut().writer().write(pos, data);
+        self.w.write(pos, data);
         self.payload = total as u32;
         Ok(())
     }
@@ -1452,41 +1455,33 @@ impl<P: PayloadKind> WqeBuilder<'_, P> {
     #[inline(always)]
     pub fn finish(self, wr_id: u64) {
         let mut ds = self.ds;
-        let sq = self.sq;
+        let q = self.q;
         // An inline WR counts as inline for the BlueFlame policy even with 0 bytes (libmlx5
         // sets its `inl` flag from IBV_SEND_INLINE), but a zero total length produces no
         // segment at all (mlx5-datapath.md §1.8).
         if P::INLINE && self.payload > 0 {
             let pos = self.start as usize * 64 + ds as usize * 16;
-            sq.ring
-                .ring_mut()
-                .writer()
-                .write4(pos, inline_hdr(self.payload));
-            ds += (4 + self.payload).div_ceil(16);
+            self.w.write4(pos, inline_hdr(self.payload));
+            // `payload <= max_inline` (< 1024): no overflow.
+            ds += (self.payload + 4 + 15) >> 4;
         }
-        let (pos, w0) = commit(
-            sq.ring.ring_mut().writer(),
-            &sq.shared,
-            sq.qpn_word,
+        commit(
+            self.w,
+            &q.shared,
+            q.qpn_word,
             self.start,
-            sq.head,
+            q.head,
             ds,
             self.opcode,
             self.fm_ce_se,
             self.imm,
             wr_id,
         );
-        sq.head = sq.head.wrapping_add(1);
-        sq.cur_post = self.start.wrapping_add(ds.div_ceil(4));
-        sq.pend.n += 1;
-        sq.pend.pos = pos;
-        sq.pend.head = w0;
-        sq.pend.bf_blocks = BfPlan {
-            max: sq.bf_max,
-            any: sq.bf_any,
-        }
-        .blocks(ds, P::INLINE);
-        sq.stats.wqes += 1;
+        q.head = q.head.wrapping_add(1);
+        q.cur_post = self.start.wrapping_add((ds + 3) >> 2);
+        q.pend.last = self.start;
+        q.pend.inline = P::INLINE;
+        q.stats.wqes += 1;
     }
 }
 
@@ -1648,7 +1643,7 @@ mod tests {
         for i in 0..14u64 {
             r.sq.post_send(&[SendWr::send(i, &[sge(1)], SendFlags::NONE)])
                 .unwrap();
-            r.sq.shared.tail.store(r.sq.head, Ordering::Relaxed); // pretend completed
+            r.sq.q.shared.tail.store(r.sq.q.head, Ordering::Relaxed); // pretend completed
         }
         let data: Vec<u8> = (0..180u8).collect();
         let parts: [&[u8]; 1] = [&data];
@@ -1668,7 +1663,7 @@ mod tests {
         assert_eq!(&bf[..], &w[..256]);
         assert_eq!(r.sq.stats().bf_copies, 15);
         // The next post goes to the other half (0x900).
-        r.sq.shared.tail.store(r.sq.head, Ordering::Relaxed);
+        r.sq.q.shared.tail.store(r.sq.q.head, Ordering::Relaxed);
         r.sq.post_send(&[SendWr::send(100, &[sge(2)], SendFlags::NONE)])
             .unwrap();
         let (_, w) = ctrl_at(&r.sq, 18);
@@ -1713,7 +1708,7 @@ mod tests {
         // max_send_sge 1 on UC gives a 64-byte WQE, which holds 2 data segments (reported back).
         assert_eq!(r.sq.geometry().max_gs, 2);
         let three = [sge(1), sge(2), sge(3)];
-        r.sq.shared.tail.store(r.sq.head, Ordering::Relaxed);
+        r.sq.q.shared.tail.store(r.sq.q.head, Ordering::Relaxed);
         assert!(matches!(
             r.sq.post_send(&[SendWr::send(1, &three, SendFlags::NONE)]),
             Err((0, PostError::TooManySges { n: 3, max: 2 }))
@@ -1754,7 +1749,7 @@ mod tests {
         let (c, w) = ctrl_at(&r.sq, 1);
         assert_eq!((c.ds(), c.wqe_index()), (2, 1));
         assert_eq!(DataSeg::read_from_bytes(&w[16..32]).unwrap().addr(), 0x2000);
-        assert_eq!(r.sq.shared.wr_id(1), 3);
+        assert_eq!(r.sq.q.shared.wr_id(1), 3);
     }
 
     #[test]
@@ -1919,7 +1914,7 @@ mod tests {
             let ring_len = geo.wqe_cnt as usize * 64;
             for _ in 0..40 {
                 // Retire everything, so only the capacity rule limits the next WQE.
-                r.sq.shared.tail.store(r.sq.head, Ordering::Relaxed);
+                r.sq.q.shared.tail.store(r.sq.q.head, Ordering::Relaxed);
                 let mut before = vec![0u8; ring_len];
                 // Paint the ring so stray stores show.
                 r.sq.ring.ring_mut().write(0, &vec![0xEE; ring_len]);
@@ -2016,7 +2011,7 @@ mod tests {
     fn doorbells_alternate_halves() {
         let mut r = rig(QpType::Rc, 16, 1, 64, BfPolicy::InlineOnly);
         for i in 0..6u64 {
-            let before = r.sq.bf.db.offset();
+            let before = r.sq.q.bf.db.offset();
             r.sq.send(SendFlags::NONE)
                 .unwrap()
                 .sge(&sge(1))
@@ -2027,7 +2022,7 @@ mod tests {
             r.fake.uar.read(0x800 + before, &mut db);
             let (_, w) = ctrl_at(&r.sq, i as u32);
             assert_eq!(&db, &w[..8]);
-            assert_eq!(r.sq.bf.db.offset(), before ^ 256);
+            assert_eq!(r.sq.q.bf.db.offset(), before ^ 256);
         }
         assert_eq!((r.sq.stats().doorbells, r.sq.stats().bf_copies), (6, 0));
     }
