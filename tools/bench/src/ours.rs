@@ -18,7 +18,7 @@ use mlx5::{
 };
 use mlx5_emu::{EmuConfig, Emulator, RunMode};
 
-use crate::ops::{CHAIN, PAYLOAD};
+use crate::ops::{CHAIN, PAYLOAD, PAYLOAD_SMALL};
 use crate::timing::Samples;
 
 const SQ_WRS: u32 = 128;
@@ -42,6 +42,29 @@ pub const WARMUP: usize = 64;
 #[inline(never)]
 pub fn bench_zero_stats() {
     black_box(0x5a5a_0001_u32);
+}
+
+/// One inline 32-byte SEND (one WQEBB) through the verbs-shaped API.
+#[inline(never)]
+pub fn bench_rs_send_inline32_verbs(
+    qp: &mut Qp,
+    wr: &[SendWr<'_>],
+) -> Result<(), (usize, PostError)> {
+    black_box(4u8);
+    qp.post_send(wr)
+}
+
+/// One inline 32-byte SEND (one WQEBB) through the low-level API.
+#[inline(never)]
+pub fn bench_rs_send_inline32_lowlevel(
+    sq: &mut SendQueue,
+    wr_id: u64,
+    data: &[u8],
+) -> Result<(), PostError> {
+    black_box(5u8);
+    sq.send(SendFlags::SIGNALED)?.inline(data)?.finish(wr_id);
+    sq.ring();
+    Ok(())
 }
 
 /// One inline 64-byte SEND through the verbs-shaped API.
@@ -480,8 +503,10 @@ impl Rig {
         s: &mut Samples,
         out: &mut Vec<String>,
     ) -> Result<(), BoxErr> {
-        let payload = [0x5au8; PAYLOAD];
-        let parts: [&[u8]; 1] = [&payload];
+        let small = op == "send_inline32";
+        let full = [0x5au8; PAYLOAD];
+        let payload = if small { &full[..PAYLOAD_SMALL] } else { &full[..] };
+        let parts: [&[u8]; 1] = [payload];
         let sge = [self.sge()];
         for api in ["verbs", "lowlevel"] {
             for _ in 0..calls.div_ceil(ROUND) {
@@ -493,14 +518,22 @@ impl Rig {
                         match (api, inline) {
                             ("verbs", true) => {
                                 let wr = [SendWr::send_inline(id, &parts, SendFlags::SIGNALED)];
-                                bench_rs_send_inline64_verbs(qp, black_box(&wr)).map_err(|e| e.1)
+                                if small {
+                                    bench_rs_send_inline32_verbs(qp, black_box(&wr))
+                                } else {
+                                    bench_rs_send_inline64_verbs(qp, black_box(&wr))
+                                }
+                                .map_err(|e| e.1)
                             }
                             ("verbs", false) => {
                                 let wr = [SendWr::send(id, &sge, SendFlags::SIGNALED)];
                                 bench_rs_send_sge64_verbs(qp, black_box(&wr)).map_err(|e| e.1)
                             }
+                            (_, true) if small => {
+                                bench_rs_send_inline32_lowlevel(qp.sq(), id, black_box(payload))
+                            }
                             (_, true) => {
-                                bench_rs_send_inline64_lowlevel(qp.sq(), id, black_box(&payload))
+                                bench_rs_send_inline64_lowlevel(qp.sq(), id, black_box(payload))
                             }
                             (_, false) => {
                                 bench_rs_send_sge64_lowlevel(qp.sq(), id, black_box(&sge[0]))
@@ -621,6 +654,7 @@ pub fn run(calls: usize) -> Result<Vec<String>, BoxErr> {
             bench_zero_stats();
             (calls, &mut out)
         };
+        rig.single_posts("send_inline32", true, n, &mut s, sink)?;
         rig.single_posts("send_inline64", true, n, &mut s, sink)?;
         rig.single_posts("send_sge64", false, n, &mut s, sink)?;
         rig.chains(n, &mut s, sink)?;
