@@ -940,9 +940,9 @@ impl Qp {
 
     fn apply_state(&mut self, next: QpState) {
         self.state = next;
+        self.sq.set_state(next);
         match next {
             QpState::Reset => {
-                self.sq.enabled = false;
                 self.sq.reset();
                 if let Some(rq) = self.rq.as_mut() {
                     rq.enabled = false;
@@ -957,7 +957,6 @@ impl Qp {
                 }
             }
             QpState::Rts | QpState::Sqd | QpState::Sqe | QpState::Err => {
-                self.sq.enabled = true;
                 if let Some(rq) = self.rq.as_mut() {
                     rq.enabled = true;
                 }
