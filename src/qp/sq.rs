@@ -1274,6 +1274,8 @@ fn inline_hdr(len: u32) -> [u8; 4] {
 }
 
 mod sealed {
+    // The sealed-trait pattern: public so it can bound `PayloadKind`, unnameable on purpose.
+    #[allow(unnameable_types)]
     pub trait Sealed {}
 }
 
