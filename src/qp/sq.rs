@@ -335,6 +335,9 @@ struct Pending {
 /// What a send queue was created with: read-only on the data path.
 #[derive(Debug)]
 struct SqConfig {
+    /// The identity of the QP's device context (a UD destination's address handle must
+    /// belong to it: [`Ah::context_id`](crate::Ah)).
+    ctx_id: u64,
     qp_type: QpType,
     geo: SqGeometry,
     /// The control segment's `fm_ce_se` byte by [`SendFlags`] bits 0..3, with the flags added
@@ -400,6 +403,7 @@ impl SendQueue {
         bf: Bfreg,
         policy: BfPolicy,
         scatter: Option<(u32, Arc<MrTable>)>,
+        ctx_id: u64,
     ) -> Self {
         let mut shared = SqShared::new(geo.max_post, geo.wqe_cnt, report_unsignaled, qpn);
         shared.scatter = scatter.map(|(pd, mrs)| SqScatter {
@@ -425,6 +429,7 @@ impl SendQueue {
                 qpn_word: u32::from_ne_bytes((qpn << 8).to_be_bytes()),
                 shared,
                 cfg: SqConfig {
+                    ctx_id,
                     qp_type,
                     geo,
                     fm: fm_table(if sig_all {
@@ -636,7 +641,8 @@ impl SendQueue {
     /// control segment), with immediate data if `imm` is `Some`.
     ///
     /// # Errors
-    /// [`PostError::BadDestination`] on a connected QP; otherwise as [`send`](Self::send).
+    /// [`PostError::BadDestination`] on a connected QP; [`PostError::ForeignAh`] if `dest.ah`
+    /// belongs to another device context; otherwise as [`send`](Self::send).
     #[inline(always)]
     pub fn send_ud(
         &mut self,
@@ -645,6 +651,9 @@ impl SendQueue {
         imm: Option<[u8; 4]>,
     ) -> Result<WqeBuilder<'_, AnyPayload>, PostError> {
         self.need_connected(false, PostError::BadDestination)?;
+        if dest.ah.context_id() != self.q.cfg.ctx_id {
+            return Err(PostError::ForeignAh);
+        }
         let (op, imm) = match imm {
             Some(imm) => (SendOpcode::SEND_IMM, imm),
             None => (SendOpcode::SEND, [0; 4]),
@@ -1120,6 +1129,9 @@ fn plan_general(cfg: &SqConfig, wr: &SendWr<'_>) -> Result<Plan, PostError> {
     if (qp_type == QpType::Ud) != wr.ud.is_some() {
         return Err(PostError::BadDestination);
     }
+    if wr.ud.is_some_and(|ud| ud.ah.context_id() != cfg.ctx_id) {
+        return Err(PostError::ForeignAh);
+    }
     let has_inline = !wr.inline.is_empty();
     if opcode == SendOpcode::RDMA_READ && has_inline {
         // READ data flows into local memory: there is nothing to inline.
@@ -1533,6 +1545,7 @@ mod tests {
             bf,
             policy,
             None,
+            7,
         );
         sq.set_state(QpState::Rts);
         Rig {
