@@ -792,6 +792,12 @@ impl SendQueue {
     /// On the first bad WR: its index and the reason. WRs before it are posted and rung
     /// (as `ibv_post_send`'s `bad_wr`).
     pub fn post_send(&mut self, wrs: &[SendWr<'_>]) -> Result<(), (usize, PostError)> {
+        if let [wr] = wrs {
+            // The usual single SEND on a connected QP: the low-level builder, rung at once.
+            if let Some(r) = self.post_one(wr) {
+                return r.map_err(|e| (0, e));
+            }
+        }
         let mut b = self.batch();
         let mut res = Ok(());
         for (i, wr) in wrs.iter().enumerate() {
@@ -804,6 +810,63 @@ impl SendQueue {
         self.end_batch(e);
         self.ring();
         res
+    }
+
+    /// One verbs-shaped SEND or SEND with immediate on a connected QP through the low-level
+    /// builder, rung at once; `None` (nothing done) for every other WR, which the general
+    /// chain path takes. The checks come in the same order as there: destination, gather
+    /// list, then state and room, then the payload.
+    #[inline(always)]
+    fn post_one(&mut self, wr: &SendWr<'_>) -> Option<Result<(), PostError>> {
+        let (op, imm) = match wr.op {
+            WrOp::Send => (SendOpcode::SEND, [0; 4]),
+            WrOp::SendImm { imm } => (SendOpcode::SEND_IMM, imm),
+            _ => return None,
+        };
+        if self.q.cfg.qp_type == QpType::Ud || wr.ud.is_some() {
+            return None;
+        }
+        Some(self.post_one_send(wr, op, imm))
+    }
+
+    /// [`post_one`](Self::post_one) once the WR is known to be a connected SEND.
+    #[inline(always)]
+    fn post_one_send(
+        &mut self,
+        wr: &SendWr<'_>,
+        op: SendOpcode,
+        imm: [u8; 4],
+    ) -> Result<(), PostError> {
+        let max_gs = self.q.cfg.geo.max_gs;
+        let inline = !wr.inline.is_empty();
+        if !inline && wr.sg_list.len() > max_gs as usize {
+            return Err(PostError::TooManySges {
+                n: wr.sg_list.len(),
+                max: max_gs,
+            });
+        }
+        let b = self.begin::<AnyPayload>(op, wr.flags, imm, 1)?;
+        if inline {
+            let max = b.q.cfg.geo.max_inline;
+            let mut b = b.into_kind::<Inline>();
+            for part in wr.inline {
+                if b.push_inline(part).is_err() {
+                    // The total of every part, as the chain path reports it.
+                    let len = wr.inline.iter().map(|s| s.len()).sum();
+                    return Err(PostError::InlineTooLarge { len, max });
+                }
+            }
+            b.finish(wr.wr_id);
+        } else {
+            let mut b = b.into_kind::<Gather>();
+            for sge in wr.sg_list {
+                // Counted above: never more than `max_gs`.
+                b.push_sge(sge)?;
+            }
+            b.finish(wr.wr_id);
+        }
+        self.ring();
+        Ok(())
     }
 
     /// The queue's hot state by value, for building WQEs (see [`Batch`]); hand it back with
