@@ -906,7 +906,7 @@ impl SqCore {
     /// Re-count the credits from the poller's `tail`; `false` if there is none (the reason
     /// is [`no_credit`](Self::no_credit)). Returns a flag, not a `Result`, so the fast path
     /// keeps everything in registers.
-    #[inline(always)]
+    #[inline(never)]
     fn refill(&mut self) -> bool {
         match credits(self.state, self.head, &self.shared, self.cfg.geo.max_post) {
             Ok(n) => {
