@@ -67,6 +67,17 @@ pub(super) fn post_cqe(w: &mut World, hca: usize, cqn: u32, s: &CqeSpec) -> bool
         cq.async_events += 1;
         let (ctx, uh) = (cq.ctx, cq.user_handle);
         w.async_event(ctx, uh, ev::CQ_ERR);
+        // The QPs completing into it can report nothing more: each goes to the error
+        // state with its fatal event (their flush CQEs are lost with the CQ).
+        let mut at = None;
+        while let Some(qpn) = next_qpn(w, hca, at) {
+            at = Some(qpn);
+            let q = &w.hcas[hca].qps[&qpn];
+            let active = matches!(q.state, qps::RTR | qps::RTS | qps::SQD | qps::SQE);
+            if active && (q.send_cq == cqn || q.recv_cq == cqn) {
+                qp_to_err(w, hca, qpn, ev::QP_FATAL);
+            }
+        }
         return false;
     }
     let log = cq.ncqe.trailing_zeros();

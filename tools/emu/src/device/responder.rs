@@ -161,6 +161,11 @@ pub(super) fn responder(w: &mut World, pkt: &mut Packet) {
         }
         return;
     }
+    if qt == qpt::UC && psn_before(pkt.psn, epsn) {
+        // UC: a packet from the past (a duplicate) is dropped; the state is untouched.
+        w.hcas[hca].counters.packets_dropped += 1;
+        return;
+    }
     if qt == qpt::UC && pkt.psn != epsn {
         // UC: a gap kills the message in progress; resynchronise on a first packet.
         let q = w.hcas[hca].qps.get_mut(&qpn).expect("looked up above");
