@@ -8,7 +8,8 @@ pub(crate) mod sq;
 
 pub use rq::{RecvQueue, RqGeometry, rq_geometry};
 pub use sq::{
-    BfPolicy, BfregInfo, SendQueue, SqGeometry, SqStats, WqeBuilder, sq_geometry, sq_overhead,
+    AnyPayload, BfPolicy, BfregInfo, Gather, Inline, NoPayload, PayloadKind, SendQueue, SqGeometry,
+    SqStats, WqeBuilder, sq_geometry, sq_overhead,
 };
 
 use std::sync::Arc;

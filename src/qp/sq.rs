@@ -1349,6 +1349,11 @@ fn inline_hdr(len: u32) -> [u8; 4] {
 }
 
 mod sealed {
+    /// Seals [`PayloadKind`](super::PayloadKind): only this module's typestates implement it.
+    #[expect(
+        unnameable_types,
+        reason = "a sealed trait is deliberately unnameable outside its module"
+    )]
     pub trait Sealed {}
 }
 
