@@ -695,6 +695,7 @@ impl Qp {
                 init.bf_policy
             },
             Some((pd.inner.handle, ctx.inner.mrs.clone())),
+            ctx.id(),
         );
         let rq = rgeo.map(|g| {
             RecvQueue::new(
