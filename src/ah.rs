@@ -71,6 +71,13 @@ impl AhAttr {
 #[derive(Debug)]
 pub struct Ah {
     pd: Pd,
+    /// [`Context::id`](crate::Context) of `pd`, by value: a send queue compares it with its own
+    /// in one instruction when the AH is used in a UD work request.
+    #[allow(
+        dead_code,
+        reason = "read by the UD send path once the send queue keeps its id"
+    )]
+    ctx_id: u64,
     handle: Option<u32>,
     av: DatagramSeg,
     attr: AhAttr,
@@ -100,6 +107,7 @@ impl Ah {
             let av = build_av(&attr, AvLink::Ib);
             return Ok(Self {
                 pd: pd.clone(),
+                ctx_id: ctx.id(),
                 handle: None,
                 av,
                 attr,
@@ -133,10 +141,27 @@ impl Ah {
         );
         Ok(Self {
             pd: pd.clone(),
+            ctx_id: ctx.id(),
             handle: Some(r.ah_handle),
             av,
             attr,
         })
+    }
+
+    /// The device context the AH was created in.
+    pub fn context(&self) -> &crate::Context {
+        self.pd.context()
+    }
+
+    /// The identity of the AH's context (see [`Context::same_as`](crate::Context::same_as)),
+    /// for the one-compare check in the UD send path.
+    #[inline]
+    #[allow(
+        dead_code,
+        reason = "used by the UD send path once the send queue keeps its id"
+    )]
+    pub(crate) fn context_id(&self) -> u64 {
+        self.ctx_id
     }
 
     /// The prebuilt address vector.

@@ -193,6 +193,8 @@ struct UarState {
 }
 
 pub(crate) struct ContextInner {
+    /// Unique among the contexts of this process (never reused), for the same-context checks.
+    pub(crate) id: u64,
     pub(crate) surface: Arc<dyn UverbsSurface>,
     pub(crate) ucx: Mlx5IbAllocUcontextResp,
     pub(crate) config: ContextConfig,
@@ -332,6 +334,7 @@ impl Context {
             ucx.cache_line_size as usize
         };
         let inner = ContextInner {
+            id: next_context_id(),
             surface,
             ucx,
             config,
@@ -355,21 +358,64 @@ impl Context {
         })
     }
 
+    /// Whether `self` and `other` are the same device context (clones of one [`Context`]).
+    /// Objects handed to each other must share one: see [`Error::ContextMismatch`].
+    pub fn same_as(&self, other: &Context) -> bool {
+        self.inner.id == other.inner.id
+    }
+
+    /// This context's identity, unique in the process and never reused; a copy kept in an
+    /// object (an address handle, a send queue) makes the same-context check one compare.
+    #[allow(
+        dead_code,
+        reason = "used by the UD send path once the send queue keeps its id"
+    )]
+    pub(crate) fn id(&self) -> u64 {
+        self.inner.id
+    }
+
+    /// `Ok` if `other` (the context of the object called `object`) is this context (the one of
+    /// `with`), else [`Error::ContextMismatch`] naming both.
+    pub(crate) fn check_same(
+        &self,
+        object: &'static str,
+        other: &Context,
+        with: &'static str,
+    ) -> Result<()> {
+        if self.same_as(other) {
+            Ok(())
+        } else {
+            Err(Error::ContextMismatch { object, with })
+        }
+    }
+
     /// The uverbs surface commands go through.
     pub(crate) fn surface(&self) -> &dyn UverbsSurface {
         &*self.inner.surface
     }
 
-    /// Destroy a kernel object from a `Drop`: a failure (a driver bug: children hold their
-    /// parents, so the kernel never sees a busy object) is debug-asserted, except while
-    /// unwinding.
-    pub(crate) fn destroy<C: Command<DrvReq = ()>>(&self, req: &C::Req) {
+    /// Destroy a kernel object from a `Drop`; `true` if the kernel destroyed it.
+    ///
+    /// On `false` the kernel object may still exist, and with it the device's right to read
+    /// and write the memory it was given (queue rings, doorbell records, registered memory):
+    /// the caller must then never give that memory back (it leaks it). `EBUSY` would be a
+    /// driver bug (children hold their parents, so the kernel never sees a busy object) and
+    /// is debug-asserted, except while unwinding; other errnos (a device that went away, a
+    /// surface that refuses) are not.
+    pub(crate) fn destroy<C: Command<DrvReq = ()>>(&self, req: &C::Req) -> bool {
         let r = uverbs::write::<C>(self.surface(), req, &());
         debug_assert!(
-            r.is_ok() || std::thread::panicking(),
+            !matches!(
+                r,
+                Err(Error::Uverbs {
+                    errno: Errno::EBUSY,
+                    ..
+                })
+            ) || std::thread::panicking(),
             "{} failed: {r:?}",
             C::NAME
         );
+        r.is_ok()
     }
 
     /// The device attributes queried at open.
@@ -863,6 +909,11 @@ pub(crate) fn read_event(fd: &OwnedFd, buf: &mut [u8], timeout_ms: i32) -> Resul
 static NEXT_USER_HANDLE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// A process-unique `user_handle` for a new CQ/QP/SRQ (what events report back).
+fn next_context_id() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 pub(crate) fn next_user_handle() -> u64 {
     NEXT_USER_HANDLE.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }

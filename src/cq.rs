@@ -149,9 +149,13 @@ impl Cq {
     /// Create a CQ, optionally bound to a completion channel.
     ///
     /// # Errors
-    /// [`Error::Limit`] naming `cqe` or [`Error::InvalidArgument`] naming `cqe_size` before any
-    /// syscall; [`Error::Uverbs`] naming CREATE_CQ.
+    /// [`Error::ContextMismatch`] for a channel of another context, [`Error::Limit`] naming
+    /// `cqe` or [`Error::InvalidArgument`] naming `cqe_size` before any syscall;
+    /// [`Error::Uverbs`] naming CREATE_CQ.
     pub fn new(ctx: &Context, init: CqInit, channel: Option<&Arc<CompChannel>>) -> Result<Self> {
+        if let Some(ch) = channel {
+            ctx.check_same("comp_channel", ch.context(), "context")?;
+        }
         if init.cqe_size != 64 && init.cqe_size != 128 {
             return Err(Error::InvalidArgument {
                 attr: "cqe_size",

@@ -78,7 +78,11 @@ impl Drop for SrqHandle {
             srq_handle: self.handle,
             reserved: 0,
         };
-        self.pd.inner.ctx.destroy::<cmds::DestroySrq>(&cmd);
+        if !self.pd.inner.ctx.destroy::<cmds::DestroySrq>(&cmd) {
+            // The SRQ may live on in the kernel: the device may still use its ring and record.
+            crate::qp::leak(&self._buf);
+            crate::qp::leak(&self._dbrec);
+        }
     }
 }
 
@@ -185,6 +189,11 @@ impl Srq {
     /// SRQ number.
     pub fn srqn(&self) -> u32 {
         self.handle.srqn
+    }
+
+    /// The device context the SRQ was created in.
+    pub fn context(&self) -> &crate::Context {
+        self.handle.pd.context()
     }
 
     /// Usable capacity in WRs (ring size minus the sentinel).
