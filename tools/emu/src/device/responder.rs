@@ -345,10 +345,13 @@ pub(super) fn execute_request(
         let orig = do_atomic(addr, pkt.opcode, a)
             .map_err(|_| RespErr::Nak(aeth::NAK_REM_OP, ev::QP_FATAL))?;
         let q = w.hcas[hca].qps.get_mut(&qpn).expect("responder QP exists");
-        q.rc.resp.atomic_cache.push_back((pkt.psn, orig));
-        if q.rc.resp.atomic_cache.len() > 16 {
+        // The replay state holds the results of the last max_dest_rd_atomic atomics: as
+        // many as a requester may have outstanding towards this QP.
+        let keep = usize::from(q.max_dest_rd_atomic.max(1));
+        while q.rc.resp.atomic_cache.len() >= keep {
             q.rc.resp.atomic_cache.pop_front();
         }
+        q.rc.resp.atomic_cache.push_back((pkt.psn, orig));
         return Ok((Reply::AtomicAck(orig), 1));
     }
     let is_send = matches!(base, 0x00..=0x05 | 0x16 | 0x17);
