@@ -61,7 +61,7 @@ pub(super) fn fetch_recv_wqe(
     let q = w.hcas[hca].qps.get_mut(&qpn)?;
     if let Some(srqn) = q.srq {
         let s = w.hcas[hca].srqs.get_mut(&srqn)?;
-        let posted = mem::read_be32(s.db).ok()? & 0xffff;
+        let posted = mem::read_be32(s.db).ok()? & WQ_PI_MASK;
         if (posted as u16).wrapping_sub(s.consumed as u16) == 0 {
             return None;
         }
@@ -85,7 +85,7 @@ pub(super) fn fetch_recv_wqe(
     }
     let stride = 1u64 << q.rq_wqe_shift;
     if !rq_cached_avail(q) {
-        q.rq_pi_seen = mem::read_be32(q.db).ok()? as u16;
+        q.rq_pi_seen = (mem::read_be32(q.db).ok()? & WQ_PI_MASK) as u16;
         if q.rq_pi_seen == q.rq_head as u16 {
             return None;
         }
@@ -640,11 +640,12 @@ pub(super) fn rq_cached_avail(q: &crate::state::Qp) -> bool {
 pub(super) fn has_recv_wqe(w: &World, hca: usize, qpn: u32) -> bool {
     let q = &w.hcas[hca].qps[&qpn];
     if let Some(s) = q.srq.and_then(|s| w.hcas[hca].srqs.get(&s)) {
-        return mem::read_be32(s.db).is_ok_and(|p| (p as u16).wrapping_sub(s.consumed as u16) != 0);
+        return mem::read_be32(s.db)
+            .is_ok_and(|p| ((p & WQ_PI_MASK) as u16).wrapping_sub(s.consumed as u16) != 0);
     }
     q.rq_wqe_cnt > 0
         && (rq_cached_avail(q)
-            || mem::read_be32(q.db).is_ok_and(|p| (p as u16) != (q.rq_head as u16)))
+            || mem::read_be32(q.db).is_ok_and(|p| (p & WQ_PI_MASK) as u16 != q.rq_head as u16))
 }
 
 /// The 40-byte GRH placed at the head of a UD receive buffer (IPv6-style header).
