@@ -411,3 +411,36 @@ pub(crate) fn on_write_fault(addr: usize) -> bool {
     }
     false
 }
+
+/// A doorbell seen on a *shared* register (a medium-latency bfreg, or bfreg 0, used by
+/// several QPs of the context): the doorbell of another QP on that register may have been
+/// overwritten by this one between two scans (UAR memory keeps only the last value, where a
+/// real MMIO write is never lost). So every other QP bound to the register whose doorbell
+/// record has moved past what it was rung to is taken as rung too. A deviation from the
+/// hardware, limited to QPs that share a register with one whose doorbell was just written:
+/// such a QP may run a WQE it published only in its doorbell record. Not counted in
+/// `doorbells` (that counts the doorbell words seen).
+pub(crate) fn rung_shared_register(
+    w: &mut crate::state::World,
+    hca: usize,
+    ctx: u64,
+    qpn: u32,
+    bfreg: u32,
+) {
+    let shared = w
+        .contexts
+        .get(&ctx)
+        .and_then(|c| c.bfreg_users.get(bfreg as usize))
+        .is_some_and(|&n| n > 1);
+    if !shared {
+        return;
+    }
+    for (&n, q) in w.hcas[hca].qps.iter_mut() {
+        if n == qpn || q.ctx != ctx || q.bfreg != bfreg {
+            continue;
+        }
+        if let Ok(pi) = crate::mem::read_be32(q.db + 4) {
+            q.sq_rung = (pi & mlx5_hw::doorbell::WQ_PI_MASK) as u16;
+        }
+    }
+}

@@ -250,3 +250,48 @@ fn a_kernel_command_wakes_the_device() {
         assert_ne!(c.opcode, 0, "flush CQE {k} is an error CQE");
     }
 }
+
+/// Two QPs on one shared (medium-latency) register ring it between two scans: UAR memory
+/// keeps only the second doorbell word, yet both WQEs run (the device takes the other QPs of
+/// a shared register as rung, `uar::rung_shared_register`). Stepped, so the two stores are
+/// certainly between the same two scans; failed before (the first QP's WQE never ran).
+#[test]
+fn two_qps_ringing_one_shared_register_between_two_scans_both_run() {
+    let emu = stepped(1);
+    let mut a = Ctx::open(&emu, 0);
+    let pd = a.alloc_pd();
+    let mut cq = a.create_cq(256, 64, -1);
+    // 4 dedicated low-latency bfregs, then 11 medium ones: the 16th QP shares with the 5th.
+    let qps: Vec<Qp> = (0..16)
+        .map(|_| a.create_qp(pd, &cq, &cq, RC, 64, 64, None))
+        .collect();
+    let (i, j) = (0..16)
+        .flat_map(|i| (i + 1..16).map(move |j| (i, j)))
+        .find(|&(i, j)| qps[i].bfreg == qps[j].bfreg)
+        .expect("two QPs on one register");
+    let mut qps = qps;
+    let mut qj = qps.swap_remove(j);
+    let mut qi = qps.swap_remove(i);
+    assert_eq!(a.bfreg_addr(&qi), a.bfreg_addr(&qj), "one register");
+    for q in [&qi, &qj] {
+        bring_up(&a, q, 1, q.qpn, Knobs::default());
+    }
+    let buf = Buf::new(8192);
+    let (_, lkey, _) = a.reg_mr(pd, buf.addr(), 8192, ALL_ACCESS).expect("mr");
+    for (k, q) in [&mut qi, &mut qj].into_iter().enumerate() {
+        q.post_recv(&[(buf.addr() + 4096 + 64 * k as u64, 64, lkey)]);
+        let seg = DataSeg::new(8, lkey, buf.addr());
+        let idx = q.build_send(
+            SendOpcode::SEND,
+            0,
+            FM_CE_SE_CQ_UPDATE,
+            [0; 4],
+            seg.as_bytes(),
+        );
+        q.ring(&a, idx, Ring::Doorbell);
+    }
+    emu.run_until_idle();
+    let cqes = drain(&mut cq);
+    assert_eq!(cqes.len(), 4, "send + receive of both QPs: {cqes:?}");
+    assert_eq!(emu.counters(0).wqes_executed, 2);
+}

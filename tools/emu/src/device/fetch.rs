@@ -104,6 +104,12 @@ pub(super) fn send_doorbell(w: &mut World, hca: usize, ctx: u64, word: u64, rest
         return;
     };
     qp.sq_rung = (pi & WQ_PI_MASK) as u16;
+    let bfreg = qp.bfreg;
+    crate::uar::rung_shared_register(w, hca, ctx, qpn, bfreg);
+    let h = &mut w.hcas[hca];
+    let Some(qp) = h.qps.get_mut(&qpn) else {
+        return;
+    };
     if rest.iter().any(|&x| x != 0) {
         h.counters.bf_writes += 1;
         if stepped && qp.sq_wqe_cnt > 0 {
