@@ -68,7 +68,8 @@ impl DmaBuf {
     /// `MADV_DONTFORK`.
     ///
     /// # Errors
-    /// [`Error::Os`] if `mmap` or `madvise` fails; [`Error::InvalidArgument`] if `len` is 0.
+    /// [`Error::Os`] if `mmap` or `madvise` fails; [`Error::InvalidArgument`] if `len` is 0 or
+    /// too large to round up to whole pages.
     pub fn new(len: usize) -> Result<Self> {
         Self::with_policy(len, HugePolicy::None)
     }
@@ -121,7 +122,13 @@ impl DmaBuf {
         } else {
             HUGE_PAGE_SIZE
         };
-        let len = len.div_ceil(align) * align;
+        // A length within a page of `usize::MAX` cannot be rounded up; no mapping is that big.
+        let len = len
+            .checked_next_multiple_of(align)
+            .ok_or(Error::InvalidArgument {
+                attr: "length",
+                reason: "too large to round up to whole pages",
+            })?;
         let mut opts = MmapOptions::new();
         opts.len(len);
         if backing == Backing::Hugetlb {

@@ -15,7 +15,7 @@ use mlx5_hw::opcodes::WcStatus;
 use mlx5_hw::wqe::DataSeg;
 
 use crate::mem::DbRec;
-use crate::mem::scatter::MrTable;
+use crate::mem::scatter::{MrCache, MrTable};
 use crate::mem::table::RingTable;
 use crate::mem::wq::{WqReader, WqRing, WqWriter};
 use crate::mmio::barrier;
@@ -136,16 +136,23 @@ impl ScatterTarget {
         }
     }
 
-    /// Copy `data` into the scatter list of WQE `index` (taken modulo the ring). Call before
+    /// Copy `data` into the scatter list of WQE `index` (taken modulo the ring), finding the
+    /// regions through the poller's last-hit `cache` (no lock unless it misses). Call before
     /// the WQE is retired (the poster may reuse it from then on).
     ///
     /// # Errors
-    /// As [`MrTable::copy_to_segs`].
-    pub(crate) fn copy(&self, index: u32, data: &[u8]) -> Result<(), WcStatus> {
+    /// As [`MrTable::copy_to_segs_cached`].
+    #[inline]
+    pub(crate) fn copy(
+        &self,
+        index: u32,
+        data: &[u8],
+        cache: &mut MrCache,
+    ) -> Result<(), WcStatus> {
         let base = ((index as usize) << self.log_stride) + self.first;
         let segs = (0..self.max_gs as usize)
             .map(|k| -> DataSeg { zerocopy::transmute!(self.ring.seg16(base + k * 16)) });
-        self.mrs.copy_to_segs(self.pd, data, segs)
+        self.mrs.copy_to_segs_cached(cache, self.pd, data, segs)
     }
 }
 
