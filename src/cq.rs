@@ -428,6 +428,10 @@ impl Cq {
     /// Gives the CQ back unchanged while unsignaled send WRs are still to be reported
     /// ([`QpInitAttr::report_unsignaled`](crate::QpInitAttr::report_unsignaled)): poll until
     /// a call returns fewer completions than it had room for, then convert.
+    #[expect(
+        clippy::result_large_err,
+        reason = "the CQ itself is handed back; a conversion, not a fast path"
+    )]
     pub fn into_raw(self) -> core::result::Result<RawCq, Cq> {
         if self.pending.is_some() {
             return Err(self);
@@ -546,28 +550,6 @@ pub struct RawCq {
 }
 
 impl RawCq {
-    /// Take the next completion, or `None` while the device owns the next entry. The consumer
-    /// index is not published until [`publish_ci`](Self::publish_ci).
-    #[inline]
-    pub fn next(&mut self) -> Option<RawCqe> {
-        let Core {
-            ring,
-            users,
-            by_uidx,
-            mr_cache,
-            shared,
-            user_reloads,
-            ..
-        } = &mut self.core;
-        let t = ring.take()?;
-        let cqe = t.cqe();
-        let mut copy = WcStatus::SUCCESS;
-        if cqe.op_own & SCATTER_MASK != 0 {
-            copy = raw_scatter(shared, users, *by_uidx, user_reloads, mr_cache, &cqe, &t);
-        }
-        Some(RawCqe { cqe, copy })
-    }
-
     /// Publish the consumer index in the CQ doorbell record: the device may reuse every entry
     /// taken so far. Publish at least once per ring's worth of completions (the device counts
     /// unpublished entries as occupied) and before arming.
@@ -621,6 +603,35 @@ impl RawCq {
     /// As [`Cq::wait`].
     pub fn wait(&mut self, channel: &CompChannel, timeout_ms: i32) -> Result<bool> {
         self.core.wait(channel, timeout_ms)
+    }
+}
+
+/// The low-level poll: each `next` takes one completion, `None` while the device owns the next
+/// entry (a later `next` may find one: this iterator is not fused). `for c in &mut raw` drains
+/// what has arrived.
+impl Iterator for RawCq {
+    type Item = RawCqe;
+
+    /// Take the next completion, or `None` while the device owns the next entry. The consumer
+    /// index is not published until [`publish_ci`](Self::publish_ci).
+    #[inline]
+    fn next(&mut self) -> Option<RawCqe> {
+        let Core {
+            ring,
+            users,
+            by_uidx,
+            mr_cache,
+            shared,
+            user_reloads,
+            ..
+        } = &mut self.core;
+        let t = ring.take()?;
+        let cqe = t.cqe();
+        let mut copy = WcStatus::SUCCESS;
+        if cqe.op_own & SCATTER_MASK != 0 {
+            copy = raw_scatter(shared, users, *by_uidx, user_reloads, mr_cache, &cqe, &t);
+        }
+        Some(RawCqe { cqe, copy })
     }
 }
 
