@@ -2,18 +2,15 @@
 //! every UD WQE (with the destination QPN and Q_Key set per WR).
 
 use mlx5_ffi::ioctl::IB_UVERBS_GID_TYPE_ROCE_V2;
-use mlx5_ffi::mlx5::{MLX5_USER_CMDS_SUPP_UHW_CREATE_AH, Mlx5IbCreateAhResp};
-use mlx5_ffi::uverbs::{
-    IB_USER_VERBS_CMD_CREATE_AH, IB_USER_VERBS_CMD_DESTROY_AH, IbUverbsAhAttr, IbUverbsCreateAh,
-    IbUverbsCreateAhResp, IbUverbsDestroyAh, IbUverbsGlobalRoute,
-};
+use mlx5_ffi::mlx5::MLX5_USER_CMDS_SUPP_UHW_CREATE_AH;
+use mlx5_ffi::uverbs::{IbUverbsAhAttr, IbUverbsCreateAh, IbUverbsDestroyAh, IbUverbsGlobalRoute};
 use mlx5_hw::types::{Be16, Be32};
 use mlx5_hw::wqe::{AV_GRH_PRESENT, DQP_EXTENDED_AV, DatagramSeg};
-use zerocopy::IntoBytes;
 
 use crate::error::{Error, Result};
 use crate::pd::Pd;
-use crate::uverbs::{RespBuf, write_cmd};
+use crate::uverbs;
+use mlx5_ffi::cmd::cmds;
 
 /// Global routing (GRH) part of an address: mandatory on RoCE.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -74,6 +71,13 @@ impl AhAttr {
 #[derive(Debug)]
 pub struct Ah {
     pd: Pd,
+    /// [`Context::id`](crate::Context) of `pd`, by value: a send queue compares it with its own
+    /// in one instruction when the AH is used in a UD work request.
+    #[allow(
+        dead_code,
+        reason = "read by the UD send path once the send queue keeps its id"
+    )]
+    ctx_id: u64,
     handle: Option<u32>,
     av: DatagramSeg,
     attr: AhAttr,
@@ -103,6 +107,7 @@ impl Ah {
             let av = build_av(&attr, AvLink::Ib);
             return Ok(Self {
                 pd: pd.clone(),
+                ctx_id: ctx.id(),
                 handle: None,
                 av,
                 attr,
@@ -119,25 +124,14 @@ impl Ah {
                 what: "RoCE address handles need a kernel whose CREATE_AH returns the destination MAC",
             });
         }
-        let core_len = size_of::<IbUverbsCreateAhResp>();
-        let mut resp = RespBuf::new(core_len + size_of::<Mlx5IbCreateAhResp>());
         let cmd = IbUverbsCreateAh {
-            response: resp.addr(),
+            response: 0,
             user_handle: 0,
             pd_handle: pd.inner.handle,
             reserved: 0,
             attr: attr.to_uverbs(),
         };
-        write_cmd(
-            ctx.surface(),
-            "CREATE_AH",
-            IB_USER_VERBS_CMD_CREATE_AH,
-            cmd.as_bytes(),
-            &[],
-            Some(&mut resp),
-        )?;
-        let r: IbUverbsCreateAhResp = resp.get(0);
-        let m: Mlx5IbCreateAhResp = resp.get(core_len);
+        let (r, m) = uverbs::write::<cmds::CreateAh>(ctx.surface(), &cmd, &())?;
         let av = build_av(
             &attr,
             AvLink::Roce {
@@ -147,10 +141,27 @@ impl Ah {
         );
         Ok(Self {
             pd: pd.clone(),
+            ctx_id: ctx.id(),
             handle: Some(r.ah_handle),
             av,
             attr,
         })
+    }
+
+    /// The device context the AH was created in.
+    pub fn context(&self) -> &crate::Context {
+        self.pd.context()
+    }
+
+    /// The identity of the AH's context (see [`Context::same_as`](crate::Context::same_as)),
+    /// for the one-compare check in the UD send path.
+    #[inline]
+    #[allow(
+        dead_code,
+        reason = "used by the UD send path once the send queue keeps its id"
+    )]
+    pub(crate) fn context_id(&self) -> u64 {
+        self.ctx_id
     }
 
     /// The prebuilt address vector.
@@ -271,12 +282,7 @@ impl Drop for Ah {
     fn drop(&mut self) {
         if let Some(h) = self.handle {
             let cmd = IbUverbsDestroyAh { ah_handle: h };
-            self.pd.inner.ctx.destroy(
-                "DESTROY_AH",
-                IB_USER_VERBS_CMD_DESTROY_AH,
-                cmd.as_bytes(),
-                None,
-            );
+            self.pd.inner.ctx.destroy::<cmds::DestroyAh>(&cmd);
         }
     }
 }
@@ -284,6 +290,7 @@ impl Drop for Ah {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use zerocopy::IntoBytes;
 
     fn route(
         dgid: [u8; 16],

@@ -22,11 +22,8 @@ use mlx5_ffi::mlx5::{
 };
 use mlx5_ffi::surface::UverbsSurface;
 use mlx5_ffi::uverbs::{
-    IB_USER_VERBS_CMD_CREATE_COMP_CHANNEL, IB_USER_VERBS_CMD_GET_CONTEXT,
-    IB_USER_VERBS_CMD_QUERY_DEVICE, IB_USER_VERBS_CMD_QUERY_PORT, IbUverbsAsyncEventDesc,
-    IbUverbsCompEventDesc, IbUverbsCreateCompChannel, IbUverbsCreateCompChannelResp,
-    IbUverbsGetContext, IbUverbsGetContextResp, IbUverbsQueryDevice, IbUverbsQueryDeviceResp,
-    IbUverbsQueryPort, IbUverbsQueryPortResp,
+    IbUverbsAsyncEventDesc, IbUverbsCompEventDesc, IbUverbsCreateCompChannel, IbUverbsGetContext,
+    IbUverbsQueryDevice, IbUverbsQueryDeviceResp, IbUverbsQueryPort, IbUverbsQueryPortResp,
 };
 use mlx5_hw::doorbell::UAR_SIZE;
 use zerocopy::{FromBytes, IntoBytes};
@@ -34,7 +31,8 @@ use zerocopy::{FromBytes, IntoBytes};
 use crate::error::{Errno, Error, Result};
 use crate::mem::DbRecPool;
 use crate::mem::uar::{UarPage, UarReg};
-use crate::uverbs::{Ioctl, RespBuf, own_fd, write_cmd};
+use crate::uverbs::{self, Ioctl, RespBuf, own_fd};
+use mlx5_ffi::cmd::{Command, cmds};
 
 /// How to open a context (the knobs libmlx5 takes from its environment variables).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -195,6 +193,8 @@ struct UarState {
 }
 
 pub(crate) struct ContextInner {
+    /// Unique among the contexts of this process (never reused), for the same-context checks.
+    pub(crate) id: u64,
     pub(crate) surface: Arc<dyn UverbsSurface>,
     pub(crate) ucx: Mlx5IbAllocUcontextResp,
     pub(crate) config: ContextConfig,
@@ -277,21 +277,8 @@ impl Context {
                     0
                 },
         };
-        let core_len = size_of::<IbUverbsGetContextResp>();
-        let mut resp = RespBuf::new(core_len + size_of::<Mlx5IbAllocUcontextResp>());
-        let cmd = IbUverbsGetContext {
-            response: resp.addr(),
-        };
-        write_cmd(
-            &*surface,
-            "GET_CONTEXT",
-            IB_USER_VERBS_CMD_GET_CONTEXT,
-            cmd.as_bytes(),
-            req.as_bytes(),
-            Some(&mut resp),
-        )?;
-        let core: IbUverbsGetContextResp = resp.get(0);
-        let ucx: Mlx5IbAllocUcontextResp = resp.get(core_len);
+        let (core, ucx) =
+            uverbs::write::<cmds::GetContext>(&*surface, &IbUverbsGetContext::default(), &req)?;
         let async_fd = own_fd("GET_CONTEXT", core.async_fd)?;
         if ucx.cqe_version > config.max_cqe_version {
             return Err(Error::BadResponse {
@@ -347,6 +334,7 @@ impl Context {
             ucx.cache_line_size as usize
         };
         let inner = ContextInner {
+            id: next_context_id(),
             surface,
             ucx,
             config,
@@ -370,6 +358,37 @@ impl Context {
         })
     }
 
+    /// Whether `self` and `other` are the same device context (clones of one [`Context`]).
+    /// Objects handed to each other must share one: see [`Error::ContextMismatch`].
+    pub fn same_as(&self, other: &Context) -> bool {
+        self.inner.id == other.inner.id
+    }
+
+    /// This context's identity, unique in the process and never reused; a copy kept in an
+    /// object (an address handle, a send queue) makes the same-context check one compare.
+    #[allow(
+        dead_code,
+        reason = "used by the UD send path once the send queue keeps its id"
+    )]
+    pub(crate) fn id(&self) -> u64 {
+        self.inner.id
+    }
+
+    /// `Ok` if `other` (the context of the object called `object`) is this context (the one of
+    /// `with`), else [`Error::ContextMismatch`] naming both.
+    pub(crate) fn check_same(
+        &self,
+        object: &'static str,
+        other: &Context,
+        with: &'static str,
+    ) -> Result<()> {
+        if self.same_as(other) {
+            Ok(())
+        } else {
+            Err(Error::ContextMismatch { object, with })
+        }
+    }
+
     /// The uverbs surface commands go through.
     pub(crate) fn surface(&self) -> &dyn UverbsSurface {
         &*self.inner.surface
@@ -378,17 +397,12 @@ impl Context {
     /// Destroy a kernel object from a `Drop`: a failure (a driver bug: children hold their
     /// parents, so the kernel never sees a busy object) is debug-asserted, except while
     /// unwinding.
-    pub(crate) fn destroy(
-        &self,
-        name: &'static str,
-        command: u32,
-        core: &[u8],
-        resp: Option<&mut RespBuf>,
-    ) {
-        let r = write_cmd(self.surface(), name, command, core, &[], resp);
+    pub(crate) fn destroy<C: Command<DrvReq = ()>>(&self, req: &C::Req) {
+        let r = uverbs::write::<C>(self.surface(), req, &());
         debug_assert!(
             r.is_ok() || std::thread::panicking(),
-            "{name} failed: {r:?}"
+            "{} failed: {r:?}",
+            C::NAME
         );
     }
 
@@ -427,21 +441,12 @@ impl Context {
     /// # Errors
     /// [`Error::Uverbs`] naming QUERY_PORT.
     pub fn query_port(&self, port: u8) -> Result<PortAttr> {
-        let mut resp = RespBuf::new(size_of::<IbUverbsQueryPortResp>());
         let cmd = IbUverbsQueryPort {
-            response: resp.addr(),
+            response: 0,
             port_num: port,
             reserved: [0; 7],
         };
-        write_cmd(
-            self.surface(),
-            "QUERY_PORT",
-            IB_USER_VERBS_CMD_QUERY_PORT,
-            cmd.as_bytes(),
-            &[],
-            Some(&mut resp),
-        )?;
-        let raw: IbUverbsQueryPortResp = resp.get(0);
+        let (raw, ()) = uverbs::write::<cmds::QueryPort>(self.surface(), &cmd, &())?;
         Ok(PortAttr {
             state: raw.state,
             active_mtu: raw.active_mtu,
@@ -574,19 +579,11 @@ impl Context {
     /// # Errors
     /// [`Error::Uverbs`] naming CREATE_COMP_CHANNEL.
     pub fn create_comp_channel(&self) -> Result<CompChannel> {
-        let mut resp = RespBuf::new(size_of::<IbUverbsCreateCompChannelResp>().next_multiple_of(4));
-        let cmd = IbUverbsCreateCompChannel {
-            response: resp.addr(),
-        };
-        write_cmd(
+        let (r, ()) = uverbs::write::<cmds::CreateCompChannel>(
             self.surface(),
-            "CREATE_COMP_CHANNEL",
-            IB_USER_VERBS_CMD_CREATE_COMP_CHANNEL,
-            cmd.as_bytes(),
-            &[],
-            Some(&mut resp),
+            &IbUverbsCreateCompChannel::default(),
+            &(),
         )?;
-        let r: IbUverbsCreateCompChannelResp = resp.get(0);
         Ok(CompChannel {
             fd: own_fd("CREATE_COMP_CHANNEL", r.fd)?,
             ctx: self.clone(),
@@ -793,19 +790,8 @@ fn destroy_dyn_uar(surface: &Arc<dyn UverbsSurface>, u: DynUar) {
 }
 
 fn query_device(surface: &dyn UverbsSurface) -> Result<DeviceAttr> {
-    let mut resp = RespBuf::new(size_of::<IbUverbsQueryDeviceResp>());
-    let cmd = IbUverbsQueryDevice {
-        response: resp.addr(),
-    };
-    write_cmd(
-        surface,
-        "QUERY_DEVICE",
-        IB_USER_VERBS_CMD_QUERY_DEVICE,
-        cmd.as_bytes(),
-        &[],
-        Some(&mut resp),
-    )?;
-    let raw: IbUverbsQueryDeviceResp = resp.get(0);
+    let (raw, ()) =
+        uverbs::write::<cmds::QueryDevice>(surface, &IbUverbsQueryDevice::default(), &())?;
     Ok(DeviceAttr {
         fw_ver: raw.fw_ver,
         node_guid: raw.node_guid.to_ne_bytes(),
@@ -911,6 +897,11 @@ pub(crate) fn read_event(fd: &OwnedFd, buf: &mut [u8], timeout_ms: i32) -> Resul
 static NEXT_USER_HANDLE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// A process-unique `user_handle` for a new CQ/QP/SRQ (what events report back).
+fn next_context_id() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 pub(crate) fn next_user_handle() -> u64 {
     NEXT_USER_HANDLE.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }

@@ -17,11 +17,8 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use mlx5_ffi::mlx5::{MLX5_IB_CREATE_CQ_FLAGS_UAR_PAGE_INDEX, Mlx5IbCreateCq, Mlx5IbCreateCqResp};
-use mlx5_ffi::uverbs::{
-    IB_USER_VERBS_CMD_CREATE_CQ, IB_USER_VERBS_CMD_DESTROY_CQ, IbUverbsCreateCq,
-    IbUverbsCreateCqResp, IbUverbsDestroyCq,
-};
+use mlx5_ffi::mlx5::{MLX5_IB_CREATE_CQ_FLAGS_UAR_PAGE_INDEX, Mlx5IbCreateCq};
+use mlx5_ffi::uverbs::{IbUverbsCreateCq, IbUverbsDestroyCq};
 use mlx5_hw::cqe::{
     CQE_FORMAT_SCATTER_32, CQE_FORMAT_SCATTER_64, Cqe64, ErrCqe, INLINE_SCATTER_32,
     INLINE_SCATTER_64,
@@ -39,8 +36,9 @@ use crate::mmio::barrier;
 use crate::qp::rq::RqShared;
 use crate::qp::sq::{SqShared, wc_opcode_of};
 use crate::srq::SrqShared;
-use crate::uverbs::{RespBuf, write_cmd};
+use crate::uverbs;
 use crate::wr::{WcFlags, WcOpcode, WorkCompletion};
+use mlx5_ffi::cmd::cmds;
 
 /// CQ creation attributes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -118,18 +116,12 @@ impl CqShared {
 
 impl Drop for CqShared {
     fn drop(&mut self) {
-        let mut resp = RespBuf::new(8);
         let cmd = IbUverbsDestroyCq {
-            response: resp.addr(),
+            response: 0,
             cq_handle: self.handle,
             reserved: 0,
         };
-        self.ctx.destroy(
-            "DESTROY_CQ",
-            IB_USER_VERBS_CMD_DESTROY_CQ,
-            cmd.as_bytes(),
-            Some(&mut resp),
-        );
+        self.ctx.destroy::<cmds::DestroyCq>(&cmd);
     }
 }
 
@@ -297,9 +289,13 @@ impl Cq {
     /// Create a CQ, optionally bound to a completion channel.
     ///
     /// # Errors
-    /// [`Error::Limit`] naming `cqe` or [`Error::InvalidArgument`] naming `cqe_size` before any
-    /// syscall; [`Error::Uverbs`] naming CREATE_CQ.
+    /// [`Error::ContextMismatch`] for a channel of another context, [`Error::Limit`] naming
+    /// `cqe` or [`Error::InvalidArgument`] naming `cqe_size` before any syscall;
+    /// [`Error::Uverbs`] naming CREATE_CQ.
     pub fn new(ctx: &Context, init: CqInit, channel: Option<&Arc<CompChannel>>) -> Result<Self> {
+        if let Some(ch) = channel {
+            ctx.check_same("comp_channel", ch.context(), "context")?;
+        }
         if init.cqe_size != 64 && init.cqe_size != 128 {
             return Err(Error::InvalidArgument {
                 attr: "cqe_size",
@@ -338,26 +334,15 @@ impl Cq {
             drv.uar_page_index = id;
         }
         let user_handle = crate::context::next_user_handle();
-        let core_len = size_of::<IbUverbsCreateCqResp>();
-        let mut resp = RespBuf::new(core_len + size_of::<Mlx5IbCreateCqResp>());
         let cmd = IbUverbsCreateCq {
-            response: resp.addr(),
+            response: 0,
             user_handle,
             cqe: ncqe - 1,
             comp_vector: init.comp_vector,
             comp_channel: channel.map_or(-1, |c| std::os::fd::AsRawFd::as_raw_fd(&c.fd)),
             reserved: 0,
         };
-        write_cmd(
-            ctx.surface(),
-            "CREATE_CQ",
-            IB_USER_VERBS_CMD_CREATE_CQ,
-            cmd.as_bytes(),
-            drv.as_bytes(),
-            Some(&mut resp),
-        )?;
-        let core: IbUverbsCreateCqResp = resp.get(0);
-        let m: Mlx5IbCreateCqResp = resp.get(core_len);
+        let (core, m) = uverbs::write::<cmds::CreateCq>(ctx.surface(), &cmd, &drv)?;
         let shared = Arc::new(CqShared {
             ctx: ctx.clone(),
             handle: core.cq_handle,

@@ -41,6 +41,16 @@ pub enum Error {
         /// Why it is invalid.
         reason: &'static str,
     },
+    /// An object of one device context was handed to an object or call of another (a CQ of
+    /// context B to a QP on a PD of context A, ...). Kernel handles are numbers in a
+    /// per-context table, so the kernel would resolve the handle in the wrong table; this is
+    /// detected before any syscall.
+    ContextMismatch {
+        /// The object that belongs to another context, e.g. `"send_cq"`.
+        object: &'static str,
+        /// The object whose context it had to share, e.g. `"pd"`.
+        with: &'static str,
+    },
     /// The device, kernel or this driver lacks something needed.
     Unsupported {
         /// What is missing.
@@ -89,6 +99,9 @@ impl fmt::Display for Error {
                 )
             }
             Error::InvalidArgument { attr, reason } => write!(f, "invalid {attr}: {reason}"),
+            Error::ContextMismatch { object, with } => {
+                write!(f, "{object} belongs to another device context than {with}")
+            }
             Error::Unsupported { what } => write!(f, "unsupported: {what}"),
             Error::BadResponse { cmd, what } => write!(f, "bad response to {cmd}: {what}"),
             Error::AbiVersion {

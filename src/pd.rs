@@ -2,19 +2,15 @@
 
 use std::sync::Arc;
 
-use mlx5_ffi::uverbs::{
-    IB_USER_VERBS_CMD_ALLOC_PD, IB_USER_VERBS_CMD_DEALLOC_PD, IB_USER_VERBS_CMD_DEREG_MR,
-    IB_USER_VERBS_CMD_REG_MR, IbUverbsAllocPd, IbUverbsAllocPdResp, IbUverbsDeallocPd,
-    IbUverbsDeregMr, IbUverbsRegMr, IbUverbsRegMrResp,
-};
-use zerocopy::IntoBytes;
+use mlx5_ffi::uverbs::{IbUverbsAllocPd, IbUverbsDeallocPd, IbUverbsDeregMr, IbUverbsRegMr};
 
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::mem::DmaBuf;
 use crate::mem::dma_buf::UserMemory;
-use crate::uverbs::{RespBuf, write_cmd};
+use crate::uverbs;
 use crate::wr::Sge;
+use mlx5_ffi::cmd::cmds;
 
 #[derive(Debug)]
 pub(crate) struct PdInner {
@@ -27,12 +23,7 @@ impl Drop for PdInner {
         let cmd = IbUverbsDeallocPd {
             pd_handle: self.handle,
         };
-        self.ctx.destroy(
-            "DEALLOC_PD",
-            IB_USER_VERBS_CMD_DEALLOC_PD,
-            cmd.as_bytes(),
-            None,
-        );
+        self.ctx.destroy::<cmds::DeallocPd>(&cmd);
     }
 }
 
@@ -70,19 +61,8 @@ impl Pd {
     /// # Errors
     /// [`Error::Uverbs`] naming ALLOC_PD.
     pub fn new(ctx: &Context) -> Result<Self> {
-        let mut resp = RespBuf::new(8); // core {pd_handle} + mlx5 {pdn}
-        let cmd = IbUverbsAllocPd {
-            response: resp.addr(),
-        };
-        write_cmd(
-            ctx.surface(),
-            "ALLOC_PD",
-            IB_USER_VERBS_CMD_ALLOC_PD,
-            cmd.as_bytes(),
-            &[],
-            Some(&mut resp),
-        )?;
-        let r: IbUverbsAllocPdResp = resp.get(0);
+        let cmd = IbUverbsAllocPd { response: 0 };
+        let (r, _) = uverbs::write::<cmds::AllocPd>(ctx.surface(), &cmd, &())?;
         Ok(Self {
             inner: Arc::new(PdInner {
                 ctx: ctx.clone(),
@@ -136,24 +116,15 @@ impl Pd {
         if max != 0 {
             Error::check_limit("length", len, max, "(max_mr_size)")?;
         }
-        let mut resp = RespBuf::new(size_of::<IbUverbsRegMrResp>());
         let cmd = IbUverbsRegMr {
-            response: resp.addr(),
+            response: 0,
             start: addr,
             length: len,
             hca_va: addr,
             pd_handle: self.inner.handle,
             access_flags: access.0,
         };
-        write_cmd(
-            self.inner.ctx.surface(),
-            "REG_MR",
-            IB_USER_VERBS_CMD_REG_MR,
-            cmd.as_bytes(),
-            &[],
-            Some(&mut resp),
-        )?;
-        let r: IbUverbsRegMrResp = resp.get(0);
+        let (r, ()) = uverbs::write::<cmds::RegMr>(self.inner.ctx.surface(), &cmd, &())?;
         // The memory (a `DmaBuf` the region holds, or `UserMemory` whose creator promised it
         // stays mapped while the region exists) outlives the table entry: `Mr::drop` removes it
         // first.
@@ -251,9 +222,6 @@ impl Drop for Mr {
         let cmd = IbUverbsDeregMr {
             mr_handle: self.handle,
         };
-        self.pd
-            .inner
-            .ctx
-            .destroy("DEREG_MR", IB_USER_VERBS_CMD_DEREG_MR, cmd.as_bytes(), None);
+        self.pd.inner.ctx.destroy::<cmds::DeregMr>(&cmd);
     }
 }

@@ -12,11 +12,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use mlx5_ffi::mlx5::{Mlx5IbCreateSrq, Mlx5IbCreateSrqResp};
-use mlx5_ffi::uverbs::{
-    IB_USER_VERBS_CMD_CREATE_SRQ, IB_USER_VERBS_CMD_DESTROY_SRQ, IbUverbsCreateSrq,
-    IbUverbsCreateSrqResp, IbUverbsDestroySrq,
-};
+use mlx5_ffi::mlx5::Mlx5IbCreateSrq;
+use mlx5_ffi::uverbs::{IbUverbsCreateSrq, IbUverbsDestroySrq};
 use mlx5_hw::wqe::SrqNextSeg;
 use zerocopy::IntoBytes;
 
@@ -25,8 +22,9 @@ use crate::mem::wq::WqRing;
 use crate::mem::{DbRec, DmaBuf};
 use crate::pd::Pd;
 use crate::qp::rq::{ScatterTarget, publish_recv, write_scatter};
-use crate::uverbs::{RespBuf, write_cmd};
+use crate::uverbs;
 use crate::wr::{PostError, RecvWr};
+use mlx5_ffi::cmd::cmds;
 use mlx5_hw::opcodes::WcStatus;
 
 #[derive(Debug)]
@@ -80,18 +78,12 @@ impl SrqHandle {
 
 impl Drop for SrqHandle {
     fn drop(&mut self) {
-        let mut resp = RespBuf::new(4);
         let cmd = IbUverbsDestroySrq {
-            response: resp.addr(),
+            response: 0,
             srq_handle: self.handle,
             reserved: 0,
         };
-        self.pd.inner.ctx.destroy(
-            "DESTROY_SRQ",
-            IB_USER_VERBS_CMD_DESTROY_SRQ,
-            cmd.as_bytes(),
-            Some(&mut resp),
-        );
+        self.pd.inner.ctx.destroy::<cmds::DestroySrq>(&cmd);
     }
 }
 
@@ -154,26 +146,15 @@ impl Srq {
             db_addr: dbrec.addr(),
             ..Mlx5IbCreateSrq::default()
         };
-        let core_len = size_of::<IbUverbsCreateSrqResp>();
-        let mut resp = RespBuf::new(core_len + size_of::<Mlx5IbCreateSrqResp>());
         let cmd = IbUverbsCreateSrq {
-            response: resp.addr(),
+            response: 0,
             user_handle: crate::context::next_user_handle(),
             pd_handle: pd.inner.handle,
             max_wr: n - 1,
             max_sge,
             srq_limit: 0,
         };
-        write_cmd(
-            ctx.surface(),
-            "CREATE_SRQ",
-            IB_USER_VERBS_CMD_CREATE_SRQ,
-            cmd.as_bytes(),
-            drv.as_bytes(),
-            Some(&mut resp),
-        )?;
-        let core: IbUverbsCreateSrqResp = resp.get(0);
-        let m: Mlx5IbCreateSrqResp = resp.get(core_len);
+        let (core, m) = uverbs::write::<cmds::CreateSrq>(ctx.surface(), &cmd, &drv)?;
         let shared = Arc::new(SrqShared {
             wr_ids: (0..n).map(|_| AtomicU64::new(0)).collect(),
             freed: (0..n).map(|_| AtomicBool::new(false)).collect(),
@@ -209,6 +190,11 @@ impl Srq {
     /// SRQ number.
     pub fn srqn(&self) -> u32 {
         self.handle.srqn
+    }
+
+    /// The device context the SRQ was created in.
+    pub fn context(&self) -> &crate::Context {
+        self.handle.pd.context()
     }
 
     /// Usable capacity in WRs (ring size minus the sentinel).

@@ -32,9 +32,13 @@ impl Mutating {
     }
 }
 
-impl UverbsSurface for Mutating {
-    fn write(&self, cmd: &[u8]) -> Result<usize, Errno> {
-        let n = self.inner.write(cmd)?;
+// SAFETY: a proxy: mmap/munmap are the inner surface's; `write` only additionally changes
+// bytes inside the response buffer the command names (its declared length), after the inner
+// surface wrote it.
+unsafe impl UverbsSurface for Mutating {
+    unsafe fn write(&self, cmd: &[u8]) -> Result<usize, Errno> {
+        // SAFETY: forwarded unchanged; the caller's guarantee for `cmd` is the same.
+        let n = unsafe { self.inner.write(cmd) }?;
         let hdr = IbUverbsCmdHdr::read_from_prefix(cmd).map(|(h, _)| h).ok();
         let out = hdr.map_or(0, |h| usize::from(h.out_words) * 4);
         if out > 4 && cmd.len() >= 16 && self.next() % 2 == 0 {
@@ -51,8 +55,9 @@ impl UverbsSurface for Mutating {
         }
         Ok(n)
     }
-    fn ioctl(&self, buf: &mut [u8]) -> Result<(), Errno> {
-        self.inner.ioctl(buf)
+    unsafe fn ioctl(&self, buf: &mut [u8]) -> Result<(), Errno> {
+        // SAFETY: forwarded unchanged; the caller's guarantee for `buf` is the same.
+        unsafe { self.inner.ioctl(buf) }
     }
     fn mmap(&self, len: usize, prot: i32, offset: u64) -> Result<NonNull<u8>, Errno> {
         self.inner.mmap(len, prot, offset)

@@ -205,129 +205,51 @@ pub struct CoreSizes {
     pub has_response_ptr: bool,
 }
 
-const fn sizes(req: usize, resp: usize, has_response_ptr: bool) -> Option<CoreSizes> {
+const fn sizes<C: Command>() -> Option<CoreSizes> {
     Some(CoreSizes {
-        req,
-        resp,
-        has_response_ptr,
+        req: size_of::<C::Req>(),
+        resp: size_of::<C::Resp>(),
+        has_response_ptr: C::RESPONSE_PTR,
     })
 }
 
-/// Core sizes of the write commands this project uses (`None` for the others).
+/// Core sizes of the write commands this project uses (`None` for the others), from the
+/// command table ([`cmds`]).
 ///
 /// `extended` selects the `IB_USER_VERBS_EX_CMD_*` variant of the same number.
 pub const fn core_sizes(command: u32, extended: bool) -> Option<CoreSizes> {
+    use cmds::*;
     if extended {
         return match command {
-            IB_USER_VERBS_EX_CMD_QUERY_DEVICE => sizes(
-                size_of::<IbUverbsExQueryDevice>(),
-                size_of::<IbUverbsExQueryDeviceResp>(),
-                false,
-            ),
-            IB_USER_VERBS_EX_CMD_CREATE_CQ => sizes(
-                size_of::<IbUverbsExCreateCq>(),
-                size_of::<IbUverbsExCreateCqResp>(),
-                false,
-            ),
-            IB_USER_VERBS_EX_CMD_CREATE_QP => sizes(
-                size_of::<IbUverbsExCreateQp>(),
-                size_of::<IbUverbsExCreateQpResp>(),
-                false,
-            ),
-            IB_USER_VERBS_EX_CMD_MODIFY_QP => sizes(
-                size_of::<IbUverbsExModifyQp>(),
-                size_of::<IbUverbsExModifyQpResp>(),
-                false,
-            ),
+            IB_USER_VERBS_EX_CMD_QUERY_DEVICE => sizes::<ExQueryDevice>(),
+            IB_USER_VERBS_EX_CMD_CREATE_CQ => sizes::<ExCreateCq>(),
+            IB_USER_VERBS_EX_CMD_CREATE_QP => sizes::<ExCreateQp>(),
+            IB_USER_VERBS_EX_CMD_MODIFY_QP => sizes::<ExModifyQp>(),
             _ => None,
         };
     }
     match command {
-        IB_USER_VERBS_CMD_GET_CONTEXT => sizes(
-            size_of::<IbUverbsGetContext>(),
-            size_of::<IbUverbsGetContextResp>(),
-            true,
-        ),
-        IB_USER_VERBS_CMD_QUERY_DEVICE => sizes(
-            size_of::<IbUverbsQueryDevice>(),
-            size_of::<IbUverbsQueryDeviceResp>(),
-            true,
-        ),
-        IB_USER_VERBS_CMD_QUERY_PORT => sizes(
-            size_of::<IbUverbsQueryPort>(),
-            size_of::<IbUverbsQueryPortResp>(),
-            true,
-        ),
-        IB_USER_VERBS_CMD_ALLOC_PD => sizes(
-            size_of::<IbUverbsAllocPd>(),
-            size_of::<IbUverbsAllocPdResp>(),
-            true,
-        ),
-        IB_USER_VERBS_CMD_DEALLOC_PD => sizes(size_of::<IbUverbsDeallocPd>(), 0, false),
-        IB_USER_VERBS_CMD_CREATE_AH => sizes(
-            size_of::<IbUverbsCreateAh>(),
-            size_of::<IbUverbsCreateAhResp>(),
-            true,
-        ),
-        IB_USER_VERBS_CMD_DESTROY_AH => sizes(size_of::<IbUverbsDestroyAh>(), 0, false),
-        IB_USER_VERBS_CMD_REG_MR => sizes(
-            size_of::<IbUverbsRegMr>(),
-            size_of::<IbUverbsRegMrResp>(),
-            true,
-        ),
-        IB_USER_VERBS_CMD_DEREG_MR => sizes(size_of::<IbUverbsDeregMr>(), 0, false),
-        IB_USER_VERBS_CMD_CREATE_COMP_CHANNEL => sizes(
-            size_of::<IbUverbsCreateCompChannel>(),
-            size_of::<IbUverbsCreateCompChannelResp>(),
-            true,
-        ),
-        IB_USER_VERBS_CMD_CREATE_CQ => sizes(
-            size_of::<IbUverbsCreateCq>(),
-            size_of::<IbUverbsCreateCqResp>(),
-            true,
-        ),
-        IB_USER_VERBS_CMD_DESTROY_CQ => sizes(
-            size_of::<IbUverbsDestroyCq>(),
-            size_of::<IbUverbsDestroyCqResp>(),
-            true,
-        ),
-        IB_USER_VERBS_CMD_CREATE_QP => sizes(
-            size_of::<IbUverbsCreateQp>(),
-            size_of::<IbUverbsCreateQpResp>(),
-            true,
-        ),
-        IB_USER_VERBS_CMD_QUERY_QP => sizes(
-            size_of::<IbUverbsQueryQp>(),
-            size_of::<IbUverbsQueryQpResp>(),
-            true,
-        ),
-        IB_USER_VERBS_CMD_MODIFY_QP => sizes(size_of::<IbUverbsModifyQp>(), 0, false),
-        IB_USER_VERBS_CMD_DESTROY_QP => sizes(
-            size_of::<IbUverbsDestroyQp>(),
-            size_of::<IbUverbsDestroyQpResp>(),
-            true,
-        ),
-        IB_USER_VERBS_CMD_CREATE_SRQ => sizes(
-            size_of::<IbUverbsCreateSrq>(),
-            size_of::<IbUverbsCreateSrqResp>(),
-            true,
-        ),
-        IB_USER_VERBS_CMD_MODIFY_SRQ => sizes(size_of::<IbUverbsModifySrq>(), 0, false),
-        IB_USER_VERBS_CMD_QUERY_SRQ => sizes(
-            size_of::<IbUverbsQuerySrq>(),
-            size_of::<IbUverbsQuerySrqResp>(),
-            true,
-        ),
-        IB_USER_VERBS_CMD_DESTROY_SRQ => sizes(
-            size_of::<IbUverbsDestroySrq>(),
-            size_of::<IbUverbsDestroySrqResp>(),
-            true,
-        ),
-        IB_USER_VERBS_CMD_CREATE_XSRQ => sizes(
-            size_of::<IbUverbsCreateXsrq>(),
-            size_of::<IbUverbsCreateSrqResp>(),
-            true,
-        ),
+        IB_USER_VERBS_CMD_GET_CONTEXT => sizes::<GetContext>(),
+        IB_USER_VERBS_CMD_QUERY_DEVICE => sizes::<QueryDevice>(),
+        IB_USER_VERBS_CMD_QUERY_PORT => sizes::<QueryPort>(),
+        IB_USER_VERBS_CMD_ALLOC_PD => sizes::<AllocPd>(),
+        IB_USER_VERBS_CMD_DEALLOC_PD => sizes::<DeallocPd>(),
+        IB_USER_VERBS_CMD_CREATE_AH => sizes::<CreateAh>(),
+        IB_USER_VERBS_CMD_DESTROY_AH => sizes::<DestroyAh>(),
+        IB_USER_VERBS_CMD_REG_MR => sizes::<RegMr>(),
+        IB_USER_VERBS_CMD_DEREG_MR => sizes::<DeregMr>(),
+        IB_USER_VERBS_CMD_CREATE_COMP_CHANNEL => sizes::<CreateCompChannel>(),
+        IB_USER_VERBS_CMD_CREATE_CQ => sizes::<CreateCq>(),
+        IB_USER_VERBS_CMD_DESTROY_CQ => sizes::<DestroyCq>(),
+        IB_USER_VERBS_CMD_CREATE_QP => sizes::<CreateQp>(),
+        IB_USER_VERBS_CMD_QUERY_QP => sizes::<QueryQp>(),
+        IB_USER_VERBS_CMD_MODIFY_QP => sizes::<ModifyQp>(),
+        IB_USER_VERBS_CMD_DESTROY_QP => sizes::<DestroyQp>(),
+        IB_USER_VERBS_CMD_CREATE_SRQ => sizes::<CreateSrq>(),
+        IB_USER_VERBS_CMD_MODIFY_SRQ => sizes::<ModifySrq>(),
+        IB_USER_VERBS_CMD_QUERY_SRQ => sizes::<QuerySrq>(),
+        IB_USER_VERBS_CMD_DESTROY_SRQ => sizes::<DestroySrq>(),
+        IB_USER_VERBS_CMD_CREATE_XSRQ => sizes::<CreateXsrq>(),
         _ => None,
     }
 }
@@ -348,4 +270,233 @@ impl<'a> WriteCmd<'a> {
         }
         Ok(cmd)
     }
+}
+
+// ---- the typed command table (the spirit of rdma-core's DECLARE_CMD / DECLARE_DRV_CMD) -----
+
+/// A plain kernel-ABI value: a header-checked `#[repr(C)]` mirror, or `()` for "none".
+pub trait Abi:
+    FromBytes + IntoBytes + Immutable + zerocopy::KnownLayout + Copy + Default + core::fmt::Debug
+{
+}
+impl<T> Abi for T where
+    T: FromBytes
+        + IntoBytes
+        + Immutable
+        + zerocopy::KnownLayout
+        + Copy
+        + Default
+        + core::fmt::Debug
+{
+}
+
+/// One uverbs `write()` command: its number, whether it is extended, and the four structs
+/// that travel with it (core request/response, mlx5 driver request/response).
+///
+/// Implemented by the zero-sized marker types below; the driver encodes with
+/// [`encode_write`] and the emulated kernel decodes with [`WriteCmd::core`] /
+/// [`WriteCmd::driver`], so both read the same structs.
+pub trait Command: Copy + core::fmt::Debug + 'static {
+    /// `IB_USER_VERBS_CMD_*` / `IB_USER_VERBS_EX_CMD_*` (without the extended flag).
+    const ID: u32;
+    /// The command's name as the kernel spells it, for errors.
+    const NAME: &'static str;
+    /// Extended (`IB_USER_VERBS_CMD_FLAG_EXTENDED`) framing.
+    const EXTENDED: bool;
+    /// Legacy command whose core request starts with the `u64 response` user pointer.
+    const RESPONSE_PTR: bool;
+    /// Core request (after the header(s)).
+    type Req: Abi;
+    /// Core response (`()` if none).
+    type Resp: Abi;
+    /// mlx5 driver request (`()` if none).
+    type DrvReq: Abi;
+    /// mlx5 driver response (`()` if none).
+    type DrvResp: Abi;
+}
+
+macro_rules! declare_cmd {
+    ($(#[$m:meta])* $name:ident = $id:path, $cname:literal, $ext:literal, $rp:literal,
+     $req:ty => $resp:ty, drv $dreq:ty => $dresp:ty) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, Copy)]
+        pub struct $name;
+        impl Command for $name {
+            const ID: u32 = $id;
+            const NAME: &'static str = $cname;
+            const EXTENDED: bool = $ext;
+            const RESPONSE_PTR: bool = $rp;
+            type Req = $req;
+            type Resp = $resp;
+            type DrvReq = $dreq;
+            type DrvResp = $dresp;
+        }
+    };
+}
+
+/// The command marker types (`cmd::CreateQp`, ...).
+pub mod cmds {
+    use super::Command;
+    use crate::mlx5::*;
+    use crate::uverbs::*;
+
+    declare_cmd!(/// GET_CONTEXT
+        GetContext = IB_USER_VERBS_CMD_GET_CONTEXT, "GET_CONTEXT", false, true,
+        IbUverbsGetContext => IbUverbsGetContextResp,
+        drv Mlx5IbAllocUcontextReqV2 => Mlx5IbAllocUcontextResp);
+    declare_cmd!(/// QUERY_DEVICE
+        QueryDevice = IB_USER_VERBS_CMD_QUERY_DEVICE, "QUERY_DEVICE", false, true,
+        IbUverbsQueryDevice => IbUverbsQueryDeviceResp, drv () => ());
+    declare_cmd!(/// QUERY_PORT
+        QueryPort = IB_USER_VERBS_CMD_QUERY_PORT, "QUERY_PORT", false, true,
+        IbUverbsQueryPort => IbUverbsQueryPortResp, drv () => ());
+    declare_cmd!(/// ALLOC_PD
+        AllocPd = IB_USER_VERBS_CMD_ALLOC_PD, "ALLOC_PD", false, true,
+        IbUverbsAllocPd => IbUverbsAllocPdResp, drv () => Mlx5IbAllocPdResp);
+    declare_cmd!(/// DEALLOC_PD
+        DeallocPd = IB_USER_VERBS_CMD_DEALLOC_PD, "DEALLOC_PD", false, false,
+        IbUverbsDeallocPd => (), drv () => ());
+    declare_cmd!(/// CREATE_AH
+        CreateAh = IB_USER_VERBS_CMD_CREATE_AH, "CREATE_AH", false, true,
+        IbUverbsCreateAh => IbUverbsCreateAhResp, drv () => Mlx5IbCreateAhResp);
+    declare_cmd!(/// DESTROY_AH
+        DestroyAh = IB_USER_VERBS_CMD_DESTROY_AH, "DESTROY_AH", false, false,
+        IbUverbsDestroyAh => (), drv () => ());
+    declare_cmd!(/// REG_MR
+        RegMr = IB_USER_VERBS_CMD_REG_MR, "REG_MR", false, true,
+        IbUverbsRegMr => IbUverbsRegMrResp, drv () => ());
+    declare_cmd!(/// DEREG_MR
+        DeregMr = IB_USER_VERBS_CMD_DEREG_MR, "DEREG_MR", false, false,
+        IbUverbsDeregMr => (), drv () => ());
+    declare_cmd!(/// CREATE_COMP_CHANNEL
+        CreateCompChannel = IB_USER_VERBS_CMD_CREATE_COMP_CHANNEL, "CREATE_COMP_CHANNEL",
+        false, true,
+        IbUverbsCreateCompChannel => IbUverbsCreateCompChannelResp, drv () => ());
+    declare_cmd!(/// CREATE_CQ
+        CreateCq = IB_USER_VERBS_CMD_CREATE_CQ, "CREATE_CQ", false, true,
+        IbUverbsCreateCq => IbUverbsCreateCqResp, drv Mlx5IbCreateCq => Mlx5IbCreateCqResp);
+    declare_cmd!(/// DESTROY_CQ
+        DestroyCq = IB_USER_VERBS_CMD_DESTROY_CQ, "DESTROY_CQ", false, true,
+        IbUverbsDestroyCq => IbUverbsDestroyCqResp, drv () => ());
+    declare_cmd!(/// CREATE_QP
+        CreateQp = IB_USER_VERBS_CMD_CREATE_QP, "CREATE_QP", false, true,
+        IbUverbsCreateQp => IbUverbsCreateQpResp, drv Mlx5IbCreateQp => Mlx5IbCreateQpResp);
+    declare_cmd!(/// QUERY_QP
+        QueryQp = IB_USER_VERBS_CMD_QUERY_QP, "QUERY_QP", false, true,
+        IbUverbsQueryQp => IbUverbsQueryQpResp, drv () => ());
+    declare_cmd!(/// MODIFY_QP
+        ModifyQp = IB_USER_VERBS_CMD_MODIFY_QP, "MODIFY_QP", false, false,
+        IbUverbsModifyQp => (), drv () => ());
+    declare_cmd!(/// DESTROY_QP
+        DestroyQp = IB_USER_VERBS_CMD_DESTROY_QP, "DESTROY_QP", false, true,
+        IbUverbsDestroyQp => IbUverbsDestroyQpResp, drv () => ());
+    declare_cmd!(/// CREATE_SRQ
+        CreateSrq = IB_USER_VERBS_CMD_CREATE_SRQ, "CREATE_SRQ", false, true,
+        IbUverbsCreateSrq => IbUverbsCreateSrqResp,
+        drv Mlx5IbCreateSrq => Mlx5IbCreateSrqResp);
+    declare_cmd!(/// MODIFY_SRQ
+        ModifySrq = IB_USER_VERBS_CMD_MODIFY_SRQ, "MODIFY_SRQ", false, false,
+        IbUverbsModifySrq => (), drv () => ());
+    declare_cmd!(/// QUERY_SRQ
+        QuerySrq = IB_USER_VERBS_CMD_QUERY_SRQ, "QUERY_SRQ", false, true,
+        IbUverbsQuerySrq => IbUverbsQuerySrqResp, drv () => ());
+    declare_cmd!(/// DESTROY_SRQ
+        DestroySrq = IB_USER_VERBS_CMD_DESTROY_SRQ, "DESTROY_SRQ", false, true,
+        IbUverbsDestroySrq => IbUverbsDestroySrqResp, drv () => ());
+    declare_cmd!(/// CREATE_XSRQ
+        CreateXsrq = IB_USER_VERBS_CMD_CREATE_XSRQ, "CREATE_XSRQ", false, true,
+        IbUverbsCreateXsrq => IbUverbsCreateSrqResp,
+        drv Mlx5IbCreateSrq => Mlx5IbCreateSrqResp);
+    declare_cmd!(/// extended QUERY_DEVICE
+        ExQueryDevice = IB_USER_VERBS_EX_CMD_QUERY_DEVICE, "EX_QUERY_DEVICE", true, false,
+        IbUverbsExQueryDevice => IbUverbsExQueryDeviceResp, drv () => Mlx5IbQueryDeviceResp);
+    declare_cmd!(/// extended CREATE_CQ
+        ExCreateCq = IB_USER_VERBS_EX_CMD_CREATE_CQ, "EX_CREATE_CQ", true, false,
+        IbUverbsExCreateCq => IbUverbsExCreateCqResp, drv Mlx5IbCreateCq => Mlx5IbCreateCqResp);
+    declare_cmd!(/// extended CREATE_QP
+        ExCreateQp = IB_USER_VERBS_EX_CMD_CREATE_QP, "EX_CREATE_QP", true, false,
+        IbUverbsExCreateQp => IbUverbsExCreateQpResp, drv Mlx5IbCreateQp => Mlx5IbCreateQpResp);
+    declare_cmd!(/// extended MODIFY_QP
+        ExModifyQp = IB_USER_VERBS_EX_CMD_MODIFY_QP, "EX_MODIFY_QP", true, false,
+        IbUverbsExModifyQp => IbUverbsExModifyQpResp, drv Mlx5IbModifyQp => Mlx5IbModifyQpResp);
+}
+
+/// Total response length of `C` (core + driver), the bytes its response pointer must cover.
+pub const fn resp_len<C: Command>() -> usize {
+    size_of::<C::Resp>() + size_of::<C::DrvResp>()
+}
+
+/// Encodes command `C`: `req` (its `response` field, if any, replaced by `response`) and
+/// `drv`, expecting [`resp_len::<C>()`](resp_len) bytes of response at `response`.
+///
+/// `EINVAL` if the structs do not fit the framing (never for the declared commands: the
+/// codec tests encode each).
+pub fn encode_write<C: Command>(
+    req: &C::Req,
+    drv: &C::DrvReq,
+    response: u64,
+) -> Result<Vec<u8>, Errno> {
+    let mut core = req.as_bytes().to_vec();
+    if C::EXTENDED {
+        return build_write_ex(
+            C::ID,
+            response,
+            &core,
+            size_of::<C::Resp>(),
+            drv.as_bytes(),
+            size_of::<C::DrvResp>(),
+        );
+    }
+    if C::RESPONSE_PTR {
+        let slot = core.get_mut(..8).ok_or(Errno::EINVAL)?;
+        slot.copy_from_slice(&response.to_ne_bytes());
+    }
+    build_write(C::ID, &core, drv.as_bytes(), resp_len::<C>())
+}
+
+/// Splits a response buffer of [`resp_len::<C>()`](resp_len) bytes (fewer read as zero)
+/// into the core and driver responses.
+pub fn decode_resp<C: Command>(bytes: &[u8]) -> (C::Resp, C::DrvResp) {
+    let core = size_of::<C::Resp>();
+    (
+        read_prefix_zero_fill(bytes),
+        read_prefix_zero_fill(bytes.get(core..).unwrap_or(&[])),
+    )
+}
+
+impl WriteCmd<'_> {
+    /// The core request as command `C`'s struct, the way the kernel copies it in
+    /// (`uverbs_request`): shorter input reads as zero, longer input is ignored here (the
+    /// caller checks [`WriteCmd::core_tail_is_zero`] where the kernel does).
+    pub fn core<C: Command>(&self) -> C::Req {
+        decode_req::<C>(self.core_in)
+    }
+
+    /// Whether the bytes past `C::Req` are all zero.
+    pub fn core_tail_is_zero<C: Command>(&self) -> bool {
+        tail_is_zero(self.core_in, size_of::<C::Req>())
+    }
+
+    /// The driver request as command `C`'s struct (`ib_copy_from_udata` of
+    /// `min(inlen, size)`, zero-extended). `EINVAL` if bytes past the struct are non-zero,
+    /// as `ib_is_udata_cleared` answers.
+    pub fn driver<C: Command>(&self) -> Result<C::DrvReq, Errno> {
+        decode_drv::<C>(self.driver_in)
+    }
+}
+
+/// Kernel side: command `C`'s core request from the bytes after the header(s), as
+/// `uverbs_request` copies it (shorter input reads as zero, longer is cut).
+pub fn decode_req<C: Command>(core: &[u8]) -> C::Req {
+    read_prefix_zero_fill(core)
+}
+
+/// Kernel side: command `C`'s driver request from the udata bytes (`ib_copy_from_udata` of
+/// `min(inlen, size)`, zero-extended); `EINVAL` if bytes past the struct are non-zero
+/// (`ib_is_udata_cleared`).
+pub fn decode_drv<C: Command>(driver: &[u8]) -> Result<C::DrvReq, Errno> {
+    if !tail_is_zero(driver, size_of::<C::DrvReq>()) {
+        return Err(Errno::EINVAL);
+    }
+    Ok(read_prefix_zero_fill(driver))
 }

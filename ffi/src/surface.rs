@@ -170,14 +170,52 @@ impl From<Errno> for std::io::Error {
 }
 
 /// The operations a provider performs on a uverbs command fd.
-pub trait UverbsSurface: Send + Sync + std::fmt::Debug {
+///
+/// # Safety
+///
+/// For implementers:
+///
+/// The driver builds safe abstractions (queue rings, doorbell pages, UAR registers) on what
+/// this trait returns, so an implementation must be honest:
+///
+/// - [`mmap`](UverbsSurface::mmap) returns `Ok(addr)` only if `addr .. addr + len` is a
+///   mapping of at least the asked `len` bytes with at least the asked `prot`, page
+///   aligned, that nothing else in the process uses, and that stays mapped until it is
+///   given back to [`munmap`](UverbsSurface::munmap) or the surface is dropped
+///   (whichever comes first). The driver reads and writes it with volatile accesses.
+/// - [`write`](UverbsSurface::write) and [`ioctl`](UverbsSurface::ioctl) read and write
+///   process memory only where the command buffer names it: the buffer itself (`ioctl`
+///   may rewrite its attributes' `flags` and `data`, nothing else of it), and the user
+///   pointers embedded in the command (response pointers, `UVERBS_ATTR_*` pointer
+///   attributes, queue buffers and doorbell records handed over at create time), each for
+///   at most the length the command states for it, as the kernel's
+///   `copy_from_user`/`copy_to_user` do. They never retain a reference to the buffer
+///   after returning. Memory handed over at create time (queue buffers, doorbell records,
+///   registered memory) may be read and written by the device afterwards, as with a real
+///   HCA; that is the contract of the object, owned by the driver.
+/// - A value returned in `Ok` is what the command produced; errors are positive errnos.
+pub unsafe trait UverbsSurface: Send + Sync + std::fmt::Debug {
     /// write(2) of one command buffer (header + payload); responses go through the user pointer
     /// embedded in the command, exactly as with the kernel. Returns bytes accepted.
-    fn write(&self, cmd: &[u8]) -> Result<usize, Errno>;
+    ///
+    /// # Safety
+    /// Every user pointer embedded in `cmd` (the response pointer and, for create commands,
+    /// the driver data's queue buffer and doorbell-record addresses) must be valid for the
+    /// kernel's reads and writes of the lengths the command declares, and not be aliased by a
+    /// live Rust reference while the call runs (the kernel writes through them). The driver
+    /// proves this once, in its command layer (`src/uverbs`).
+    unsafe fn write(&self, cmd: &[u8]) -> Result<usize, Errno>;
     /// ioctl(fd, RDMA_VERBS_IOCTL, buf): buf = IbUverbsIoctlHdr followed by num_attrs IbUverbsAttr.
     /// The callee may write back attr flags / inline data into buf and through pointers it holds.
-    fn ioctl(&self, buf: &mut [u8]) -> Result<(), Errno>;
-    /// mmap(NULL, len, prot, MAP_SHARED, fd, offset) -> address of the mapping.
+    ///
+    /// # Safety
+    /// As for [`write`](UverbsSurface::write): every pointer attribute (`len > 8` inputs, all
+    /// outputs) and every address inside pointed-to driver data must be valid for reads
+    /// (inputs) or writes (outputs) of the attribute's `len` bytes and not aliased by a live
+    /// Rust reference during the call.
+    unsafe fn ioctl(&self, buf: &mut [u8]) -> Result<(), Errno>;
+    /// mmap(NULL, len, prot, MAP_SHARED, fd, offset) -> address of the mapping, which the
+    /// trait's contract requires to be a real mapping of `len` bytes.
     fn mmap(&self, len: usize, prot: i32, offset: u64) -> Result<NonNull<u8>, Errno>;
     /// Unmaps a mapping made by [`UverbsSurface::mmap`].
     ///
@@ -226,11 +264,14 @@ impl AsRawFd for UverbsFd {
     }
 }
 
-impl UverbsSurface for UverbsFd {
-    fn write(&self, cmd: &[u8]) -> Result<usize, Errno> {
+// SAFETY: `mmap` returns the kernel's own MAP_SHARED mapping of `len` bytes, which stays until
+// munmap (the kernel keeps it even past close of the fd); `write`/`ioctl` are the kernel's,
+// which touches only what the command names, with copy_from_user/copy_to_user.
+unsafe impl UverbsSurface for UverbsFd {
+    unsafe fn write(&self, cmd: &[u8]) -> Result<usize, Errno> {
         // SAFETY: `cmd` is a live slice of `cmd.len()` readable bytes; the fd is owned by self.
-        // Response pointers inside the command are the caller's responsibility (the kernel
-        // validates them with copy_to_user).
+        // The pointers inside the command are valid by this function's contract (and the
+        // kernel checks them with copy_to_user anyway).
         let n = unsafe { libc::write(self.fd.as_raw_fd(), cmd.as_ptr().cast(), cmd.len()) };
         if n < 0 {
             return Err(Errno::last());
@@ -238,7 +279,7 @@ impl UverbsSurface for UverbsFd {
         Ok(n as usize)
     }
 
-    fn ioctl(&self, buf: &mut [u8]) -> Result<(), Errno> {
+    unsafe fn ioctl(&self, buf: &mut [u8]) -> Result<(), Errno> {
         let hdr_len = size_of::<crate::ioctl::IbUverbsIoctlHdr>();
         if buf.len() < hdr_len {
             return Err(Errno::EINVAL);

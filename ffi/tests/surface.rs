@@ -11,19 +11,23 @@ use mlx5_ffi::sysfs::{UverbsDevice, check_abi_version, list_uverbs_devices};
 #[test]
 fn uverbs_fd_syscalls_reach_the_kernel() {
     let fd = UverbsFd::open(Path::new("/dev/null")).unwrap();
-    assert_eq!(fd.write(&[0u8; 24]).unwrap(), 24);
+    // SAFETY: the buffer embeds no pointer the kernel follows (/dev/null reads nothing).
+    assert_eq!(unsafe { fd.write(&[0u8; 24]) }.unwrap(), 24);
     let mut buf = mlx5_ffi::ioctl::IoctlBuilder::new(0, 0)
         .in_u32(2, 1)
         .build()
         .unwrap();
     // /dev/null has no ioctls: the real kernel answers ENOTTY like a uverbs fd without ioctl.
-    assert_eq!(fd.ioctl(&mut buf), Err(Errno::ENOTTY));
+    // SAFETY: one inline attribute, no pointer.
+    assert_eq!(unsafe { fd.ioctl(&mut buf) }, Err(Errno::ENOTTY));
     assert_eq!(fd.mmap(4096, libc::PROT_READ, 0), Err(Errno::ENODEV));
     assert_eq!(fd.describe(), "null (/dev/null)");
     // A header that claims more bytes than the buffer holds never reaches the kernel.
     let mut short = buf[..24].to_vec();
-    assert_eq!(fd.ioctl(&mut short), Err(Errno::EINVAL));
-    assert_eq!(fd.ioctl(&mut [0u8; 4]), Err(Errno::EINVAL));
+    // SAFETY: refused before any syscall; no pointer is followed.
+    assert_eq!(unsafe { fd.ioctl(&mut short) }, Err(Errno::EINVAL));
+    // SAFETY: as above.
+    assert_eq!(unsafe { fd.ioctl(&mut [0u8; 4]) }, Err(Errno::EINVAL));
 }
 
 #[test]

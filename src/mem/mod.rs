@@ -212,11 +212,13 @@ pub(crate) mod fake {
         pub uar: DmaBuf,
     }
 
-    impl UverbsSurface for FakeSurface {
-        fn write(&self, _cmd: &[u8]) -> Result<usize, Errno> {
+    // SAFETY: `mmap` hands out the owned `uar` DmaBuf (at least `len` bytes, checked), which
+    // lives as long as the surface; `write`/`ioctl` touch no memory at all.
+    unsafe impl UverbsSurface for FakeSurface {
+        unsafe fn write(&self, _cmd: &[u8]) -> Result<usize, Errno> {
             Err(Errno::ENOSYS)
         }
-        fn ioctl(&self, _buf: &mut [u8]) -> Result<(), Errno> {
+        unsafe fn ioctl(&self, _buf: &mut [u8]) -> Result<(), Errno> {
             Err(Errno::ENOTTY)
         }
         fn mmap(&self, len: usize, _prot: i32, _offset: u64) -> Result<NonNull<u8>, Errno> {

@@ -6,18 +6,13 @@ pub mod sq;
 
 use std::sync::Arc;
 
-use mlx5_ffi::mlx5::{
-    MLX5_QP_FLAG_SCATTER_CQE, MLX5_QP_FLAG_UAR_PAGE_INDEX, Mlx5IbCreateQp, Mlx5IbCreateQpResp,
-};
+use mlx5_ffi::mlx5::{MLX5_QP_FLAG_SCATTER_CQE, MLX5_QP_FLAG_UAR_PAGE_INDEX, Mlx5IbCreateQp};
 use mlx5_ffi::uverbs::{
     IB_QP_ACCESS_FLAGS, IB_QP_AV, IB_QP_DEST_QPN, IB_QP_MAX_DEST_RD_ATOMIC, IB_QP_MAX_QP_RD_ATOMIC,
     IB_QP_MIN_RNR_TIMER, IB_QP_PATH_MTU, IB_QP_PKEY_INDEX, IB_QP_PORT, IB_QP_QKEY, IB_QP_RETRY_CNT,
-    IB_QP_RNR_RETRY, IB_QP_RQ_PSN, IB_QP_SQ_PSN, IB_QP_STATE, IB_QP_TIMEOUT,
-    IB_USER_VERBS_CMD_CREATE_QP, IB_USER_VERBS_CMD_DESTROY_QP, IB_USER_VERBS_CMD_MODIFY_QP,
-    IB_USER_VERBS_CMD_QUERY_QP, IbUverbsCreateQp, IbUverbsCreateQpResp, IbUverbsDestroyQp,
-    IbUverbsModifyQp, IbUverbsQpDest, IbUverbsQueryQp, IbUverbsQueryQpResp,
+    IB_QP_RNR_RETRY, IB_QP_RQ_PSN, IB_QP_SQ_PSN, IB_QP_STATE, IB_QP_TIMEOUT, IbUverbsCreateQp,
+    IbUverbsDestroyQp, IbUverbsModifyQp, IbUverbsQpDest, IbUverbsQueryQp, IbUverbsQueryQpResp,
 };
-use zerocopy::IntoBytes;
 
 use crate::ah::{AhAttr, GlobalRoute};
 use crate::context::{Context, UarMode};
@@ -27,8 +22,9 @@ use crate::mem::DmaBuf;
 use crate::mem::wq::WqRing;
 use crate::pd::{Access, Pd};
 use crate::srq::{Srq, SrqHandle};
-use crate::uverbs::{RespBuf, write_cmd};
+use crate::uverbs;
 use crate::wr::{PostError, RecvWr, SendWr};
+use mlx5_ffi::cmd::cmds;
 use rq::{RecvQueue, rq_geometry};
 use sq::{BfPolicy, Bfreg, SendQueue, sq_geometry};
 
@@ -249,18 +245,12 @@ struct QpHandle {
 
 impl Drop for QpHandle {
     fn drop(&mut self) {
-        let mut resp = RespBuf::new(4);
         let cmd = IbUverbsDestroyQp {
-            response: resp.addr(),
+            response: 0,
             qp_handle: self.handle,
             reserved: 0,
         };
-        self.ctx.destroy(
-            "DESTROY_QP",
-            IB_USER_VERBS_CMD_DESTROY_QP,
-            cmd.as_bytes(),
-            Some(&mut resp),
-        );
+        self.ctx.destroy::<cmds::DestroyQp>(&cmd);
         self.send_cq.detach(self.qpn);
         self.recv_cq.detach(self.qpn);
         if let Some(u) = self.uidx {
@@ -291,10 +281,16 @@ impl Qp {
     /// more inline data than asked, as libmlx5).
     ///
     /// # Errors
+    /// [`Error::ContextMismatch`] if a CQ or the SRQ belongs to another context than `pd`;
     /// [`Error::Limit`] naming the attribute, value and limit; [`Error::Uverbs`] naming
     /// CREATE_QP.
     pub fn new(pd: &Pd, init: &QpInitAttr<'_>) -> Result<Self> {
         let ctx = pd.context().clone();
+        ctx.check_same("send_cq", &init.send_cq.shared().ctx, "pd")?;
+        ctx.check_same("recv_cq", &init.recv_cq.shared().ctx, "pd")?;
+        if let Some(srq) = init.srq {
+            ctx.check_same("srq", srq.context(), "pd")?;
+        }
         let ucx = ctx.inner.ucx;
         let dev = ctx.inner.attr.raw;
         let tctx = init.qp_type.limit_context();
@@ -382,11 +378,9 @@ impl Qp {
                 drv.bfreg_index = idx;
             }
         }
-        let core_len = size_of::<IbUverbsCreateQpResp>();
-        let mut resp = RespBuf::new(core_len + size_of::<Mlx5IbCreateQpResp>());
         let user_handle = crate::context::next_user_handle();
         let cmd = IbUverbsCreateQp {
-            response: resp.addr(),
+            response: 0,
             user_handle,
             pd_handle: pd.inner.handle,
             send_cq_handle: init.send_cq.shared().handle_id(),
@@ -402,25 +396,18 @@ impl Qp {
             is_srq: u8::from(init.srq.is_some()),
             reserved: 0,
         };
-        let created = write_cmd(
-            ctx.surface(),
-            "CREATE_QP",
-            IB_USER_VERBS_CMD_CREATE_QP,
-            cmd.as_bytes(),
-            drv.as_bytes(),
-            Some(&mut resp),
-        );
-        if let Err(e) = created {
-            if let Some(u) = uidx {
-                ctx.free_uidx(u);
+        let (core, m) = match uverbs::write::<cmds::CreateQp>(ctx.surface(), &cmd, &drv) {
+            Ok(r) => r,
+            Err(e) => {
+                if let Some(u) = uidx {
+                    ctx.free_uidx(u);
+                }
+                if let Some(g) = &grant {
+                    ctx.release_bfreg(g.id);
+                }
+                return Err(e);
             }
-            if let Some(g) = &grant {
-                ctx.release_bfreg(g.id);
-            }
-            return Err(e);
-        }
-        let core: IbUverbsCreateQpResp = resp.get(0);
-        let m: Mlx5IbCreateQpResp = resp.get(core_len);
+        };
         // From here on the kernel QP exists: `handle` destroys it if anything below fails.
         let mut handle = QpHandle {
             ctx: ctx.clone(),
@@ -679,14 +666,7 @@ impl Qp {
             alt_timeout: 0,
             reserved: [0; 2],
         };
-        write_cmd(
-            self.handle.ctx.surface(),
-            "MODIFY_QP",
-            IB_USER_VERBS_CMD_MODIFY_QP,
-            cmd.as_bytes(),
-            &[],
-            None,
-        )?;
+        uverbs::write::<cmds::ModifyQp>(self.handle.ctx.surface(), &cmd, &())?;
         if mask & IB_QP_PORT != 0 {
             self.port = attr.port_num;
         }
@@ -866,21 +846,12 @@ impl Qp {
     /// # Errors
     /// [`Error::Uverbs`] naming QUERY_QP; [`Error::BadResponse`] for an unknown state.
     pub fn query(&self) -> Result<(QpState, IbUverbsQueryQpResp)> {
-        let mut resp = RespBuf::new(size_of::<IbUverbsQueryQpResp>());
         let cmd = IbUverbsQueryQp {
-            response: resp.addr(),
+            response: 0,
             qp_handle: self.handle.handle,
             attr_mask: 0xFF_FFFF,
         };
-        write_cmd(
-            self.handle.ctx.surface(),
-            "QUERY_QP",
-            IB_USER_VERBS_CMD_QUERY_QP,
-            cmd.as_bytes(),
-            &[],
-            Some(&mut resp),
-        )?;
-        let r: IbUverbsQueryQpResp = resp.get(0);
+        let (r, ()) = uverbs::write::<cmds::QueryQp>(self.handle.ctx.surface(), &cmd, &())?;
         let st = QpState::from_u8(r.qp_state).ok_or(Error::BadResponse {
             cmd: "QUERY_QP",
             what: "unknown qp_state",

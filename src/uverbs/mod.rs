@@ -7,15 +7,18 @@
 //! the command.
 #![allow(unsafe_code)]
 
-use mlx5_ffi::ioctl::{IbUverbsAttr, IbUverbsIoctlHdr, UVERBS_ATTR_F_MANDATORY};
+use std::marker::PhantomData;
+
+use mlx5_ffi::cmd::{Command, decode_resp, encode_write, resp_len};
+use mlx5_ffi::ioctl::{IbUverbsAttr, IbUverbsIoctlHdr, RDMA_DRIVER_MLX5, UVERBS_ATTR_F_MANDATORY};
 use mlx5_ffi::surface::UverbsSurface;
-use mlx5_ffi::uverbs::IbUverbsCmdHdr;
 use zerocopy::{FromBytes, IntoBytes};
 
 use crate::error::{Error, Result};
 
 /// A response buffer the kernel writes into through the address embedded in a command.
-/// 8-byte aligned; zero-filled before each use.
+/// 8-byte aligned; zero-filled before each use. Its address goes into a command only
+/// inside this module ([`write`], [`Ioctl::ptr_out`]).
 #[derive(Debug)]
 pub(crate) struct RespBuf {
     words: Vec<u64>,
@@ -32,7 +35,7 @@ impl RespBuf {
     }
 
     /// The user address to put in the command's `response` field.
-    pub(crate) fn addr(&mut self) -> u64 {
+    fn addr(&mut self) -> u64 {
         self.words.as_mut_ptr() as u64
     }
 
@@ -41,7 +44,7 @@ impl RespBuf {
         self.len
     }
 
-    fn bytes(&self) -> &[u8] {
+    pub(crate) fn bytes(&self) -> &[u8] {
         &self.words.as_bytes()[..self.len]
     }
 
@@ -59,62 +62,59 @@ impl RespBuf {
     }
 }
 
-/// Send one legacy `write()` command: header, `core` (whose `response` field the caller has set
-/// to `resp.addr()` if the command has a response), then `driver` data. The response length is
-/// `resp.len()` (core response followed by driver response).
-pub(crate) fn write_cmd(
+/// Send one `write()` command `C` (a marker type of [`mlx5_ffi::cmd::cmds`]) and return its
+/// core and driver responses. The response buffer is allocated here and its address put
+/// into the request here: callers never handle response pointers.
+///
+/// Driver data that names memory (queue buffers, doorbell records of CREATE_CQ/QP/SRQ)
+/// must name `src/mem` memory (`DmaBuf`, doorbell pages): raw-pointer-only regions that no
+/// Rust reference covers, owned by the object being created and kept alive until its
+/// destroy command. Every caller in this crate does so (`cq.rs`, `qp/mod.rs`, `srq.rs`).
+pub(crate) fn write<C: Command>(
     surface: &dyn UverbsSurface,
-    name: &'static str,
-    command: u32,
-    core: &[u8],
-    driver: &[u8],
-    resp: Option<&mut RespBuf>,
-) -> Result<()> {
-    let total = size_of::<IbUverbsCmdHdr>() + core.len() + driver.len();
-    let out_len = resp.as_ref().map_or(0, |r| r.len());
-    if total % 4 != 0 || total / 4 > usize::from(u16::MAX) || out_len % 4 != 0 {
-        return Err(Error::InvalidArgument {
-            attr: "command size",
-            reason: "not a multiple of 4 bytes",
-        });
-    }
-    let hdr = IbUverbsCmdHdr {
-        command,
-        in_words: (total / 4) as u16,
-        out_words: (out_len / 4) as u16,
-    };
-    let mut buf = Vec::with_capacity(total);
-    buf.extend_from_slice(hdr.as_bytes());
-    buf.extend_from_slice(core);
-    buf.extend_from_slice(driver);
-    // The kernel writes the response through the address in `core`; `resp` stays borrowed
-    // mutably across the call so nothing else reads it meanwhile.
-    let r = surface.write(&buf);
-    let _ = resp;
+    req: &C::Req,
+    drv: &C::DrvReq,
+) -> Result<(C::Resp, C::DrvResp)> {
+    let mut resp = RespBuf::new(resp_len::<C>());
+    let buf = encode_write::<C>(req, drv, resp.addr()).map_err(|_| Error::InvalidArgument {
+        attr: "command size",
+        reason: "not a multiple of the command's word size",
+    })?;
+    // SAFETY: the only pointers in `buf` are (1) the response pointer, which `encode_write`
+    // set to `resp`: a live heap buffer of `resp_len::<C>()` bytes, the exact response
+    // length the header declares, exclusively owned by this function and not referenced
+    // during the call; and (2) queue addresses in driver data, which name `src/mem` memory
+    // never covered by a Rust reference (this function's documented precondition, kept by
+    // every caller in the crate).
+    let r = unsafe { surface.write(&buf) };
     match r {
-        Ok(n) if n == total => Ok(()),
+        Ok(n) if n == buf.len() => Ok(decode_resp::<C>(resp.bytes())),
         Ok(_) => Err(Error::BadResponse {
-            cmd: name,
+            cmd: C::NAME,
             what: "short write",
         }),
-        Err(e) => Err(Error::uverbs(name, e.0)),
+        Err(e) => Err(Error::uverbs(C::NAME, e.0)),
     }
 }
 
-/// One `RDMA_VERBS_IOCTL` method call being built.
+/// One `RDMA_VERBS_IOCTL` method call being built. Output buffers added with
+/// [`Ioctl::ptr_out`] stay mutably borrowed (`'a`) until the call is dropped, so the kernel's
+/// writes through their addresses never meet a live reference.
 #[derive(Debug)]
-pub(crate) struct Ioctl {
+pub(crate) struct Ioctl<'a> {
     object: u16,
     method: u16,
     attrs: Vec<IbUverbsAttr>,
+    outs: PhantomData<&'a mut RespBuf>,
 }
 
-impl Ioctl {
+impl<'a> Ioctl<'a> {
     pub(crate) fn new(object: u16, method: u16) -> Self {
         Self {
             object,
             method,
             attrs: Vec::new(),
+            outs: PhantomData,
         }
     }
 
@@ -152,8 +152,9 @@ impl Ioctl {
     }
 
     /// An output attribute written through a pointer into `resp`.
-    pub(crate) fn ptr_out(&mut self, id: u16, resp: &mut RespBuf) -> &mut Self {
-        let len = resp.len() as u16;
+    pub(crate) fn ptr_out(&mut self, id: u16, resp: &'a mut RespBuf) -> &mut Self {
+        // A longer buffer is declared as its first 64 KiB: the kernel writes no more.
+        let len = u16::try_from(resp.len()).unwrap_or(u16::MAX);
         self.push(id, len, resp.addr());
         self
     }
@@ -173,7 +174,7 @@ impl Ioctl {
             method_id: self.method,
             num_attrs: self.attrs.len() as u16,
             reserved1: 0,
-            driver_id: 1, // RDMA_DRIVER_MLX5
+            driver_id: RDMA_DRIVER_MLX5,
             reserved2: 0,
         };
         let mut buf = Vec::with_capacity(len);
@@ -181,9 +182,11 @@ impl Ioctl {
         for a in &self.attrs {
             buf.extend_from_slice(a.as_bytes());
         }
-        surface
-            .ioctl(&mut buf)
-            .map_err(|e| Error::uverbs(name, e.0))?;
+        // SAFETY: the only pointer attributes are those of `ptr_out`, each the address of a
+        // `RespBuf` of at least `len` bytes that `self` keeps mutably borrowed (`'a`), so it is
+        // alive and unreferenced during the call; all other attributes are inline values or
+        // handles, which the kernel does not dereference.
+        unsafe { surface.ioctl(&mut buf) }.map_err(|e| Error::uverbs(name, e.0))?;
         let attrs = buf[hdr_len..]
             .chunks_exact(size_of::<IbUverbsAttr>())
             .filter_map(|c| IbUverbsAttr::read_from_bytes(c).ok())

@@ -6,6 +6,12 @@
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
 
+use mlx5_ffi::cmd::{parse_write, tail_is_zero};
+use mlx5_ffi::uverbs::{
+    IB_USER_VERBS_CMD_COMMAND_MASK, IB_USER_VERBS_CMD_FLAG_EXTENDED, IbUverbsCmdHdr,
+};
+use zerocopy::FromBytes;
+
 use crate::abi::{Errno, UverbsSurface};
 use crate::fds::EventChannel;
 use crate::state::{Ah, Context, Cq, Mr, Obj, Path, Pd, Qp, Srq, World, access, qps, qpt};
@@ -29,7 +35,10 @@ const DYN_PGOFF_BASE: u64 = 9 << 16;
 const DYN_PAGE_ID_BASE: u32 = 0x100;
 
 /// `IB_USER_VERBS_CMD_FLAG_EXTENDED`.
-const FLAG_EXTENDED: u32 = 0x8000_0000;
+const FLAG_EXTENDED: u32 = IB_USER_VERBS_CMD_FLAG_EXTENDED;
+/// Extended requests longer than this must be zero past it (newer user space), else
+/// EOPNOTSUPP, as `uverbs_request_finish` answers.
+const EX_CORE_MAX: usize = 128;
 
 /// Device limits reported by QUERY_DEVICE and enforced at create time.
 pub(crate) mod caps {
@@ -196,7 +205,7 @@ impl Req {
         let n = self.out_len.min(r.0.len());
         mem::write(self.out, &r.0[..n])?;
         if self.ex && self.out_len > n {
-            mem::write(self.out + n as u64, &vec![0u8; self.out_len - n])?;
+            mem::write(user_add(self.out, n), &vec![0u8; self.out_len - n])?;
         }
         Ok(())
     }
@@ -322,7 +331,7 @@ impl EmuFile {
         if out_len < m.resp {
             return Err(ENOSPC);
         }
-        if ex && core.len() > 128 && core[128..].iter().any(|&b| b != 0) {
+        if ex && !tail_is_zero(&core, EX_CORE_MAX) {
             return Err(EOPNOTSUPP);
         }
         core.resize(core.len().max(m.req), 0);
@@ -349,93 +358,74 @@ impl EmuFile {
     }
 }
 
-impl UverbsSurface for EmuFile {
-    fn write(&self, buf: &[u8]) -> Result<usize, Errno> {
-        if buf.len() < 8 {
-            return Err(EINVAL);
-        }
-        // ib_uverbs_cmd_hdr: 0 command, 4 in_words, 6 out_words.
-        let command = le32(buf, 0);
-        let in_words = le16(buf, 4) as usize;
-        let out_words = le16(buf, 6) as usize;
-        if command & !(FLAG_EXTENDED | 0xff) != 0 {
+/// `ptr + off` as the kernel's `u64_to_user_ptr(ptr) + off`: a sum past the top of the
+/// address space becomes an address no copy accepts (`mem` answers EFAULT for it, as the
+/// kernel's `access_ok` does), so nothing wraps and nothing panics.
+pub(crate) fn user_add(ptr: u64, off: usize) -> u64 {
+    ptr.saturating_add(off as u64)
+}
+
+// SAFETY: `mmap` returns a fresh MAP_SHARED mapping of exactly `len` bytes of the context's UAR
+// memfd (`UarRegion::map_user` refuses any other length), recorded in `maps` and unmapped
+// only by `munmap` (for that exact range) or by `Drop`; `write`/`ioctl` reach user memory
+// only through `crate::mem`, whose copies are fault-catching (EFAULT, never a crash) and
+// only at the pointers and lengths the command names; they rewrite only the `flags`/`data`
+// of the ioctl buffer's attributes.
+unsafe impl UverbsSurface for EmuFile {
+    unsafe fn write(&self, buf: &[u8]) -> Result<usize, Errno> {
+        let (hdr, _) = IbUverbsCmdHdr::read_from_prefix(buf).map_err(|_| EINVAL)?;
+        let command = hdr.command;
+        if command & !(IB_USER_VERBS_CMD_FLAG_EXTENDED | IB_USER_VERBS_CMD_COMMAND_MASK) != 0 {
             return Err(EINVAL);
         }
         let m = method(command).ok_or(EOPNOTSUPP)?;
-        let req = if command & FLAG_EXTENDED != 0 {
-            // ib_uverbs_ex_cmd_hdr: 8 response, 16 provider_in_words, 18 provider_out_words,
-            // 20 cmd_hdr_reserved.
-            if buf.len() < 24 {
-                return Err(EINVAL);
-            }
-            let response = le64(buf, 8);
-            let pin = le16(buf, 16) as usize;
-            let pout = le16(buf, 18) as usize;
-            if (in_words + pin) * 8 != buf.len() - 24 {
-                return Err(EINVAL);
-            }
-            if in_words * 8 < m.req {
+        let cmd = parse_write(buf)?;
+        let req = if cmd.extended {
+            if cmd.core_in.len() < m.req {
                 return Err(ENOSPC);
             }
-            if le32(buf, 20) != 0 {
-                return Err(EINVAL);
+            if cmd.response != 0 && cmd.core_out_len < m.resp {
+                return Err(ENOSPC);
             }
-            if response != 0 {
-                if out_words == 0 && pout == 0 {
-                    return Err(EINVAL);
-                }
-                if out_words * 8 < m.resp {
-                    return Err(ENOSPC);
-                }
-            } else if out_words != 0 || pout != 0 {
-                return Err(EINVAL);
-            }
-            let core = buf[24..24 + in_words * 8].to_vec();
-            if core.len() > 128 && core[128..].iter().any(|&b| b != 0) {
+            if !tail_is_zero(cmd.core_in, EX_CORE_MAX) {
                 return Err(EOPNOTSUPP);
             }
             Req {
                 command,
                 ex: true,
-                core,
-                drv_in: buf[24 + in_words * 8..].to_vec(),
-                out: response,
-                out_len: out_words * 8,
-                drv_out: response + (out_words * 8) as u64,
-                drv_out_len: pout * 8,
+                core: cmd.core_in.to_vec(),
+                drv_in: cmd.driver_in.to_vec(),
+                out: cmd.response,
+                out_len: cmd.core_out_len,
+                drv_out: user_add(cmd.response, cmd.core_out_len),
+                drv_out_len: cmd.driver_out_len,
             }
         } else {
-            if in_words * 4 != buf.len() {
-                return Err(EINVAL);
-            }
-            if buf.len() < 8 + m.req {
+            if cmd.core_in.len() < m.req || cmd.core_out_len < m.resp {
                 return Err(ENOSPC);
             }
-            if out_words * 4 < m.resp {
-                return Err(ENOSPC);
-            }
-            let body = &buf[8..];
-            let out = if m.has_resp { le64(body, 0) } else { 0 };
+            let out = if m.has_resp { cmd.response } else { 0 };
+            let (core, drv_in) = cmd.core_in.split_at(m.req);
             Req {
                 command,
                 ex: false,
-                core: body[..m.req].to_vec(),
-                drv_in: if m.udata {
-                    body[m.req..].to_vec()
-                } else {
-                    Vec::new()
-                },
+                core: core.to_vec(),
+                drv_in: if m.udata { drv_in.to_vec() } else { Vec::new() },
                 out,
                 out_len: m.resp,
-                drv_out: out + m.resp as u64,
-                drv_out_len: if m.udata { out_words * 4 - m.resp } else { 0 },
+                drv_out: user_add(out, m.resp),
+                drv_out_len: if m.udata {
+                    cmd.core_out_len - m.resp
+                } else {
+                    0
+                },
             }
         };
         self.dispatch(&req)?;
         Ok(buf.len())
     }
 
-    fn ioctl(&self, buf: &mut [u8]) -> Result<(), Errno> {
+    unsafe fn ioctl(&self, buf: &mut [u8]) -> Result<(), Errno> {
         let flavour = self.shared.lock().cfg.flavour;
         match flavour {
             Flavour::WriteOnly => return Err(Errno(libc::ENOTTY)),

@@ -308,8 +308,18 @@ pub struct Counters {
     pub async_events: u64,
     /// Packets put on the fabric by this HCA.
     pub packets_sent: u64,
-    /// Packets dropped (fault injection or no such destination).
+    /// Packets dropped (fault injection, no such destination, or any of the three kinds
+    /// of hostile packet below).
     pub packets_dropped: u64,
+    /// Received packets that could not be parsed: short, truncated, malformed headers, bad
+    /// ICRC; and READ responses whose length does not fit the READ. Dropped.
+    pub rx_bad_packets: u64,
+    /// Received packets not from the connected peer: for no QP here, or for an RC/UC QP
+    /// from another node or QP than the one it is connected to. Dropped.
+    pub rx_foreign: u64,
+    /// Responses (ACK, NAK, READ data, atomic results) naming a PSN beyond the last one
+    /// the requester transmitted: forged or corrupt. Dropped.
+    pub rx_out_of_window: u64,
     /// hw_counter: packets received with a PSN beyond the expected one.
     pub out_of_sequence: u64,
     /// hw_counter: NAK-sequence-error packets received by the requester.
@@ -385,6 +395,9 @@ impl Counters {
             "async_events" => self.async_events,
             "packets_sent" => self.packets_sent,
             "packets_dropped" => self.packets_dropped,
+            "rx_bad_packets" => self.rx_bad_packets,
+            "rx_foreign" => self.rx_foreign,
+            "rx_out_of_window" => self.rx_out_of_window,
             "out_of_sequence" => self.out_of_sequence,
             "packet_seq_err" => self.packet_seq_err,
             "duplicate_request" => self.duplicate_request,

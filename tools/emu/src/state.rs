@@ -3,7 +3,6 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use crate::fds::EventChannel;
-use crate::transport::{Packet, Packets};
 use crate::uar::UarRegion;
 use crate::{Counters, EmuConfig, HcaInfo};
 
@@ -245,87 +244,6 @@ impl<T: Copy + Default, const N: usize> std::ops::Deref for InlineVec<T, N> {
 /// A scatter/gather list translated to process addresses: (address, length) pairs.
 pub(crate) type Sgl = InlineVec<(u64, u32), 4>;
 
-/// The in-process fabric, plus buffers the device reuses from one work item to the next
-/// so that the steady-state data path does not allocate. A user of a buffer takes it
-/// (`std::mem::take`) and puts it back; a nested user just finds an empty one.
-#[derive(Debug, Default)]
-pub(crate) struct Wire {
-    /// Packets in flight: (deliver_at, packet).
-    pub(crate) queue: VecDeque<(u64, Packet)>,
-    /// The send WQE being executed.
-    pub(crate) wqe: Vec<u8>,
-    /// The send-queue WQEBBs fetched after a doorbell.
-    pub(crate) prefetch: Vec<u8>,
-    /// The receive WQE being consumed.
-    pub(crate) recv: Vec<u8>,
-    /// Packets a requester is about to transmit.
-    pub(crate) tx: Vec<Packet>,
-}
-
-/// One outstanding RC request (sent, not yet acknowledged/answered).
-#[derive(Clone, Debug)]
-pub(crate) struct Outstanding {
-    /// First and last PSN of the request (a READ spans its response packets).
-    pub(crate) psn: u32,
-    pub(crate) last_psn: u32,
-    pub(crate) wqe_idx: u16,
-    pub(crate) opcode: u8,
-    pub(crate) signaled: bool,
-    /// The request packets, for retransmission.
-    pub(crate) packets: Packets,
-    /// Local scatter list for READ/atomic responses: (addr, len) already translated.
-    pub(crate) local: Sgl,
-    pub(crate) len: u32,
-    pub(crate) done: bool,
-    pub(crate) is_read_like: bool,
-    /// READ/atomic: the data returned so far, and the next response PSN expected.
-    pub(crate) read_buf: Vec<u8>,
-    pub(crate) read_next: u32,
-    /// READ: the path MTU its responses come in (0 for other requests) and the remote
-    /// address of its first byte, to resume after a lost response.
-    pub(crate) read_mtu: u32,
-    pub(crate) read_va: u64,
-}
-
-/// A multi-packet message being received (responder).
-#[derive(Clone, Debug, Default)]
-pub(crate) struct RxMsg {
-    pub(crate) write: bool,
-    /// SEND: the receive WQE's translated scatter list, counter, SRQ number.
-    pub(crate) sgl: Sgl,
-    pub(crate) ctr: u16,
-    pub(crate) srqn: u32,
-    pub(crate) has_wqe: bool,
-    /// Bytes placed so far (SEND: including a UD GRH area).
-    pub(crate) offset: u64,
-    /// WRITE: translated start address and RETH length.
-    pub(crate) addr: u64,
-    pub(crate) total: u64,
-}
-
-/// Requester/responder transport state of one QP.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct Rc {
-    pub(crate) outstanding: VecDeque<Outstanding>,
-    pub(crate) retries_left: u8,
-    pub(crate) rnr_left: u8,
-    pub(crate) deadline: Option<u64>,
-    /// Time before which no retransmission happens (RNR back-off).
-    pub(crate) rnr_wait_until: Option<u64>,
-    /// Responder: cached atomic results by PSN (at-most-once).
-    pub(crate) atomic_cache: VecDeque<(u32, u64)>,
-    /// Responder: whether a NAK-sequence-error was already sent for the current gap.
-    pub(crate) nak_sent: bool,
-    /// PSN from which to retransmit when `rnr_wait_until` expires.
-    pub(crate) rnr_from: u32,
-    /// Responder: the message in progress.
-    pub(crate) rx: Option<RxMsg>,
-    /// Requester: the highest PSN acknowledged so far.
-    pub(crate) acked: Option<u32>,
-    /// Requester: the next PSN to transmit (None: everything posted is on the wire).
-    pub(crate) tx_next: Option<u32>,
-}
-
 /// A queue pair.
 #[derive(Debug)]
 pub(crate) struct Qp {
@@ -379,7 +297,7 @@ pub(crate) struct Qp {
     /// Receive WQEs fetched together with that read (as hardware prefetches): the ones
     /// from counter `.0` on, `1 << rq_wqe_shift` bytes each. Cleared on reset.
     pub(crate) rq_prefetch: (u32, Vec<u8>),
-    pub(crate) rc: Rc,
+    pub(crate) rc: crate::device::QpTransport,
     /// SQD entered with `en_sqd_async_notify`: raise SQ_DRAINED when the SQ is idle.
     pub(crate) sqd_notify: bool,
     pub(crate) events_reported: u32,
@@ -402,22 +320,6 @@ pub(crate) struct Hca {
     pub(crate) sock: Option<std::net::UdpSocket>,
 }
 
-/// One encoded RoCEv2 datagram bound for another process, not yet sent.
-#[derive(Debug)]
-pub(crate) struct Outgoing {
-    /// When to send it (virtual time in stepped mode, real time in threaded mode).
-    pub(crate) due: u64,
-    /// Held back by reorder fault injection: goes out after the next datagram queued
-    /// behind it, or at `due` if none comes.
-    pub(crate) held: bool,
-    /// The sending HCA.
-    pub(crate) src: usize,
-    /// Destination `127.1.0.<lid>:4791`.
-    pub(crate) to: std::net::SocketAddrV4,
-    /// The datagram (BTH onwards, ICRC included).
-    pub(crate) bytes: Vec<u8>,
-}
-
 /// Everything, behind the emulator's one lock.
 #[derive(Debug)]
 pub(crate) struct World {
@@ -427,10 +329,10 @@ pub(crate) struct World {
     pub(crate) channels: Vec<Option<EventChannel>>,
     pub(crate) next_ctx: u64,
     /// Packets in flight on the in-process fabric, and the device's reusable buffers.
-    pub(crate) wire: Wire,
+    pub(crate) wire: crate::device::Wire,
     /// Datagrams for other processes (UDP fabric) waiting for their send time: delayed or
     /// held back for reordering by fault injection. In send order.
-    pub(crate) outbox: VecDeque<Outgoing>,
+    pub(crate) outbox: VecDeque<crate::device::Outgoing>,
     /// Stepped mode: virtual nanoseconds.
     pub(crate) vclock: u64,
     pub(crate) started: std::time::Instant,

@@ -36,21 +36,25 @@ fn hdr(command: u32, in_words: u16, out_words: u16) -> Vec<u8> {
 fn header_and_size_validation() {
     let emu = stepped(1);
     let dev = emu.open(0).unwrap();
-    assert_eq!(dev.write(&[0u8; 4]), Err(EINVAL), "shorter than the header");
     assert_eq!(
-        dev.write(&hdr(0x4000_0001, 2, 0)),
+        dev.cmd_write(&[0u8; 4]),
+        Err(EINVAL),
+        "shorter than the header"
+    );
+    assert_eq!(
+        dev.cmd_write(&hdr(0x4000_0001, 2, 0)),
         Err(EINVAL),
         "bits beyond the command mask"
     );
     assert_eq!(
-        dev.write(&hdr(99, 2, 0)),
+        dev.cmd_write(&hdr(99, 2, 0)),
         Err(Errno(libc::EOPNOTSUPP)),
         "unknown command"
     );
     let mut b = hdr(IB_USER_VERBS_CMD_ALLOC_PD, 5, 1);
     b.extend_from_slice(&[0u8; 8]);
     assert_eq!(
-        dev.write(&b),
+        dev.cmd_write(&b),
         Err(EINVAL),
         "in_words disagrees with the length"
     );
@@ -79,11 +83,11 @@ fn header_and_size_validation() {
     // Core request shorter than the struct, response shorter than the struct.
     let mut b = hdr(IB_USER_VERBS_CMD_REG_MR, 2 + 4, 3);
     b.extend_from_slice(&[0u8; 16]);
-    assert_eq!(ctx.dev.write(&b), Err(ENOSPC));
+    assert_eq!(ctx.dev.cmd_write(&b), Err(ENOSPC));
     let mut out = [0u8; 16];
     let mut b = hdr(IB_USER_VERBS_CMD_ALLOC_PD, 4, 0);
     b.extend_from_slice(&(out.as_mut_ptr() as u64).to_ne_bytes());
-    assert_eq!(ctx.dev.write(&b), Err(ENOSPC), "out_words too small");
+    assert_eq!(ctx.dev.cmd_write(&b), Err(ENOSPC), "out_words too small");
 }
 
 #[test]
@@ -93,7 +97,7 @@ fn bad_pointers_are_efault_and_bad_handles_einval() {
     // Response pointer into nowhere.
     let mut b = hdr(IB_USER_VERBS_CMD_ALLOC_PD, 4, 2);
     b.extend_from_slice(&0x10u64.to_ne_bytes());
-    assert_eq!(ctx.dev.write(&b), Err(EFAULT));
+    assert_eq!(ctx.dev.cmd_write(&b), Err(EFAULT));
     let pd = ctx.alloc_pd();
     // An MR over unmapped memory.
     // Below mmap_min_addr: never mapped.
@@ -326,7 +330,7 @@ fn queries_and_extended_commands() {
         104,
     )
     .unwrap();
-    ctx.dev.write(&b).unwrap();
+    ctx.dev.cmd_write(&b).unwrap();
     let r = IbUverbsExQueryDeviceResp::read_from_bytes(&out[..304]).unwrap();
     assert_eq!((r.base.fw_ver, r.response_length), (info.fw_ver_raw, 304));
     assert_eq!(r.hca_core_clock, 1_000_000);
@@ -343,7 +347,7 @@ fn queries_and_extended_commands() {
         0,
     )
     .unwrap();
-    assert_eq!(ctx.dev.write(&b), Err(EINVAL));
+    assert_eq!(ctx.dev.cmd_write(&b), Err(EINVAL));
     let mut b = mlx5_ffi::cmd::build_write_ex(
         IB_USER_VERBS_CMD_QUERY_DEVICE,
         out.as_mut_ptr() as u64,
@@ -354,7 +358,7 @@ fn queries_and_extended_commands() {
     )
     .unwrap();
     b[20] = 1; // cmd_hdr_reserved
-    assert_eq!(ctx.dev.write(&b), Err(EINVAL));
+    assert_eq!(ctx.dev.cmd_write(&b), Err(EINVAL));
 }
 
 #[test]
@@ -368,16 +372,16 @@ fn ioctl_flavours_and_invoke_write() {
         )
         .build()
         .unwrap();
-    assert_eq!(dev.ioctl(&mut probe), Err(Errno(libc::ENOTTY)));
+    assert_eq!(dev.cmd_ioctl(&mut probe), Err(Errno(libc::ENOTTY)));
     let e = emu_with(Flavour::Eproto);
     assert_eq!(
-        e.open(0).unwrap().ioctl(&mut probe),
+        e.open(0).unwrap().cmd_ioctl(&mut probe),
         Err(Errno(libc::EPROTONOSUPPORT))
     );
     let e = emu_with(Flavour::Modern);
     let ctx = Ctx::open(&e, 0);
     assert_eq!(
-        ctx.dev.ioctl(&mut probe),
+        ctx.dev.cmd_ioctl(&mut probe),
         Err(ENOSPC),
         "the has_ioctl_write() probe"
     );
@@ -391,7 +395,7 @@ fn ioctl_flavours_and_invoke_write() {
         .out_ptr(UVERBS_ATTR_UHW_OUT, drv_out.as_mut_ptr() as u64, 4)
         .build()
         .unwrap();
-    ctx.dev.ioctl(&mut b).unwrap();
+    ctx.dev.cmd_ioctl(&mut b).unwrap();
     let pdn = u32::from_ne_bytes(drv_out);
     assert_ne!(pdn, 0);
     let flags = u16::from_ne_bytes([b[24 + 2 * 16 + 4], b[24 + 2 * 16 + 5]]);
@@ -416,12 +420,12 @@ fn ioctl_flavours_and_invoke_write() {
         .in_u64(77, 0)
         .build()
         .unwrap();
-    assert_eq!(ctx.dev.ioctl(&mut b), Err(Errno(libc::EPROTONOSUPPORT)));
+    assert_eq!(ctx.dev.cmd_ioctl(&mut b), Err(Errno(libc::EPROTONOSUPPORT)));
     b[0] = 200;
-    assert_eq!(ctx.dev.ioctl(&mut b), Err(EINVAL));
+    assert_eq!(ctx.dev.cmd_ioctl(&mut b), Err(EINVAL));
     let mut b = IoctlBuilder::new(UVERBS_OBJECT_CQ, 7).build().unwrap();
     assert_eq!(
-        ctx.dev.ioctl(&mut b),
+        ctx.dev.cmd_ioctl(&mut b),
         Err(Errno(libc::EPROTONOSUPPORT)),
         "no such method"
     );
@@ -429,7 +433,7 @@ fn ioctl_flavours_and_invoke_write() {
         .build()
         .unwrap();
     assert_eq!(
-        ctx.dev.ioctl(&mut b),
+        ctx.dev.cmd_ioctl(&mut b),
         Err(EINVAL),
         "CQ create without its mandatory CQE"
     );

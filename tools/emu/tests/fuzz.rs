@@ -1,7 +1,9 @@
 //! Command fuzzing: mutated write() and ioctl(INVOKE_WRITE) commands through every handler
 //! must never crash the emulator; every answer is success or a plain errno.
 //!
-//! `MLX5_EMU_FUZZ_ITERS` sets the number of mutated commands (default 1,000,000).
+//! `MLX5_EMU_FUZZ_ITERS` sets the number of mutated commands (default 1,000,000 in a release
+//! build, 100,000 in a debug build, where every integer overflow would panic: the emulated
+//! kernel must not have any).
 //! Pointer fields that the kernel *writes through* (responses) are only ever mutated to a
 //! valid scratch area, NULL or an unmapped address, so the harness cannot corrupt itself;
 //! everything else (sizes, handles, flags, masks, read-only pointers) is mutated freely.
@@ -359,12 +361,26 @@ fn a_million_mutated_commands_do_not_crash() {
     let iters: usize = std::env::var("MLX5_EMU_FUZZ_ITERS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(1_000_000);
+        .unwrap_or(if cfg!(debug_assertions) {
+            100_000
+        } else {
+            1_000_000
+        });
     let emu = stepped(1);
     let scratch = Buf::new(1 << 20);
     let mem = Buf::new(64 * 1024);
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
-    let bad_ptrs = [scratch.addr(), 0, 0x1000, 0xffff_8000_0000_0000];
+    // Valid, NULL, unmapped, kernel half, and the top of the address space (where a response
+    // pointer plus a response length overflows 64 bits).
+    let bad_ptrs = [
+        scratch.addr(),
+        0,
+        0x1000,
+        0xffff_8000_0000_0000,
+        u64::MAX,
+        u64::MAX - 7,
+        (1 << 47) - 8,
+    ];
     let interesting: [u32; 8] = [0, 1, 2, 3, 0xff, 0xffff, 0x8000_0000, 0xffff_ffff];
     let mut ok = 0usize;
     let mut errs = std::collections::BTreeMap::<i32, usize>::new();
@@ -401,7 +417,7 @@ fn a_million_mutated_commands_do_not_crash() {
             // Response pointers: only valid, NULL or unmapped.
             for &o in &tpl.out_ptrs {
                 if b.len() >= o + 8 {
-                    let n = if rng.pick(8) == 0 { 4 } else { 1 };
+                    let n = if rng.pick(8) == 0 { bad_ptrs.len() } else { 1 };
                     let p = bad_ptrs[rng.pick(n)];
                     b[o..o + 8].copy_from_slice(&p.to_ne_bytes());
                 }
@@ -427,7 +443,13 @@ fn a_million_mutated_commands_do_not_crash() {
                         && id != UVERBS_ATTR_WRITE_CMD
                         && id != UVERBS_ATTR_UHW_IN
                     {
-                        b[o + 8..o + 16].copy_from_slice(&scratch.addr().to_ne_bytes());
+                        // Outputs: the scratch area, or (1 in 8) an extreme address.
+                        let p = if rng.pick(8) == 0 {
+                            bad_ptrs[1 + rng.pick(bad_ptrs.len() - 1)]
+                        } else {
+                            scratch.addr()
+                        };
+                        b[o + 8..o + 16].copy_from_slice(&p.to_ne_bytes());
                     }
                 }
             }
@@ -435,9 +457,9 @@ fn a_million_mutated_commands_do_not_crash() {
                 continue;
             }
             let r = if tpl.ioctl {
-                ctx.dev.ioctl(&mut b).map(|_| 0)
+                ctx.dev.cmd_ioctl(&mut b).map(|_| 0)
             } else {
-                ctx.dev.write(&b)
+                ctx.dev.cmd_write(&b)
             };
             match r {
                 Ok(_) => ok += 1,

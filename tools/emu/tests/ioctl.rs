@@ -53,17 +53,17 @@ fn open_ioctl(emu: &Emulator) -> Ctx {
         )
         .build()
         .unwrap();
-    dev.ioctl(&mut b).expect("GET_CONTEXT over ioctl");
+    dev.cmd_ioctl(&mut b).expect("GET_CONTEXT over ioctl");
     assert_eq!((ncv, core), (1, 1));
     assert_ne!(flags_of(&b, 3) & UVERBS_ATTR_F_VALID_OUTPUT, 0);
     let mut b = IoctlBuilder::new(UVERBS_OBJECT_ASYNC_EVENT, UVERBS_METHOD_ASYNC_EVENT_ALLOC)
         .out_fd(UVERBS_ATTR_ASYNC_EVENT_ALLOC_FD_HANDLE)
         .build()
         .unwrap();
-    dev.ioctl(&mut b).expect("ASYNC_EVENT alloc");
+    dev.cmd_ioctl(&mut b).expect("ASYNC_EVENT alloc");
     let async_fd = data_of(&b, 0) as i32;
     assert!(async_fd > 2);
-    assert_eq!(dev.ioctl(&mut b), Err(Errno(libc::EEXIST)), "only once");
+    assert_eq!(dev.cmd_ioctl(&mut b), Err(Errno(libc::EEXIST)), "only once");
     let uars = (0..resp.tot_bfregs / 2)
         .map(|i| {
             dev.mmap(4096, libc::PROT_WRITE, mmap_offset(0, i) * 4096)
@@ -102,7 +102,7 @@ fn create_cq(ctx: &mut Ctx, entries: u32) -> Cq {
         .out_ptr(UVERBS_ATTR_UHW_OUT, dr.as_mut_ptr() as u64, 8)
         .build()
         .unwrap();
-    ctx.dev.ioctl(&mut b).expect("CQ_CREATE");
+    ctx.dev.cmd_ioctl(&mut b).expect("CQ_CREATE");
     assert_eq!(resp_cqe, ncqe - 1);
     let handle = data_of(&b, 0) as u32;
     Cq {
@@ -163,7 +163,7 @@ fn create_qp(ctx: &mut Ctx, pd: u32, cq: &Cq) -> Qp {
         .out_ptr(UVERBS_ATTR_UHW_OUT, dr.as_mut_ptr() as u64, 40)
         .build()
         .unwrap();
-    ctx.dev.ioctl(&mut b).expect("QP_CREATE");
+    ctx.dev.cmd_ioctl(&mut b).expect("QP_CREATE");
     assert_eq!(rcap.max_recv_wr, rq);
     let bfreg = u32::from_ne_bytes(dr[..4].try_into().unwrap());
     Qp {
@@ -234,7 +234,7 @@ fn objects_created_over_ioctl_carry_traffic() {
         .out_ptr(UVERBS_ATTR_DESTROY_CQ_RESP, cq_resp.as_mut_ptr() as u64, 8)
         .build()
         .unwrap();
-    assert_eq!(ctx.dev.ioctl(&mut bcq), Err(Errno(libc::EBUSY)));
+    assert_eq!(ctx.dev.cmd_ioctl(&mut bcq), Err(Errno(libc::EBUSY)));
     for q in [&q1, &q2] {
         let mut ev = 99u32;
         let mut b = IoctlBuilder::new(UVERBS_OBJECT_QP, UVERBS_METHOD_QP_DESTROY)
@@ -242,23 +242,23 @@ fn objects_created_over_ioctl_carry_traffic() {
             .out_ptr(UVERBS_ATTR_DESTROY_QP_RESP, (&raw mut ev) as u64, 4)
             .build()
             .unwrap();
-        ctx.dev.ioctl(&mut b).unwrap();
+        ctx.dev.cmd_ioctl(&mut b).unwrap();
         assert_eq!(ev, 0);
     }
-    ctx.dev.ioctl(&mut bcq).unwrap();
+    ctx.dev.cmd_ioctl(&mut bcq).unwrap();
     assert_eq!(cq_resp, [0, 0]);
     let mut b = IoctlBuilder::new(UVERBS_OBJECT_MR, UVERBS_METHOD_MR_DESTROY)
         .in_obj(UVERBS_ATTR_DESTROY_MR_HANDLE, mr)
         .build()
         .unwrap();
-    ctx.dev.ioctl(&mut b).unwrap();
+    ctx.dev.cmd_ioctl(&mut b).unwrap();
     let mut b = IoctlBuilder::new(UVERBS_OBJECT_PD, UVERBS_METHOD_PD_DESTROY)
         .in_obj(UVERBS_ATTR_DESTROY_PD_HANDLE, pd)
         .build()
         .unwrap();
-    ctx.dev.ioctl(&mut b).unwrap();
+    ctx.dev.cmd_ioctl(&mut b).unwrap();
     assert_eq!(
-        ctx.dev.ioctl(&mut b),
+        ctx.dev.cmd_ioctl(&mut b),
         Err(Errno(libc::EINVAL)),
         "already destroyed"
     );
@@ -268,10 +268,10 @@ fn objects_created_over_ioctl_carry_traffic() {
         .in_u32(0x1002, 0)
         .build()
         .unwrap();
-    assert_eq!(ctx.dev.ioctl(&mut b), Err(Errno(libc::EPROTONOSUPPORT)));
+    assert_eq!(ctx.dev.cmd_ioctl(&mut b), Err(Errno(libc::EPROTONOSUPPORT)));
     let mut b = IoctlBuilder::new(0x1000, 0x1000).build().unwrap();
     assert_eq!(
-        ctx.dev.ioctl(&mut b),
+        ctx.dev.cmd_ioctl(&mut b),
         Err(Errno(libc::EPROTONOSUPPORT)),
         "DEVX is not offered"
     );
@@ -295,7 +295,7 @@ fn alloc_uar(ctx: &Ctx, ty: u32) -> Result<(u32, u64, u32, u32), Errno> {
         .out_ptr(MLX5_IB_ATTR_UAR_OBJ_ALLOC_PAGE_ID, (&raw mut id) as u64, 4)
         .build()
         .unwrap();
-    ctx.dev.ioctl(&mut b)?;
+    ctx.dev.cmd_ioctl(&mut b)?;
     Ok((data_of(&b, 0) as u32, off, len, id))
 }
 
@@ -446,7 +446,7 @@ fn dynamic_uars_when_configured() {
         .in_obj(MLX5_IB_ATTR_UAR_OBJ_DESTROY_HANDLE, bf_handle)
         .build()
         .unwrap();
-    ctx.dev.ioctl(&mut b).unwrap();
+    ctx.dev.cmd_ioctl(&mut b).unwrap();
     assert_eq!(
         dev.mmap(4096, libc::PROT_WRITE, bf_off).map(|_| ()),
         Err(Errno(libc::EINVAL))

@@ -67,7 +67,7 @@ fn gid_table(ctx: &Ctx) -> Vec<IbUverbsGidEntry> {
         )
         .build()
         .expect("build");
-    ctx.dev.ioctl(&mut b).expect("QUERY_GID_TABLE");
+    ctx.dev.cmd_ioctl(&mut b).expect("QUERY_GID_TABLE");
     entries[..n as usize].to_vec()
 }
 

@@ -238,7 +238,11 @@ pub(crate) fn device_write(fd: c_int, file: &DevFile, buf: *const c_void, count:
             Ok(c) => c,
             Err(e) => return fail(e.0) as isize,
         };
-        let res = file.surface.write(&cmd);
+        // SAFETY: the preload forwards the C program's write(2) as the kernel would receive it;
+        // the embedded pointers are the program's own, and the emulated kernel behind this
+        // surface reaches them only through its fault-catching user-memory copies (EFAULT,
+        // never a crash), exactly what the kernel's copy_to_user gives that program.
+        let res = unsafe { file.surface.write(&cmd) };
         trace(|| {
             let op = cmd
                 .get(..4)
@@ -287,7 +291,9 @@ pub(crate) fn device_ioctl(
             Ok(b) => b,
             Err(e) => return fail(e.0),
         };
-        let res = file.surface.ioctl(&mut buf);
+        // SAFETY: as for `device_write`: the C program's own ioctl, its pointers reached only
+        // through the emulated kernel's fault-catching user-memory copies.
+        let res = unsafe { file.surface.ioctl(&mut buf) };
         // Attribute flags and inline outputs are written back whatever the outcome, as the
         // kernel updates them in user memory while it processes the call.
         let back = user::write(arg as usize, &buf);

@@ -118,6 +118,31 @@ pub fn store32(addr: u64, v: u32) {
     unsafe { p.write_volatile(v) };
 }
 
+/// The raw command calls of a surface, for tests that build commands by hand.
+///
+/// Sound here because every surface these tests open is the emulator's, whose kernel reaches
+/// user memory only through fault-catching copies at the pointers a command names, and the
+/// tests' pointers name buffers the tests own (a `Vec` or a [`Buf`] kept alive across the call
+/// and not otherwise borrowed meanwhile) or addresses chosen to be invalid.
+pub trait RawCmd {
+    /// `write(2)` of a uverbs command.
+    fn cmd_write(&self, buf: &[u8]) -> Result<usize, Errno>;
+    /// `ioctl(RDMA_VERBS_IOCTL)`.
+    fn cmd_ioctl(&self, buf: &mut [u8]) -> Result<(), Errno>;
+}
+
+impl RawCmd for Arc<dyn UverbsSurface> {
+    fn cmd_write(&self, buf: &[u8]) -> Result<usize, Errno> {
+        // SAFETY: see the trait: an emulator surface and test-owned (or deliberately
+        // invalid) pointers.
+        unsafe { self.write(buf) }
+    }
+    fn cmd_ioctl(&self, buf: &mut [u8]) -> Result<(), Errno> {
+        // SAFETY: as for `cmd_write`.
+        unsafe { self.ioctl(buf) }
+    }
+}
+
 /// Build and send a legacy write command whose core request starts with the response
 /// pointer (`core[0..8]` is overwritten). Returns (core response, driver response).
 pub fn write_cmd(
@@ -134,7 +159,7 @@ pub fn write_cmd(
         core[..8].copy_from_slice(&(out.as_mut_ptr() as u64).to_ne_bytes());
     }
     let buf = mlx5_ffi::cmd::build_write(command, &core, driver, resp_len + drv_out_len)?;
-    dev.write(&buf)?;
+    dev.cmd_write(&buf)?;
     let drv = out[resp_len..resp_len + drv_out_len].to_vec();
     out.truncate(resp_len);
     Ok((out, drv))
@@ -160,7 +185,7 @@ pub fn write_noresp(
     driver: &[u8],
 ) -> Result<(), Errno> {
     let buf = mlx5_ffi::cmd::build_write(command, core, driver, 0)?;
-    dev.write(&buf).map(|_| ())
+    dev.cmd_write(&buf).map(|_| ())
 }
 
 /// An opened context: device surface, mapped UAR pages, a doorbell-record page.
@@ -670,7 +695,7 @@ pub fn query_port_ex(ctx: &Ctx) -> IbUverbsQueryPortRespEx {
         )
         .build()
         .expect("build");
-    ctx.dev.ioctl(&mut b).expect("QUERY_PORT over ioctl");
+    ctx.dev.cmd_ioctl(&mut b).expect("QUERY_PORT over ioctl");
     px
 }
 
@@ -688,7 +713,7 @@ pub fn gid_entry(ctx: &Ctx, index: u32) -> Result<IbUverbsGidEntry, Errno> {
         )
         .build()
         .expect("build");
-    ctx.dev.ioctl(&mut b).map(|()| e)
+    ctx.dev.cmd_ioctl(&mut b).map(|()| e)
 }
 
 pub fn modify_base(qp: &Qp) -> IbUverbsModifyQp {

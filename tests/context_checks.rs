@@ -1,0 +1,131 @@
+//! Objects of one context: every object handed to another (PD, CQs, SRQ, completion channel)
+//! must come from the same device context, checked before any syscall.
+//!
+//! The finding (issue 10): `Qp::new` with the PD of context A and the CQs of context B returned
+//! `Ok`; the kernel resolved B's CQ handle number in A's table while the driver's bookkeeping used
+//! B's CQ, so completions went to the wrong ring. An SRQ of another context was accepted the same
+//! way.
+
+use std::sync::Arc;
+
+use mlx5::{Context, Cq, CqInit, Error, Pd, Qp, QpInitAttr, QpType, Srq};
+use mlx5_emu::{EmuConfig, Emulator, RunMode};
+
+fn emu(num_hcas: usize) -> Emulator {
+    Emulator::new(EmuConfig {
+        num_hcas,
+        mode: RunMode::Stepped,
+        ..EmuConfig::default()
+    })
+}
+
+fn open(emu: &Emulator, hca: usize) -> Context {
+    Context::open(emu.open(hca).expect("emulator open")).expect("Context::open")
+}
+
+/// The error must name both objects.
+fn assert_mismatch<T: std::fmt::Debug>(r: Result<T, Error>, object: &str, with: &str) {
+    match r {
+        Err(Error::ContextMismatch { object: o, with: w }) => {
+            assert_eq!((o, w), (object, with), "names of the mismatched objects");
+            let msg = Error::ContextMismatch { object: o, with: w }.to_string();
+            assert!(msg.contains(object) && msg.contains(with), "{msg}");
+        }
+        other => panic!("expected ContextMismatch {{ {object}, {with} }}, got {other:?}"),
+    }
+}
+
+fn cq(ctx: &Context) -> Cq {
+    Cq::new(ctx, CqInit::default(), None).expect("Cq::new")
+}
+
+// The emulated kernel numbers the objects of each context from 0 (as the kernel's per-file
+// IDR does), so objects created in the same order in two contexts get the same handle numbers:
+// a foreign handle then names a live object of the right type in the wrong table, which is how
+// the finding showed up. The tests below create their objects in mirrored order for that reason.
+
+#[test]
+fn qp_with_cqs_of_another_context_is_refused() {
+    let e = emu(1);
+    let (a, b) = (open(&e, 0), open(&e, 0));
+    let (pd_a, _pd_b) = (Pd::new(&a).unwrap(), Pd::new(&b).unwrap());
+    let (cq_a, cq_b) = (cq(&a), cq(&b));
+    for t in [QpType::Rc, QpType::Uc, QpType::Ud] {
+        assert_mismatch(
+            Qp::new(&pd_a, &QpInitAttr::new(t, &cq_b, &cq_b)),
+            "send_cq",
+            "pd",
+        );
+        assert_mismatch(
+            Qp::new(&pd_a, &QpInitAttr::new(t, &cq_a, &cq_b)),
+            "recv_cq",
+            "pd",
+        );
+        assert_mismatch(
+            Qp::new(&pd_a, &QpInitAttr::new(t, &cq_b, &cq_a)),
+            "send_cq",
+            "pd",
+        );
+        // The same context still works, and the refusals left nothing behind.
+        Qp::new(&pd_a, &QpInitAttr::new(t, &cq_a, &cq_a)).expect("same-context QP");
+    }
+}
+
+#[test]
+fn qp_with_objects_of_another_device_is_refused() {
+    let e = emu(2);
+    let (a, b) = (open(&e, 0), open(&e, 1));
+    let (pd_a, _pd_b) = (Pd::new(&a).unwrap(), Pd::new(&b).unwrap());
+    let (_cq_a, cq_b) = (cq(&a), cq(&b));
+    assert_mismatch(
+        Qp::new(&pd_a, &QpInitAttr::new(QpType::Rc, &cq_b, &cq_b)),
+        "send_cq",
+        "pd",
+    );
+}
+
+#[test]
+fn qp_with_srq_of_another_context_is_refused() {
+    let e = emu(1);
+    let (a, b) = (open(&e, 0), open(&e, 0));
+    let (pd_a, pd_b) = (Pd::new(&a).unwrap(), Pd::new(&b).unwrap());
+    let (cq_a, _cq_b) = (cq(&a), cq(&b));
+    let srq_a = Srq::new(&pd_a, 16, 1).unwrap();
+    let srq_b = Srq::new(&pd_b, 16, 1).unwrap();
+    for t in [QpType::Rc, QpType::Uc, QpType::Ud] {
+        let mut init = QpInitAttr::new(t, &cq_a, &cq_a);
+        init.srq = Some(&srq_b);
+        assert_mismatch(Qp::new(&pd_a, &init), "srq", "pd");
+        init.srq = Some(&srq_a);
+        Qp::new(&pd_a, &init).expect("same-context SRQ");
+    }
+    // An SRQ of another PD of the same context is allowed (verbs allows it).
+    let pd_a2 = Pd::new(&a).unwrap();
+    let mut init = QpInitAttr::new(QpType::Rc, &cq_a, &cq_a);
+    init.srq = Some(&srq_a);
+    Qp::new(&pd_a2, &init).expect("SRQ of another PD, same context");
+}
+
+#[test]
+fn cq_with_channel_of_another_context_is_refused() {
+    let e = emu(1);
+    let (a, b) = (open(&e, 0), open(&e, 0));
+    let ch_a = Arc::new(a.create_comp_channel().unwrap());
+    let ch_b = Arc::new(b.create_comp_channel().unwrap());
+    assert_mismatch(
+        Cq::new(&a, CqInit::default(), Some(&ch_b)),
+        "comp_channel",
+        "context",
+    );
+    Cq::new(&a, CqInit::default(), Some(&ch_a)).expect("same-context channel");
+}
+
+#[test]
+fn context_identity() {
+    let e = emu(1);
+    let (a, b) = (open(&e, 0), open(&e, 0));
+    assert!(a.same_as(&a.clone()));
+    assert!(!a.same_as(&b));
+    let pd = Pd::new(&a).unwrap();
+    assert!(pd.context().same_as(&a));
+}

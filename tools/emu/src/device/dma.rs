@@ -1,0 +1,125 @@
+//! DMA and translation: keys, PDs and access rights of registered memory; gather and
+//! scatter.
+
+#[allow(clippy::wildcard_imports)]
+use super::*;
+
+/// Translate `[va, va+len)` under key `key` for a QP in PD `pdn`; `need` are the access
+/// bits the MR must grant. Returns the process address.
+pub(super) fn translate(
+    w: &World,
+    hca: usize,
+    key: u32,
+    pdn: u32,
+    va: u64,
+    len: u64,
+    need: u32,
+) -> Option<u64> {
+    let mr = w.hcas[hca].mrs.get(&(key >> 8))?;
+    if mr.key != key || mr.pdn != pdn || mr.access & need != need {
+        return None;
+    }
+    let zero_based = mr.access & access::ZERO_BASED != 0;
+    let base = if zero_based { 0 } else { mr.iova };
+    let off = va.checked_sub(base)?;
+    if off.checked_add(len)? > mr.length {
+        return None;
+    }
+    Some(mr.start + off)
+}
+
+/// A remote access by a peer: the MR checks of [`translate`] plus the QP's own remote
+/// access flags (`need` is one of REMOTE_READ, REMOTE_WRITE, REMOTE_ATOMIC).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn remote(
+    w: &World,
+    hca: usize,
+    pdn: u32,
+    qacc: u32,
+    rkey: u32,
+    va: u64,
+    len: u64,
+    need: u32,
+) -> Option<u64> {
+    translate(w, hca, rkey, pdn, va, len, need).filter(|_| qacc & need != 0)
+}
+
+/// [`remote`] for a RETH: a zero-length access needs no valid rkey (address 0).
+pub(super) fn remote_reth(
+    w: &World,
+    hca: usize,
+    pdn: u32,
+    qacc: u32,
+    r: Reth,
+    need: u32,
+) -> Option<u64> {
+    if r.len == 0 {
+        Some(0)
+    } else {
+        remote(w, hca, pdn, qacc, r.rkey, r.va, u64::from(r.len), need)
+    }
+}
+
+/// Parse data segments (`segs`, a multiple of 16 bytes) into a translated list.
+pub(super) fn data_segs(
+    w: &World,
+    hca: usize,
+    pdn: u32,
+    segs: &[u8],
+    need: u32,
+    stop_at_invalid: bool,
+) -> Result<Sgl, Syndrome> {
+    let mut out = Sgl::default();
+    for chunk in segs.chunks_exact(16) {
+        let Ok(d) = DataSeg::read_from_bytes(chunk) else {
+            break;
+        };
+        if stop_at_invalid && d.lkey() == INVALID_LKEY {
+            break;
+        }
+        let len = d.byte_count();
+        if len & INLINE_SEG_FLAG != 0 && !stop_at_invalid {
+            return Err(Syndrome::LOCAL_QP_OP);
+        }
+        let len = if len == 0 { 0x8000_0000 } else { len };
+        let addr = translate(w, hca, d.lkey(), pdn, d.addr(), len as u64, need)
+            .ok_or(Syndrome::LOCAL_PROT)?;
+        out.push((addr, len));
+    }
+    Ok(out)
+}
+
+/// Read the bytes `sgl` describes, in order, into one payload.
+pub(super) fn gather(sgl: &[(u64, u32)]) -> Result<Payload, Syndrome> {
+    let total: u64 = sgl.iter().map(|s| s.1 as u64).sum();
+    if total > 0x8000_0000 {
+        return Err(Syndrome::LOCAL_LENGTH);
+    }
+    Payload::build(total as usize, |buf| {
+        let mut off = 0;
+        for &(a, l) in sgl {
+            let part = &mut buf[off..off + l as usize];
+            mem::read(a, part).map_err(|_| Syndrome::LOCAL_PROT)?;
+            off += l as usize;
+        }
+        Ok(())
+    })
+}
+
+/// Scatter `data` into `sgl`. Err(LOCAL_LENGTH) if it does not fit.
+pub(super) fn scatter(sgl: &[(u64, u32)], data: &[u8]) -> Result<(), Syndrome> {
+    let cap: u64 = sgl.iter().map(|s| s.1 as u64).sum();
+    if (data.len() as u64) > cap {
+        return Err(Syndrome::LOCAL_LENGTH);
+    }
+    let mut off = 0;
+    for &(a, l) in sgl {
+        if off >= data.len() {
+            break;
+        }
+        let n = (l as usize).min(data.len() - off);
+        mem::write(a, &data[off..off + n]).map_err(|_| Syndrome::LOCAL_PROT)?;
+        off += n;
+    }
+    Ok(())
+}

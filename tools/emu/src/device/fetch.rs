@@ -1,0 +1,278 @@
+//! Doorbell intake (send doorbells, BlueFlame copies, CQ arm), send-queue scheduling and
+//! WQE fetch from the ring.
+
+#[allow(clippy::wildcard_imports)]
+use super::*;
+
+pub(super) enum Doorbell {
+    Arm {
+        hca: usize,
+        ctx: u64,
+        word: u64,
+    },
+    Send {
+        hca: usize,
+        ctx: u64,
+        word: u64,
+        rest: Vec<u8>,
+    },
+}
+
+/// The size of one BlueFlame buffer (half a register): the doorbell words of a UAR page
+/// are at 0x800, 0x800 + half, ... while 8 bytes fit in the page.
+pub(super) fn bf_half(bf_reg_size: u32) -> usize {
+    if bf_reg_size >= 128 {
+        (bf_reg_size / 2) as usize & !7
+    } else {
+        0x100
+    }
+}
+
+pub(super) fn scan_doorbells(w: &mut World) -> usize {
+    let half = bf_half(w.cfg.bf_reg_size);
+    let bf = w.cfg.bf_reg_size != 0;
+    let mut found = Vec::new();
+    for (&ctx, c) in &w.contexts {
+        for &page in &c.uar_active {
+            // A page past the end of the region has no doorbells.
+            let Some(words) = c.uar.page_words(page) else {
+                continue;
+            };
+            let arm = words
+                .get(mlx5_hw::doorbell::UAR_CQ_DOORBELL / 8)
+                .map_or(0, take_word);
+            if arm != 0 {
+                found.push(Doorbell::Arm {
+                    hca: c.hca,
+                    ctx,
+                    word: arm,
+                });
+            }
+            let mut pos = 0x800;
+            while pos + 8 <= 0x1000 {
+                let word = words.get(pos / 8).map_or(0, take_word);
+                if word != 0 {
+                    let rest = if bf {
+                        c.uar.take_bytes(page, pos + 8, half - 8)
+                    } else {
+                        Vec::new()
+                    };
+                    found.push(Doorbell::Send {
+                        hca: c.hca,
+                        ctx,
+                        word,
+                        rest,
+                    });
+                }
+                pos += half;
+            }
+        }
+    }
+    let n = found.len();
+    for d in found {
+        match d {
+            Doorbell::Arm { hca, ctx, word } => cq_arm(w, hca, ctx, word),
+            Doorbell::Send {
+                hca,
+                ctx,
+                word,
+                rest,
+            } => send_doorbell(w, hca, ctx, word, &rest),
+        }
+    }
+    n
+}
+
+pub(super) fn send_doorbell(w: &mut World, hca: usize, ctx: u64, word: u64, rest: &[u8]) {
+    // The 8 bytes are ctrl bytes 0..8 verbatim: BE32 opmod|idx|opcode, BE32 qpn|ds.
+    let mut b = [0u8; 16];
+    b[..8].copy_from_slice(&word.to_ne_bytes());
+    let ctrl = CtrlSeg::read_from_bytes(&b).ok();
+    let stepped = w.cfg.mode == RunMode::Stepped;
+    if let Some(c) = &ctrl {
+        w.wqe_log.doorbell(hca, c.qpn(), c.wqe_index(), rest);
+    }
+    let h = &mut w.hcas[hca];
+    h.counters.doorbells += 1;
+    let Some(ctrl) = ctrl else { return };
+    let qpn = ctrl.qpn();
+    let Some(qp) = h.qps.get_mut(&qpn).filter(|q| q.ctx == ctx) else {
+        h.counters.doorbell_drops += 1;
+        return;
+    };
+    let Ok(pi) = mem::read_be32(qp.db + 4) else {
+        return;
+    };
+    qp.sq_rung = pi as u16;
+    if rest.iter().any(|&x| x != 0) {
+        h.counters.bf_writes += 1;
+        if stepped && qp.sq_wqe_cnt > 0 {
+            let len = (ctrl.ds() as usize * 16).min(rest.len() + 8);
+            let ring = read_wqe(
+                qp.buf + ((qp.rq_wqe_cnt as u64) << qp.rq_wqe_shift),
+                qp.sq_wqe_cnt,
+                ctrl.wqe_index() as u32,
+                len,
+            );
+            let same = ring.is_ok_and(|r| len <= 8 || r[8..len] == rest[..len - 8]);
+            if !same {
+                h.counters.bf_mismatches += 1;
+            }
+        }
+    }
+}
+
+pub(super) fn cq_arm(w: &mut World, hca: usize, ctx: u64, word: u64) {
+    let b = word.to_ne_bytes();
+    let arm = u32::from_be_bytes([b[0], b[1], b[2], b[3]]);
+    let cqn = u32::from_be_bytes([b[4], b[5], b[6], b[7]]) & 0xff_ffff;
+    w.hcas[hca].counters.cq_arms += 1;
+    let Some(cq) = w.hcas[hca].cqs.get_mut(&cqn).filter(|c| c.ctx == ctx) else {
+        return;
+    };
+    let sn = ((arm >> 28) & 3) as u8;
+    let solicited = (arm >> 24) & 3 == 1;
+    let ci = arm & 0xff_ffff;
+    if cq.last_fired_sn == Some(sn) {
+        return; // a repeat of the arm that already fired
+    }
+    cq.armed = Some(solicited);
+    cq.armed_sn = sn;
+    if !solicited && (cq.pi & 0xff_ffff) != ci {
+        fire_event(w, hca, cqn);
+    }
+}
+
+/// Read `len` bytes of the WQE starting at WQEBB counter `idx` of an SQ at `sq` with
+/// `cnt` WQEBBs, following the wrap at the ring end.
+pub(super) fn read_wqe(sq: u64, cnt: u32, idx: u32, len: usize) -> Result<Vec<u8>, crate::Errno> {
+    let mut out = Vec::with_capacity(len);
+    read_wqe_into(sq, cnt, idx, len, &mut out)?;
+    Ok(out)
+}
+
+/// [`read_wqe`], appending to `out`.
+pub(super) fn read_wqe_into(
+    sq: u64,
+    cnt: u32,
+    idx: u32,
+    len: usize,
+    out: &mut Vec<u8>,
+) -> Result<(), crate::Errno> {
+    let mut i = idx;
+    let mut done = 0;
+    while done < len {
+        let slot = (i & (cnt - 1)) as u64;
+        let n = (len - done).min(64);
+        let at = out.len();
+        out.resize(at + n, 0);
+        mem::read(sq + slot * 64, &mut out[at..])?;
+        done += n;
+        i = i.wrapping_add(1);
+    }
+    Ok(())
+}
+
+pub(super) fn run_send_queues(w: &mut World) -> usize {
+    let mut work = 0;
+    for_each_qp(w, |w, hca, qpn| {
+        let Some(q) = w.hcas[hca].qps.get(&qpn) else {
+            return;
+        };
+        if q.state == qps::ERR {
+            work += flush_qp(w, hca, qpn);
+        } else if q.state == qps::RTS && (q.sq_head as u16) != q.sq_rung {
+            work += run_sq(w, hca, qpn);
+        } else if q.state == qps::SQD && q.sqd_notify && q.rc.req.outstanding.is_empty() {
+            let (ctx, uh) = (q.ctx, q.user_handle);
+            if let Some(q) = w.hcas[hca].qps.get_mut(&qpn) {
+                q.sqd_notify = false;
+                q.events_reported += 1;
+            }
+            w.async_event(ctx, uh, ev::SQ_DRAINED);
+            work += 1;
+        }
+    });
+    work
+}
+
+/// Outcome of looking at one send WQE.
+pub(super) enum Exec {
+    /// Executed; advance by this many WQEBBs.
+    Done(u32),
+    /// Must wait (fence, outstanding-read limit).
+    Blocked,
+}
+
+/// The rung part of a send queue, fetched with one or two DMA reads up front (as hardware
+/// prefetches WQEs after a doorbell) instead of one read per WQEBB.
+pub(super) struct Prefetch {
+    /// WQEBB counter of the first fetched WQEBB.
+    pub(super) start: u32,
+    /// The fetched WQEBBs, 64 bytes each.
+    pub(super) data: Vec<u8>,
+}
+
+impl Prefetch {
+    /// Fetch the WQEBBs from `sq_head` up to the producer index of the last doorbell
+    /// (at most one ring and `MAX_WQES_PER_QP_STEP` of them) into `data` (a reused
+    /// buffer, returned in `Err` when nothing is fetched). Err if nothing is rung or a read
+    /// fails; the WQEs are then read one by one, with per-WQE error handling.
+    pub(super) fn fetch(q: &crate::state::Qp, mut data: Vec<u8>) -> Result<Prefetch, Vec<u8>> {
+        let cnt = q.sq_wqe_cnt;
+        let rung = u32::from(q.sq_rung.wrapping_sub(q.sq_head as u16));
+        let n = rung.min(cnt).min(MAX_WQES_PER_QP_STEP as u32);
+        if cnt == 0 || n == 0 {
+            return Err(data);
+        }
+        let sq = q.buf + ((q.rq_wqe_cnt as u64) << q.rq_wqe_shift);
+        let first = q.sq_head & (cnt - 1);
+        let till_end = (cnt - first).min(n);
+        data.clear();
+        data.resize(n as usize * 64, 0);
+        let (a, b) = data.split_at_mut(till_end as usize * 64);
+        if mem::read(sq + u64::from(first) * 64, a).is_err() || mem::read(sq, b).is_err() {
+            return Err(data);
+        }
+        Ok(Prefetch {
+            start: q.sq_head,
+            data,
+        })
+    }
+
+    /// `len` bytes from WQEBB counter `idx`, if all of them were fetched.
+    pub(super) fn get(&self, idx: u32, len: usize) -> Option<&[u8]> {
+        let off = idx.wrapping_sub(self.start) as usize * 64;
+        self.data.get(off..off.checked_add(len)?)
+    }
+}
+
+pub(super) fn run_sq(w: &mut World, hca: usize, qpn: u32) -> usize {
+    let buf = std::mem::take(&mut w.wire.prefetch);
+    let pf = match w.hcas[hca].qps.get(&qpn) {
+        Some(q) => Prefetch::fetch(q, buf),
+        None => Err(buf),
+    };
+    let mut wqe_buf = std::mem::take(&mut w.wire.wqe);
+    let more = |q: &crate::state::Qp| q.state == qps::RTS && (q.sq_head as u16) != q.sq_rung;
+    let mut n = 0;
+    let mut go = w.hcas[hca].qps.get(&qpn).is_some_and(more);
+    while go && n < MAX_WQES_PER_QP_STEP {
+        match exec_wqe(w, hca, qpn, pf.as_ref().ok(), &mut wqe_buf) {
+            Exec::Done(bbs) => {
+                go = match w.hcas[hca].qps.get_mut(&qpn) {
+                    Some(q) => {
+                        q.sq_head = q.sq_head.wrapping_add(bbs.max(1));
+                        more(q)
+                    }
+                    None => false,
+                };
+                n += 1;
+            }
+            Exec::Blocked => break,
+        }
+    }
+    w.wire.wqe = wqe_buf;
+    w.wire.prefetch = pf.map_or_else(|b| b, |p| p.data);
+    n
+}

@@ -1,0 +1,135 @@
+//! The device, stage by stage, as the hardware pipeline runs a work request.
+//!
+//! Everything here runs under the world lock, called from [`step`], which is the table of
+//! contents: each stage is one file and keeps its own state.
+//!
+//! | stage | file |
+//! |---|---|
+//! | doorbell intake, CQ arm, send-queue scheduling and WQE fetch | [`fetch`] |
+//! | WQE decode and validation, request packet building | [`execute`] |
+//! | requester: PSNs, outstanding requests, responses, in-order retirement | [`requester`] |
+//! | responder: PSN checks, duplicates, receive WQEs, execution, READ/atomic replies | [`responder`] |
+//! | retransmission and timers (ACK timeout, RNR back-off) | [`timers`] |
+//! | completion writer: CQEs, completion and async events, errors, flush | [`completion`] |
+//! | DMA and memory translation (MR, PD, key and access checks) | [`dma`] |
+//! | wire: fault injection, in-process fabric, UDP fabric, packet dispatch | [`wire`] |
+//!
+//! User memory (rings, doorbell records, data buffers) is accessed through [`crate::mem`], so
+//! a buffer the user unmapped behind the device's back produces an error completion, not a
+//! crash.
+
+mod completion;
+mod dma;
+mod execute;
+mod fetch;
+mod requester;
+mod responder;
+mod timers;
+mod wire;
+
+use std::collections::VecDeque;
+
+use mlx5_hw::cqe::{Cqe64, ErrCqe, op_own};
+use mlx5_hw::opcodes::{CqeOpcode, SendOpcode, Syndrome, VendorSyndrome};
+use mlx5_hw::types::{Be16, Be32, Be64};
+use mlx5_hw::wqe::{
+    AtomicSeg, CtrlSeg, DataSeg, DatagramSeg, INLINE_SEG_FLAG, INVALID_LKEY, RaddrSeg,
+};
+use zerocopy::{FromBytes, FromZeros, IntoBytes};
+
+use crate::state::{Sgl, World, access, ev, qps, qpt};
+use crate::transport::{
+    self, AtomicEth, Grh, Packet, Packets, Payload, ROCE_PORT, Reth, UNKNOWN_QPN, aeth, decode,
+    encode, node_ip, op, psn_before,
+};
+use crate::uar::take_word;
+use crate::{RunMode, mem};
+
+use completion::*;
+use dma::*;
+use execute::*;
+use fetch::*;
+use requester::*;
+use responder::*;
+use timers::*;
+use wire::*;
+
+pub(crate) use requester::ReqState;
+pub(crate) use responder::RespState;
+pub(crate) use timers::{TimerState, next_deadline};
+pub(crate) use wire::{Outgoing, Wire};
+
+/// Transport state of one QP, each part owned by its stage. The retry counters are the
+/// kernel's to reset (modify to RTS); the rest is the device's.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct QpTransport {
+    /// Transport retries left before RETRY_EXC.
+    pub(crate) retries_left: u8,
+    /// RNR retries left before RNR_RETRY_EXC.
+    pub(crate) rnr_left: u8,
+    pub(super) req: ReqState,
+    pub(super) timer: TimerState,
+    pub(super) resp: RespState,
+}
+
+/// How far to look for work in one step before yielding the lock.
+pub(super) const MAX_WQES_PER_QP_STEP: usize = 256;
+
+/// One round of device work. Returns the number of work items done.
+pub(crate) fn step(w: &mut World) -> usize {
+    let mut work = 0;
+    tick_clock(w);
+    work += receive_udp(w);
+    work += scan_doorbells(w);
+    work += run_send_queues(w);
+    work += deliver_wire(w);
+    work += run_timers(w);
+    work += flush_udp(w);
+    if work == 0 && w.cfg.mode == RunMode::Stepped {
+        if let Some(t) = next_deadline(w) {
+            if t > w.vclock {
+                w.vclock = t;
+                work = 1;
+            }
+        }
+    }
+    work
+}
+
+/// Keep the core-clock page (internal_timer_h/l, big-endian) moving.
+fn tick_clock(w: &World) {
+    let now = w.now();
+    for c in w.contexts.values() {
+        let mut b = [0u8; 8];
+        b[..4].copy_from_slice(&((now >> 32) as u32).to_be_bytes());
+        b[4..].copy_from_slice(&(now as u32).to_be_bytes());
+        c.uar.store(
+            c.uar_pages,
+            crate::kernel::caps::CORE_CLOCK_OFFSET as usize,
+            b,
+        );
+    }
+}
+
+/// The first QP of HCA `hca` after `after` (the first one for None), in QPN order. The
+/// device walks the QPs this way instead of collecting their numbers first.
+pub(super) fn next_qpn(w: &World, hca: usize, after: Option<u32>) -> Option<u32> {
+    use std::ops::Bound::{Excluded, Unbounded};
+    let qps = &w.hcas[hca].qps;
+    match after {
+        None => qps.keys().next().copied(),
+        Some(a) => qps.range((Excluded(a), Unbounded)).next().map(|(&q, _)| q),
+    }
+}
+
+/// Every (HCA, QPN), in a stable order, walked without allocating: HCA by HCA, QPN by QPN.
+/// QPs cannot come or go while the device runs (that takes the world lock).
+pub(super) fn for_each_qp(w: &mut World, mut f: impl FnMut(&mut World, usize, u32)) {
+    for hca in 0..w.hcas.len() {
+        let mut at = None;
+        while let Some(qpn) = next_qpn(w, hca, at) {
+            f(w, hca, qpn);
+            at = Some(qpn);
+        }
+    }
+}

@@ -1,0 +1,140 @@
+//! Retransmission and timers: go-back-N from a PSN, the ACK timeout with its retry count,
+//! RNR back-off, and the next deadline (for stepped mode's virtual time).
+
+#[allow(clippy::wildcard_imports)]
+use super::*;
+
+/// The timers of one RC QP.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct TimerState {
+    /// When the ACK timeout expires.
+    pub(super) deadline: Option<u64>,
+    /// Time before which no retransmission happens (RNR back-off).
+    pub(super) rnr_wait_until: Option<u64>,
+    /// PSN from which to retransmit when `rnr_wait_until` expires.
+    pub(super) rnr_from: u32,
+}
+
+/// Go back N: everything from the oldest PSN still needed is sent again (through the
+/// window): a READ resumes at its first missing response (a new request for the rest of its
+/// current part, which the responder serves like a duplicate, from the adjusted address),
+/// an atomic is asked again whole (the responder answers it from its replay state), a
+/// SEND/WRITE from its first unacknowledged packet.
+pub(super) fn retransmit(w: &mut World, hca: usize, qpn: u32) {
+    let Some(q) = w.hcas[hca].qps.get_mut(&qpn) else {
+        return;
+    };
+    let mut start = None;
+    for o in q.rc.req.outstanding.iter_mut() {
+        if o.done || o.error.is_some() {
+            continue;
+        }
+        if o.is_read_like {
+            if o.packets.first().is_some_and(|p| p.atomic.is_some()) || o.read_mtu == 0 {
+                o.read_buf.clear();
+                o.read_next = o.psn;
+            } else {
+                let got = o.read_buf.len() as u64;
+                let part_bytes = u64::from(TX_WINDOW) * u64::from(o.read_mtu);
+                let k = (got / part_bytes) as usize;
+                let end = ((k as u64 + 1) * part_bytes).min(u64::from(o.len));
+                let read_next = o.read_next;
+                if let Some(p) = o.packets.get_mut(k) {
+                    p.psn = read_next;
+                    if let Some(r) = p.reth.as_mut() {
+                        r.va = o.read_va.wrapping_add(got);
+                        r.len = (end - got) as u32;
+                    }
+                }
+            }
+        }
+        if start.is_none() {
+            let mut s = resume_point(o);
+            if !o.is_read_like {
+                if let Some(a) = q.rc.req.acked.map(|a| (a + 1) & 0xff_ffff) {
+                    if psn_before(s, a) && !psn_before(o.last_psn, a) {
+                        s = a;
+                    }
+                }
+            }
+            start = Some(s);
+        }
+    }
+    q.rc.req.tx_next = start;
+    pump(w, hca, qpn);
+}
+
+pub(super) fn run_timers(w: &mut World) -> usize {
+    let now = w.now();
+    let mut work = 0;
+    for_each_qp(w, |w, hca, qpn| {
+        let Some(q) = w.hcas[hca].qps.get_mut(&qpn) else {
+            return;
+        };
+        if q.qp_type != qpt::RC || !matches!(q.state, qps::RTS | qps::SQD) {
+            return;
+        }
+        if q.rc.timer.rnr_wait_until.is_some_and(|t| t <= now) {
+            q.rc.timer.rnr_wait_until = None;
+            q.rc.timer.deadline = transport::ack_timeout_ns(q.timeout).map(|t| now + t);
+            q.rc.req.restarted_at = None;
+            retransmit(w, hca, qpn);
+            work += 1;
+            return;
+        }
+        if q.rc.timer.deadline.is_none_or(|d| d > now) {
+            return;
+        }
+        work += 1;
+        let Some(first) =
+            q.rc.req
+                .outstanding
+                .iter()
+                .position(|o| !o.done && o.error.is_none())
+        else {
+            q.rc.timer.deadline = None;
+            return;
+        };
+        w.hcas[hca].counters.local_ack_timeout_err += 1;
+        let q = w.hcas[hca].qps.get_mut(&qpn).expect("exists");
+        if q.rc.retries_left == 0 {
+            // Everything before the oldest waiting request is complete: it fails, the
+            // rest is flushed behind it.
+            q.rc.req.outstanding[first].error = Some(Syndrome::TRANSPORT_RETRY_EXC);
+            q.rc.timer.deadline = None;
+            retire(w, hca, qpn);
+            return;
+        }
+        q.rc.retries_left -= 1;
+        q.rc.timer.deadline = transport::ack_timeout_ns(q.timeout).map(|t| now + t);
+        q.rc.req.restarted_at = None;
+        retransmit(w, hca, qpn);
+    });
+    work
+}
+
+/// The earliest time at which the device has something timed to do: a packet in flight
+/// due for delivery, a datagram due to be sent, an ACK timeout or an RNR back-off ending.
+/// The same time base as [`World::now`] (virtual nanoseconds in stepped mode). None:
+/// nothing is timed; only a doorbell, an arm or an arriving packet brings work.
+pub(crate) fn next_deadline(w: &World) -> Option<u64> {
+    let wire = w
+        .wire
+        .queue
+        .iter()
+        .map(|(t, _)| *t)
+        .chain(w.outbox.iter().map(|o| o.due))
+        .min();
+    let timers = w
+        .hcas
+        .iter()
+        .flat_map(|h| h.qps.values())
+        .filter(|q| matches!(q.state, qps::RTS | qps::SQD))
+        .flat_map(|q| [q.rc.timer.deadline, q.rc.timer.rnr_wait_until])
+        .flatten()
+        .min();
+    match (wire, timers) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}

@@ -1,0 +1,265 @@
+//! The wire: fault injection, the in-process fabric, the UDP fabric (RoCEv2 datagrams)
+//! and the dispatch of delivered packets to the responder or requester.
+
+#[allow(clippy::wildcard_imports)]
+use super::*;
+
+/// The in-process fabric, plus buffers the device reuses from one work item to the next
+/// so that the steady-state data path does not allocate. A user of a buffer takes it
+/// (`std::mem::take`) and puts it back; a nested user just finds an empty one.
+#[derive(Debug, Default)]
+pub(crate) struct Wire {
+    /// Packets in flight: (deliver_at, packet).
+    pub(super) queue: VecDeque<(u64, Packet)>,
+    /// The send WQE being executed.
+    pub(super) wqe: Vec<u8>,
+    /// The send-queue WQEBBs fetched after a doorbell.
+    pub(super) prefetch: Vec<u8>,
+    /// The receive WQE being consumed.
+    pub(super) recv: Vec<u8>,
+    /// Packets a requester is about to transmit.
+    pub(super) tx: Vec<Packet>,
+}
+
+/// One encoded RoCEv2 datagram bound for another process, not yet sent.
+#[derive(Debug)]
+pub(crate) struct Outgoing {
+    /// When to send it (virtual time in stepped mode, real time in threaded mode).
+    pub(super) due: u64,
+    /// Held back by reorder fault injection: goes out after the next datagram queued
+    /// behind it, or at `due` if none comes.
+    pub(super) held: bool,
+    /// The sending HCA.
+    pub(super) src: usize,
+    /// Destination `127.1.0.<lid>:4791`.
+    pub(super) to: std::net::SocketAddrV4,
+    /// The datagram (BTH onwards, ICRC included).
+    pub(super) bytes: Vec<u8>,
+}
+
+/// Put a packet on the fabric (in process, or UDP when the destination LID is not one of
+/// ours), applying fault injection and pcap capture.
+pub(super) fn send_packet(w: &mut World, mut pkt: Packet) {
+    let now = w.now();
+    let f = w.cfg.fault;
+    let src = pkt.src_hca;
+    w.hcas[src].counters.packets_sent += 1;
+    let local = w
+        .hcas
+        .iter()
+        .position(|h| h.info.lid == pkt.dst_lid && pkt.dst_lid != 0);
+    let remote = local.is_none() && pkt.dst_lid != 0 && w.hcas[src].sock.is_some();
+    if local.is_none() && !remote {
+        w.hcas[src].counters.packets_dropped += 1;
+        return;
+    }
+    let roll = |w: &mut World, ppm: u32| ppm > 0 && (w.rand() % 1_000_000) < u64::from(ppm);
+    if roll(w, f.drop_ppm) {
+        w.hcas[src].counters.packets_dropped += 1;
+        return;
+    }
+    let dup = roll(w, f.dup_ppm);
+    let reorder = roll(w, f.reorder_ppm);
+    let corrupt = roll(w, w.cfg.corrupt_ppm);
+    let flip = w.rand();
+    let (sip, dip) = (node_ip(w.hcas[src].info.lid), node_ip(pkt.dst_lid));
+    if w.pcap.is_some() || remote {
+        let mut bytes = encode(&pkt, sip, dip);
+        if corrupt {
+            // One flipped bit anywhere: the receiver's ICRC check discards the packet.
+            let bit = (flip % (bytes.len() as u64 * 8)) as usize;
+            bytes[bit / 8] ^= 1 << (bit % 8);
+        }
+        crate::pcap::capture(w, sip, dip, &bytes, now);
+        if remote {
+            // The same faults as in process: delay every datagram by `delay_ns`; a
+            // reordered one is held back until the next one has gone out (or, if none
+            // comes, for REORDER_HOLD_NS).
+            let to = std::net::SocketAddrV4::new(dip.into(), ROCE_PORT);
+            let at = now + f.delay_ns;
+            let out = |held: bool, bytes: Vec<u8>| Outgoing {
+                due: if held { at + REORDER_HOLD_NS } else { at },
+                held,
+                src,
+                to,
+                bytes,
+            };
+            if dup {
+                queue_udp(w, out(false, bytes.clone()));
+            }
+            queue_udp(w, out(reorder, bytes));
+            if f.delay_ns == 0 && !reorder {
+                flush_udp(w);
+            }
+            return;
+        }
+    }
+    pkt.dst_hca = local.unwrap_or(0);
+    if corrupt {
+        // In process there is no ICRC to compute: a corrupted packet is one the receiver
+        // discards, exactly as it would on the wire.
+        w.hcas[pkt.dst_hca].counters.packets_dropped += 1;
+        return;
+    }
+    let at = now + f.delay_ns;
+    if dup {
+        w.wire.queue.push_back((at, pkt.clone()));
+    }
+    if reorder && !w.wire.queue.is_empty() {
+        let pos = w.wire.queue.len() - 1;
+        w.wire.queue.insert(pos, (at, pkt));
+    } else {
+        w.wire.queue.push_back((at, pkt));
+    }
+}
+
+/// How long a datagram held back for reordering waits for a successor before it goes out
+/// anyway (virtual time in stepped mode). Far below the shortest useful ACK timeout.
+pub(super) const REORDER_HOLD_NS: u64 = 20_000;
+
+/// Queue a datagram for another process. A datagram that is not itself held back releases
+/// the held ones before it: they now go out right after it.
+pub(super) fn queue_udp(w: &mut World, out: Outgoing) {
+    if out.held || !w.outbox.iter().any(|o| o.held) {
+        w.outbox.push_back(out);
+        return;
+    }
+    let due = out.due;
+    let (held, mut rest): (VecDeque<Outgoing>, VecDeque<Outgoing>) =
+        w.outbox.drain(..).partition(|o| o.held);
+    rest.push_back(out);
+    rest.extend(held.into_iter().map(|o| Outgoing {
+        due: due.max(o.due.saturating_sub(REORDER_HOLD_NS)),
+        held: false,
+        ..o
+    }));
+    w.outbox = rest;
+}
+
+/// Send every queued datagram that is due, in queue order. Returns how many went out.
+pub(super) fn flush_udp(w: &mut World) -> usize {
+    if w.outbox.is_empty() {
+        return 0;
+    }
+    let now = w.now();
+    let mut n = 0;
+    let mut keep = VecDeque::with_capacity(w.outbox.len());
+    for o in std::mem::take(&mut w.outbox) {
+        if o.due > now {
+            keep.push_back(o);
+            continue;
+        }
+        let sent = w.hcas[o.src]
+            .sock
+            .as_ref()
+            .is_some_and(|s| s.send_to(&o.bytes, o.to).is_ok());
+        if !sent {
+            w.hcas[o.src].counters.packets_dropped += 1;
+        }
+        n += 1;
+    }
+    w.outbox = keep;
+    n
+}
+
+/// Receive RoCEv2 packets from the UDP sockets into the delivery queue.
+pub(super) fn receive_udp(w: &mut World) -> usize {
+    if w.hcas.iter().all(|h| h.sock.is_none()) {
+        return 0;
+    }
+    let now = w.now();
+    let mut n = 0;
+    let mut buf = std::mem::take(&mut w.rx_buf);
+    buf.resize(65536, 0);
+    for hca in 0..w.hcas.len() {
+        for _ in 0..256 {
+            let Some(sock) = &w.hcas[hca].sock else { break };
+            let Ok((len, from)) = sock.recv_from(&mut buf) else {
+                break;
+            };
+            let std::net::SocketAddr::V4(from) = from else {
+                continue;
+            };
+            let sip = from.ip().octets();
+            let lid = w.hcas[hca].info.lid;
+            match decode(&buf[..len], sip, node_ip(lid)) {
+                Some(mut p) => {
+                    p.dst_hca = hca;
+                    p.slid = u16::from_be_bytes([sip[2], sip[3]]);
+                    p.dst_lid = lid;
+                    if w.hcas[hca].info.is_roce() {
+                        // RoCEv2 over IPv4: the IP header is the "GRH" of a UD receive.
+                        // (TOS and TTL as this fabric sends them: 0 and 64.)
+                        p.roce = Some(2);
+                        if p.transport() == 0x60 {
+                            p.grh = Some(Box::new(Grh {
+                                tclass: 0,
+                                flow_label: 0,
+                                hop_limit: 64,
+                                sgid: crate::roce::ipv4_mapped_gid(sip),
+                                dgid: crate::roce::ipv4_mapped_gid(node_ip(lid)),
+                            }));
+                        }
+                    }
+                    w.wire.queue.push_back((now, p));
+                    n += 1;
+                }
+                None => {
+                    // Short, truncated, malformed or with a bad ICRC.
+                    w.hcas[hca].counters.rx_bad_packets += 1;
+                    w.hcas[hca].counters.packets_dropped += 1;
+                }
+            }
+        }
+    }
+    w.rx_buf = buf;
+    n
+}
+
+pub(super) fn deliver_wire(w: &mut World) -> usize {
+    let now = w.now();
+    let mut n = 0;
+    // Deliver everything due now, in order, including packets generated while delivering
+    // (bounded).
+    while n < 4096 {
+        let Some(pos) = w.wire.queue.iter().position(|(t, _)| *t <= now) else {
+            break;
+        };
+        // Usually the oldest packet is due: take it off the front.
+        let taken = if pos == 0 {
+            w.wire.queue.pop_front()
+        } else {
+            w.wire.queue.remove(pos)
+        };
+        let Some((_, mut pkt)) = taken else {
+            break;
+        };
+        if pkt.is_request() {
+            responder(w, &mut pkt);
+        } else {
+            requester_response(w, &pkt);
+        }
+        n += 1;
+    }
+    n
+}
+
+pub(super) fn reply(w: &mut World, req: &Packet, opcode: u8, syndrome: u8) -> Packet {
+    let lid = w.hcas[req.dst_hca].info.lid;
+    Packet {
+        src_hca: req.dst_hca,
+        dst_lid: req.slid,
+        slid: lid,
+        opcode,
+        dst_qpn: req.src_qpn,
+        src_qpn: req.dst_qpn,
+        psn: req.psn,
+        aeth: Some((syndrome, 0)),
+        ..Default::default()
+    }
+}
+
+pub(super) fn nak(w: &mut World, req: &Packet, syndrome: u8) {
+    let p = reply(w, req, op::RC_ACK, syndrome);
+    send_packet(w, p);
+}
