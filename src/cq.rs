@@ -259,6 +259,13 @@ impl Core {
     }
 
     fn wait(&mut self, channel: &CompChannel, timeout_ms: i32) -> Result<bool> {
+        let own = self.shared._channel.as_ref();
+        if !own.is_some_and(|c| core::ptr::eq(&**c, channel)) {
+            return Err(Error::InvalidArgument {
+                attr: "channel",
+                reason: "not the completion channel this CQ was created with",
+            });
+        }
         match channel.get_event(timeout_ms)? {
             None => Ok(false),
             Some(h) if h == self.shared.user_handle => {
@@ -516,7 +523,9 @@ impl Cq {
     /// read [`CompChannel::get_event`] and dispatch on [`user_handle`](Self::user_handle).
     ///
     /// # Errors
-    /// [`Error::Os`] if waiting fails; [`Error::BadResponse`] if an event for another CQ arrives.
+    /// [`Error::InvalidArgument`] naming `channel` if it is not the channel the CQ was created
+    /// with (no event of this CQ could ever arrive there); [`Error::Os`] if waiting fails;
+    /// [`Error::BadResponse`] if an event for another CQ arrives.
     pub fn wait(&mut self, channel: &CompChannel, timeout_ms: i32) -> Result<bool> {
         self.core.wait(channel, timeout_ms)
     }

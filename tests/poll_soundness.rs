@@ -285,3 +285,19 @@ fn a_region_gone_under_an_outstanding_receive_is_a_protection_error() {
         assert_eq!(st, WcStatus::LOC_PROT_ERR, "raw {raw}");
     }
 }
+
+/// Waiting on a channel the CQ was not created with can never see its event: a named error,
+/// not a 20-second timeout.
+#[test]
+fn waiting_on_a_foreign_channel_is_an_error() {
+    let rig = common::EmuRig::stepped();
+    let ctx = rig.open(0);
+    let own = Arc::new(ctx.create_comp_channel().unwrap());
+    let other = ctx.create_comp_channel().unwrap();
+    let mut cq = Cq::new(&ctx, CqInit::default(), Some(&own)).unwrap();
+    let e = cq.wait(&other, 20_000).unwrap_err();
+    assert!(e.to_string().contains("channel"), "{e}");
+    assert!(!cq.wait(&own, 0).unwrap(), "no event yet");
+    let mut bare = Cq::new(&ctx, CqInit::default(), None).unwrap();
+    assert!(bare.wait(&own, 20_000).is_err());
+}
