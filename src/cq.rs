@@ -623,7 +623,8 @@ impl Iterator for RawCq {
         let cqe = t.cqe();
         let mut copy = WcStatus::SUCCESS;
         if cqe.op_own & SCATTER_MASK != 0 {
-            copy = raw_scatter(shared, users, *by_uidx, user_reloads, mr_cache, &cqe, &t);
+            core::hint::cold_path();
+            copy = raw_scatter(shared, users, *by_uidx, user_reloads, mr_cache, t);
         }
         Some(RawCqe { cqe, copy })
     }
@@ -639,9 +640,11 @@ fn raw_scatter(
     by_uidx: bool,
     reloads: &mut u64,
     cache: &mut MrCache,
-    cqe: &Cqe64,
-    t: &TakenCqe<'_>,
+    t: TakenCqe<'_>,
 ) -> WcStatus {
+    // Read again here, so that the caller's copy can stay in registers.
+    let cqe = &t.cqe();
+    let t = &t;
     let g = shared.generation.load(Ordering::Acquire);
     if g != users.seen_gen {
         let u = shared.users.lock().unwrap_or_else(|p| p.into_inner());
@@ -855,7 +858,24 @@ fn decode_into(
             return true;
         }
     }
-    decode_other(user, pending, cache, cqe, at, out)
+    match at {
+        Some(&t) => decode_other_taken(user, pending, cache, t, out),
+        None => decode_other(user, pending, cache, cqe, None, out),
+    }
+}
+
+/// [`decode_other`] of the entry `t`, read again here so that the caller's copy of the CQE
+/// can stay in registers (its address is never taken on the common path).
+#[inline(never)]
+fn decode_other_taken(
+    user: &CqUser,
+    pending: &mut Option<Pending>,
+    cache: &mut MrCache,
+    t: TakenCqe<'_>,
+    out: &mut WorkCompletion,
+) -> bool {
+    let cqe = t.cqe();
+    decode_other(user, pending, cache, &cqe, Some(&t), out)
 }
 
 /// `op_own` opcode (7:4) and format (3:2) bits.
@@ -977,7 +997,7 @@ fn retire_send(
 }
 
 /// [`decode_into`] for every CQE but a successful requester one.
-#[inline(never)]
+#[inline]
 fn decode_other(
     user: &CqUser,
     pending: &mut Option<Pending>,

@@ -109,9 +109,9 @@ unsafe impl Send for CqeReader {}
 /// # Invariants
 /// `entry` is the start of a live entry (`1 << stride_shift` bytes, 64-byte aligned) of the
 /// borrowed reader's ring that software owns (ownership bit tested, then `from_device()`).
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct TakenCqe<'r> {
-    entry: NonNull<u8>,
+    entry: *const u8,
     desc_offset: usize,
     _reader: PhantomData<&'r mut CqeReader>,
 }
@@ -135,14 +135,18 @@ impl CqeReader {
         // SAFETY: byte 63 of the entry's descriptor, inside the live ring (type invariant);
         // volatile because the device writes it.
         let op_own = unsafe { entry.wrapping_add(self.desc_offset + 63).read_volatile() };
-        if !sw_owns(op_own, ci, self.log_n) {
+        // The ownership test of `sw_owns` with `log_n <= 24` (type invariant): opcode not
+        // INVALID and the owner bit equal to the pass parity.
+        let pass = (ci >> (self.log_n & 31)) & 1;
+        if op_own >= 0xF0 || u32::from(op_own & 1) != pass {
+            debug_assert!(!sw_owns(op_own, ci, self.log_n));
             return None;
         }
+        debug_assert!(sw_owns(op_own, ci, self.log_n));
         barrier::from_device();
         self.ci = ci.wrapping_add(1);
         Some(TakenCqe {
-            // `entry` is derived from the non-null, in-bounds `base`.
-            entry: NonNull::new(entry).unwrap_or(self.base),
+            entry,
             desc_offset: self.desc_offset,
             _reader: PhantomData,
         })
@@ -165,11 +169,7 @@ impl TakenCqe<'_> {
             clippy::cast_ptr_alignment,
             reason = "descriptors are 64-byte aligned (type invariant)"
         )]
-        let p = self
-            .entry
-            .as_ptr()
-            .wrapping_add(self.desc_offset)
-            .cast::<u64>();
+        let p = self.entry.wrapping_add(self.desc_offset).cast::<u64>();
         let mut words = [0u64; 8];
         for (i, w) in words.iter_mut().enumerate() {
             // SAFETY: word i of a live, 64-byte aligned descriptor that software owns (type
@@ -191,7 +191,7 @@ impl TakenCqe<'_> {
         let mut out = [0u8; 64];
         // SAFETY: the first 64 bytes of a live 128-byte entry that software owns (type
         // invariant); raw copy into a local array.
-        unsafe { core::ptr::copy_nonoverlapping(self.entry.as_ptr(), out.as_mut_ptr(), 64) };
+        unsafe { core::ptr::copy_nonoverlapping(self.entry, out.as_mut_ptr(), 64) };
         Some(out)
     }
 }

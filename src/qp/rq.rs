@@ -187,7 +187,9 @@ impl RqShared {
     #[inline(always)]
     pub(crate) fn complete(&self, counter: u16) -> u64 {
         let id = self.wr_ids.get(u32::from(counter)).load(Ordering::Relaxed);
-        self.tail.fetch_add(1, Ordering::Release);
+        // The poller is the only writer of `tail` (ownership rule): no read-modify-write.
+        let t = self.tail.load(Ordering::Relaxed);
+        self.tail.store(t.wrapping_add(1), Ordering::Release);
         id
     }
 }
@@ -202,7 +204,8 @@ pub struct RecvQueue {
     /// Free-running count of WQEs written.
     head: u32,
     /// Receives that may still be written without reading the poller's `tail` again (it
-    /// only grows behind the poster's back; 0 means "count again").
+    /// only grows behind the poster's back; 0 means "count again"). Nonzero only while
+    /// `enabled` (0 after creation and [`reset`](Self::reset)).
     room: u32,
     shared: Arc<RqShared>,
     dbrec: Arc<DbRec>,
@@ -359,6 +362,30 @@ impl RecvQueue {
     /// `wqe_cnt` receives, [`PostError::TooManySges`] past `max_gs`; nothing is written.
     #[inline]
     pub fn push(&mut self, wr_id: u64, sg_list: &[Sge]) -> Result<(), PostError> {
+        // `room > 0` implies the queue is enabled (`room` is 0 after creation and RESET), so one
+        // test covers the state and the room.
+        if self.room == 0 || sg_list.len() > self.geo.max_gs as usize {
+            return self.push_slow(wr_id, sg_list);
+        }
+        let head = self.head;
+        // The ring is exactly `wqe_cnt` strides long and takes positions modulo its length.
+        write_scatter(
+            self.ring.writer(),
+            (head as usize) << self.log_stride,
+            sg_list,
+            self.geo.max_gs,
+        );
+        self.shared.wr_ids.get(head).store(wr_id, Ordering::Relaxed);
+        self.head = head.wrapping_add(1);
+        self.room -= 1;
+        Ok(())
+    }
+
+    /// [`push`](Self::push) when the counted room is used up (count again from the poller's
+    /// tail), before INIT, or with too many SGEs.
+    #[cold]
+    #[inline(never)]
+    fn push_slow(&mut self, wr_id: u64, sg_list: &[Sge]) -> Result<(), PostError> {
         if !self.enabled {
             return Err(Self::not_ready());
         }
