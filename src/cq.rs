@@ -623,7 +623,6 @@ impl Iterator for RawCq {
         let cqe = t.cqe();
         let mut copy = WcStatus::SUCCESS;
         if cqe.op_own & SCATTER_MASK != 0 {
-            core::hint::cold_path();
             copy = raw_scatter(shared, users, *by_uidx, user_reloads, mr_cache, t);
         }
         Some(RawCqe { cqe, copy })

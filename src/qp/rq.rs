@@ -362,30 +362,6 @@ impl RecvQueue {
     /// `wqe_cnt` receives, [`PostError::TooManySges`] past `max_gs`; nothing is written.
     #[inline]
     pub fn push(&mut self, wr_id: u64, sg_list: &[Sge]) -> Result<(), PostError> {
-        // `room > 0` implies the queue is enabled (`room` is 0 after creation and RESET), so one
-        // test covers the state and the room.
-        if self.room == 0 || sg_list.len() > self.geo.max_gs as usize {
-            return self.push_slow(wr_id, sg_list);
-        }
-        let head = self.head;
-        // The ring is exactly `wqe_cnt` strides long and takes positions modulo its length.
-        write_scatter(
-            self.ring.writer(),
-            (head as usize) << self.log_stride,
-            sg_list,
-            self.geo.max_gs,
-        );
-        self.shared.wr_ids.get(head).store(wr_id, Ordering::Relaxed);
-        self.head = head.wrapping_add(1);
-        self.room -= 1;
-        Ok(())
-    }
-
-    /// [`push`](Self::push) when the counted room is used up (count again from the poller's
-    /// tail), before INIT, or with too many SGEs.
-    #[cold]
-    #[inline(never)]
-    fn push_slow(&mut self, wr_id: u64, sg_list: &[Sge]) -> Result<(), PostError> {
         if !self.enabled {
             return Err(Self::not_ready());
         }
