@@ -366,10 +366,6 @@ impl Context {
 
     /// This context's identity, unique in the process and never reused; a copy kept in an
     /// object (an address handle, a send queue) makes the same-context check one compare.
-    #[allow(
-        dead_code,
-        reason = "used by the UD send path once the send queue keeps its id"
-    )]
     pub(crate) fn id(&self) -> u64 {
         self.inner.id
     }
@@ -394,16 +390,28 @@ impl Context {
         &*self.inner.surface
     }
 
-    /// Destroy a kernel object from a `Drop`: a failure (a driver bug: children hold their
-    /// parents, so the kernel never sees a busy object) is debug-asserted, except while
-    /// unwinding.
-    pub(crate) fn destroy<C: Command<DrvReq = ()>>(&self, req: &C::Req) {
+    /// Destroy a kernel object from a `Drop`; `true` if the kernel destroyed it.
+    ///
+    /// On `false` the kernel object may still exist, and with it the device's right to read
+    /// and write the memory it was given (queue rings, doorbell records, registered memory):
+    /// the caller must then never give that memory back (it leaks it). `EBUSY` would be a
+    /// driver bug (children hold their parents, so the kernel never sees a busy object) and
+    /// is debug-asserted, except while unwinding; other errnos (a device that went away, a
+    /// surface that refuses) are not.
+    pub(crate) fn destroy<C: Command<DrvReq = ()>>(&self, req: &C::Req) -> bool {
         let r = uverbs::write::<C>(self.surface(), req, &());
         debug_assert!(
-            r.is_ok() || std::thread::panicking(),
+            !matches!(
+                r,
+                Err(Error::Uverbs {
+                    errno: Errno::EBUSY,
+                    ..
+                })
+            ) || std::thread::panicking(),
             "{} failed: {r:?}",
             C::NAME
         );
+        r.is_ok()
     }
 
     /// The device attributes queried at open.

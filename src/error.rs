@@ -51,6 +51,30 @@ pub enum Error {
         /// The object whose context it had to share, e.g. `"pd"`.
         with: &'static str,
     },
+    /// A QP state transition the verbs state machine does not have for this QP type (RESET→RTR
+    /// without INIT, SQE→RTS on RC, ...); detected before any syscall.
+    QpTransition {
+        /// The QP's transport.
+        qp_type: crate::QpType,
+        /// The state the QP is in (as last set through this driver).
+        from: crate::QpState,
+        /// The state asked for.
+        to: crate::QpState,
+    },
+    /// An attribute the transition requires is missing from the mask, or one it does not take
+    /// is in it (the kernel's required/optional masks); detected before any syscall.
+    QpAttribute {
+        /// The QP's transport.
+        qp_type: crate::QpType,
+        /// The state the QP is in.
+        from: crate::QpState,
+        /// The state asked for (the same one when only attributes are modified).
+        to: crate::QpState,
+        /// The attribute, named as the [`QpAttr`](crate::QpAttr) field.
+        attr: &'static str,
+        /// `true`: required but missing; `false`: present but not allowed.
+        required: bool,
+    },
     /// The device, kernel or this driver lacks something needed.
     Unsupported {
         /// What is missing.
@@ -101,6 +125,24 @@ impl fmt::Display for Error {
             Error::InvalidArgument { attr, reason } => write!(f, "invalid {attr}: {reason}"),
             Error::ContextMismatch { object, with } => {
                 write!(f, "{object} belongs to another device context than {with}")
+            }
+            Error::QpTransition { qp_type, from, to } => write!(
+                f,
+                "{qp_type} QP {from} -> {to} is not a transition of the QP state machine"
+            ),
+            Error::QpAttribute {
+                qp_type,
+                from,
+                to,
+                attr,
+                required,
+            } => {
+                let what = if *required {
+                    "requires"
+                } else {
+                    "does not take"
+                };
+                write!(f, "{qp_type} QP {from} -> {to} {what} attribute {attr}")
             }
             Error::Unsupported { what } => write!(f, "unsupported: {what}"),
             Error::BadResponse { cmd, what } => write!(f, "bad response to {cmd}: {what}"),

@@ -9,23 +9,51 @@
 //!     |         \______ control path: uverbs commands (src/uverbs) ______/
 //!  queues    qp::sq (WQE builder, doorbell)  qp::rq  cq (poll, arm)              (safe policy)
 //!     |
-//!  memory    mem: DmaBuf, WqRing, CqBuf, DbRec, UarPage                         (unsafe allowed)
-//!  MMIO      mmio: barrier::{to_device, from_device, wc_start, wc_flush}, access (unsafe allowed)
+//!  memory    mem: DmaBuf, WqRing, CqBuf, DbRec, UarPage              (crate-private, unsafe allowed)
+//!  MMIO      mmio: barrier::{to_device, from_device, wc_start, ...}, access (crate-private, unsafe)
 //!     |
 //!  kernel    mlx5_ffi::surface::UverbsSurface: /dev/infiniband/uverbsN or the emulator
 //! ```
 //!
 //! Two API levels: the ibverbs-shaped one ([`SendWr`], [`RecvWr`], [`Sge`],
 //! [`WorkCompletion`], chains as slices) and beneath it the zero-overhead one
-//! ([`SendQueue::start`] → segments → [`WqeBuilder::finish`] → [`SendQueue::ring`];
-//! [`Cq::into_raw`] → [`RawCq::next`] / [`RawCq::publish_ci`]). Neither allocates or locks on
-//! the fast path; posting takes `&mut self`; [`Qp::split`] hands out the send and receive
-//! halves for two threads.
+//! ([`SendQueue::send`] and the other operation starts → segments → [`WqeBuilder::finish`] →
+//! [`SendQueue::ring`]; [`Cq::into_raw`] → [`RawCq::next`] / [`RawCq::publish_ci`]). Neither
+//! allocates or locks on the fast path; posting takes `&mut self`; [`Qp::split`] hands out the
+//! send and receive halves for two threads.
+//!
+//! # Public surface
+//! Everything a program needs is re-exported at the crate root; the object modules ([`ah`],
+//! [`context`], [`cq`], [`device`], [`error`], [`pd`], [`qp`], [`srq`], [`wr`]) are public for
+//! their less common items (AV helpers, geometry functions, ABI version bounds).
+//! - **Objects**: [`Device`], [`Context`], [`Pd`], [`Mr`], [`Cq`], [`Qp`], [`Srq`], [`Ah`],
+//!   [`CompChannel`], and the memory they use: [`DmaBuf`], [`UserMemory`] (with its `unsafe`
+//!   constructor, the one place where the caller vouches for memory), [`HugePolicy`],
+//!   [`Backing`]. Objects handed to one another must come from one [`Context`]
+//!   ([`Error::ContextMismatch`] otherwise, before any syscall).
+//! - **Connection setup**: [`Qp::modify`] against the verbs state machine ([`QpState`],
+//!   [`QpAttr`], [`Error::QpTransition`], [`Error::QpAttribute`]), or the typed
+//!   [`ConnectParams`] builder with [`Qp::to_init_with`] / [`Qp::to_rtr_with`] /
+//!   [`Qp::to_rts_with`] and a typed [`Mtu`].
+//! - **The two API levels** described above, and their errors: [`PostError`] on the fast path,
+//!   [`Error`] on the control path; error completions are data ([`WcStatus`], [`Syndrome`]).
+//! - **ABI re-exports**: [`ffi`] (the uverbs/mlx5 kernel ABI and the
+//!   [`UverbsSurface`](ffi::surface::UverbsSurface) trait a program may implement, `unsafe`)
+//!   and [`hw`] (device layouts: WQE segments, [`Cqe64`](hw::cqe::Cqe64) with its
+//!   [`ErrCqe`](hw::cqe::ErrCqe) view through [`Cqe64::as_err`](hw::cqe::Cqe64::as_err),
+//!   opcodes), for the low-level API and for decoding.
+//!
+//! Not public: the raw rings, doorbell records, UAR registers, barriers and ring arithmetic
+//! (`mem`, `mmio`, `ring`) and the command layer (`uverbs`). Their functions rely on invariants
+//! (an offset inside a mapping, a register's length, a command's response buffer) that only the
+//! driver establishes, so no safe public path leads to them; `tests/ui/ctl_internals_private.rs`
+//! checks that they stay unreachable. `docs/safety.md` gives the soundness argument of the
+//! public safe API.
 //!
 //! # Scope and deliberate differences from libmlx5
 //! - Transports RC, UC and UD; operations SEND (+IMM, +INV), RDMA WRITE (+IMM), RDMA READ,
 //!   8-byte compare-and-swap and fetch-and-add. No UMR-based operations (LOCAL_INV, BIND_MW),
-//!   so the RC WQE overhead is 48 bytes, not libmlx5's 192 ([`qp::sq::sq_overhead`]).
+//!   so the RC WQE overhead is 48 bytes, not libmlx5's 192 ([`qp::sq_overhead`]).
 //! - Inline payloads are Rust slices ([`SendWr::inline`]); the CPU never reads raw SGE
 //!   addresses, so inline posting stays safe code.
 //! - Scatter-to-CQE is requested by default, as libmlx5 does ([`QpInitAttr::scatter_to_cqe`]):
@@ -67,6 +95,7 @@
 //! ```
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
+#![warn(unnameable_types)]
 
 #[cfg(not(all(
     target_os = "linux",
@@ -105,9 +134,9 @@ pub use error::{Error, Result};
 pub use mem::dma_buf::UserMemory;
 pub use mem::{Backing, DmaBuf, HugePolicy};
 pub use pd::{Access, Mr, Pd};
-pub use qp::rq::RecvQueue;
-pub use qp::sq::{BfPolicy, BfregInfo, SendQueue, SqStats, WqeBuilder};
-pub use qp::{Qp, QpAttr, QpCap, QpInitAttr, QpState, QpType, RemoteQp};
+pub use qp::{AnyPayload, Gather, Inline, NoPayload, PayloadKind};
+pub use qp::{BfPolicy, BfregInfo, RecvQueue, SendQueue, SqStats, WqeBuilder};
+pub use qp::{ConnectParams, Mtu, Qp, QpAttr, QpCap, QpInitAttr, QpState, QpType, RemoteQp};
 pub use srq::Srq;
 pub use wr::{
     PostError, RecvWr, SendFlags, SendWr, Sge, Syndrome, UdDest, VendorSyndrome, WcFlags, WcOpcode,

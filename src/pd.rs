@@ -150,7 +150,7 @@ impl Pd {
 
 #[derive(Debug)]
 enum MrMemory {
-    Buf(#[allow(dead_code)] Arc<DmaBuf>),
+    Buf(Arc<DmaBuf>),
     User,
 }
 
@@ -222,6 +222,13 @@ impl Drop for Mr {
         let cmd = IbUverbsDeregMr {
             mr_handle: self.handle,
         };
-        self.pd.inner.ctx.destroy::<cmds::DeregMr>(&cmd);
+        if !self.pd.inner.ctx.destroy::<cmds::DeregMr>(&cmd) {
+            // The region may stay registered: the device (or a remote peer) may still write
+            // it. A buffer of ours is kept for the rest of the process; caller memory is the
+            // caller's (`UserMemory`'s contract covers the region's registration).
+            if let MrMemory::Buf(b) = &self._mem {
+                crate::qp::leak(b);
+            }
+        }
     }
 }

@@ -83,7 +83,11 @@ impl Drop for SrqHandle {
             srq_handle: self.handle,
             reserved: 0,
         };
-        self.pd.inner.ctx.destroy::<cmds::DestroySrq>(&cmd);
+        if !self.pd.inner.ctx.destroy::<cmds::DestroySrq>(&cmd) {
+            // The SRQ may live on in the kernel: the device may still use its ring and record.
+            crate::qp::leak(&self._buf);
+            crate::qp::leak(&self._dbrec);
+        }
     }
 }
 

@@ -6,10 +6,45 @@
 //! B's CQ, so completions went to the wrong ring. An SRQ of another context was accepted the same
 //! way.
 
+use std::ptr::NonNull;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
+use mlx5::ffi::surface::{Errno, UverbsSurface};
 use mlx5::{Context, Cq, CqInit, Error, Pd, Qp, QpInitAttr, QpType, Srq};
 use mlx5_emu::{EmuConfig, Emulator, RunMode};
+
+/// A surface that forwards to the emulator and counts the commands (write and ioctl) it saw,
+/// to show that a refusal happened before any syscall.
+#[derive(Debug)]
+struct Counting {
+    inner: Arc<dyn UverbsSurface>,
+    commands: AtomicUsize,
+}
+
+// SAFETY: every operation forwards to `inner`, an honest surface (the emulator), unchanged.
+unsafe impl UverbsSurface for Counting {
+    unsafe fn write(&self, cmd: &[u8]) -> Result<usize, Errno> {
+        self.commands.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the caller's contract for `cmd` is passed on unchanged.
+        unsafe { self.inner.write(cmd) }
+    }
+    unsafe fn ioctl(&self, buf: &mut [u8]) -> Result<(), Errno> {
+        self.commands.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the caller's contract for `buf` is passed on unchanged.
+        unsafe { self.inner.ioctl(buf) }
+    }
+    fn mmap(&self, len: usize, prot: i32, offset: u64) -> Result<NonNull<u8>, Errno> {
+        self.inner.mmap(len, prot, offset)
+    }
+    unsafe fn munmap(&self, addr: NonNull<u8>, len: usize) -> Result<(), Errno> {
+        // SAFETY: the caller's contract (a mapping of this surface, i.e. of `inner`).
+        unsafe { self.inner.munmap(addr, len) }
+    }
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+}
 
 fn emu(num_hcas: usize) -> Emulator {
     Emulator::new(EmuConfig {
@@ -118,6 +153,40 @@ fn cq_with_channel_of_another_context_is_refused() {
         "context",
     );
     Cq::new(&a, CqInit::default(), Some(&ch_a)).expect("same-context channel");
+}
+
+/// The refusals are made before any command reaches the kernel.
+#[test]
+fn mismatch_is_refused_before_any_syscall() {
+    let e = emu(1);
+    let counting = Arc::new(Counting {
+        inner: e.open(0).unwrap(),
+        commands: AtomicUsize::new(0),
+    });
+    let a = Context::open(counting.clone()).unwrap();
+    let b = open(&e, 0);
+    let (pd_a, pd_b) = (Pd::new(&a).unwrap(), Pd::new(&b).unwrap());
+    let (cq_a, cq_b) = (cq(&a), cq(&b));
+    let srq_b = Srq::new(&pd_b, 16, 1).unwrap();
+    let ch_b = Arc::new(b.create_comp_channel().unwrap());
+    let before = counting.commands.load(Ordering::Relaxed);
+    assert_mismatch(
+        Qp::new(&pd_a, &QpInitAttr::new(QpType::Rc, &cq_a, &cq_b)),
+        "recv_cq",
+        "pd",
+    );
+    let mut init = QpInitAttr::new(QpType::Rc, &cq_a, &cq_a);
+    init.srq = Some(&srq_b);
+    assert_mismatch(Qp::new(&pd_a, &init), "srq", "pd");
+    assert_mismatch(
+        Cq::new(&a, CqInit::default(), Some(&ch_b)),
+        "comp_channel",
+        "context",
+    );
+    assert_eq!(counting.commands.load(Ordering::Relaxed), before);
+    // A good call is counted, so the counter does see commands.
+    let _qp = Qp::new(&pd_a, &QpInitAttr::new(QpType::Rc, &cq_a, &cq_a)).unwrap();
+    assert!(counting.commands.load(Ordering::Relaxed) > before);
 }
 
 #[test]

@@ -7,7 +7,7 @@ mod common;
 use std::sync::Arc;
 
 use common::{PairOpts, Rig, connect, pair, poll_n, side};
-use mlx5::hw::opcodes::{CqeOpcode, SendOpcode};
+use mlx5::hw::opcodes::CqeOpcode;
 use mlx5::{
     Access, Cq, CqInit, DmaBuf, HugePolicy, Qp, QpInitAttr, QpType, RecvWr, SendFlags, SendWr, Srq,
     WcOpcode, WcStatus, WrOp,
@@ -111,25 +111,23 @@ fn low_level_reserve_push_ring(rig: &dyn Rig) {
     let rkey = b.mr.rkey();
     {
         let sq = a.qp.sq();
-        let mut w = sq
-            .start(SendOpcode::SEND, SendFlags::SIGNALED, [0; 4])
-            .unwrap();
-        w.inline(b"hello ").unwrap().inline(b"world").unwrap();
-        w.finish(100);
-        let mut w = sq
-            .start(SendOpcode::RDMA_WRITE, SendFlags::NONE, [0; 4])
-            .unwrap();
-        w.raddr(raddr, rkey).sge(&a.mr.sge(0, 9)).unwrap();
-        w.finish(101);
-        let mut w = sq
-            .start(
-                SendOpcode::SEND_IMM,
-                SendFlags::SIGNALED,
-                [0xde, 0xad, 0xbe, 0xef],
-            )
-            .unwrap();
-        w.sge(&a.mr.sge(0, 9)).unwrap();
-        w.finish(102);
+        sq.send(SendFlags::SIGNALED)
+            .unwrap()
+            .inline(b"hello ")
+            .unwrap()
+            .inline(b"world")
+            .unwrap()
+            .finish(100);
+        sq.write(SendFlags::NONE, raddr, rkey, None)
+            .unwrap()
+            .sge(&a.mr.sge(0, 9))
+            .unwrap()
+            .finish(101);
+        sq.send_imm(SendFlags::SIGNALED, [0xde, 0xad, 0xbe, 0xef])
+            .unwrap()
+            .sge(&a.mr.sge(0, 9))
+            .unwrap()
+            .finish(102);
         sq.ring();
         sq.ring(); // nothing pending: no second doorbell
     }

@@ -179,8 +179,11 @@ fn missing_modify_attribute_is_named(rig: &dyn Rig) {
     assert!(
         matches!(
             e,
-            Error::InvalidArgument {
-                attr: "pkey_index",
+            Error::QpAttribute {
+                attr: "qp_access_flags",
+                required: true,
+                from: QpState::Reset,
+                to: QpState::Init,
                 ..
             }
         ),

@@ -262,6 +262,19 @@ pub const UVERBS_METHOD_AH_DESTROY: u16 = 0;
 /// AH destroy attribute: handle.
 pub const UVERBS_ATTR_DESTROY_AH_HANDLE: u16 = 0;
 
+// ---- DM (device memory) ---------------------------------------------------------------
+
+/// DM method: allocate device memory.
+pub const UVERBS_METHOD_DM_ALLOC: u16 = 0;
+/// DM method: free device memory.
+pub const UVERBS_METHOD_DM_FREE: u16 = 1;
+/// DM alloc attribute: new handle (IDR out).
+pub const UVERBS_ATTR_ALLOC_DM_HANDLE: u16 = 0;
+/// DM alloc attribute: length (u64 in).
+pub const UVERBS_ATTR_ALLOC_DM_LENGTH: u16 = 1;
+/// DM alloc attribute: alignment (u32 in).
+pub const UVERBS_ATTR_ALLOC_DM_ALIGNMENT: u16 = 2;
+
 // ---- CQ ---------------------------------------------------------------------------------
 
 /// CQ method: create.
@@ -449,6 +462,14 @@ pub const IB_UVERBS_QP_CREATE_CVLAN_STRIPPING: u32 = 1 << 9;
 pub const IB_UVERBS_QP_CREATE_PCI_WRITE_END_PADDING: u32 = 1 << 11;
 /// QP create flag: signal all send WRs.
 pub const IB_UVERBS_QP_CREATE_SQ_SIG_ALL: u32 = 1 << 12;
+/// The create flags `UVERBS_METHOD_QP_CREATE` accepts at all (others: EINVAL).
+pub const IB_UVERBS_QP_CREATE_FLAGS_KNOWN: u32 = IB_UVERBS_QP_CREATE_BLOCK_MULTICAST_LOOPBACK
+    | IB_UVERBS_QP_CREATE_SCATTER_FCS
+    | IB_UVERBS_QP_CREATE_CVLAN_STRIPPING
+    | IB_UVERBS_QP_CREATE_PCI_WRITE_END_PADDING
+    | IB_UVERBS_QP_CREATE_SQ_SIG_ALL;
+/// `IBV_QP_CREATE_SOURCE_QPN` (`verbs.h`): create flag of the extended write CREATE_QP.
+pub const IB_QP_CREATE_SOURCE_QPN: u32 = 1 << 10;
 
 /// Port cap flag: subnet manager.
 pub const IB_UVERBS_PCF_SM: u32 = 1 << 1;
@@ -470,6 +491,11 @@ pub const IB_UVERBS_PCF_CM_SUP: u32 = 1 << 16;
 pub const IB_UVERBS_PCF_DEVICE_MGMT_SUP: u32 = 1 << 19;
 /// Port cap flag: vendor class supported.
 pub const IB_UVERBS_PCF_VENDOR_CLASS_SUP: u32 = 1 << 20;
+/// Port cap flag: client re-registration supported (`IBV_PORT_CLIENT_REG_SUP`).
+pub const IB_UVERBS_PCF_CLIENT_REG_SUP: u32 = 1 << 25;
+/// `ib_uverbs_query_device_resp::atomic_cap`: atomic with respect to this HCA
+/// (`IBV_ATOMIC_HCA`).
+pub const IB_ATOMIC_HCA: u32 = 1;
 /// Port cap flag: GIDs are IP based (RoCE).
 pub const IB_UVERBS_PCF_IP_BASED_GIDS: u32 = 1 << 26;
 

@@ -210,6 +210,27 @@ pub const MLX5_IB_ATTR_DEVX_OTHER_CMD_IN: u16 = UVERBS_UDATA_DRIVER_DATA_FLAG as
 /// DEVX_OTHER attribute: firmware command out.
 pub const MLX5_IB_ATTR_DEVX_OTHER_CMD_OUT: u16 = MLX5_IB_ATTR_DEVX_OTHER_CMD_IN + 1;
 
+/// DEVX_OBJ method: create a firmware object.
+pub const MLX5_IB_METHOD_DEVX_OBJ_CREATE: u16 = UVERBS_UDATA_DRIVER_DATA_FLAG as u16;
+/// DEVX_OBJ create attribute: new handle (IDR out).
+pub const MLX5_IB_ATTR_DEVX_OBJ_CREATE_HANDLE: u16 = UVERBS_UDATA_DRIVER_DATA_FLAG as u16;
+/// DEVX_OBJ create attribute: the PRM command (in).
+pub const MLX5_IB_ATTR_DEVX_OBJ_CREATE_CMD_IN: u16 = MLX5_IB_ATTR_DEVX_OBJ_CREATE_HANDLE + 1;
+/// DEVX_OBJ create attribute: the PRM answer (out).
+pub const MLX5_IB_ATTR_DEVX_OBJ_CREATE_CMD_OUT: u16 = MLX5_IB_ATTR_DEVX_OBJ_CREATE_HANDLE + 2;
+
+/// PRM command opcodes that mlx5_ib's DEVX lets a context without a DEVX uid run through
+/// the device's own uid (`devx_is_whitelist_cmd` in the kernel's devx.c): QUERY_HCA_CAP,
+/// QUERY_HCA_VPORT_CONTEXT, QUERY_ESW_VPORT_CONTEXT, QUERY_ESW_FUNCTIONS. PRM numbers (no
+/// installed header carries them); `ffi/tests/codec.rs` pins them.
+pub const MLX5_DEVX_WHITELIST_OPCODES: [u16; 4] = [0x100, 0x762, 0x752, 0x740];
+
+/// The opcode of a PRM command mailbox: the big-endian 16 bits at its start
+/// (`general_obj_in_cmd_hdr.opcode`); `None` if the mailbox is shorter.
+pub fn prm_opcode(cmd_in: &[u8]) -> Option<u16> {
+    cmd_in.get(..2).map(|b| u16::from_be_bytes([b[0], b[1]]))
+}
+
 /// UAR method: allocate.
 pub const MLX5_IB_METHOD_UAR_OBJ_ALLOC: u16 = UVERBS_UDATA_DRIVER_DATA_FLAG as u16;
 /// UAR method: destroy.

@@ -1614,3 +1614,173 @@ pub struct IbUverbsDestroySrqResp {
     pub events_reported: u32,
 }
 const _: () = assert!(size_of::<IbUverbsDestroySrqResp>() == 4);
+
+// ---- the same values in the widths of the wire fields (for `match` on struct fields) -----
+//
+// Each is defined from the header-named constant above and is itself in the header check.
+
+/// `enum ib_qp_state` as the `u8` of `qp_state` / `cur_qp_state`.
+pub mod qp_state {
+    use super::*;
+    /// RESET
+    pub const RESET: u8 = IB_QPS_RESET as u8;
+    /// INIT
+    pub const INIT: u8 = IB_QPS_INIT as u8;
+    /// RTR
+    pub const RTR: u8 = IB_QPS_RTR as u8;
+    /// RTS
+    pub const RTS: u8 = IB_QPS_RTS as u8;
+    /// SQD
+    pub const SQD: u8 = IB_QPS_SQD as u8;
+    /// SQE
+    pub const SQE: u8 = IB_QPS_SQE as u8;
+    /// ERR
+    pub const ERR: u8 = IB_QPS_ERR as u8;
+}
+
+/// QP types as the `u8` of `ib_uverbs_create_qp::qp_type`.
+pub mod qp_type {
+    use crate::ioctl::*;
+    /// Reliable connected.
+    pub const RC: u8 = IB_UVERBS_QPT_RC as u8;
+    /// Unreliable connected.
+    pub const UC: u8 = IB_UVERBS_QPT_UC as u8;
+    /// Unreliable datagram.
+    pub const UD: u8 = IB_UVERBS_QPT_UD as u8;
+    /// Raw packet.
+    pub const RAW_PACKET: u8 = IB_UVERBS_QPT_RAW_PACKET as u8;
+    /// XRC initiator.
+    pub const XRC_INI: u8 = IB_UVERBS_QPT_XRC_INI as u8;
+    /// XRC target.
+    pub const XRC_TGT: u8 = IB_UVERBS_QPT_XRC_TGT as u8;
+    /// Driver specific (mlx5 DC).
+    pub const DRIVER: u8 = IB_UVERBS_QPT_DRIVER as u8;
+}
+
+/// Memory access flags (`IB_UVERBS_ACCESS_*`, `u32` as in REG_MR and MODIFY_QP).
+pub mod access {
+    use crate::ioctl::*;
+    /// Local write.
+    pub const LOCAL_WRITE: u32 = IB_UVERBS_ACCESS_LOCAL_WRITE;
+    /// Remote write.
+    pub const REMOTE_WRITE: u32 = IB_UVERBS_ACCESS_REMOTE_WRITE;
+    /// Remote read.
+    pub const REMOTE_READ: u32 = IB_UVERBS_ACCESS_REMOTE_READ;
+    /// Remote atomic.
+    pub const REMOTE_ATOMIC: u32 = IB_UVERBS_ACCESS_REMOTE_ATOMIC;
+    /// Memory-window bind.
+    pub const MW_BIND: u32 = IB_UVERBS_ACCESS_MW_BIND;
+    /// Zero-based virtual addresses.
+    pub const ZERO_BASED: u32 = IB_UVERBS_ACCESS_ZERO_BASED;
+    /// On-demand paging.
+    pub const ON_DEMAND: u32 = IB_UVERBS_ACCESS_ON_DEMAND;
+    /// Huge-page hint.
+    pub const HUGETLB: u32 = IB_UVERBS_ACCESS_HUGETLB;
+    /// Relaxed ordering (optional flag).
+    pub const RELAXED_ORDERING: u32 = IB_UVERBS_ACCESS_RELAXED_ORDERING;
+}
+
+/// Async event types (`ib_uverbs_async_event_desc::event_type`).
+pub mod event {
+    use super::*;
+    /// CQ error (overrun).
+    pub const CQ_ERR: u32 = IB_EVENT_CQ_ERR;
+    /// QP fatal (local work queue catastrophic error).
+    pub const QP_FATAL: u32 = IB_EVENT_QP_FATAL;
+    /// Invalid request local work queue error.
+    pub const QP_REQ_ERR: u32 = IB_EVENT_QP_REQ_ERR;
+    /// Local access violation work queue error.
+    pub const QP_ACCESS_ERR: u32 = IB_EVENT_QP_ACCESS_ERR;
+    /// Communication established.
+    pub const COMM_EST: u32 = IB_EVENT_COMM_EST;
+    /// Send queue drained (SQD reached with notification asked).
+    pub const SQ_DRAINED: u32 = IB_EVENT_SQ_DRAINED;
+    /// SRQ limit reached.
+    pub const SRQ_LIMIT_REACHED: u32 = IB_EVENT_SRQ_LIMIT_REACHED;
+    /// Last WQE reached (QP with SRQ in error).
+    pub const QP_LAST_WQE_REACHED: u32 = IB_EVENT_QP_LAST_WQE_REACHED;
+}
+
+/// `enum ib_qp_attr_mask` bits (MODIFY_QP `attr_mask`).
+pub mod qp_attr {
+    use super::*;
+    /// qp_state
+    pub const STATE: u32 = IB_QP_STATE;
+    /// cur_qp_state
+    pub const CUR_STATE: u32 = IB_QP_CUR_STATE;
+    /// en_sqd_async_notify
+    pub const EN_SQD_ASYNC_NOTIFY: u32 = IB_QP_EN_SQD_ASYNC_NOTIFY;
+    /// qp_access_flags
+    pub const ACCESS_FLAGS: u32 = IB_QP_ACCESS_FLAGS;
+    /// pkey_index
+    pub const PKEY_INDEX: u32 = IB_QP_PKEY_INDEX;
+    /// port_num
+    pub const PORT: u32 = IB_QP_PORT;
+    /// qkey
+    pub const QKEY: u32 = IB_QP_QKEY;
+    /// dest (address vector)
+    pub const AV: u32 = IB_QP_AV;
+    /// path_mtu
+    pub const PATH_MTU: u32 = IB_QP_PATH_MTU;
+    /// timeout
+    pub const TIMEOUT: u32 = IB_QP_TIMEOUT;
+    /// retry_cnt
+    pub const RETRY_CNT: u32 = IB_QP_RETRY_CNT;
+    /// rnr_retry
+    pub const RNR_RETRY: u32 = IB_QP_RNR_RETRY;
+    /// rq_psn
+    pub const RQ_PSN: u32 = IB_QP_RQ_PSN;
+    /// max_rd_atomic
+    pub const MAX_QP_RD_ATOMIC: u32 = IB_QP_MAX_QP_RD_ATOMIC;
+    /// alt_dest
+    pub const ALT_PATH: u32 = IB_QP_ALT_PATH;
+    /// min_rnr_timer
+    pub const MIN_RNR_TIMER: u32 = IB_QP_MIN_RNR_TIMER;
+    /// sq_psn
+    pub const SQ_PSN: u32 = IB_QP_SQ_PSN;
+    /// max_dest_rd_atomic
+    pub const MAX_DEST_RD_ATOMIC: u32 = IB_QP_MAX_DEST_RD_ATOMIC;
+    /// path_mig_state
+    pub const PATH_MIG_STATE: u32 = IB_QP_PATH_MIG_STATE;
+    /// cap
+    pub const CAP: u32 = IB_QP_CAP;
+    /// dest_qp_num
+    pub const DEST_QPN: u32 = IB_QP_DEST_QPN;
+    /// All the bits MODIFY_QP knows (`IB_QP_DEST_QPN` and below).
+    pub const KNOWN: u32 = (IB_QP_DEST_QPN << 1) - 1;
+}
+
+/// `enum ib_mtu` as the `u8` of `path_mtu` / `max_mtu` / `active_mtu`.
+pub mod mtu {
+    use super::*;
+    /// 256 bytes
+    pub const MTU_256: u8 = IB_MTU_256 as u8;
+    /// 512 bytes
+    pub const MTU_512: u8 = IB_MTU_512 as u8;
+    /// 1024 bytes
+    pub const MTU_1024: u8 = IB_MTU_1024 as u8;
+    /// 2048 bytes
+    pub const MTU_2048: u8 = IB_MTU_2048 as u8;
+    /// 4096 bytes
+    pub const MTU_4096: u8 = IB_MTU_4096 as u8;
+}
+
+/// `enum ib_port_state` as the `u8` of `ib_uverbs_query_port_resp::state`.
+pub mod port_state {
+    use super::*;
+    /// DOWN
+    pub const DOWN: u8 = IB_PORT_DOWN as u8;
+    /// ACTIVE
+    pub const ACTIVE: u8 = IB_PORT_ACTIVE as u8;
+}
+
+/// `enum ib_mig_state` as the `u8` of `path_mig_state`.
+pub mod mig_state {
+    use super::*;
+    /// MIGRATED
+    pub const MIGRATED: u8 = IB_MIG_MIGRATED as u8;
+    /// REARM
+    pub const REARM: u8 = IB_MIG_REARM as u8;
+    /// ARMED
+    pub const ARMED: u8 = IB_MIG_ARMED as u8;
+}

@@ -161,6 +161,15 @@ impl Cqe64 {
     pub fn opcode(&self) -> CqeOpcode {
         CqeOpcode(self.op_own >> 4)
     }
+    /// The [`ErrCqe`] view of these 64 bytes, for an error completion (opcode REQ_ERR or
+    /// RESP_ERR); `None` for any other opcode, whose bytes mean something else.
+    pub fn as_err(&self) -> Option<&ErrCqe> {
+        if self.opcode().is_error() {
+            Some(zerocopy::transmute_ref!(self))
+        } else {
+            None
+        }
+    }
     /// Owner bit (`op_own` 0).
     pub fn owner(&self) -> u8 {
         self.op_own & CQE_OWNER_MASK

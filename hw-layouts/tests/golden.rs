@@ -440,6 +440,11 @@ fn err_cqe_real_dump_golden() {
     let c = Cqe64::read_from_bytes(&b[..]).unwrap();
     assert!(c.opcode().is_error());
     assert_eq!((c.qpn(), c.wqe_counter()), (0x01_AF37, 0x115E));
+    // ... and its `as_err` view is the same error CQE; a success CQE has none.
+    assert_eq!(c.as_err(), Some(&e));
+    let mut ok = c;
+    ok.op_own = (CqeOpcode::REQ.0 << 4) | 1;
+    assert_eq!(ok.as_err(), None);
     let text = format!("{c}");
     assert!(text.contains("REMOTE_ACCESS"), "{text}");
     assert!(text.contains("REM_ACCESS_ERR"), "{text}");

@@ -11,7 +11,8 @@ use mlx5_ffi::surface::UverbsSurface;
 use mlx5_hw::doorbell::{UAR_BF_REG0, UAR_CQ_DOORBELL, UAR_SIZE};
 
 use crate::error::{Error, Result};
-use crate::mmio::access::MmioReg;
+use crate::mem::wq::SqRing;
+use crate::mmio::access::{MmioReg, wc_copy64};
 
 /// One mapped UAR page (4 KiB of adapter registers).
 ///
@@ -78,13 +79,15 @@ impl UarPage {
         }))
     }
 
-    /// A register window of `len` bytes at `offset` in this page.
+    /// A register window of `len` bytes at `offset` in this page (crate-private: the queues
+    /// take their registers through [`cq_doorbell`](Self::cq_doorbell) and
+    /// [`bf_reg`](Self::bf_reg)).
     ///
     /// # Panics
     /// If the window is outside the page or misaligned (an internal invariant of the callers).
-    pub fn reg(self: &Arc<Self>, offset: usize, len: usize) -> UarReg {
+    pub(crate) fn reg(self: &Arc<Self>, offset: usize, len: usize) -> UarReg {
         assert!(
-            offset % 8 == 0 && offset + len <= self.len,
+            offset % 8 == 0 && offset.checked_add(len).is_some_and(|e| e <= self.len),
             "UAR register {offset:#x}+{len} outside the page"
         );
         // `offset + len <= self.len`, so the pointer stays inside the mapping.
@@ -108,16 +111,18 @@ impl UarPage {
     /// # Errors
     /// [`Error::BadResponse`] if that UAR is not inside the mapping.
     pub fn bf_reg_in(self: &Arc<Self>, uar: usize, index: usize, size: usize) -> Result<UarReg> {
-        let base = uar * UAR_SIZE;
-        let off = UAR_BF_REG0 + index * size.max(0x100);
         let len = if size == 0 { 8 } else { size };
-        if base + off + len > self.len {
+        let end = uar
+            .checked_mul(UAR_SIZE)
+            .zip(index.checked_mul(size.max(0x100)))
+            .and_then(|(b, o)| b.checked_add(UAR_BF_REG0)?.checked_add(o));
+        let Some(at) = end.filter(|a| a.checked_add(len).is_some_and(|e| e <= self.len)) else {
             return Err(Error::BadResponse {
                 cmd: "CREATE_QP",
                 what: "UAR outside the mapped page",
             });
-        }
-        Ok(self.reg(base + off, len))
+        };
+        Ok(self.reg(at, len))
     }
 
     /// BlueFlame register `index` (0-based, at 0x800 + index * bf_reg_size) of `size` bytes, or an
@@ -147,14 +152,157 @@ pub struct UarReg {
 }
 
 impl UarReg {
-    /// The register.
+    /// The register (crate-private: its stores are checked, but only the queues may ring).
     #[inline(always)]
-    pub fn mmio(&self) -> &MmioReg {
+    pub(crate) fn mmio(&self) -> &MmioReg {
         &self.reg
     }
 
     /// The page it is in.
     pub fn page(&self) -> &Arc<UarPage> {
         &self.page
+    }
+}
+
+/// A send queue's doorbell register: BlueFlame halves it alternates between, or the 8-byte
+/// doorbell only.
+///
+/// # Invariants
+/// `half` is 0, or a multiple of 64 with `2 * half <= reg.len()` and the register 64-byte
+/// aligned; `offset` is 0 or `half`; `bf_max <= half`; `reg.len() >= 8`. So an 8-byte store at
+/// `offset` and `half / 64` blocks of 64 bytes from `offset` are inside the register, and a WQE
+/// of at most `bf_max` bytes, rounded up to whole blocks, is at most `half / 64` blocks.
+#[derive(Debug)]
+pub(crate) struct SqDoorbell {
+    reg: UarReg,
+    offset: usize,
+    half: usize,
+    /// The largest WQE in bytes the BlueFlame policy copies (at most `half`).
+    bf_max: usize,
+}
+
+impl SqDoorbell {
+    /// The register `reg` with BlueFlame halves of `half` bytes; `half` becomes 0 (doorbell
+    /// only) unless two halves fit the register and it is 64-byte aligned.
+    ///
+    /// # Panics
+    /// If `reg` is shorter than 8 bytes (registers come from [`UarPage::bf_reg`], never).
+    pub(crate) fn new(reg: UarReg, half: usize) -> Self {
+        assert!(reg.reg.len() >= 8, "doorbell register shorter than 8 bytes");
+        let fits = half % 64 == 0
+            && half.checked_mul(2).is_some_and(|h| h <= reg.reg.len())
+            && reg.reg.base().as_ptr() as usize % 64 == 0;
+        let half = if fits { half } else { 0 };
+        Self {
+            reg,
+            offset: 0,
+            half,
+            bf_max: half,
+        }
+    }
+
+    /// BlueFlame half size in bytes (0: 8-byte doorbell only).
+    #[inline(always)]
+    pub(crate) fn half(&self) -> usize {
+        self.half
+    }
+
+    /// Set the largest WQE in bytes that [`blueflame`](Self::blueflame) copies (the policy's
+    /// limit; clamped to the half, 0 for never).
+    pub(crate) fn set_bf_max(&mut self, max: usize) {
+        // INVARIANT: `bf_max <= half`.
+        self.bf_max = max.min(self.half);
+    }
+
+    /// The register's page.
+    pub(crate) fn page(&self) -> &Arc<UarPage> {
+        &self.reg.page
+    }
+
+    /// Which half is next (byte offset 0 or `half`), for tests.
+    #[cfg(test)]
+    pub(crate) fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// The 8-byte doorbell: one volatile store of `word` (the first 8 bytes of the control
+    /// segment, as they sit in memory) at the current half.
+    #[inline(always)]
+    pub(crate) fn ring8(&self, word: u64) {
+        #[expect(
+            clippy::cast_ptr_alignment,
+            reason = "the register is 8-byte aligned and offset is 0 or a multiple of 64"
+        )]
+        let p = self
+            .reg
+            .reg
+            .base()
+            .as_ptr()
+            .wrapping_add(self.offset)
+            .cast::<u64>();
+        // SAFETY: `offset + 8 <= len` and 8-byte aligned (type invariant); the page is mapped
+        // while `reg` holds it; one volatile u64 store to MMIO.
+        unsafe { p.write_volatile(word) };
+    }
+
+    /// The BlueFlame copy of the WQE of `ds` 16-byte units at byte position `pos` of `ring`, if
+    /// it fits the policy's limit (`bf_max`, at most the half): its 64-byte blocks from `pos`
+    /// (each taken modulo the ring, so the source wraps at the ring end) to the current half,
+    /// ascending. Returns whether it copied (else the caller rings the 8-byte doorbell).
+    #[inline(always)]
+    pub(crate) fn blueflame(&self, ring: &SqRing, pos: usize, ds: u32) -> bool {
+        let bytes = ds as usize * 16;
+        if bytes > self.bf_max || bytes == 0 {
+            return false;
+        }
+        // `bytes <= bf_max <= half` and `half` is a multiple of 64: `blocks <= half / 64`.
+        let blocks = (bytes + 63) >> 6;
+        let (src, before_end) = ring.blocks(pos);
+        // SAFETY: `offset + half <= 2 * half <= len` (type invariant), so the pointer stays
+        // inside the register and is not null.
+        let dst = unsafe { self.reg.reg.base().add(self.offset) };
+        if blocks <= before_end {
+            // SAFETY: `dst` is 64-byte aligned with `64 * blocks <= half` writable bytes of the
+            // mapped register behind it (type invariant); `src` is 64-byte aligned with
+            // `64 * blocks <= 64 * before_end` readable ring bytes (`SqRing::blocks`);
+            // `blocks >= 1` as `bytes >= 1`.
+            unsafe { wc_copy64(dst, src, blocks) };
+        } else {
+            self.blueflame_wrapped(ring, pos, dst, blocks, before_end);
+        }
+        true
+    }
+
+    /// [`blueflame`](Self::blueflame) of a WQE that wraps at the ring end: the blocks before the
+    /// end, then the rest from the ring start.
+    #[cold]
+    #[inline(never)]
+    fn blueflame_wrapped(
+        &self,
+        ring: &SqRing,
+        pos: usize,
+        dst: NonNull<u8>,
+        blocks: usize,
+        first: usize,
+    ) {
+        let (src, _) = ring.blocks(pos);
+        // SAFETY: `first < blocks <= half / 64` blocks of register at `dst` (type invariant, see
+        // `blueflame`) and `first` ring blocks at `src` (`SqRing::blocks`); `first >= 1`.
+        unsafe { wc_copy64(dst, src, first) };
+        let (src, avail) = ring.blocks(0);
+        let rest = (blocks - first).min(avail);
+        // SAFETY: `64 * first < 64 * blocks <= half`, inside the register (see `blueflame`).
+        let dst = unsafe { dst.add(64 * first) };
+        // SAFETY: `dst` is inside the register with `64 * rest` bytes behind it
+        // (`first + rest <= blocks <= half / 64`); `src` is the ring start with `avail >= rest`
+        // blocks (`SqRing::blocks`); `rest >= 1` as `blocks > first` and `avail >= 1`.
+        unsafe { wc_copy64(dst, src, rest) };
+    }
+
+    /// Move to the other half (no-op without halves).
+    #[inline(always)]
+    pub(crate) fn flip(&mut self) {
+        // INVARIANT: `offset` stays 0 or `half`.
+        self.offset ^= self.half;
     }
 }

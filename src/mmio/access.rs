@@ -51,13 +51,14 @@ impl DbWord {
 }
 
 /// One 64-bit doorbell register in a mapped UAR page (MMIO). Used for the 8-byte send doorbell,
-/// the CQ arm doorbell and, for BlueFlame, as the destination of the WQE copy.
+/// the CQ arm doorbell and, for BlueFlame, as the destination of the WQE copy
+/// ([`crate::mem::uar`]). Crate-private: made only by [`UarPage`](crate::mem::uar::UarPage).
 ///
 /// # Invariants
 /// `ptr` is 8-byte aligned, inside a UAR mapping that outlives `self`, and `ptr .. ptr + len`
-/// bytes are writable MMIO space (`len` is a multiple of 64 for BlueFlame registers).
+/// bytes are writable MMIO space.
 #[derive(Debug)]
-pub struct MmioReg {
+pub(crate) struct MmioReg {
     ptr: NonNull<u64>,
     len: usize,
 }
@@ -74,8 +75,7 @@ impl MmioReg {
     /// # Safety
     /// `ptr` must be 8-byte aligned and valid for `len` bytes of writes for the life of the
     /// returned value.
-    pub unsafe fn from_raw(ptr: NonNull<u8>, len: usize) -> Self {
-        debug_assert!(ptr.as_ptr() as usize % 8 == 0);
+    pub(crate) unsafe fn from_raw(ptr: NonNull<u8>, len: usize) -> Self {
         Self {
             ptr: ptr.cast(),
             len,
@@ -83,22 +83,32 @@ impl MmioReg {
     }
 
     /// Size of the register window in bytes.
-    pub fn len(&self) -> usize {
+    #[inline(always)]
+    pub(crate) fn len(&self) -> usize {
         self.len
     }
 
-    /// Whether the window is empty (never for a real register).
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
+    /// The start of the window (for the BlueFlame copy, whose bounds its owner proves).
+    #[inline(always)]
+    pub(crate) fn base(&self) -> NonNull<u8> {
+        self.ptr.cast()
     }
 
     /// One 64-bit store of `bytes` exactly as they sit in memory (no byte swap), at byte
     /// `offset` of the window.
+    ///
+    /// # Panics
+    /// If `offset` is not a multiple of 8 or `offset + 8` is past the window (a real check:
+    /// the fast paths use [`crate::mem::uar`]'s doorbell type, whose invariant bounds it).
     #[inline(always)]
-    pub fn store_raw64(&self, offset: usize, bytes: [u8; 8]) {
-        debug_assert!(offset % 8 == 0 && offset + 8 <= self.len);
-        // SAFETY: offset is inside the window and 8-byte aligned (checked by callers in
-        // `mem::uar`; debug-asserted); one volatile u64 store to MMIO.
+    pub(crate) fn store_raw64(&self, offset: usize, bytes: [u8; 8]) {
+        assert!(
+            offset % 8 == 0 && offset < self.len && self.len - offset >= 8,
+            "MMIO store at {offset:#x} outside a {}-byte register",
+            self.len
+        );
+        // SAFETY: offset is inside the window and 8-byte aligned (asserted), the window is live
+        // (type invariant); one volatile u64 store to MMIO.
         unsafe {
             self.ptr
                 .as_ptr()
@@ -106,21 +116,84 @@ impl MmioReg {
                 .write_volatile(u64::from_ne_bytes(bytes))
         };
     }
+}
 
-    /// Store one 64-byte chunk (a WQE basic block) at byte `offset` of the window as eight
-    /// ascending native-width 8-byte stores; never `memcpy` (BlueFlame copy).
-    #[inline(always)]
-    pub fn store_chunk64(&self, offset: usize, chunk: &[u64; 8]) {
-        debug_assert!(offset % 64 == 0 && offset + 64 <= self.len);
-        for (i, w) in chunk.iter().enumerate() {
-            // SAFETY: `offset + 64 <= len` (the caller limits the copy to the BlueFlame half;
-            // debug-asserted) and 8-byte aligned; one volatile u64 store to MMIO.
-            unsafe {
-                self.ptr
-                    .as_ptr()
-                    .wrapping_add(offset / 8 + i)
-                    .write_volatile(*w)
-            };
-        }
+/// Copy `blocks` 64-byte blocks to write-combining MMIO space with the widest plain stores the
+/// ISA offers, in ascending address order, never through `memcpy` (its string instructions may
+/// reorder or split the stores): on x86-64 four 16-byte SSE2 stores per block (two 32-byte AVX
+/// stores when the crate is built with AVX enabled), on aarch64 one NEON `ld4`/`st4` pair per
+/// block as rdma-core's `mmio_memcpy_x64` (its `util/mmio.h`). The whole copy is one `asm!`
+/// loop, so the compiler can neither merge, split nor reorder the stores, nor turn them into a
+/// call.
+///
+/// # Safety
+/// `src` must be valid for `64 * blocks` bytes of reads and `dst` for `64 * blocks` bytes of
+/// writes, both 64-byte aligned, and `blocks >= 1`; the caller orders the copy with
+/// [`wc_start`](super::barrier::wc_start) and [`wc_flush`](super::barrier::wc_flush).
+#[inline(always)]
+pub(crate) unsafe fn wc_copy64(dst: NonNull<u8>, src: NonNull<u8>, blocks: usize) {
+    #[cfg(all(target_arch = "x86_64", not(target_feature = "avx")))]
+    // SAFETY: `64 * blocks` bytes of aligned reads from `src` and writes to `dst`, `blocks >= 1`
+    // (caller's contract); only the named registers are clobbered.
+    unsafe {
+        core::arch::asm!(
+            "2:",
+            "movdqa xmm0, [{s}]",
+            "movdqa xmm1, [{s} + 16]",
+            "movdqa xmm2, [{s} + 32]",
+            "movdqa xmm3, [{s} + 48]",
+            "movdqa [{d}], xmm0",
+            "movdqa [{d} + 16], xmm1",
+            "movdqa [{d} + 32], xmm2",
+            "movdqa [{d} + 48], xmm3",
+            "add {s}, 64",
+            "add {d}, 64",
+            "dec {n}",
+            "jnz 2b",
+            s = inout(reg) src.as_ptr() => _,
+            d = inout(reg) dst.as_ptr() => _,
+            n = inout(reg) blocks => _,
+            out("xmm0") _, out("xmm1") _, out("xmm2") _, out("xmm3") _,
+            options(nostack),
+        );
+    }
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx"))]
+    // SAFETY: as above, with two ymm registers (AVX is enabled at compile time, so the CPU the
+    // binary is built for has it).
+    unsafe {
+        core::arch::asm!(
+            "2:",
+            "vmovdqa ymm0, [{s}]",
+            "vmovdqa ymm1, [{s} + 32]",
+            "vmovdqa [{d}], ymm0",
+            "vmovdqa [{d} + 32], ymm1",
+            "add {s}, 64",
+            "add {d}, 64",
+            "dec {n}",
+            "jnz 2b",
+            s = inout(reg) src.as_ptr() => _,
+            d = inout(reg) dst.as_ptr() => _,
+            n = inout(reg) blocks => _,
+            out("ymm0") _, out("ymm1") _,
+            options(nostack),
+        );
+    }
+    #[cfg(target_arch = "aarch64")]
+    // SAFETY: `64 * blocks` bytes of reads from `src` and writes to `dst`, `blocks >= 1`
+    // (caller's contract); `ld4` de-interleaves into v0..v3 and `st4` interleaves back, so the
+    // bytes land in order; both post-increment by 64; only v0..v3 and the flags are clobbered.
+    unsafe {
+        core::arch::asm!(
+            "2:",
+            "ld4 {{v0.2d, v1.2d, v2.2d, v3.2d}}, [{s}], #64",
+            "st4 {{v0.2d, v1.2d, v2.2d, v3.2d}}, [{d}], #64",
+            "subs {n}, {n}, #1",
+            "b.ne 2b",
+            s = inout(reg) src.as_ptr() => _,
+            d = inout(reg) dst.as_ptr() => _,
+            n = inout(reg) blocks => _,
+            out("v0") _, out("v1") _, out("v2") _, out("v3") _,
+            options(nostack),
+        );
     }
 }

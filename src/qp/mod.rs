@@ -1,17 +1,28 @@
 //! Queue pairs (RC, UC, UD): creation with checked capabilities, the state machine, query,
 //! destroy, and the send/receive queues they own.
 
-pub mod rq;
-pub mod sq;
+// The queues' internals (ring layout, WQE encoding) are crate-private; their user-facing
+// types are re-exported here and at the crate root.
+pub(crate) mod rq;
+pub(crate) mod sq;
+
+pub use rq::{RecvQueue, RqGeometry, rq_geometry};
+pub use sq::{
+    AnyPayload, BfPolicy, BfregInfo, Gather, Inline, NoPayload, PayloadKind, SendQueue, SqGeometry,
+    SqStats, WqeBuilder, sq_geometry, sq_overhead,
+};
 
 use std::sync::Arc;
 
 use mlx5_ffi::mlx5::{MLX5_QP_FLAG_SCATTER_CQE, MLX5_QP_FLAG_UAR_PAGE_INDEX, Mlx5IbCreateQp};
 use mlx5_ffi::uverbs::{
-    IB_QP_ACCESS_FLAGS, IB_QP_AV, IB_QP_DEST_QPN, IB_QP_MAX_DEST_RD_ATOMIC, IB_QP_MAX_QP_RD_ATOMIC,
-    IB_QP_MIN_RNR_TIMER, IB_QP_PATH_MTU, IB_QP_PKEY_INDEX, IB_QP_PORT, IB_QP_QKEY, IB_QP_RETRY_CNT,
-    IB_QP_RNR_RETRY, IB_QP_RQ_PSN, IB_QP_SQ_PSN, IB_QP_STATE, IB_QP_TIMEOUT, IbUverbsCreateQp,
-    IbUverbsDestroyQp, IbUverbsModifyQp, IbUverbsQpDest, IbUverbsQueryQp, IbUverbsQueryQpResp,
+    IB_MTU_256, IB_MTU_512, IB_MTU_1024, IB_MTU_2048, IB_MTU_4096, IB_QP_ACCESS_FLAGS,
+    IB_QP_ALT_PATH, IB_QP_AV, IB_QP_CAP, IB_QP_CUR_STATE, IB_QP_DEST_QPN,
+    IB_QP_EN_SQD_ASYNC_NOTIFY, IB_QP_MAX_DEST_RD_ATOMIC, IB_QP_MAX_QP_RD_ATOMIC,
+    IB_QP_MIN_RNR_TIMER, IB_QP_PATH_MIG_STATE, IB_QP_PATH_MTU, IB_QP_PKEY_INDEX, IB_QP_PORT,
+    IB_QP_QKEY, IB_QP_RATE_LIMIT, IB_QP_RETRY_CNT, IB_QP_RNR_RETRY, IB_QP_RQ_PSN, IB_QP_SQ_PSN,
+    IB_QP_STATE, IB_QP_TIMEOUT, IbUverbsCreateQp, IbUverbsDestroyQp, IbUverbsModifyQp,
+    IbUverbsQpDest, IbUverbsQueryQp, IbUverbsQueryQpResp,
 };
 
 use crate::ah::{AhAttr, GlobalRoute};
@@ -25,8 +36,8 @@ use crate::srq::{Srq, SrqHandle};
 use crate::uverbs;
 use crate::wr::{PostError, RecvWr, SendWr};
 use mlx5_ffi::cmd::cmds;
-use rq::{RecvQueue, rq_geometry};
-use sq::{BfPolicy, Bfreg, SendQueue, sq_geometry};
+use mlx5_ffi::uverbs::{qp_state, qp_type};
+use sq::Bfreg;
 
 /// QP transport type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,9 +53,9 @@ pub enum QpType {
 impl QpType {
     fn ib_value(self) -> u8 {
         match self {
-            QpType::Rc => 2,
-            QpType::Uc => 3,
-            QpType::Ud => 4,
+            QpType::Rc => qp_type::RC,
+            QpType::Uc => qp_type::UC,
+            QpType::Ud => qp_type::UD,
         }
     }
 
@@ -54,6 +65,16 @@ impl QpType {
             QpType::Uc => "for UC",
             QpType::Ud => "for UD",
         }
+    }
+}
+
+impl core::fmt::Display for QpType {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            QpType::Rc => "RC",
+            QpType::Uc => "UC",
+            QpType::Ud => "UD",
+        })
     }
 }
 
@@ -79,27 +100,109 @@ pub enum QpState {
 impl QpState {
     fn to_u8(self) -> u8 {
         match self {
-            QpState::Reset => 0,
-            QpState::Init => 1,
-            QpState::Rtr => 2,
-            QpState::Rts => 3,
-            QpState::Sqd => 4,
-            QpState::Sqe => 5,
-            QpState::Err => 6,
+            QpState::Reset => qp_state::RESET,
+            QpState::Init => qp_state::INIT,
+            QpState::Rtr => qp_state::RTR,
+            QpState::Rts => qp_state::RTS,
+            QpState::Sqd => qp_state::SQD,
+            QpState::Sqe => qp_state::SQE,
+            QpState::Err => qp_state::ERR,
         }
     }
 
     fn from_u8(v: u8) -> Option<Self> {
         Some(match v {
-            0 => QpState::Reset,
-            1 => QpState::Init,
-            2 => QpState::Rtr,
-            3 => QpState::Rts,
-            4 => QpState::Sqd,
-            5 => QpState::Sqe,
-            6 => QpState::Err,
+            qp_state::RESET => QpState::Reset,
+            qp_state::INIT => QpState::Init,
+            qp_state::RTR => QpState::Rtr,
+            qp_state::RTS => QpState::Rts,
+            qp_state::SQD => QpState::Sqd,
+            qp_state::SQE => QpState::Sqe,
+            qp_state::ERR => QpState::Err,
             _ => return None,
         })
+    }
+}
+
+impl core::fmt::Display for QpState {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            QpState::Reset => "RESET",
+            QpState::Init => "INIT",
+            QpState::Rtr => "RTR",
+            QpState::Rts => "RTS",
+            QpState::Sqd => "SQD",
+            QpState::Sqe => "SQE",
+            QpState::Err => "ERR",
+        })
+    }
+}
+
+/// Path MTU (`enum ibv_mtu`): the largest payload of one packet on the path. The verbs ABI
+/// carries it as a code (`IB_MTU_256` = 1 ... `IB_MTU_4096` = 5), never as a byte count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Mtu {
+    /// 256 bytes.
+    M256,
+    /// 512 bytes.
+    M512,
+    /// 1024 bytes.
+    M1024,
+    /// 2048 bytes.
+    M2048,
+    /// 4096 bytes.
+    M4096,
+}
+
+impl Mtu {
+    /// The `IB_MTU_*` code the kernel takes (1..=5).
+    pub const fn code(self) -> u8 {
+        (match self {
+            Mtu::M256 => IB_MTU_256,
+            Mtu::M512 => IB_MTU_512,
+            Mtu::M1024 => IB_MTU_1024,
+            Mtu::M2048 => IB_MTU_2048,
+            Mtu::M4096 => IB_MTU_4096,
+        }) as u8
+    }
+
+    /// The MTU of an `IB_MTU_*` code (as in [`PortAttr::active_mtu`](crate::PortAttr)), if
+    /// valid.
+    pub const fn from_code(code: u8) -> Option<Self> {
+        Some(match code as u32 {
+            IB_MTU_256 => Mtu::M256,
+            IB_MTU_512 => Mtu::M512,
+            IB_MTU_1024 => Mtu::M1024,
+            IB_MTU_2048 => Mtu::M2048,
+            IB_MTU_4096 => Mtu::M4096,
+            _ => return None,
+        })
+    }
+
+    /// The MTU in bytes.
+    pub const fn bytes(self) -> u32 {
+        256 << (self.code() - 1)
+    }
+
+    /// The MTU of exactly `bytes` (256, 512, 1024, 2048 or 4096), if it is one.
+    pub const fn from_bytes(bytes: u32) -> Option<Self> {
+        Some(match bytes {
+            256 => Mtu::M256,
+            512 => Mtu::M512,
+            1024 => Mtu::M1024,
+            2048 => Mtu::M2048,
+            4096 => Mtu::M4096,
+            _ => return None,
+        })
+    }
+}
+
+/// From an `IB_MTU_*` code; the error is the refused code. (A byte count such as
+/// `4096u16 as u8` is 0 and refused.)
+impl TryFrom<u8> for Mtu {
+    type Error = u8;
+    fn try_from(code: u8) -> core::result::Result<Self, u8> {
+        Mtu::from_code(code).ok_or(code)
     }
 }
 
@@ -181,8 +284,9 @@ impl<'a> QpInitAttr<'a> {
 pub struct QpAttr {
     /// Target state.
     pub qp_state: Option<QpState>,
-    /// Path MTU (`IB_MTU_*`: 1 = 256 ... 5 = 4096).
-    pub path_mtu: u8,
+    /// Path MTU; required with `IB_QP_PATH_MTU` (`None` there is an error). QUERY_QP of a QP
+    /// that has none yet reports `None`.
+    pub path_mtu: Option<Mtu>,
     /// Q_Key (UD).
     pub qkey: u32,
     /// Receive PSN.
@@ -201,13 +305,13 @@ pub struct QpAttr {
     pub max_rd_atomic: u8,
     /// Outstanding RDMA READ/atomics as responder.
     pub max_dest_rd_atomic: u8,
-    /// Minimum RNR NAK timer code.
+    /// Minimum RNR NAK timer code (0..=31; 0 = 655.36 ms, 1 = 0.01 ms ... 31 = 491.52 ms).
     pub min_rnr_timer: u8,
-    /// Local ACK timeout code.
+    /// Local ACK timeout code (0..=31): 4.096 µs × 2^timeout; 0 = wait forever.
     pub timeout: u8,
-    /// Transport retry count.
+    /// Transport retry count (0..=7).
     pub retry_cnt: u8,
-    /// RNR retry count (7 = infinite).
+    /// RNR retry count (0..=7; 7 = infinite).
     pub rnr_retry: u8,
     /// Path to the remote QP (RC/UC INIT->RTR).
     pub ah_attr: AhAttr,
@@ -224,6 +328,136 @@ pub struct RemoteQp {
     pub lid: u16,
     /// Remote GID; required on RoCE.
     pub gid: Option<[u8; 16]>,
+}
+
+/// The connection knobs of [`Qp::to_init_with`], [`Qp::to_rtr_with`] and [`Qp::to_rts_with`]:
+/// a builder, each setter taking a typed value. Values outside their IB encoding are refused by
+/// name when used, before any syscall.
+///
+/// | knob | default | used in | range |
+/// |---|---|---|---|
+/// | [`pkey_index`](Self::pkey_index) | 0 | RESET→INIT | P_Key table index |
+/// | [`mtu`](Self::mtu) | [`Mtu::M1024`] | INIT→RTR (RC, UC) | [`Mtu`] |
+/// | [`sl`](Self::sl) | 0 | INIT→RTR (RC, UC) | 0..=15 |
+/// | [`sgid_index`](Self::sgid_index) | 0 | INIT→RTR, with a remote GID | GID table index |
+/// | [`hop_limit`](Self::hop_limit) | 64 | INIT→RTR, with a remote GID | 0..=255 |
+/// | [`traffic_class`](Self::traffic_class) | 0 | INIT→RTR, with a remote GID | 0..=255 |
+/// | [`flow_label`](Self::flow_label) | 0 | INIT→RTR, with a remote GID | 20 bits |
+/// | [`max_dest_rd_atomic`](Self::max_dest_rd_atomic) | device limit, 1..=16 | INIT→RTR (RC) | ≤ device `max_qp_rd_atom` |
+/// | [`min_rnr_timer`](Self::min_rnr_timer) | 12 (0.64 ms) | INIT→RTR (RC) | 0..=31 |
+/// | [`timeout`](Self::timeout) | 14 (4.096 µs × 2^14 ≈ 67 ms) | RTR→RTS (RC) | 0..=31 |
+/// | [`retry_cnt`](Self::retry_cnt) | 7 | RTR→RTS (RC) | 0..=7 |
+/// | [`rnr_retry`](Self::rnr_retry) | 7 (infinite) | RTR→RTS (RC) | 0..=7 |
+/// | [`max_rd_atomic`](Self::max_rd_atomic) | device limit, 1..=16 | RTR→RTS (RC) | ≤ device `max_qp_init_rd_atom` |
+///
+/// The defaults are the ones `to_init`/`to_rtr`/`to_rts` always used (and ibv_rc_pingpong's).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnectParams {
+    pkey_index: u16,
+    mtu: Mtu,
+    sl: u8,
+    sgid_index: u8,
+    hop_limit: u8,
+    traffic_class: u8,
+    flow_label: u32,
+    max_dest_rd_atomic: Option<u8>,
+    min_rnr_timer: u8,
+    timeout: u8,
+    retry_cnt: u8,
+    rnr_retry: u8,
+    max_rd_atomic: Option<u8>,
+}
+
+impl Default for ConnectParams {
+    fn default() -> Self {
+        Self {
+            pkey_index: 0,
+            mtu: Mtu::M1024,
+            sl: 0,
+            sgid_index: 0,
+            hop_limit: 64,
+            traffic_class: 0,
+            flow_label: 0,
+            max_dest_rd_atomic: None,
+            min_rnr_timer: 12,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            max_rd_atomic: None,
+        }
+    }
+}
+
+impl ConnectParams {
+    /// The defaults (see the table above).
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// P_Key table index (RESET→INIT).
+    pub const fn pkey_index(mut self, v: u16) -> Self {
+        self.pkey_index = v;
+        self
+    }
+    /// Path MTU (INIT→RTR of RC and UC).
+    pub const fn mtu(mut self, v: Mtu) -> Self {
+        self.mtu = v;
+        self
+    }
+    /// Service level, 0..=15.
+    pub const fn sl(mut self, v: u8) -> Self {
+        self.sl = v;
+        self
+    }
+    /// Source GID index of the GRH (used when the remote has a GID: RoCE, global IB).
+    pub const fn sgid_index(mut self, v: u8) -> Self {
+        self.sgid_index = v;
+        self
+    }
+    /// GRH hop limit.
+    pub const fn hop_limit(mut self, v: u8) -> Self {
+        self.hop_limit = v;
+        self
+    }
+    /// GRH traffic class.
+    pub const fn traffic_class(mut self, v: u8) -> Self {
+        self.traffic_class = v;
+        self
+    }
+    /// GRH flow label (20 bits).
+    pub const fn flow_label(mut self, v: u32) -> Self {
+        self.flow_label = v;
+        self
+    }
+    /// RDMA READ/atomic requests this QP accepts at once as responder (RC).
+    pub const fn max_dest_rd_atomic(mut self, v: u8) -> Self {
+        self.max_dest_rd_atomic = Some(v);
+        self
+    }
+    /// Minimum RNR NAK timer code, 0..=31 (RC).
+    pub const fn min_rnr_timer(mut self, v: u8) -> Self {
+        self.min_rnr_timer = v;
+        self
+    }
+    /// Local ACK timeout code, 0..=31: 4.096 µs × 2^v, 0 = infinite (RC).
+    pub const fn timeout(mut self, v: u8) -> Self {
+        self.timeout = v;
+        self
+    }
+    /// Transport retries, 0..=7 (RC).
+    pub const fn retry_cnt(mut self, v: u8) -> Self {
+        self.retry_cnt = v;
+        self
+    }
+    /// RNR retries, 0..=7, 7 = infinite (RC).
+    pub const fn rnr_retry(mut self, v: u8) -> Self {
+        self.rnr_retry = v;
+        self
+    }
+    /// RDMA READ/atomic requests this QP has outstanding at once as requester (RC).
+    pub const fn max_rd_atomic(mut self, v: u8) -> Self {
+        self.max_rd_atomic = Some(v);
+        self
+    }
 }
 
 #[derive(Debug)]
@@ -250,9 +484,17 @@ impl Drop for QpHandle {
             qp_handle: self.handle,
             reserved: 0,
         };
-        self.ctx.destroy::<cmds::DestroyQp>(&cmd);
+        let destroyed = self.ctx.destroy::<cmds::DestroyQp>(&cmd);
         self.send_cq.detach(self.qpn);
         self.recv_cq.detach(self.qpn);
+        if !destroyed {
+            // The QP may live on in the kernel, and the device may still read the ring and
+            // record, write the ring, and complete into the CQs: never give the memory back,
+            // nor the user index and doorbell register (a new QP must not inherit its CQEs).
+            leak(&self._buf);
+            leak(&self._dbrec);
+            return;
+        }
         if let Some(u) = self.uidx {
             self.ctx.free_uidx(u);
         }
@@ -260,6 +502,12 @@ impl Drop for QpHandle {
             self.ctx.release_bfreg(id);
         }
     }
+}
+
+/// Keep the memory behind `a` alive for the rest of the process (after a failed destroy or
+/// deregistration, when the device may still use it).
+pub(crate) fn leak<T>(a: &Arc<T>) {
+    std::mem::forget(Arc::clone(a));
 }
 
 /// A queue pair. Posting and modifying take `&mut self`; `Send`, not `Sync`.
@@ -448,6 +696,7 @@ impl Qp {
                 init.bf_policy
             },
             Some((pd.inner.handle, ctx.inner.mrs.clone())),
+            ctx.id(),
         );
         let rq = rgeo.map(|g| {
             RecvQueue::new(
@@ -578,7 +827,15 @@ impl Qp {
         }
     }
 
-    /// Modify the QP with the attributes named in `mask` (`IB_QP_*` bits).
+    /// Modify the QP with the attributes named in `mask` (`IB_QP_*` bits); without
+    /// `IB_QP_STATE` the attributes of the current state are modified.
+    ///
+    /// Checked before the syscall, against the verbs state machine (the kernel's
+    /// `ib_modify_qp_is_ok` table): the transition from the state last set here must exist for
+    /// this QP type, `mask` must hold every attribute the transition requires and no attribute
+    /// it does not take, and each value must fit its IB encoding. The state the driver knows can
+    /// lag behind the device (a QP the device moved to ERR or SQE); that only makes the check
+    /// more permissive (every state may go to RESET and ERR), the kernel still has the last word.
     ///
     /// Moving to RESET zeroes the queue indices and doorbell records. Poll the QP's CQs empty
     /// first: unlike libmlx5's "CQ clean", this driver never rewrites a CQ ring behind its
@@ -586,8 +843,11 @@ impl Qp {
     /// attributed to the QP's new life.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] naming a missing required attribute of the transition or a
-    /// value over a device limit ([`Error::Limit`]); [`Error::Uverbs`] naming MODIFY_QP.
+    /// [`Error::QpTransition`] for a transition the state machine lacks (RESET→RTR);
+    /// [`Error::QpAttribute`] naming an attribute missing from or not allowed in the
+    /// transition; [`Error::Unsupported`] for alternate-path attributes and `IB_QP_CUR_STATE`,
+    /// which [`QpAttr`] cannot express; [`Error::Limit`] or [`Error::InvalidArgument`] for a
+    /// value out of range; [`Error::Uverbs`] naming MODIFY_QP.
     pub fn modify(&mut self, attr: &QpAttr, mask: u32) -> Result<()> {
         let dev = self.handle.ctx.inner.attr.raw;
         if mask & IB_QP_MAX_QP_RD_ATOMIC != 0 {
@@ -621,19 +881,15 @@ impl Qp {
             )?;
         }
         let next = if mask & IB_QP_STATE != 0 {
-            attr.qp_state
+            Some(attr.qp_state.ok_or(Error::InvalidArgument {
+                attr: "qp_state",
+                reason: "IB_QP_STATE is set but qp_state is None",
+            })?)
         } else {
             None
         };
-        if let Some(next) = next {
-            let need = required_mask(self.qp_type, self.state, next);
-            if mask & need != need {
-                return Err(Error::InvalidArgument {
-                    attr: missing_attr(need & !mask),
-                    reason: "required for this QP state transition",
-                });
-            }
-        }
+        check_transition(self.qp_type, self.state, next.unwrap_or(self.state), mask)?;
+        check_values(attr, mask)?;
         if mask & IB_QP_AV != 0 && attr.ah_attr.grh.is_none() {
             self.check_path_needs_no_grh(attr)?;
         }
@@ -652,7 +908,7 @@ impl Qp {
             alt_pkey_index: 0,
             qp_state: next.map_or(0, QpState::to_u8),
             cur_qp_state: 0,
-            path_mtu: attr.path_mtu,
+            path_mtu: attr.path_mtu.map_or(0, Mtu::code),
             path_mig_state: 0,
             en_sqd_async_notify: 0,
             max_rd_atomic: attr.max_rd_atomic,
@@ -694,9 +950,9 @@ impl Qp {
 
     fn apply_state(&mut self, next: QpState) {
         self.state = next;
+        self.sq.set_state(next);
         match next {
             QpState::Reset => {
-                self.sq.enabled = false;
                 self.sq.reset();
                 if let Some(rq) = self.rq.as_mut() {
                     rq.enabled = false;
@@ -711,7 +967,6 @@ impl Qp {
                 }
             }
             QpState::Rts | QpState::Sqd | QpState::Sqe | QpState::Err => {
-                self.sq.enabled = true;
                 if let Some(rq) = self.rq.as_mut() {
                     rq.enabled = true;
                 }
@@ -728,30 +983,52 @@ impl Qp {
     /// # Errors
     /// As [`modify`](Self::modify).
     pub fn to_init(&mut self, port: u8, access: Access, qkey: u32) -> Result<()> {
-        let attr = QpAttr {
-            qp_state: Some(QpState::Init),
-            port_num: port,
-            qp_access_flags: access,
-            qkey,
-            ..QpAttr::default()
-        };
-        let mask = IB_QP_STATE
-            | IB_QP_PKEY_INDEX
-            | IB_QP_PORT
-            | if self.qp_type == QpType::Ud {
-                IB_QP_QKEY
-            } else {
-                IB_QP_ACCESS_FLAGS
-            };
-        self.modify(&attr, mask)
+        self.to_init_with(port, access, qkey, &ConnectParams::default())
     }
 
-    /// INIT -> RTR towards `remote` (RC/UC); UD needs no address. With `remote.gid` set (RoCE,
-    /// or global IB) the path carries a GRH with source GID index `sgid_index`.
+    /// RESET -> INIT with the given port, remote access (RC, UC) or Q_Key (UD), and the P_Key
+    /// index of `p`.
     ///
     /// # Errors
     /// As [`modify`](Self::modify).
-    pub fn to_rtr(&mut self, remote: &RemoteQp, mtu: u8, sgid_index: u8) -> Result<()> {
+    pub fn to_init_with(
+        &mut self,
+        port: u8,
+        access: Access,
+        qkey: u32,
+        p: &ConnectParams,
+    ) -> Result<()> {
+        let mut attr = QpAttr {
+            qp_state: Some(QpState::Init),
+            port_num: port,
+            pkey_index: p.pkey_index,
+            ..QpAttr::default()
+        };
+        let mut mask = IB_QP_STATE | IB_QP_PKEY_INDEX | IB_QP_PORT;
+        if self.qp_type == QpType::Ud {
+            attr.qkey = qkey;
+            mask |= IB_QP_QKEY;
+        } else {
+            attr.qp_access_flags = access;
+            mask |= IB_QP_ACCESS_FLAGS;
+        }
+        self.modify(&attr, mask)
+    }
+
+    /// INIT -> RTR towards `remote` (RC/UC); UD needs no address. `mtu` is an [`Mtu`] or its
+    /// `IB_MTU_*` code (1 = 256 ... 5 = 4096 bytes). With `remote.gid` set (RoCE, or global IB)
+    /// the path carries a GRH with source GID index `sgid_index`. Every other knob has the
+    /// [`ConnectParams`] default.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming `path_mtu` for a code that is no MTU (a byte count cast
+    /// to `u8` is one); otherwise as [`modify`](Self::modify).
+    pub fn to_rtr(
+        &mut self,
+        remote: &RemoteQp,
+        mtu: impl TryInto<Mtu>,
+        sgid_index: u8,
+    ) -> Result<()> {
         self.to_rtr_with_sl(remote, mtu, sgid_index, 0)
     }
 
@@ -759,18 +1036,47 @@ impl Qp {
     /// vector (`ibv_rc_pingpong -l`).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] naming `sl` above 15; otherwise as [`modify`](Self::modify).
+    /// [`Error::InvalidArgument`] naming `sl` above 15; otherwise as [`to_rtr`](Self::to_rtr).
     pub fn to_rtr_with_sl(
         &mut self,
         remote: &RemoteQp,
-        mtu: u8,
+        mtu: impl TryInto<Mtu>,
         sgid_index: u8,
         sl: u8,
     ) -> Result<()> {
-        if sl > 15 {
+        let p = ConnectParams::default().sgid_index(sgid_index).sl(sl);
+        let p = match (self.qp_type, mtu.try_into()) {
+            (_, Ok(m)) => p.mtu(m),
+            // UD has no path MTU: the argument is not used.
+            (QpType::Ud, Err(_)) => p,
+            (_, Err(_)) => {
+                return Err(Error::InvalidArgument {
+                    attr: "path_mtu",
+                    reason: "not an IB_MTU_* code (1 = 256 ... 5 = 4096 bytes); use mlx5::Mtu",
+                });
+            }
+        };
+        self.to_rtr_with(remote, &p)
+    }
+
+    /// INIT -> RTR towards `remote` with the path knobs of `p` (RC/UC: MTU, SL, GRH fields when
+    /// `remote.gid` is set; RC also `max_dest_rd_atomic` and `min_rnr_timer`). UD needs no
+    /// address and takes none of them.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming `sl` above 15 or `flow_label` over 20 bits;
+    /// otherwise as [`modify`](Self::modify).
+    pub fn to_rtr_with(&mut self, remote: &RemoteQp, p: &ConnectParams) -> Result<()> {
+        if p.sl > 15 {
             return Err(Error::InvalidArgument {
                 attr: "sl",
                 reason: "service levels are 0..=15",
+            });
+        }
+        if p.flow_label > 0xF_FFFF {
+            return Err(Error::InvalidArgument {
+                attr: "flow_label",
+                reason: "flow labels are 20 bits",
             });
         }
         let mut attr = QpAttr {
@@ -779,26 +1085,28 @@ impl Qp {
         };
         let mut mask = IB_QP_STATE;
         if self.qp_type != QpType::Ud {
-            attr.path_mtu = mtu;
+            attr.path_mtu = Some(p.mtu);
             attr.dest_qp_num = remote.qpn;
             attr.rq_psn = remote.psn;
             attr.ah_attr = AhAttr {
                 dlid: remote.lid,
-                sl,
+                sl: p.sl,
                 port_num: self.port,
                 grh: remote.gid.map(|g| GlobalRoute {
                     dgid: g,
-                    sgid_index,
-                    hop_limit: 64,
-                    ..GlobalRoute::default()
+                    sgid_index: p.sgid_index,
+                    hop_limit: p.hop_limit,
+                    traffic_class: p.traffic_class,
+                    flow_label: p.flow_label,
                 }),
                 ..AhAttr::default()
             };
             mask |= IB_QP_AV | IB_QP_PATH_MTU | IB_QP_DEST_QPN | IB_QP_RQ_PSN;
             if self.qp_type == QpType::Rc {
+                let dev = self.handle.ctx.inner.attr.raw.max_qp_rd_atom;
                 attr.max_dest_rd_atomic =
-                    1u8.max(self.handle.ctx.inner.attr.raw.max_qp_rd_atom.min(16) as u8);
-                attr.min_rnr_timer = 12;
+                    p.max_dest_rd_atomic.unwrap_or(1u8.max(dev.min(16) as u8));
+                attr.min_rnr_timer = p.min_rnr_timer;
                 mask |= IB_QP_MAX_DEST_RD_ATOMIC | IB_QP_MIN_RNR_TIMER;
             }
         }
@@ -810,6 +1118,15 @@ impl Qp {
     /// # Errors
     /// As [`modify`](Self::modify).
     pub fn to_rts(&mut self, psn: u32, rnr_retry: u8) -> Result<()> {
+        self.to_rts_with(psn, &ConnectParams::default().rnr_retry(rnr_retry))
+    }
+
+    /// RTR -> RTS with send PSN `psn` and (RC) the timeout, retry counts and `max_rd_atomic`
+    /// of `p`.
+    ///
+    /// # Errors
+    /// As [`modify`](Self::modify).
+    pub fn to_rts_with(&mut self, psn: u32, p: &ConnectParams) -> Result<()> {
         let mut attr = QpAttr {
             qp_state: Some(QpState::Rts),
             sq_psn: psn,
@@ -817,11 +1134,11 @@ impl Qp {
         };
         let mut mask = IB_QP_STATE | IB_QP_SQ_PSN;
         if self.qp_type == QpType::Rc {
-            attr.timeout = 14;
-            attr.retry_cnt = 7;
-            attr.rnr_retry = rnr_retry;
-            attr.max_rd_atomic =
-                1u8.max(self.handle.ctx.inner.attr.raw.max_qp_init_rd_atom.min(16) as u8);
+            attr.timeout = p.timeout;
+            attr.retry_cnt = p.retry_cnt;
+            attr.rnr_retry = p.rnr_retry;
+            let dev = self.handle.ctx.inner.attr.raw.max_qp_init_rd_atom;
+            attr.max_rd_atomic = p.max_rd_atomic.unwrap_or(1u8.max(dev.min(16) as u8));
             mask |= IB_QP_TIMEOUT | IB_QP_RETRY_CNT | IB_QP_RNR_RETRY | IB_QP_MAX_QP_RD_ATOMIC;
         }
         self.modify(&attr, mask)
@@ -869,7 +1186,7 @@ impl Qp {
         let d = r.dest;
         let attr = QpAttr {
             qp_state: Some(st),
-            path_mtu: r.path_mtu,
+            path_mtu: Mtu::from_code(r.path_mtu),
             qkey: r.qkey,
             rq_psn: r.rq_psn,
             sq_psn: r.sq_psn,
@@ -927,61 +1244,210 @@ fn qp_dest(a: &AhAttr) -> IbUverbsQpDest {
     }
 }
 
-/// Attribute mask the kernel requires for `from -> to` (mlx5-datapath.md §9.3).
-fn required_mask(t: QpType, from: QpState, to: QpState) -> u32 {
-    match (from, to) {
-        (QpState::Reset, QpState::Init) => match t {
-            QpType::Ud => IB_QP_STATE | IB_QP_PKEY_INDEX | IB_QP_PORT | IB_QP_QKEY,
-            _ => IB_QP_STATE | IB_QP_PKEY_INDEX | IB_QP_PORT | IB_QP_ACCESS_FLAGS,
-        },
-        (QpState::Init, QpState::Rtr) => match t {
-            QpType::Rc => {
-                IB_QP_STATE
-                    | IB_QP_AV
+/// The verbs QP state machine: the (required, optional) attribute masks of `from -> to` for
+/// a QP of type `t` (`IB_QP_STATE` aside), or `None` if the transition does not exist. Written
+/// from the InfiniBand state diagram as the kernel enforces it (drivers/infiniband/core/verbs.c,
+/// `ib_modify_qp_is_ok`), for the three transports this driver has.
+fn transition(t: QpType, from: QpState, to: QpState) -> Option<(u32, u32)> {
+    use QpState::*;
+    // Per transport: (UD, UC, RC).
+    let by = |ud: u32, uc: u32, rc: u32| match t {
+        QpType::Ud => ud,
+        QpType::Uc => uc,
+        QpType::Rc => rc,
+    };
+    let init_attrs = by(
+        IB_QP_PKEY_INDEX | IB_QP_PORT | IB_QP_QKEY,
+        IB_QP_PKEY_INDEX | IB_QP_PORT | IB_QP_ACCESS_FLAGS,
+        IB_QP_PKEY_INDEX | IB_QP_PORT | IB_QP_ACCESS_FLAGS,
+    );
+    // RTS -> RTS and SQD -> RTS may retune these (RC also the RNR timer).
+    let rts_retune = by(
+        IB_QP_CUR_STATE | IB_QP_QKEY,
+        IB_QP_CUR_STATE | IB_QP_ACCESS_FLAGS | IB_QP_ALT_PATH | IB_QP_PATH_MIG_STATE,
+        IB_QP_CUR_STATE
+            | IB_QP_ACCESS_FLAGS
+            | IB_QP_ALT_PATH
+            | IB_QP_PATH_MIG_STATE
+            | IB_QP_MIN_RNR_TIMER,
+    );
+    Some(match (from, to) {
+        // Every state may be reset or moved to ERR, with no attribute.
+        (_, Reset) | (_, Err) => (0, 0),
+        (Reset, Init) => (init_attrs, 0),
+        (Init, Init) => (0, init_attrs),
+        (Init, Rtr) => (
+            by(
+                0,
+                IB_QP_AV | IB_QP_PATH_MTU | IB_QP_DEST_QPN | IB_QP_RQ_PSN,
+                IB_QP_AV
                     | IB_QP_PATH_MTU
                     | IB_QP_DEST_QPN
                     | IB_QP_RQ_PSN
                     | IB_QP_MAX_DEST_RD_ATOMIC
-                    | IB_QP_MIN_RNR_TIMER
-            }
-            QpType::Uc => IB_QP_STATE | IB_QP_AV | IB_QP_PATH_MTU | IB_QP_DEST_QPN | IB_QP_RQ_PSN,
-            QpType::Ud => IB_QP_STATE,
-        },
-        (QpState::Rtr, QpState::Rts) => match t {
-            QpType::Rc => {
-                IB_QP_STATE
-                    | IB_QP_SQ_PSN
+                    | IB_QP_MIN_RNR_TIMER,
+            ),
+            by(
+                IB_QP_PKEY_INDEX | IB_QP_QKEY,
+                IB_QP_ALT_PATH | IB_QP_ACCESS_FLAGS | IB_QP_PKEY_INDEX,
+                IB_QP_ALT_PATH | IB_QP_ACCESS_FLAGS | IB_QP_PKEY_INDEX,
+            ),
+        ),
+        (Rtr, Rts) => (
+            by(
+                IB_QP_SQ_PSN,
+                IB_QP_SQ_PSN,
+                IB_QP_SQ_PSN
+                    | IB_QP_TIMEOUT
+                    | IB_QP_RETRY_CNT
+                    | IB_QP_RNR_RETRY
+                    | IB_QP_MAX_QP_RD_ATOMIC,
+            ),
+            rts_retune,
+        ),
+        (Rts, Rts) | (Sqd, Rts) => (0, rts_retune),
+        (Rts, Sqd) => (0, IB_QP_EN_SQD_ASYNC_NOTIFY),
+        (Sqd, Sqd) => (
+            0,
+            by(
+                IB_QP_PKEY_INDEX | IB_QP_QKEY,
+                IB_QP_AV
+                    | IB_QP_ALT_PATH
+                    | IB_QP_ACCESS_FLAGS
+                    | IB_QP_PKEY_INDEX
+                    | IB_QP_PATH_MIG_STATE,
+                IB_QP_PORT
+                    | IB_QP_AV
                     | IB_QP_TIMEOUT
                     | IB_QP_RETRY_CNT
                     | IB_QP_RNR_RETRY
                     | IB_QP_MAX_QP_RD_ATOMIC
-            }
-            _ => IB_QP_STATE | IB_QP_SQ_PSN,
-        },
-        _ => IB_QP_STATE,
-    }
+                    | IB_QP_MAX_DEST_RD_ATOMIC
+                    | IB_QP_ALT_PATH
+                    | IB_QP_ACCESS_FLAGS
+                    | IB_QP_PKEY_INDEX
+                    | IB_QP_MIN_RNR_TIMER
+                    | IB_QP_PATH_MIG_STATE,
+            ),
+        ),
+        // Only unreliable QPs have the send-queue error state; RC errors go to ERR.
+        (Sqe, Rts) if t != QpType::Rc => (
+            0,
+            by(
+                IB_QP_CUR_STATE | IB_QP_QKEY,
+                IB_QP_CUR_STATE | IB_QP_ACCESS_FLAGS,
+                0,
+            ),
+        ),
+        _ => return None,
+    })
 }
 
-fn missing_attr(bits: u32) -> &'static str {
-    const NAMES: &[(u32, &str)] = &[
-        (IB_QP_PKEY_INDEX, "pkey_index"),
-        (IB_QP_PORT, "port_num"),
-        (IB_QP_QKEY, "qkey"),
-        (IB_QP_ACCESS_FLAGS, "qp_access_flags"),
-        (IB_QP_AV, "ah_attr"),
-        (IB_QP_PATH_MTU, "path_mtu"),
-        (IB_QP_DEST_QPN, "dest_qp_num"),
-        (IB_QP_RQ_PSN, "rq_psn"),
-        (IB_QP_MAX_DEST_RD_ATOMIC, "max_dest_rd_atomic"),
-        (IB_QP_MIN_RNR_TIMER, "min_rnr_timer"),
-        (IB_QP_SQ_PSN, "sq_psn"),
-        (IB_QP_TIMEOUT, "timeout"),
-        (IB_QP_RETRY_CNT, "retry_cnt"),
-        (IB_QP_RNR_RETRY, "rnr_retry"),
-        (IB_QP_MAX_QP_RD_ATOMIC, "max_rd_atomic"),
-    ];
-    NAMES
+/// `IB_QP_*` bits by the name of the [`QpAttr`] field they carry, in bit order.
+const ATTR_NAMES: &[(u32, &str)] = &[
+    (IB_QP_CUR_STATE, "cur_qp_state"),
+    (IB_QP_EN_SQD_ASYNC_NOTIFY, "en_sqd_async_notify"),
+    (IB_QP_ACCESS_FLAGS, "qp_access_flags"),
+    (IB_QP_PKEY_INDEX, "pkey_index"),
+    (IB_QP_PORT, "port_num"),
+    (IB_QP_QKEY, "qkey"),
+    (IB_QP_AV, "ah_attr"),
+    (IB_QP_PATH_MTU, "path_mtu"),
+    (IB_QP_TIMEOUT, "timeout"),
+    (IB_QP_RETRY_CNT, "retry_cnt"),
+    (IB_QP_RNR_RETRY, "rnr_retry"),
+    (IB_QP_RQ_PSN, "rq_psn"),
+    (IB_QP_MAX_QP_RD_ATOMIC, "max_rd_atomic"),
+    (IB_QP_ALT_PATH, "alt_ah_attr"),
+    (IB_QP_MIN_RNR_TIMER, "min_rnr_timer"),
+    (IB_QP_SQ_PSN, "sq_psn"),
+    (IB_QP_MAX_DEST_RD_ATOMIC, "max_dest_rd_atomic"),
+    (IB_QP_PATH_MIG_STATE, "path_mig_state"),
+    (IB_QP_CAP, "cap"),
+    (IB_QP_DEST_QPN, "dest_qp_num"),
+    (IB_QP_RATE_LIMIT, "rate_limit"),
+];
+
+/// The name of the lowest attribute bit in `bits` (`"attr_mask"` for a bit that names none).
+fn attr_name(bits: u32) -> &'static str {
+    ATTR_NAMES
         .iter()
         .find(|(b, _)| bits & b != 0)
         .map_or("attr_mask", |(_, n)| n)
+}
+
+/// `from -> to` with attribute mask `mask` against the state machine.
+fn check_transition(t: QpType, from: QpState, to: QpState, mask: u32) -> Result<()> {
+    let (req, opt) = transition(t, from, to).ok_or(Error::QpTransition {
+        qp_type: t,
+        from,
+        to,
+    })?;
+    let named = |attr, required| Error::QpAttribute {
+        qp_type: t,
+        from,
+        to,
+        attr,
+        required,
+    };
+    if mask & req != req {
+        return Err(named(attr_name(req & !mask), true));
+    }
+    let extra = mask & !(req | opt | IB_QP_STATE);
+    if extra != 0 {
+        return Err(named(attr_name(extra), false));
+    }
+    // Allowed by the state machine but not expressible in `QpAttr` (the command would carry
+    // zeros): alternate paths, migration state, and a caller-asserted current state.
+    let inexpressible = mask & (IB_QP_ALT_PATH | IB_QP_PATH_MIG_STATE | IB_QP_CUR_STATE);
+    if inexpressible != 0 {
+        return Err(Error::Unsupported {
+            what: match attr_name(inexpressible) {
+                "cur_qp_state" => "IB_QP_CUR_STATE: the driver sends the state it tracks",
+                _ => "alternate paths (IB_QP_ALT_PATH, IB_QP_PATH_MIG_STATE)",
+            },
+        });
+    }
+    Ok(())
+}
+
+/// The values named in `mask` fit their IB encodings.
+fn check_values(a: &QpAttr, mask: u32) -> Result<()> {
+    if mask & IB_QP_PATH_MTU != 0 && a.path_mtu.is_none() {
+        return Err(Error::InvalidArgument {
+            attr: "path_mtu",
+            reason: "IB_QP_PATH_MTU is set but path_mtu is None",
+        });
+    }
+    let fields: [(u32, &'static str, u64, u64); 7] = [
+        (IB_QP_TIMEOUT, "timeout", a.timeout.into(), 31),
+        (IB_QP_RETRY_CNT, "retry_cnt", a.retry_cnt.into(), 7),
+        (IB_QP_RNR_RETRY, "rnr_retry", a.rnr_retry.into(), 7),
+        (
+            IB_QP_MIN_RNR_TIMER,
+            "min_rnr_timer",
+            a.min_rnr_timer.into(),
+            31,
+        ),
+        (
+            IB_QP_DEST_QPN,
+            "dest_qp_num",
+            a.dest_qp_num.into(),
+            0xFF_FFFF,
+        ),
+        (IB_QP_RQ_PSN, "rq_psn", a.rq_psn.into(), 0xFF_FFFF),
+        (IB_QP_SQ_PSN, "sq_psn", a.sq_psn.into(), 0xFF_FFFF),
+    ];
+    for (bit, attr, value, max) in fields {
+        if mask & bit != 0 {
+            Error::check_limit(attr, value, max, "of its IB encoding")?;
+        }
+    }
+    if mask & IB_QP_AV != 0 && a.ah_attr.sl > 15 {
+        return Err(Error::InvalidArgument {
+            attr: "ah_attr.sl",
+            reason: "service levels are 0..=15",
+        });
+    }
+    Ok(())
 }

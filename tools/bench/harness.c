@@ -45,6 +45,7 @@ static inline uint64_t ticks(void) { return 0; }
 
 #define CHAIN 32
 #define PAYLOAD 64
+#define PAYLOAD_SMALL 32
 #define SQ_WRS 128
 #define RQ_WRS 256
 #define CQ_SIZE 512
@@ -95,6 +96,8 @@ struct bench {
 	uint8_t buf[4096] __attribute__((aligned(64)));
 	struct ibv_sge sge;              /* 64 bytes at buf + 0 */
 	struct ibv_send_wr one_inline;   /* 64-byte inline SEND */
+	struct ibv_sge sge32;            /* the first 32 bytes of buf */
+	struct ibv_send_wr one_inline32; /* 32-byte inline SEND (one WQEBB) */
 	struct ibv_send_wr one_sge;      /* 64-byte SEND, one SGE */
 	struct ibv_send_wr chain[CHAIN]; /* 32 SENDs with one SGE each */
 	struct ibv_sge rsge;             /* 1024 bytes at buf + 2048: every receive */
@@ -120,6 +123,24 @@ __attribute__((noinline)) int bench_c_send_inline_wr(struct ibv_qp_ex *x, uint64
 	x->wr_flags = IBV_SEND_SIGNALED;
 	ibv_wr_send(x);
 	ibv_wr_set_inline_data(x, (void *)data, PAYLOAD);
+	return ibv_wr_complete(x);
+}
+
+__attribute__((noinline)) int bench_c_send_inline32_verbs(struct ibv_qp *qp,
+							   struct ibv_send_wr *wr)
+{
+	struct ibv_send_wr *bad;
+	return ibv_post_send(qp, wr, &bad);
+}
+
+__attribute__((noinline)) int bench_c_send_inline32_wr(struct ibv_qp_ex *x, uint64_t wr_id,
+							const void *data)
+{
+	ibv_wr_start(x);
+	x->wr_id = wr_id;
+	x->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_send(x);
+	ibv_wr_set_inline_data(x, (void *)data, PAYLOAD_SMALL);
 	return ibv_wr_complete(x);
 }
 
@@ -435,6 +456,7 @@ static void single_posts(struct bench *b, const char *op, int inline_data, unsig
 			 struct samples *s)
 {
 	unsigned api, i, j;
+	int small = inline_data == PAYLOAD_SMALL;
 
 	for (api = 0; api < 2; api++) {
 		for (i = 0; i < calls; i += ROUND) {
@@ -444,13 +466,19 @@ static void single_posts(struct bench *b, const char *op, int inline_data, unsig
 				uint64_t id = b->next_wr_id++;
 
 				if (api == 0) {
-					struct ibv_send_wr *wr = inline_data ? &b->one_inline : &b->one_sge;
+					struct ibv_send_wr *wr = small	     ? &b->one_inline32 :
+								 inline_data ? &b->one_inline :
+									       &b->one_sge;
 
 					wr->wr_id = id;
-					if (inline_data)
+					if (small)
+						check(bench_c_send_inline32_verbs(b->qp, wr), "ibv_post_send");
+					else if (inline_data)
 						check(bench_c_send_inline_verbs(b->qp, wr), "ibv_post_send");
 					else
 						check(bench_c_send_sge_verbs(b->qp, wr), "ibv_post_send");
+				} else if (small) {
+					check(bench_c_send_inline32_wr(b->qpx, id, b->buf), "ibv_wr_complete");
 				} else if (inline_data) {
 					check(bench_c_send_inline_wr(b->qpx, id, b->buf), "ibv_wr_complete");
 				} else {
@@ -728,6 +756,10 @@ static void setup(struct bench *b)
 	b->one_inline.opcode = IBV_WR_SEND;
 	b->one_inline.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
 	b->one_sge = b->one_inline;
+	b->sge32 = b->sge;
+	b->sge32.length = PAYLOAD_SMALL;
+	b->one_inline32 = b->one_inline;
+	b->one_inline32.sg_list = &b->sge32;
 	b->one_sge.send_flags = IBV_SEND_SIGNALED;
 	for (k = 0; k < CHAIN; k++) {
 		b->chain[k] = b->one_sge;
@@ -770,6 +802,7 @@ int main(int argc, char **argv)
 		quiet = !pass;
 		if (pass)
 			bench_zero_stats();
+		single_posts(&b, "send_inline32", PAYLOAD_SMALL, n, &s);
 		single_posts(&b, "send_inline64", 1, n, &s);
 		single_posts(&b, "send_sge64", 0, n, &s);
 		chains(&b, n, &s);

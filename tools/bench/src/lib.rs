@@ -12,13 +12,15 @@
 //! (calls per operation under callgrind, default 1000).
 //!
 //! # What is measured
-//! One RC QP connected to itself on one emulated HCA, 64-byte payloads, every WR signaled:
+//! One RC QP connected to itself on one emulated HCA, 64-byte payloads (32 for
+//! `send_inline32`), every WR signaled:
 //!
 //! | operation | ours, `verbs` API | ours, `lowlevel` API | libmlx5, `verbs` | libmlx5, `lowlevel` |
 //! |---|---|---|---|---|
-//! | `send_inline64`: one inline SEND, BlueFlame | `Qp::post_send` | `SendQueue::start`, `inline`, `finish`, `ring` | `ibv_post_send` | `ibv_wr_start`, `ibv_wr_send`, `ibv_wr_set_inline_data`, `ibv_wr_complete` |
-//! | `send_sge64`: one SEND with one SGE, 8-byte doorbell | `Qp::post_send` | `start`, `sge`, `finish`, `ring` | `ibv_post_send` | `ibv_wr_*` with `ibv_wr_set_sge` |
-//! | `chain32`: 32 SGE SENDs, one doorbell (cost per WR) | `Qp::post_send` of 32 | 32 × (`start`..`finish`), `ring` | `ibv_post_send` of a 32-WR chain | `ibv_wr_start`, 32 × (`ibv_wr_send`, `ibv_wr_set_sge`), `ibv_wr_complete` |
+//! | `send_inline32`: one inline 32-byte SEND (one WQEBB), BlueFlame | `Qp::post_send` | `SendQueue::send`, `inline`, `finish`, `ring` | `ibv_post_send` | `ibv_wr_start`, `ibv_wr_send`, `ibv_wr_set_inline_data`, `ibv_wr_complete` |
+//! | `send_inline64`: one inline SEND (two WQEBBs), BlueFlame | `Qp::post_send` | `SendQueue::send`, `inline`, `finish`, `ring` | `ibv_post_send` | `ibv_wr_start`, `ibv_wr_send`, `ibv_wr_set_inline_data`, `ibv_wr_complete` |
+//! | `send_sge64`: one SEND with one SGE, 8-byte doorbell | `Qp::post_send` | `send`, `sge`, `finish`, `ring` | `ibv_post_send` | `ibv_wr_*` with `ibv_wr_set_sge` |
+//! | `chain32`: 32 SGE SENDs, one doorbell (cost per WR) | `Qp::post_send` of 32 | 32 × (`send`..`finish`), `ring` | `ibv_post_send` of a 32-WR chain | `ibv_wr_start`, 32 × (`ibv_wr_send`, `ibv_wr_set_sge`), `ibv_wr_complete` |
 //! | `poll_cqe`: one CQE from a CQ holding 64 | `Cq::poll` (1 entry) | `RawCq::next`, `SendQueue::retire`, `RawCq::publish_ci` | `ibv_poll_cq` (1 entry) | `ibv_start_poll`, read `wr_id`/`status`, `ibv_end_poll` |
 //! | `recv1`: one receive, one SGE | `Qp::post_recv` | `RecvQueue::push`, `publish` | `ibv_post_recv` | `ibv_post_recv` (libmlx5 has no other receive API) |
 //! | `recv_chain32`: 32 receives, one doorbell-record update (cost per WR) | `Qp::post_recv` of 32 | 32 × `push`, `publish` | `ibv_post_recv` of a 32-WR chain | the same |
@@ -55,7 +57,10 @@
 //! columns move with machine load; the instruction columns do not.
 //!
 //! The ratio column is ours / libmlx5: below 1 means the `mlx5` crate executes fewer
-//! instructions (or takes less time) for that operation.
+//! instructions (or takes less time) for that operation. libmlx5 is measured twice under
+//! callgrind: as configured by default, and with `MLX5_SINGLE_THREADED=1` (no QP/CQ locks, its
+//! best configuration: the `libmlx5 ST` and `ratio ST` columns). The TSC-cycle columns are the
+//! timed figures in TSC ticks (x86_64 only).
 //!
 //! # Requirements
 //! `valgrind` (or `$MLX5_BENCH_VALGRIND`; without it only the timer figures are printed, with

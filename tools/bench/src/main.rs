@@ -199,24 +199,36 @@ fn run(o: &Opts) -> (Vec<Row>, Option<String>, Vec<String>, bool) {
             }
         }
         if let Ok((exe, so)) = &c {
-            let out = scratch.0.join("libmlx5.callgrind");
-            let syms: Vec<String> = OPS.iter().map(|s| s.theirs_symbol()).collect();
-            let mut prefix = vec![callgrind::valgrind_program()];
-            prefix.extend(callgrind::valgrind_args(&syms, &out));
-            let r = harness::run(
-                harness::command(exe, so, o.cg_calls, &prefix),
-                "the C harness under callgrind",
-            )
-            .and_then(|stdout| per_wr_instr(&stdout, &out, |s| s.theirs_symbol()));
-            match r {
-                Ok(v) => {
-                    for (row, x) in rows.iter_mut().zip(v) {
-                        row.theirs_instr = x;
-                    }
+            // libmlx5 as configured by default, then single-threaded (no locks).
+            for single_threaded in [false, true] {
+                let out = scratch.0.join(if single_threaded {
+                    "libmlx5-st.callgrind"
+                } else {
+                    "libmlx5.callgrind"
+                });
+                let syms: Vec<String> = OPS.iter().map(|s| s.theirs_symbol()).collect();
+                let mut prefix = vec![callgrind::valgrind_program()];
+                prefix.extend(callgrind::valgrind_args(&syms, &out));
+                let mut cmd = harness::command(exe, so, o.cg_calls, &prefix);
+                if single_threaded {
+                    cmd.env("MLX5_SINGLE_THREADED", "1");
                 }
-                Err(e) => {
-                    ok = false;
-                    notes.push(e);
+                let r = harness::run(cmd, "the C harness under callgrind")
+                    .and_then(|stdout| per_wr_instr(&stdout, &out, |s| s.theirs_symbol()));
+                match r {
+                    Ok(v) => {
+                        for (row, x) in rows.iter_mut().zip(v) {
+                            if single_threaded {
+                                row.theirs_st_instr = x;
+                            } else {
+                                row.theirs_instr = x;
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        ok = false;
+                        notes.push(e);
+                    }
                 }
             }
         }

@@ -32,6 +32,7 @@ impl OpSpec {
     fn op_c(&self) -> &'static str {
         match self.op {
             "send_inline64" => "send_inline",
+            "send_inline32" => "send_inline32",
             "send_sge64" => "send_sge",
             "chain32" => "chain",
             "recv1" => "recv",
@@ -51,8 +52,28 @@ pub const CHAIN: usize = 32;
 /// Payload bytes of every SEND.
 pub const PAYLOAD: usize = 64;
 
+/// Payload bytes of the one-WQEBB inline SEND (`send_inline32`: ctrl + 4-byte header + 32
+/// bytes = 3 units, one WQEBB).
+pub const PAYLOAD_SMALL: usize = 32;
+
 /// Every row of the table, in order.
-pub const OPS: [OpSpec; 14] = [
+pub const OPS: [OpSpec; 16] = [
+    OpSpec {
+        op: "send_inline32",
+        api: "verbs",
+        per_call: 1,
+        label: "post 1 inline 32 B SEND (1 WQEBB, BF)",
+        ours: "Qp::post_send",
+        theirs: "ibv_post_send",
+    },
+    OpSpec {
+        op: "send_inline32",
+        api: "lowlevel",
+        per_call: 1,
+        label: "post 1 inline 32 B SEND (1 WQEBB, BF)",
+        ours: "send/inline/finish/ring",
+        theirs: "ibv_wr_*",
+    },
     OpSpec {
         op: "send_inline64",
         api: "verbs",
@@ -66,7 +87,7 @@ pub const OPS: [OpSpec; 14] = [
         api: "lowlevel",
         per_call: 1,
         label: "post 1 inline 64 B SEND (BlueFlame)",
-        ours: "start/inline/finish/ring",
+        ours: "send/inline/finish/ring",
         theirs: "ibv_wr_*",
     },
     OpSpec {
@@ -82,7 +103,7 @@ pub const OPS: [OpSpec; 14] = [
         api: "lowlevel",
         per_call: 1,
         label: "post 1 SEND, 1 SGE (8 B doorbell)",
-        ours: "start/sge/finish/ring",
+        ours: "send/sge/finish/ring",
         theirs: "ibv_wr_*",
     },
     OpSpec {
@@ -98,7 +119,7 @@ pub const OPS: [OpSpec; 14] = [
         api: "lowlevel",
         per_call: CHAIN as u32,
         label: "post chain of 32 SENDs (per WR)",
-        ours: "start/sge/finish x32, ring",
+        ours: "send/sge/finish x32, ring",
         theirs: "ibv_wr_*",
     },
     OpSpec {

@@ -9,7 +9,7 @@
 use std::hint::black_box;
 use std::sync::Arc;
 
-use mlx5::hw::opcodes::{CqeOpcode, SendOpcode};
+use mlx5::hw::opcodes::CqeOpcode;
 use mlx5::{
     Access, BfPolicy, Context, Cq, CqInit, DmaBuf, Mr, Pd, PostError, Qp, QpCap, QpInitAttr,
     QpType, RawCq, RecvQueue, RecvWr, RemoteQp, SendFlags, SendQueue, SendWr, Sge, WcOpcode,
@@ -17,7 +17,7 @@ use mlx5::{
 };
 use mlx5_emu::{EmuConfig, Emulator, RunMode};
 
-use crate::ops::{CHAIN, PAYLOAD};
+use crate::ops::{CHAIN, PAYLOAD, PAYLOAD_SMALL};
 use crate::timing::Samples;
 
 const SQ_WRS: u32 = 128;
@@ -43,6 +43,29 @@ pub fn bench_zero_stats() {
     black_box(0x5a5a_0001_u32);
 }
 
+/// One inline 32-byte SEND (one WQEBB) through the verbs-shaped API.
+#[inline(never)]
+pub fn bench_rs_send_inline32_verbs(
+    qp: &mut Qp,
+    wr: &[SendWr<'_>],
+) -> Result<(), (usize, PostError)> {
+    black_box(4u8);
+    qp.post_send(wr)
+}
+
+/// One inline 32-byte SEND (one WQEBB) through the low-level API.
+#[inline(never)]
+pub fn bench_rs_send_inline32_lowlevel(
+    sq: &mut SendQueue,
+    wr_id: u64,
+    data: &[u8],
+) -> Result<(), PostError> {
+    black_box(5u8);
+    sq.send(SendFlags::SIGNALED)?.inline(data)?.finish(wr_id);
+    sq.ring();
+    Ok(())
+}
+
 /// One inline 64-byte SEND through the verbs-shaped API.
 #[inline(never)]
 pub fn bench_rs_send_inline64_verbs(
@@ -60,9 +83,7 @@ pub fn bench_rs_send_inline64_lowlevel(
     wr_id: u64,
     data: &[u8],
 ) -> Result<(), PostError> {
-    let mut w = sq.start(SendOpcode::SEND, SendFlags::SIGNALED, [0; 4])?;
-    w.inline(data)?;
-    w.finish(wr_id);
+    sq.send(SendFlags::SIGNALED)?.inline(data)?.finish(wr_id);
     sq.ring();
     Ok(())
 }
@@ -81,9 +102,7 @@ pub fn bench_rs_send_sge64_lowlevel(
     wr_id: u64,
     sge: &Sge,
 ) -> Result<(), PostError> {
-    let mut w = sq.start(SendOpcode::SEND, SendFlags::SIGNALED, [0; 4])?;
-    w.sge(sge)?;
-    w.finish(wr_id);
+    sq.send(SendFlags::SIGNALED)?.sge(sge)?.finish(wr_id);
     sq.ring();
     Ok(())
 }
@@ -103,9 +122,7 @@ pub fn bench_rs_chain32_lowlevel(
     sge: &Sge,
 ) -> Result<(), PostError> {
     for i in 0..CHAIN as u64 {
-        let mut w = sq.start(SendOpcode::SEND, SendFlags::SIGNALED, [0; 4])?;
-        w.sge(sge)?;
-        w.finish(wr_id + i);
+        sq.send(SendFlags::SIGNALED)?.sge(sge)?.finish(wr_id + i);
     }
     sq.ring();
     Ok(())
@@ -514,8 +531,14 @@ impl Rig {
         s: &mut Samples,
         out: &mut Vec<String>,
     ) -> Result<(), BoxErr> {
-        let payload = [0x5au8; PAYLOAD];
-        let parts: [&[u8]; 1] = [&payload];
+        let small = op == "send_inline32";
+        let full = [0x5au8; PAYLOAD];
+        let payload = if small {
+            &full[..PAYLOAD_SMALL]
+        } else {
+            &full[..]
+        };
+        let parts: [&[u8]; 1] = [payload];
         let sge = [self.sge()];
         for api in ["verbs", "lowlevel"] {
             for _ in 0..calls.div_ceil(ROUND) {
@@ -527,14 +550,22 @@ impl Rig {
                         match (api, inline) {
                             ("verbs", true) => {
                                 let wr = [SendWr::send_inline(id, &parts, SendFlags::SIGNALED)];
-                                bench_rs_send_inline64_verbs(qp, black_box(&wr)).map_err(|e| e.1)
+                                if small {
+                                    bench_rs_send_inline32_verbs(qp, black_box(&wr))
+                                } else {
+                                    bench_rs_send_inline64_verbs(qp, black_box(&wr))
+                                }
+                                .map_err(|e| e.1)
                             }
                             ("verbs", false) => {
                                 let wr = [SendWr::send(id, &sge, SendFlags::SIGNALED)];
                                 bench_rs_send_sge64_verbs(qp, black_box(&wr)).map_err(|e| e.1)
                             }
+                            (_, true) if small => {
+                                bench_rs_send_inline32_lowlevel(qp.sq(), id, black_box(payload))
+                            }
                             (_, true) => {
-                                bench_rs_send_inline64_lowlevel(qp.sq(), id, black_box(&payload))
+                                bench_rs_send_inline64_lowlevel(qp.sq(), id, black_box(payload))
                             }
                             (_, false) => {
                                 bench_rs_send_sge64_lowlevel(qp.sq(), id, black_box(&sge[0]))
@@ -666,6 +697,7 @@ pub fn run(calls: usize) -> Result<Vec<String>, BoxErr> {
             bench_zero_stats();
             (calls, &mut out)
         };
+        rig.single_posts("send_inline32", true, n, &mut s, sink)?;
         rig.single_posts("send_inline64", true, n, &mut s, sink)?;
         rig.single_posts("send_sge64", false, n, &mut s, sink)?;
         rig.chains(n, &mut s, sink)?;

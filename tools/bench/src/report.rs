@@ -13,6 +13,9 @@ pub struct Row {
     pub ours_instr: Option<f64>,
     /// libmlx5's instructions per WR (callgrind).
     pub theirs_instr: Option<f64>,
+    /// libmlx5's instructions per WR with `MLX5_SINGLE_THREADED=1` (no locks: its best
+    /// configuration).
+    pub theirs_st_instr: Option<f64>,
     /// Our timer figures per WR.
     pub ours_time: Option<TimeResult>,
     /// libmlx5's timer figures per WR.
@@ -27,6 +30,7 @@ impl Row {
                 spec,
                 ours_instr: None,
                 theirs_instr: None,
+                theirs_st_instr: None,
                 ours_time: None,
                 theirs_time: None,
             })
@@ -56,11 +60,13 @@ pub fn table(rows: &[Row], notes: &[String]) -> String {
         "ours (instr)",
         "libmlx5 (instr)",
         "ratio",
+        "libmlx5 ST (instr)",
+        "ratio ST",
         "ours (ns)",
         "libmlx5 (ns)",
         "ratio (ns)",
-        "ours (ticks)",
-        "libmlx5 (ticks)",
+        "ours (TSC cycles)",
+        "libmlx5 (TSC cycles)",
     ];
     let mut lines: Vec<Vec<String>> = vec![head.iter().map(|s| s.to_string()).collect()];
     for r in rows {
@@ -73,6 +79,8 @@ pub fn table(rows: &[Row], notes: &[String]) -> String {
             cell(r.ours_instr, 1),
             cell(r.theirs_instr, 1),
             cell(ratio(r.ours_instr, r.theirs_instr), 2),
+            cell(r.theirs_st_instr, 1),
+            cell(ratio(r.ours_instr, r.theirs_st_instr), 2),
             cell(ons, 1),
             cell(tns, 1),
             cell(ratio(ons, tns), 2),
@@ -103,9 +111,11 @@ pub fn table(rows: &[Row], notes: &[String]) -> String {
         }
     }
     out.push_str(
-        "instr: instructions per WR/CQE (callgrind, wrapper inclusive, repeatable). ns/ticks: \
-         per WR/CQE, median over timed batches (single posts: 32 calls, polls: 64, chains: 1 \
-         call), timer overhead subtracted: NOISY. ratio = ours / libmlx5 (< 1: ours cheaper).\n",
+        "instr: instructions per WR/CQE (callgrind, wrapper inclusive, repeatable). ns/TSC \
+         cycles: per WR/CQE, median over timed batches (single posts: 32 calls, polls: 64, \
+         chains: 1 call), timer overhead subtracted: NOISY. ratio = ours / libmlx5 (< 1: ours \
+         cheaper). ST: libmlx5 with MLX5_SINGLE_THREADED=1 (no locks, its best \
+         configuration).\n",
     );
     for n in notes {
         let _ = writeln!(out, "note: {n}");
@@ -156,6 +166,7 @@ pub fn json(rows: &[Row], valgrind: Option<&str>, notes: &[String]) -> String {
             out,
             "    {{\"op\": {}, \"api\": {}, \"label\": {}, \"ours_api\": {}, \"libmlx5_api\": {}, \
              \"wrs_per_call\": {}, \"ours_instr\": {}, \"libmlx5_instr\": {}, \"instr_ratio\": {}, \
+             \"libmlx5_st_instr\": {}, \"instr_ratio_st\": {}, \
              \"ours_ns\": {}, \"libmlx5_ns\": {}, \"ns_ratio\": {}, \"ours_ticks\": {}, \
              \"libmlx5_ticks\": {}, \"ours_timed_calls\": {}, \"libmlx5_timed_calls\": {}}}",
             json_str(r.spec.op),
@@ -167,6 +178,8 @@ pub fn json(rows: &[Row], valgrind: Option<&str>, notes: &[String]) -> String {
             json_num(r.ours_instr),
             json_num(r.theirs_instr),
             json_num(ratio(r.ours_instr, r.theirs_instr)),
+            json_num(r.theirs_st_instr),
+            json_num(ratio(r.ours_instr, r.theirs_st_instr)),
             json_num(ons),
             json_num(tns),
             json_num(ratio(ons, tns)),
@@ -189,6 +202,7 @@ mod tests {
         let mut rows = Row::all();
         rows[0].ours_instr = Some(50.0);
         rows[0].theirs_instr = Some(100.0);
+        rows[0].theirs_st_instr = Some(80.0);
         rows[0].ours_time = Some(TimeResult {
             calls: 3,
             per_call: 1,
@@ -205,6 +219,10 @@ mod tests {
             assert!(t.contains(spec.label), "{t}");
         }
         assert!(t.contains(" 0.50 "), "{t}");
+        assert!(
+            t.contains(" 0.62 "),
+            "ratio to the single-threaded libmlx5: {t}"
+        );
         assert!(t.contains("note: n1"), "{t}");
         // Header + rule + one line per row, all the same width.
         let lines: Vec<&str> = t.lines().filter(|l| l.starts_with('|')).collect();
@@ -216,6 +234,7 @@ mod tests {
     fn json_has_nulls_for_missing_figures() {
         let j = json(&filled(), Some("valgrind-3.19.0"), &["a \"q\"".to_string()]);
         assert!(j.contains("\"instr_ratio\": 0.500"), "{j}");
+        assert!(j.contains("\"instr_ratio_st\": 0.625"), "{j}");
         assert!(j.contains("\"libmlx5_ns\": null"), "{j}");
         assert!(j.contains("\"a \\\"q\\\"\""), "{j}");
         assert_eq!(j.matches("\"op\":").count(), OPS.len());

@@ -55,6 +55,8 @@ fn quick_run_prints_every_row_with_positive_numbers() {
         "ours instr",
         "libmlx5 instr",
         "instr ratio",
+        "libmlx5 ST instr",
+        "instr ratio ST",
         "ours ns",
         "libmlx5 ns",
         "ns ratio",
@@ -66,8 +68,8 @@ fn quick_run_prints_every_row_with_positive_numbers() {
         assert_eq!(cells.len(), columns.len(), "{cells:?}");
         for (i, (cell, col)) in cells.iter().zip(columns).enumerate() {
             let what = format!("{} {} {col}", spec.op, spec.api);
-            let instr = i < 3;
-            let ticks = i >= 6;
+            let instr = i < 5;
+            let ticks = i >= 8;
             if (instr && vg.is_none()) || (ticks && !cfg!(target_arch = "x86_64")) {
                 assert_eq!(cell, "n/a", "{what}");
             } else {
@@ -90,9 +92,10 @@ fn quick_run_prints_every_row_with_positive_numbers() {
             .and_then(|v| v.parse().ok())
             .unwrap_or_else(|| panic!("no {k} in {note}"))
     };
+    // Two inline rows (32 and 64 bytes), two APIs each.
     assert_eq!(
         field("bf_copies="),
-        2 * (ours::WARMUP + QUICK_CALLS) as u64,
+        4 * (ours::WARMUP + QUICK_CALLS) as u64,
         "{note}"
     );
     assert!(field("doorbells=") > 0, "{note}");
@@ -116,12 +119,13 @@ fn libmlx5_side_uses_blueflame_for_inline_wqes_only() {
     assert!(stdout.contains("result poll_cqe lowlevel"), "{stdout}");
     let records = WqeRecord::parse_log(&std::fs::read_to_string(&log).unwrap()).unwrap();
     let _ = std::fs::remove_dir_all(&dir);
-    // 64 B inline SEND: ctrl 16 + inline header 4 + 64 bytes -> 6 DS (96 bytes);
-    // one-SGE SEND: ctrl + data segment, 2 DS (32 bytes).
-    let inline = records.iter().filter(|r| r.bytes.len() == 96).count();
+    // 64 B inline SEND: ctrl 16 + inline header 4 + 64 bytes -> 6 DS (96 bytes); 32 B: 4 DS
+    // (64 bytes, one WQEBB); one-SGE SEND: ctrl + data segment, 2 DS (32 bytes).
+    let is_inline = |r: &WqeRecord| r.bytes.len() == 96 || r.bytes.len() == 64;
+    let inline = records.iter().filter(|r| is_inline(r)).count();
     assert_eq!(
         inline,
-        2 * (ours::WARMUP + QUICK_CALLS),
+        4 * (ours::WARMUP + QUICK_CALLS),
         "inline WQEs fetched"
     );
     let bf: Vec<&WqeRecord> = records
@@ -130,7 +134,7 @@ fn libmlx5_side_uses_blueflame_for_inline_wqes_only() {
         .collect();
     assert!(!bf.is_empty(), "no BlueFlame doorbell at all");
     assert!(
-        bf.iter().all(|r| r.bytes.len() == 96),
+        bf.iter().all(|r| is_inline(r)),
         "a non-inline WQE came by BlueFlame"
     );
 }

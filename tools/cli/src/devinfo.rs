@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use mlx5::qp::sq::sq_geometry;
+use mlx5::qp::sq_geometry;
 use mlx5::{Context, QpType};
 use mlx5_emu::{EmuConfig, Emulator};
 

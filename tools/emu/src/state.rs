@@ -6,43 +6,9 @@ use crate::fds::EventChannel;
 use crate::uar::UarRegion;
 use crate::{Counters, EmuConfig, HcaInfo};
 
-/// IB QP states (`enum ib_qp_state`).
-pub(crate) mod qps {
-    pub(crate) const RESET: u8 = 0;
-    pub(crate) const INIT: u8 = 1;
-    pub(crate) const RTR: u8 = 2;
-    pub(crate) const RTS: u8 = 3;
-    pub(crate) const SQD: u8 = 4;
-    pub(crate) const SQE: u8 = 5;
-    pub(crate) const ERR: u8 = 6;
-}
-
-/// QP transport types (`enum ib_uverbs_qp_type`).
-pub(crate) mod qpt {
-    pub(crate) const RC: u8 = 2;
-    pub(crate) const UC: u8 = 3;
-    pub(crate) const UD: u8 = 4;
-}
-
-/// Memory access flags (`enum ib_access_flags`).
-pub(crate) mod access {
-    pub(crate) const LOCAL_WRITE: u32 = 1;
-    pub(crate) const REMOTE_WRITE: u32 = 2;
-    pub(crate) const REMOTE_READ: u32 = 4;
-    pub(crate) const REMOTE_ATOMIC: u32 = 8;
-    pub(crate) const MW_BIND: u32 = 16;
-    pub(crate) const ZERO_BASED: u32 = 32;
-    pub(crate) const RELAXED_ORDERING: u32 = 1 << 20;
-}
-
-/// Async event types (`enum ibv_event_type`).
-pub(crate) mod ev {
-    pub(crate) const CQ_ERR: u32 = 0;
-    pub(crate) const QP_FATAL: u32 = 1;
-    pub(crate) const QP_REQ_ERR: u32 = 2;
-    pub(crate) const QP_ACCESS_ERR: u32 = 3;
-    pub(crate) const SQ_DRAINED: u32 = 7;
-}
+// The ABI constants the device and the kernel use: the header-checked modules of `mlx5-ffi`
+// (under the short names the device code has always used).
+pub(crate) use mlx5_ffi::uverbs::{access, event as ev, qp_state as qps, qp_type as qpt};
 
 /// What a context handle names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

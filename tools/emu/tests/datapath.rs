@@ -445,8 +445,8 @@ fn sq_drain_stops_new_work_and_reports_sq_drained() {
     assert_eq!(n, 16);
     assert_eq!(
         u32::from_ne_bytes(rec[8..12].try_into().unwrap()),
-        7,
-        "IBV_EVENT_SQ_DRAINED"
+        mlx5_ffi::uverbs::IB_EVENT_SQ_DRAINED,
+        "IBV_EVENT_SQ_DRAINED (5, not PATH_MIG_ERR's 7)"
     );
     assert!(p.cqa.poll().is_none(), "no new WQE starts in SQD");
     let mut m = modify_base(&p.qa);

@@ -272,8 +272,14 @@ fn objects_created_over_ioctl_carry_traffic() {
     let mut b = IoctlBuilder::new(0x1000, 0x1000).build().unwrap();
     assert_eq!(
         ctx.dev.cmd_ioctl(&mut b),
+        Err(Errno(libc::EINVAL)),
+        "DEVX_OTHER without its mandatory CMD_IN (tests/unsupported.rs has the DEVX answers)"
+    );
+    let mut b = IoctlBuilder::new(0x1000, 0x1007).build().unwrap();
+    assert_eq!(
+        ctx.dev.cmd_ioctl(&mut b),
         Err(Errno(libc::EPROTONOSUPPORT)),
-        "DEVX is not offered"
+        "a method that does not exist"
     );
 }
 

@@ -1,7 +1,9 @@
 //! Two real processes, each with its own emulator on the UDP fabric (RoCEv2 on loopback),
 //! both injecting faults from a seed (5 % drop, 1 % duplication, 1 % reordering): 100,000
-//! RC SENDs from one process arrive at the other in order and exactly once, and the
-//! counters show how the transport recovered (timeouts, NAK sequence errors, duplicates).
+//! RC WRs from one process -- SENDs, with an RDMA READ and a FETCH_ADD in every 16 -- are
+//! executed at the other in order and exactly once (every READ returns the peer's bytes,
+//! every fetch-add the count of those before it), and the counters show how the transport
+//! recovered (timeouts, NAK sequence errors, duplicates).
 //!
 //! The test binary runs itself a second time as the receiving child (the same test,
 //! selected by an environment variable); the two exchange LID and QPN over the child's
@@ -26,7 +28,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use mlx5_emu::{Counters, EmuConfig, Emulator, Fabric, FaultConfig, RunMode, roce_icrc};
 use mlx5_hw::opcodes::SendOpcode;
-use mlx5_hw::wqe::{FM_CE_SE_CQ_UPDATE, InlineHdr};
+use mlx5_hw::wqe::{AtomicSeg, DataSeg, FM_CE_SE_CQ_UPDATE, InlineHdr, RaddrSeg};
 use zerocopy::IntoBytes;
 
 /// Messages sent.
@@ -48,6 +50,43 @@ const RQ: u32 = 512;
 const LIMIT: Duration = Duration::from_secs(150);
 /// Relay: probability (ppm) that a datagram is held back behind the next one.
 const RELAY_REORDER_PPM: u64 = 10_000;
+/// Of every 16 WRs, the one at this position is an RDMA READ of 8 bytes, and the one at
+/// `FA_AT` a FETCH_ADD of 1; the others are SENDs.
+const READ_AT: u64 = 5;
+const FA_AT: u64 = 11;
+/// The child's READ source (pattern) and the fetch-add word after it.
+const REMOTE: usize = 4096;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Wr {
+    Send,
+    Read,
+    FetchAdd,
+}
+
+fn kind(seq: u64) -> Wr {
+    match seq % 16 {
+        READ_AT => Wr::Read,
+        FA_AT => Wr::FetchAdd,
+        _ => Wr::Send,
+    }
+}
+
+/// WRs of kind `k` among WRs 0..n.
+fn count_below(n: u64, k: Wr) -> u64 {
+    (0..n).filter(|&s| kind(s) == k).count() as u64
+}
+
+/// SENDs among WRs 0..n.
+fn sends_below(n: u64) -> u64 {
+    count_below(n, Wr::Send)
+}
+
+/// The byte at offset `i` of the child's READ source.
+fn remote_byte(i: usize) -> u8 {
+    (i as u8).wrapping_mul(7).wrapping_add(3)
+}
+
 /// Child pid, for the parent's watchdog to kill it.
 static CHILD_PID: AtomicU32 = AtomicU32::new(0);
 
@@ -211,8 +250,14 @@ fn child() {
     let (_, lkey, _) = ctx
         .reg_mr(pd, buf.addr(), buf.len as u64, ALL_ACCESS)
         .expect("MR");
+    let remote = Buf::new(REMOTE + 64);
+    remote.write(0, &(0..REMOTE).map(remote_byte).collect::<Vec<u8>>());
+    remote.write(REMOTE, &0u64.to_ne_bytes());
+    let (_, _, rkey) = ctx
+        .reg_mr(pd, remote.addr(), remote.len as u64, ALL_ACCESS)
+        .expect("remote MR");
     let mut out = std::io::stdout().lock();
-    writeln!(out, "{TAG} {lid} {}", qp.qpn).expect("stdout");
+    writeln!(out, "{TAG} {lid} {} {} {rkey}", qp.qpn, remote.addr()).expect("stdout");
     out.flush().expect("stdout");
     let mut line = String::new();
     std::io::stdin().read_line(&mut line).expect("stdin");
@@ -240,6 +285,8 @@ fn child() {
     });
     let t0 = Instant::now();
     let mut got = 0u64;
+    let mut next_seq = 0u64;
+    let sends = sends_below(N);
     let mut extra = 0u64;
     let mut reported = false;
     while !closed.load(Ordering::SeqCst) {
@@ -257,20 +304,24 @@ fn child() {
                     .try_into()
                     .expect("8 bytes"),
             );
-            if got >= N {
+            if got >= sends {
                 extra += 1;
                 continue;
             }
+            while kind(next_seq) != Wr::Send {
+                next_seq += 1;
+            }
             assert_eq!(
                 (seq, c.wqe_counter),
-                (got, got as u16),
+                (next_seq, got as u16),
                 "child: in order, no gap, no duplicate"
             );
             got += 1;
+            next_seq += 1;
             qp.post_recv(&[(slot(posted), 16, lkey)]);
             posted += 1;
         }
-        if got == N && !reported {
+        if got == sends && !reported {
             reported = true;
             let c = emu.counters(0);
             writeln!(
@@ -286,14 +337,19 @@ fn child() {
             out.flush().expect("stdout");
         }
         assert!(
-            got == N || t0.elapsed() < LIMIT,
-            "child: only {got} of {N} messages"
+            got == sends || t0.elapsed() < LIMIT,
+            "child: only {got} of {sends} messages"
         );
         if n == 0 {
             std::thread::yield_now();
         }
     }
-    assert_eq!(got, N, "child: every message arrived");
+    assert_eq!(got, sends, "child: every message arrived");
+    assert_eq!(
+        remote.read(REMOTE, 8),
+        count_below(N, Wr::FetchAdd).to_ne_bytes(),
+        "child: every fetch-add applied once"
+    );
     assert_eq!(
         extra, 0,
         "child: nothing arrived twice after the last message"
@@ -335,6 +391,32 @@ fn post_seq(qp: &mut Qp, seq: u64, signaled: bool) -> u16 {
     qp.build_send(SendOpcode::SEND, 0, ce, [0; 4], &seg)
 }
 
+/// Where READ `seq` reads in the child's READ source.
+fn read_offset(seq: u64) -> usize {
+    (seq as usize * 8) % (REMOTE - 8)
+}
+
+/// A signaled 8-byte READ (from the child's READ source) or FETCH_ADD (of 1 on the child's
+/// word) into local `at`/`lkey`. Returns the WQE index.
+fn post_remote(qp: &mut Qp, k: Wr, seq: u64, raddr: u64, rkey: u32, at: u64, lkey: u32) -> u16 {
+    let data = DataSeg::new(8, lkey, at);
+    let (op, segs) = if k == Wr::Read {
+        let r = RaddrSeg::new(raddr + read_offset(seq) as u64, rkey);
+        (
+            SendOpcode::RDMA_READ,
+            [r.as_bytes(), data.as_bytes()].concat(),
+        )
+    } else {
+        let r = RaddrSeg::new(raddr + REMOTE as u64, rkey);
+        let a = AtomicSeg::new(1, 0);
+        (
+            SendOpcode::ATOMIC_FA,
+            [r.as_bytes(), a.as_bytes(), data.as_bytes()].concat(),
+        )
+    };
+    qp.build_send(op, 0, FM_CE_SE_CQ_UPDATE, [0; 4], &segs)
+}
+
 fn summary(name: &str, c: &Counters) -> String {
     format!(
         "{name}: sent {} dropped {} local_ack_timeout_err {} packet_seq_err {} \
@@ -367,7 +449,7 @@ fn rc_over_lossy_udp_between_two_processes_in_order_exactly_once() {
     let mut kid_out = BufReader::new(kid.0.stdout.take().expect("piped"));
     let mut kid_in = kid.0.stdin.take().expect("piped");
     let peer = tagged(&mut kid_out);
-    let (clid, cqpn) = (peer[0] as u16, peer[1] as u32);
+    let (clid, cqpn, raddr, rkey) = (peer[0] as u16, peer[1] as u32, peer[2], peer[3] as u32);
 
     let emu = emulator(RunMode::Threaded, 11);
     let lid = emu.hca_info(0).expect("hca 0").lid;
@@ -377,6 +459,13 @@ fn rc_over_lossy_udp_between_two_processes_in_order_exactly_once() {
     let mut cq = ctx.create_cq(64, 64, -1);
     let mut qp = ctx.create_qp(pd, &cq, &cq, RC, SQ, 16, None);
     assert_ne!(qp.qpn, cqpn, "QPNs differ between the nodes");
+    // READ targets and fetch-add results: 8 bytes per WR, by sequence number.
+    let local = Buf::new(8 * 2 * SQ_DEPTH as usize);
+    let (_, lkey, _) = ctx
+        .reg_mr(pd, local.addr(), local.len as u64, ALL_ACCESS)
+        .expect("local MR");
+    let slot = |seq: u64| (seq % (2 * SQ_DEPTH)) as usize * 8;
+    let (mut reads, mut fetch_adds) = (0u64, 0u64);
     let relay = Relay::start(lid, clid, 5);
     bring_up(&ctx, &qp, relay.near, cqpn, knobs());
     writeln!(kid_in, "{TAG} {} {}", relay.far, qp.qpn).expect("child stdin");
@@ -390,8 +479,16 @@ fn rc_over_lossy_udp_between_two_processes_in_order_exactly_once() {
     while done < N {
         let mut last = None;
         while sent < N && sent - done < SQ_DEPTH {
-            let sig = (sent + 1) % SIGNAL == 0 || sent + 1 == N;
-            last = Some(post_seq(&mut qp, sent, sig));
+            let k = kind(sent);
+            let sig = k != Wr::Send || (sent + 1) % SIGNAL == 0 || sent + 1 == N;
+            last = Some(match k {
+                Wr::Send => post_seq(&mut qp, sent, sig),
+                _ => {
+                    let at = local.addr() + slot(sent) as u64;
+                    local.write(slot(sent), &[0xEE; 8]);
+                    post_remote(&mut qp, k, sent, raddr, rkey, at, lkey)
+                }
+            });
             if sig {
                 signaled.push_back(sent);
             }
@@ -412,6 +509,24 @@ fn rc_over_lossy_udp_between_two_processes_in_order_exactly_once() {
                 "sender: completion of message {want}: {c:?} {}",
                 summary("sender", &emu.counters(0))
             );
+            let got = local.read(slot(want), 8);
+            match kind(want) {
+                Wr::Read => {
+                    let off = read_offset(want);
+                    let exp: Vec<u8> = (off..off + 8).map(remote_byte).collect();
+                    assert_eq!(got, exp, "sender: READ {want} returned the peer's bytes");
+                    reads += 1;
+                }
+                Wr::FetchAdd => {
+                    assert_eq!(
+                        got,
+                        fetch_adds.to_ne_bytes(),
+                        "sender: fetch-add {want} saw each earlier one once"
+                    );
+                    fetch_adds += 1;
+                }
+                Wr::Send => {}
+            }
             done = want + 1;
             polled = true;
         }
@@ -441,14 +556,19 @@ fn rc_over_lossy_udp_between_two_processes_in_order_exactly_once() {
     let reordered = relay.reordered.load(Ordering::Relaxed);
     drop(relay);
     eprintln!(
-        "{N} RC SENDs across two processes in {secs:.2} s ({:.0}/s): {} packets dropped, \
+        "{N} RC WRs (SEND, READ, FETCH_ADD) across two processes in {secs:.2} s ({:.0}/s): {} packets dropped, \
          {reordered} reordered, {retransmitted} retransmitted; {}; {}",
         N as f64 / secs,
         s.packets_dropped + r.packets_dropped,
         summary("sender", &s),
         summary("receiver", &r)
     );
-    assert_eq!(report[0], N, "the child received every message");
+    assert_eq!(report[0], sends_below(N), "the child received every SEND");
+    assert_eq!(
+        (reads, fetch_adds),
+        (count_below(N, Wr::Read), count_below(N, Wr::FetchAdd)),
+        "every READ and fetch-add completed"
+    );
     assert!(
         s.packets_dropped > 0 && r.packets_dropped > 0,
         "both sides dropped packets"

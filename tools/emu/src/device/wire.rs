@@ -182,6 +182,12 @@ pub(super) fn receive_udp(w: &mut World) -> usize {
             };
             let sip = from.ip().octets();
             let lid = w.hcas[hca].info.lid;
+            if sip[..2] != node_ip(0)[..2] || from.port() != ROCE_PORT {
+                // Not a node of this fabric (127.1.x.y:4791): nobody we can be connected to.
+                w.hcas[hca].counters.rx_foreign += 1;
+                w.hcas[hca].counters.packets_dropped += 1;
+                continue;
+            }
             match decode(&buf[..len], sip, node_ip(lid)) {
                 Some(mut p) => {
                     p.dst_hca = hca;

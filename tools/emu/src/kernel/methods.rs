@@ -1,48 +1,63 @@
 //! The ioctl object methods of a modern kernel (`Flavour::Modern`): DEVICE (GET_CONTEXT,
 //! QUERY_PORT, QUERY_GID_TABLE/ENTRY), ASYNC_EVENT alloc, CQ/QP/SRQ create and destroy,
-//! PD/MR/AH destroy. Each is mapped onto the same handler as its write() command, so the
+//! PD/MR/AH destroy, the mlx5 UAR object. Each is mapped onto the same handler as its
+//! write() command (building that command's header-checked request struct), so the
 //! validation is shared; attribute plumbing (inline vs pointer inputs, IDR/FD outputs in
 //! `data`, `UVERBS_ATTR_F_VALID_OUTPUT`) is done here.
 
+use mlx5_ffi::cmd::{Command, cmds, read_prefix_zero_fill};
+use mlx5_ffi::ioctl::*;
+use mlx5_ffi::mlx5::{
+    MLX5_DEVX_WHITELIST_OPCODES, MLX5_IB_ATTR_DEVX_OBJ_CREATE_CMD_IN,
+    MLX5_IB_ATTR_DEVX_OTHER_CMD_IN, MLX5_IB_ATTR_UAR_OBJ_ALLOC_HANDLE,
+    MLX5_IB_ATTR_UAR_OBJ_ALLOC_MMAP_LENGTH, MLX5_IB_ATTR_UAR_OBJ_ALLOC_MMAP_OFFSET,
+    MLX5_IB_ATTR_UAR_OBJ_ALLOC_PAGE_ID, MLX5_IB_ATTR_UAR_OBJ_ALLOC_TYPE,
+    MLX5_IB_ATTR_UAR_OBJ_DESTROY_HANDLE, MLX5_IB_METHOD_DEVX_OBJ_CREATE, MLX5_IB_METHOD_DEVX_OTHER,
+    MLX5_IB_METHOD_UAR_OBJ_ALLOC, MLX5_IB_METHOD_UAR_OBJ_DESTROY, MLX5_IB_OBJECT_DEVX,
+    MLX5_IB_OBJECT_DEVX_OBJ, MLX5_IB_OBJECT_UAR, MLX5_IB_UAPI_UAR_ALLOC_TYPE_BF,
+    MLX5_IB_UAPI_UAR_ALLOC_TYPE_NC, prm_opcode,
+};
+use mlx5_ffi::uverbs::{
+    IB_USER_VERBS_CMD_FLAG_EXTENDED, IbUverbsCreateQp, IbUverbsCreateSrq, IbUverbsDeallocPd,
+    IbUverbsDeregMr, IbUverbsDestroyAh, IbUverbsDestroyCq, IbUverbsDestroyQp, IbUverbsDestroySrq,
+    IbUverbsExCreateCq, IbUverbsGetContext, IbUverbsQueryPort,
+};
+use zerocopy::IntoBytes;
+
 use super::{
-    DYN_PAGE_ID_BASE, DYN_PGOFF_BASE, EINVAL, EPROTONOSUPPORT, EmuFile, MAX_DYN_UARS, Out, Req,
-    cmd, le32,
+    DYN_PAGE_ID_BASE, DYN_PGOFF_BASE, EINVAL, EPROTONOSUPPORT, EmuFile, MAX_DYN_UARS, Req,
 };
 use crate::abi::Errno;
 use crate::mem;
 use crate::state::Obj;
 use crate::uar::PAGE;
 
-/// `UVERBS_ATTR_F_MANDATORY`, `UVERBS_ATTR_F_VALID_OUTPUT`.
-const F_MANDATORY: u16 = 1;
-const F_VALID_OUTPUT: u16 = 2;
-const UHW_IN: u16 = 0x1000;
-/// `MLX5_IB_OBJECT_UAR` (DEVX + 8).
-const MLX5_OBJECT_UAR: u16 = 0x1008;
-const UHW_OUT: u16 = 0x1001;
-
-/// One decoded attribute: (offset in the buffer, id, len, flags, data).
-pub(super) type Attr = (usize, u16, u16, u16, u64);
-
 /// The attributes of one call, with helpers to read inputs and write outputs.
 pub(super) struct Attrs<'a> {
     buf: &'a mut [u8],
-    list: &'a [Attr],
+    /// (index in the buffer's attribute array, attribute as sent).
+    list: &'a [(usize, IbUverbsAttr)],
 }
 
+/// The driver-data pair: (input bytes, output pointer, output length).
+type Uhw = (Vec<u8>, u64, usize);
+
 impl<'a> Attrs<'a> {
-    pub(super) fn new(buf: &'a mut [u8], list: &'a [Attr]) -> Self {
+    pub(super) fn new(buf: &'a mut [u8], list: &'a [(usize, IbUverbsAttr)]) -> Self {
         Attrs { buf, list }
     }
 
-    fn find(&self, id: u16) -> Option<Attr> {
-        self.list.iter().copied().find(|a| a.1 == id)
+    fn find(&self, id: u16) -> Option<(usize, IbUverbsAttr)> {
+        self.list.iter().copied().find(|a| a.1.attr_id == id)
     }
 
     /// Reject mandatory attributes the method does not know.
     fn only(&self, known: &[u16]) -> Result<(), Errno> {
-        let unknown = self.list.iter().any(|a| {
-            a.3 & F_MANDATORY != 0 && !known.contains(&a.1) && a.1 != UHW_IN && a.1 != UHW_OUT
+        let unknown = self.list.iter().any(|(_, a)| {
+            a.flags & UVERBS_ATTR_F_MANDATORY != 0
+                && !known.contains(&a.attr_id)
+                && a.attr_id != UVERBS_ATTR_UHW_IN
+                && a.attr_id != UVERBS_ATTR_UHW_OUT
         });
         if unknown {
             Err(EPROTONOSUPPORT)
@@ -53,306 +68,472 @@ impl<'a> Attrs<'a> {
 
     /// Input bytes: inline in `data` up to 8 bytes, else through the pointer.
     fn bytes(&self, id: u16) -> Result<Option<Vec<u8>>, Errno> {
-        let Some((_, _, len, _, data)) = self.find(id) else {
+        let Some((_, a)) = self.find(id) else {
             return Ok(None);
         };
-        if len as usize <= 8 {
-            Ok(Some(data.to_ne_bytes()[..len as usize].to_vec()))
-        } else {
-            mem::read_vec(data, len as usize).map(Some)
+        match a.inline_bytes() {
+            Some(b) => Ok(Some(b.to_vec())),
+            None => mem::read_vec(a.data, usize::from(a.len)).map(Some),
         }
     }
 
     fn u32(&self, id: u16) -> Result<Option<u32>, Errno> {
-        Ok(self.bytes(id)?.map(|b| {
-            let mut a = [0u8; 4];
-            let n = b.len().min(4);
-            a[..n].copy_from_slice(&b[..n]);
-            u32::from_ne_bytes(a)
-        }))
+        Ok(self.bytes(id)?.map(|b| read_prefix_zero_fill::<u32>(&b)))
     }
 
     fn u64(&self, id: u16) -> Result<Option<u64>, Errno> {
-        Ok(self.bytes(id)?.map(|b| {
-            let mut a = [0u8; 8];
-            let n = b.len().min(8);
-            a[..n].copy_from_slice(&b[..n]);
-            u64::from_ne_bytes(a)
-        }))
+        Ok(self.bytes(id)?.map(|b| read_prefix_zero_fill::<u64>(&b)))
     }
 
     /// Object handle / fd inputs are inline in `data`.
     fn data(&self, id: u16) -> Option<u64> {
-        self.find(id).map(|a| a.4)
+        self.find(id).map(|a| a.1.data)
     }
 
     fn need<T>(v: Option<T>) -> Result<T, Errno> {
         v.ok_or(EINVAL)
     }
 
-    fn set_flag(&mut self, off: usize) {
-        let f = u16::from_ne_bytes([self.buf[off + 4], self.buf[off + 5]]) | F_VALID_OUTPUT;
-        self.buf[off + 4..off + 6].copy_from_slice(&f.to_ne_bytes());
+    /// Store `attr` back with `UVERBS_ATTR_F_VALID_OUTPUT` (and the given `data`).
+    fn mark(&mut self, (index, mut attr): (usize, IbUverbsAttr), data: Option<u64>) {
+        attr.flags |= UVERBS_ATTR_F_VALID_OUTPUT;
+        if let Some(d) = data {
+            attr.data = d;
+        }
+        // The index comes from parsing this very buffer: always in range.
+        let _ = write_attr(self.buf, index, &attr);
     }
 
     /// Copy an output through the attribute's pointer (`min(len, size)` bytes).
     fn out(&mut self, id: u16, bytes: &[u8]) -> Result<(), Errno> {
-        let Some((off, _, len, _, ptr)) = self.find(id) else {
+        let Some(found) = self.find(id) else {
             return Ok(());
         };
-        let n = (len as usize).min(bytes.len());
-        mem::write(ptr, &bytes[..n])?;
-        self.set_flag(off);
+        let n = usize::from(found.1.len).min(bytes.len());
+        mem::write(found.1.data, &bytes[..n])?;
+        self.mark(found, None);
         Ok(())
     }
 
     /// IDR/FD outputs: the new handle or fd is written into the attribute's `data`.
     fn out_data(&mut self, id: u16, v: u64) {
-        if let Some((off, ..)) = self.find(id) {
-            self.buf[off + 8..off + 16].copy_from_slice(&v.to_ne_bytes());
-            self.set_flag(off);
+        if let Some(found) = self.find(id) {
+            self.mark(found, Some(v));
         }
     }
 
-    /// The driver-data pair as (input bytes, output pointer, output length).
-    fn uhw(&self) -> Result<(Vec<u8>, u64, usize), Errno> {
-        let inp = self.bytes(UHW_IN)?.unwrap_or_default();
-        let (ptr, len) = self.find(UHW_OUT).map_or((0, 0), |a| (a.4, a.2 as usize));
+    fn uhw(&self) -> Result<Uhw, Errno> {
+        let inp = self.bytes(UVERBS_ATTR_UHW_IN)?.unwrap_or_default();
+        let (ptr, len) = self
+            .find(UVERBS_ATTR_UHW_OUT)
+            .map_or((0, 0), |a| (a.1.data, usize::from(a.1.len)));
         Ok((inp, ptr, len))
     }
 
     fn uhw_done(&mut self) {
-        if let Some((off, ..)) = self.find(UHW_OUT) {
-            self.set_flag(off);
+        if let Some(found) = self.find(UVERBS_ATTR_UHW_OUT) {
+            self.mark(found, None);
         }
     }
 }
 
-/// A kernel-side scratch buffer for the core response of the shared handler.
-struct Scratch(Vec<u8>);
-impl Scratch {
-    fn new(n: usize) -> Self {
-        Scratch(vec![0u8; n])
-    }
-    fn addr(&mut self) -> u64 {
-        self.0.as_mut_ptr() as u64
-    }
+/// Whether (object, method) is implemented.
+pub(super) fn known(object: u16, method: u16) -> bool {
+    matches!(
+        (object, method),
+        (
+            UVERBS_OBJECT_DEVICE,
+            UVERBS_METHOD_INVOKE_WRITE
+                | UVERBS_METHOD_QUERY_PORT
+                | UVERBS_METHOD_GET_CONTEXT
+                | UVERBS_METHOD_QUERY_GID_TABLE
+                | UVERBS_METHOD_QUERY_GID_ENTRY
+        ) | (UVERBS_OBJECT_PD, UVERBS_METHOD_PD_DESTROY)
+            | (
+                UVERBS_OBJECT_CQ,
+                UVERBS_METHOD_CQ_CREATE | UVERBS_METHOD_CQ_DESTROY
+            )
+            | (
+                UVERBS_OBJECT_QP,
+                UVERBS_METHOD_QP_CREATE | UVERBS_METHOD_QP_DESTROY
+            )
+            | (
+                UVERBS_OBJECT_SRQ,
+                UVERBS_METHOD_SRQ_CREATE | UVERBS_METHOD_SRQ_DESTROY
+            )
+            | (UVERBS_OBJECT_AH, UVERBS_METHOD_AH_DESTROY)
+            | (UVERBS_OBJECT_MR, UVERBS_METHOD_MR_DESTROY)
+            | (UVERBS_OBJECT_ASYNC_EVENT, UVERBS_METHOD_ASYNC_EVENT_ALLOC)
+            | (UVERBS_OBJECT_DM, UVERBS_METHOD_DM_ALLOC)
+            | (MLX5_IB_OBJECT_DEVX, MLX5_IB_METHOD_DEVX_OTHER)
+            | (MLX5_IB_OBJECT_DEVX_OBJ, MLX5_IB_METHOD_DEVX_OBJ_CREATE)
+            | (
+                MLX5_IB_OBJECT_UAR,
+                MLX5_IB_METHOD_UAR_OBJ_ALLOC | MLX5_IB_METHOD_UAR_OBJ_DESTROY
+            )
+    )
 }
 
 impl EmuFile {
-    /// Run a write handler for an ioctl method: `core` is the write-ABI core request (its
-    /// response pointer is replaced by a kernel scratch buffer of `resp` bytes).
-    fn run(
-        &self,
-        command: u32,
-        ex: bool,
-        mut core: Vec<u8>,
-        resp: usize,
-        uhw: (Vec<u8>, u64, usize),
-    ) -> Result<Vec<u8>, Errno> {
-        let mut scratch = Scratch::new(resp.max(8));
-        let out = scratch.addr();
-        if !ex && resp > 0 {
+    /// Run command `C`'s write handler for an ioctl method: `req` is its core request (the
+    /// response pointer, if it has one, is set here to a kernel scratch buffer).
+    fn run<C: Command>(&self, req: &C::Req, uhw: Uhw) -> Result<C::Resp, Errno> {
+        let mut scratch = vec![0u8; size_of::<C::Resp>().max(8)];
+        let out = scratch.as_mut_ptr() as u64;
+        let mut core = req.as_bytes().to_vec();
+        if C::RESPONSE_PTR {
             core[..8].copy_from_slice(&out.to_ne_bytes());
         }
-        let req = Req {
-            command,
-            ex,
+        let flag = if C::EXTENDED {
+            IB_USER_VERBS_CMD_FLAG_EXTENDED
+        } else {
+            0
+        };
+        let r = Req {
+            command: C::ID | flag,
+            ex: C::EXTENDED,
             core,
             drv_in: uhw.0,
             out,
-            out_len: resp,
+            out_len: size_of::<C::Resp>(),
             drv_out: uhw.1,
             drv_out_len: uhw.2,
         };
-        self.dispatch(&req)?;
-        Ok(scratch.0)
+        self.dispatch(&r)?;
+        Ok(read_prefix_zero_fill(&scratch))
     }
 
     pub(super) fn method(&self, object: u16, method: u16, mut a: Attrs<'_>) -> Result<(), Errno> {
         match (object, method) {
-            // DEVICE / GET_CONTEXT: 0 NUM_COMP_VECTORS (out u32), 1 CORE_SUPPORT (out u64).
-            (0, 3) => {
-                a.only(&[0, 1])?;
+            (UVERBS_OBJECT_DEVICE, UVERBS_METHOD_GET_CONTEXT) => {
+                a.only(&[
+                    UVERBS_ATTR_GET_CONTEXT_NUM_COMP_VECTORS,
+                    UVERBS_ATTR_GET_CONTEXT_CORE_SUPPORT,
+                ])?;
                 let uhw = a.uhw()?;
-                self.run(cmd::GET_CONTEXT, false, vec![0u8; 8], 8, uhw)?;
+                let r = self.run::<cmds::GetContext>(&IbUverbsGetContext::default(), uhw)?;
                 // Over ioctl the async fd comes later, from ASYNC_EVENT alloc.
                 self.set_async_handed_out(false);
-                a.out(0, &1u32.to_ne_bytes())?;
-                a.out(1, &1u64.to_ne_bytes())?; // IB_UVERBS_CORE_SUPPORT_OPTIONAL_MR_ACCESS
+                a.out(
+                    UVERBS_ATTR_GET_CONTEXT_NUM_COMP_VECTORS,
+                    r.num_comp_vectors.as_bytes(),
+                )?;
+                a.out(
+                    UVERBS_ATTR_GET_CONTEXT_CORE_SUPPORT,
+                    IB_UVERBS_CORE_SUPPORT_OPTIONAL_MR_ACCESS.as_bytes(),
+                )?;
                 a.uhw_done();
                 Ok(())
             }
-            // DEVICE / QUERY_PORT: 0 PORT_NUM (u8), 1 RESP (ib_uverbs_query_port_resp_ex, 48 B).
-            (0, 2) => {
-                a.only(&[0, 1])?;
-                let port = Attrs::need(a.u32(0)?)? as u8;
-                let mut core = vec![0u8; 16];
-                core[8] = port;
-                let mut r = self.run(cmd::QUERY_PORT, false, core, 40, (Vec::new(), 0, 0))?;
-                r.resize(48, 0);
-                a.out(1, &r)
+            (UVERBS_OBJECT_DEVICE, UVERBS_METHOD_QUERY_PORT) => {
+                a.only(&[UVERBS_ATTR_QUERY_PORT_PORT_NUM, UVERBS_ATTR_QUERY_PORT_RESP])?;
+                let port = Attrs::need(a.u32(UVERBS_ATTR_QUERY_PORT_PORT_NUM)?)? as u8;
+                let req = IbUverbsQueryPort {
+                    port_num: port,
+                    ..Default::default()
+                };
+                let r = self.run::<cmds::QueryPort>(&req, (Vec::new(), 0, 0))?;
+                let ex = IbUverbsQueryPortRespEx {
+                    legacy_resp: r,
+                    ..Default::default()
+                };
+                a.out(UVERBS_ATTR_QUERY_PORT_RESP, ex.as_bytes())
             }
-            // DEVICE / QUERY_GID_TABLE: 0 ENTRY_SIZE (u64), 1 FLAGS, 2 RESP_ENTRIES, 3 RESP_NUM_ENTRIES.
-            (0, 5) => {
-                a.only(&[0, 1, 2, 3])?;
-                let esz = Attrs::need(a.u64(0)?)? as usize;
-                if esz < 32 || a.u32(1)?.unwrap_or(0) != 0 {
+            (UVERBS_OBJECT_DEVICE, UVERBS_METHOD_QUERY_GID_TABLE) => {
+                a.only(&[
+                    UVERBS_ATTR_QUERY_GID_TABLE_ENTRY_SIZE,
+                    UVERBS_ATTR_QUERY_GID_TABLE_FLAGS,
+                    UVERBS_ATTR_QUERY_GID_TABLE_RESP_ENTRIES,
+                    UVERBS_ATTR_QUERY_GID_TABLE_RESP_NUM_ENTRIES,
+                ])?;
+                let esz = Attrs::need(a.u64(UVERBS_ATTR_QUERY_GID_TABLE_ENTRY_SIZE)?)?;
+                let esz = usize::try_from(esz).map_err(|_| EINVAL)?;
+                if esz < size_of::<IbUverbsGidEntry>()
+                    || a.u32(UVERBS_ATTR_QUERY_GID_TABLE_FLAGS)?.unwrap_or(0) != 0
+                {
                     return Err(EINVAL);
                 }
-                let cap = a.find(2).map_or(0, |x| x.2 as usize / esz);
+                // uverbs_attr_ptr_get_array_size: a whole number of entries, at least one.
+                let len = a
+                    .find(UVERBS_ATTR_QUERY_GID_TABLE_RESP_ENTRIES)
+                    .map_or(0, |x| usize::from(x.1.len));
+                if len % esz != 0 || len < esz {
+                    return Err(EINVAL);
+                }
+                let cap = len / esz;
                 let entries = self.gid_entries(1)?;
-                let n = cap.min(entries.len());
+                // rdma_query_gid_table: a buffer too small for every valid entry is EINVAL,
+                // not a partial answer.
+                if cap < entries.len() {
+                    return Err(EINVAL);
+                }
+                let n = entries.len();
                 if n > 0 {
                     let mut out = Vec::with_capacity(n * esz);
-                    for mut e in entries.into_iter().take(n) {
-                        e.resize(esz, 0);
-                        out.extend_from_slice(&e);
+                    for e in entries {
+                        let start = out.len();
+                        out.extend_from_slice(e.as_bytes());
+                        out.resize(start + esz, 0);
                     }
-                    a.out(2, &out)?;
+                    a.out(UVERBS_ATTR_QUERY_GID_TABLE_RESP_ENTRIES, &out)?;
                 }
-                a.out(3, &(n as u64).to_ne_bytes())
+                a.out(
+                    UVERBS_ATTR_QUERY_GID_TABLE_RESP_NUM_ENTRIES,
+                    (n as u64).as_bytes(),
+                )
             }
-            // DEVICE / QUERY_GID_ENTRY: 0 PORT, 1 GID_INDEX, 2 FLAGS, 3 RESP_ENTRY.
-            (0, 6) => {
-                a.only(&[0, 1, 2, 3])?;
-                let port = Attrs::need(a.u32(0)?)?;
-                let index = Attrs::need(a.u32(1)?)?;
-                if a.u32(2)?.unwrap_or(0) != 0 {
+            (UVERBS_OBJECT_DEVICE, UVERBS_METHOD_QUERY_GID_ENTRY) => {
+                a.only(&[
+                    UVERBS_ATTR_QUERY_GID_ENTRY_PORT,
+                    UVERBS_ATTR_QUERY_GID_ENTRY_GID_INDEX,
+                    UVERBS_ATTR_QUERY_GID_ENTRY_FLAGS,
+                    UVERBS_ATTR_QUERY_GID_ENTRY_RESP_ENTRY,
+                ])?;
+                let port = Attrs::need(a.u32(UVERBS_ATTR_QUERY_GID_ENTRY_PORT)?)?;
+                let index = Attrs::need(a.u32(UVERBS_ATTR_QUERY_GID_ENTRY_GID_INDEX)?)?;
+                if a.u32(UVERBS_ATTR_QUERY_GID_ENTRY_FLAGS)?.unwrap_or(0) != 0 {
                     return Err(EINVAL);
                 }
                 let e = self.gid_entry(port, index)?;
-                a.out(3, &e)
+                a.out(UVERBS_ATTR_QUERY_GID_ENTRY_RESP_ENTRY, e.as_bytes())
             }
-            // ASYNC_EVENT / ALLOC: 0 FD_HANDLE (FD out).
-            (16, 0) => {
-                a.only(&[0])?;
+            (UVERBS_OBJECT_ASYNC_EVENT, UVERBS_METHOD_ASYNC_EVENT_ALLOC) => {
+                a.only(&[UVERBS_ATTR_ASYNC_EVENT_ALLOC_FD_HANDLE])?;
                 let fd = self.take_async_fd()?;
-                a.out_data(0, fd as u64);
+                a.out_data(UVERBS_ATTR_ASYNC_EVENT_ALLOC_FD_HANDLE, fd as u64);
                 Ok(())
             }
-            // PD, MR, AH destroy: 0 HANDLE.
-            (1, 0) => self.destroy_simple(cmd::DEALLOC_PD, &a),
-            (7, 1) => self.destroy_simple(cmd::DEREG_MR, &a),
-            (6, 0) => self.destroy_simple(cmd::DESTROY_AH, &a),
-            // CQ / CREATE.
-            (3, 0) => {
-                a.only(&[0, 1, 2, 3, 4, 5, 6, 7])?;
-                let mut core = Out::new(32);
-                core.u64(0, a.u64(2)?.unwrap_or(0))
-                    .u32(8, Attrs::need(a.u32(1)?)?)
-                    .u32(12, a.u32(4)?.unwrap_or(0))
-                    .u32(16, a.data(3).map_or(u32::MAX, |d| d as u32))
-                    .u32(24, a.u32(5)?.unwrap_or(0));
+            (UVERBS_OBJECT_PD, UVERBS_METHOD_PD_DESTROY) => {
+                let h = self.handle_in(&a, UVERBS_ATTR_DESTROY_PD_HANDLE)?;
+                self.run::<cmds::DeallocPd>(&IbUverbsDeallocPd { pd_handle: h }, no_uhw())
+            }
+            (UVERBS_OBJECT_MR, UVERBS_METHOD_MR_DESTROY) => {
+                let h = self.handle_in(&a, UVERBS_ATTR_DESTROY_MR_HANDLE)?;
+                self.run::<cmds::DeregMr>(&IbUverbsDeregMr { mr_handle: h }, no_uhw())
+            }
+            (UVERBS_OBJECT_AH, UVERBS_METHOD_AH_DESTROY) => {
+                let h = self.handle_in(&a, UVERBS_ATTR_DESTROY_AH_HANDLE)?;
+                self.run::<cmds::DestroyAh>(&IbUverbsDestroyAh { ah_handle: h }, no_uhw())
+            }
+            (UVERBS_OBJECT_CQ, UVERBS_METHOD_CQ_CREATE) => {
+                a.only(&[
+                    UVERBS_ATTR_CREATE_CQ_HANDLE,
+                    UVERBS_ATTR_CREATE_CQ_CQE,
+                    UVERBS_ATTR_CREATE_CQ_USER_HANDLE,
+                    UVERBS_ATTR_CREATE_CQ_COMP_CHANNEL,
+                    UVERBS_ATTR_CREATE_CQ_COMP_VECTOR,
+                    UVERBS_ATTR_CREATE_CQ_FLAGS,
+                    UVERBS_ATTR_CREATE_CQ_RESP_CQE,
+                    UVERBS_ATTR_CREATE_CQ_EVENT_FD,
+                ])?;
+                let req = IbUverbsExCreateCq {
+                    user_handle: a.u64(UVERBS_ATTR_CREATE_CQ_USER_HANDLE)?.unwrap_or(0),
+                    cqe: Attrs::need(a.u32(UVERBS_ATTR_CREATE_CQ_CQE)?)?,
+                    comp_vector: a.u32(UVERBS_ATTR_CREATE_CQ_COMP_VECTOR)?.unwrap_or(0),
+                    comp_channel: a
+                        .data(UVERBS_ATTR_CREATE_CQ_COMP_CHANNEL)
+                        .map_or(-1, |d| d as i32),
+                    flags: a.u32(UVERBS_ATTR_CREATE_CQ_FLAGS)?.unwrap_or(0),
+                    ..Default::default()
+                };
                 let uhw = a.uhw()?;
-                let r = self.run(cmd::CREATE_CQ | super::FLAG_EXTENDED, true, core.0, 16, uhw)?;
-                a.out_data(0, u64::from(le32(&r, 0)));
-                a.out(6, &r[4..8])?;
+                let r = self.run::<cmds::ExCreateCq>(&req, uhw)?;
+                a.out_data(UVERBS_ATTR_CREATE_CQ_HANDLE, u64::from(r.base.cq_handle));
+                a.out(UVERBS_ATTR_CREATE_CQ_RESP_CQE, r.base.cqe.as_bytes())?;
                 a.uhw_done();
                 Ok(())
             }
-            // CQ / DESTROY: 0 HANDLE, 1 RESP (comp_events_reported, async_events_reported).
-            (3, 1) => self.destroy_with_resp(cmd::DESTROY_CQ, 8, &mut a),
-            // QP / CREATE.
-            (4, 0) => {
-                a.only(&[0, 2, 3, 4, 5, 7, 8, 9, 10, 12, 13, 14])?;
-                let cap = a.bytes(8)?.ok_or(EINVAL)?;
-                if cap.len() != 20 {
+            (UVERBS_OBJECT_CQ, UVERBS_METHOD_CQ_DESTROY) => {
+                a.only(&[UVERBS_ATTR_DESTROY_CQ_HANDLE, UVERBS_ATTR_DESTROY_CQ_RESP])?;
+                let h = Attrs::need(a.data(UVERBS_ATTR_DESTROY_CQ_HANDLE))? as u32;
+                let req = IbUverbsDestroyCq {
+                    cq_handle: h,
+                    ..Default::default()
+                };
+                let r = self.run::<cmds::DestroyCq>(&req, no_uhw())?;
+                a.out(UVERBS_ATTR_DESTROY_CQ_RESP, r.as_bytes())
+            }
+            (UVERBS_OBJECT_QP, UVERBS_METHOD_QP_CREATE) => {
+                a.only(&[
+                    UVERBS_ATTR_CREATE_QP_HANDLE,
+                    UVERBS_ATTR_CREATE_QP_PD_HANDLE,
+                    UVERBS_ATTR_CREATE_QP_SRQ_HANDLE,
+                    UVERBS_ATTR_CREATE_QP_SEND_CQ_HANDLE,
+                    UVERBS_ATTR_CREATE_QP_RECV_CQ_HANDLE,
+                    UVERBS_ATTR_CREATE_QP_USER_HANDLE,
+                    UVERBS_ATTR_CREATE_QP_CAP,
+                    UVERBS_ATTR_CREATE_QP_TYPE,
+                    UVERBS_ATTR_CREATE_QP_FLAGS,
+                    UVERBS_ATTR_CREATE_QP_EVENT_FD,
+                    UVERBS_ATTR_CREATE_QP_RESP_CAP,
+                    UVERBS_ATTR_CREATE_QP_RESP_QP_NUM,
+                ])?;
+                let cap = a.bytes(UVERBS_ATTR_CREATE_QP_CAP)?.ok_or(EINVAL)?;
+                if cap.len() != size_of::<IbUverbsQpCap>() {
                     return Err(EINVAL);
                 }
-                let flags = a.u32(10)?.unwrap_or(0);
-                if flags & !(1 << 12) != 0 {
+                let cap: IbUverbsQpCap = read_prefix_zero_fill(&cap);
+                // uverbs_get_flags32: unknown bits are EINVAL; known ones this HCA does
+                // not implement are mlx5_ib's EOPNOTSUPP (process_create_flags).
+                let flags = a.u32(UVERBS_ATTR_CREATE_QP_FLAGS)?.unwrap_or(0);
+                if flags & !IB_UVERBS_QP_CREATE_FLAGS_KNOWN != 0 {
+                    return Err(EINVAL);
+                }
+                if flags & !IB_UVERBS_QP_CREATE_SQ_SIG_ALL != 0 {
                     return Err(Errno(libc::EOPNOTSUPP));
                 }
-                let srq = a.data(3);
-                let mut core = Out::new(56);
-                core.u64(8, a.u64(7)?.unwrap_or(0))
-                    .u32(16, Attrs::need(a.data(2))? as u32)
-                    .u32(20, Attrs::need(a.data(4))? as u32)
-                    .u32(24, Attrs::need(a.data(5).or(a.data(4)))? as u32)
-                    .u32(28, srq.unwrap_or(0) as u32)
-                    .bytes(32, &cap)
-                    .u8(52, u8::from(flags & (1 << 12) != 0))
-                    .u8(53, Attrs::need(a.data(9))? as u8)
-                    .u8(54, u8::from(srq.is_some()));
+                let srq = a.data(UVERBS_ATTR_CREATE_QP_SRQ_HANDLE);
+                let send_cq = Attrs::need(a.data(UVERBS_ATTR_CREATE_QP_SEND_CQ_HANDLE))?;
+                let req = IbUverbsCreateQp {
+                    user_handle: a.u64(UVERBS_ATTR_CREATE_QP_USER_HANDLE)?.unwrap_or(0),
+                    pd_handle: Attrs::need(a.data(UVERBS_ATTR_CREATE_QP_PD_HANDLE))? as u32,
+                    send_cq_handle: send_cq as u32,
+                    recv_cq_handle: a
+                        .data(UVERBS_ATTR_CREATE_QP_RECV_CQ_HANDLE)
+                        .unwrap_or(send_cq) as u32,
+                    srq_handle: srq.unwrap_or(0) as u32,
+                    max_send_wr: cap.max_send_wr,
+                    max_recv_wr: cap.max_recv_wr,
+                    max_send_sge: cap.max_send_sge,
+                    max_recv_sge: cap.max_recv_sge,
+                    max_inline_data: cap.max_inline_data,
+                    sq_sig_all: u8::from(flags & IB_UVERBS_QP_CREATE_SQ_SIG_ALL != 0),
+                    qp_type: Attrs::need(a.data(UVERBS_ATTR_CREATE_QP_TYPE))? as u8,
+                    is_srq: u8::from(srq.is_some()),
+                    ..Default::default()
+                };
                 let uhw = a.uhw()?;
-                let r = self.run(cmd::CREATE_QP, false, core.0, 32, uhw)?;
-                a.out_data(0, u64::from(le32(&r, 0)));
-                a.out(13, &r[8..28])?;
-                a.out(14, &r[4..8])?;
+                let r = self.run::<cmds::CreateQp>(&req, uhw)?;
+                a.out_data(UVERBS_ATTR_CREATE_QP_HANDLE, u64::from(r.qp_handle));
+                let cap = IbUverbsQpCap {
+                    max_send_wr: r.max_send_wr,
+                    max_recv_wr: r.max_recv_wr,
+                    max_send_sge: r.max_send_sge,
+                    max_recv_sge: r.max_recv_sge,
+                    max_inline_data: r.max_inline_data,
+                };
+                a.out(UVERBS_ATTR_CREATE_QP_RESP_CAP, cap.as_bytes())?;
+                a.out(UVERBS_ATTR_CREATE_QP_RESP_QP_NUM, r.qpn.as_bytes())?;
                 a.uhw_done();
                 Ok(())
             }
-            (4, 1) => self.destroy_with_resp(cmd::DESTROY_QP, 4, &mut a),
-            // SRQ / CREATE: 0 HANDLE, 1 PD, 4 USER_HANDLE, 5 MAX_WR, 6 MAX_SGE, 7 LIMIT,
-            // 9 TYPE, 10 EVENT_FD, 11 RESP_MAX_WR, 12 RESP_MAX_SGE, 13 RESP_SRQ_NUM.
-            (5, 0) => {
-                a.only(&[0, 1, 4, 5, 6, 7, 9, 10, 11, 12, 13])?;
-                if a.data(9).unwrap_or(0) != 0 {
+            (UVERBS_OBJECT_QP, UVERBS_METHOD_QP_DESTROY) => {
+                a.only(&[UVERBS_ATTR_DESTROY_QP_HANDLE, UVERBS_ATTR_DESTROY_QP_RESP])?;
+                let h = Attrs::need(a.data(UVERBS_ATTR_DESTROY_QP_HANDLE))? as u32;
+                let req = IbUverbsDestroyQp {
+                    qp_handle: h,
+                    ..Default::default()
+                };
+                let r = self.run::<cmds::DestroyQp>(&req, no_uhw())?;
+                a.out(UVERBS_ATTR_DESTROY_QP_RESP, r.as_bytes())
+            }
+            (UVERBS_OBJECT_SRQ, UVERBS_METHOD_SRQ_CREATE) => {
+                a.only(&[
+                    UVERBS_ATTR_CREATE_SRQ_HANDLE,
+                    UVERBS_ATTR_CREATE_SRQ_PD_HANDLE,
+                    UVERBS_ATTR_CREATE_SRQ_USER_HANDLE,
+                    UVERBS_ATTR_CREATE_SRQ_MAX_WR,
+                    UVERBS_ATTR_CREATE_SRQ_MAX_SGE,
+                    UVERBS_ATTR_CREATE_SRQ_LIMIT,
+                    UVERBS_ATTR_CREATE_SRQ_TYPE,
+                    UVERBS_ATTR_CREATE_SRQ_EVENT_FD,
+                    UVERBS_ATTR_CREATE_SRQ_RESP_MAX_WR,
+                    UVERBS_ATTR_CREATE_SRQ_RESP_MAX_SGE,
+                    UVERBS_ATTR_CREATE_SRQ_RESP_SRQ_NUM,
+                ])?;
+                if a.data(UVERBS_ATTR_CREATE_SRQ_TYPE).unwrap_or(0)
+                    != u64::from(IB_UVERBS_SRQT_BASIC)
+                {
                     return Err(Errno(libc::EOPNOTSUPP));
                 }
-                let mut core = Out::new(32);
-                core.u64(8, a.u64(4)?.unwrap_or(0))
-                    .u32(16, Attrs::need(a.data(1))? as u32)
-                    .u32(20, Attrs::need(a.u32(5)?)?)
-                    .u32(24, Attrs::need(a.u32(6)?)?)
-                    .u32(28, a.u32(7)?.unwrap_or(0));
+                let req = IbUverbsCreateSrq {
+                    user_handle: a.u64(UVERBS_ATTR_CREATE_SRQ_USER_HANDLE)?.unwrap_or(0),
+                    pd_handle: Attrs::need(a.data(UVERBS_ATTR_CREATE_SRQ_PD_HANDLE))? as u32,
+                    max_wr: Attrs::need(a.u32(UVERBS_ATTR_CREATE_SRQ_MAX_WR)?)?,
+                    max_sge: Attrs::need(a.u32(UVERBS_ATTR_CREATE_SRQ_MAX_SGE)?)?,
+                    srq_limit: a.u32(UVERBS_ATTR_CREATE_SRQ_LIMIT)?.unwrap_or(0),
+                    ..Default::default()
+                };
                 let uhw = a.uhw()?;
-                let r = self.run(cmd::CREATE_SRQ, false, core.0, 16, uhw)?;
-                a.out_data(0, u64::from(le32(&r, 0)));
-                a.out(11, &r[4..8])?;
-                a.out(12, &r[8..12])?;
-                a.out(13, &r[12..16])?;
+                let r = self.run::<cmds::CreateSrq>(&req, uhw)?;
+                a.out_data(UVERBS_ATTR_CREATE_SRQ_HANDLE, u64::from(r.srq_handle));
+                a.out(UVERBS_ATTR_CREATE_SRQ_RESP_MAX_WR, r.max_wr.as_bytes())?;
+                a.out(UVERBS_ATTR_CREATE_SRQ_RESP_MAX_SGE, r.max_sge.as_bytes())?;
+                a.out(UVERBS_ATTR_CREATE_SRQ_RESP_SRQ_NUM, r.srqn.as_bytes())?;
                 a.uhw_done();
                 Ok(())
             }
-            (5, 1) => self.destroy_with_resp(cmd::DESTROY_SRQ, 4, &mut a),
-            // mlx5 UAR / ALLOC: 0x1000 HANDLE (IDR out), 0x1001 TYPE (0 BF, 1 NC),
-            // 0x1002 MMAP_OFFSET (out u64), 0x1003 MMAP_LENGTH (out u32), 0x1004 PAGE_ID (out u32).
-            (MLX5_OBJECT_UAR, 0x1000) => {
-                a.only(&[0x1000, 0x1001, 0x1002, 0x1003, 0x1004])?;
-                let ty = Attrs::need(a.u32(0x1001)?)?;
+            (UVERBS_OBJECT_SRQ, UVERBS_METHOD_SRQ_DESTROY) => {
+                a.only(&[UVERBS_ATTR_DESTROY_SRQ_HANDLE, UVERBS_ATTR_DESTROY_SRQ_RESP])?;
+                let h = Attrs::need(a.data(UVERBS_ATTR_DESTROY_SRQ_HANDLE))? as u32;
+                let req = IbUverbsDestroySrq {
+                    srq_handle: h,
+                    ..Default::default()
+                };
+                let r = self.run::<cmds::DestroySrq>(&req, no_uhw())?;
+                a.out(UVERBS_ATTR_DESTROY_SRQ_RESP, r.as_bytes())
+            }
+            // Device memory: mlx5_ib_alloc_dm answers EOPNOTSUPP without MEMIC (and
+            // QUERY_DEVICE reports max_dm_size 0).
+            (UVERBS_OBJECT_DM, UVERBS_METHOD_DM_ALLOC) => Err(Errno(libc::EOPNOTSUPP)),
+            // DEVX general commands and object creation on a context without a DEVX uid
+            // (devx_get_uid): whitelisted queries would use the device's uid, which this HCA
+            // does not have (EOPNOTSUPP); anything else needs a DEVX context (EINVAL).
+            (MLX5_IB_OBJECT_DEVX, MLX5_IB_METHOD_DEVX_OTHER) => {
+                self.devx_uid(&a, MLX5_IB_ATTR_DEVX_OTHER_CMD_IN)
+            }
+            (MLX5_IB_OBJECT_DEVX_OBJ, MLX5_IB_METHOD_DEVX_OBJ_CREATE) => {
+                self.devx_uid(&a, MLX5_IB_ATTR_DEVX_OBJ_CREATE_CMD_IN)
+            }
+            (MLX5_IB_OBJECT_UAR, MLX5_IB_METHOD_UAR_OBJ_ALLOC) => {
+                a.only(&[
+                    MLX5_IB_ATTR_UAR_OBJ_ALLOC_HANDLE,
+                    MLX5_IB_ATTR_UAR_OBJ_ALLOC_TYPE,
+                    MLX5_IB_ATTR_UAR_OBJ_ALLOC_MMAP_OFFSET,
+                    MLX5_IB_ATTR_UAR_OBJ_ALLOC_MMAP_LENGTH,
+                    MLX5_IB_ATTR_UAR_OBJ_ALLOC_PAGE_ID,
+                ])?;
+                let ty = Attrs::need(a.u32(MLX5_IB_ATTR_UAR_OBJ_ALLOC_TYPE)?)?;
                 let (handle, page_id, pgoff) = self.alloc_uar(ty)?;
-                a.out_data(0x1000, u64::from(handle));
-                a.out(0x1002, &(pgoff * PAGE as u64).to_ne_bytes())?;
-                a.out(0x1003, &(PAGE as u32).to_ne_bytes())?;
-                a.out(0x1004, &page_id.to_ne_bytes())
+                a.out_data(MLX5_IB_ATTR_UAR_OBJ_ALLOC_HANDLE, u64::from(handle));
+                a.out(
+                    MLX5_IB_ATTR_UAR_OBJ_ALLOC_MMAP_OFFSET,
+                    (pgoff * PAGE as u64).as_bytes(),
+                )?;
+                a.out(
+                    MLX5_IB_ATTR_UAR_OBJ_ALLOC_MMAP_LENGTH,
+                    (PAGE as u32).as_bytes(),
+                )?;
+                a.out(MLX5_IB_ATTR_UAR_OBJ_ALLOC_PAGE_ID, page_id.as_bytes())
             }
-            // mlx5 UAR / DESTROY: 0x1000 HANDLE.
-            (MLX5_OBJECT_UAR, 0x1001) => {
-                a.only(&[0x1000])?;
-                let h = Attrs::need(a.data(0x1000))? as u32;
+            (MLX5_IB_OBJECT_UAR, MLX5_IB_METHOD_UAR_OBJ_DESTROY) => {
+                a.only(&[MLX5_IB_ATTR_UAR_OBJ_DESTROY_HANDLE])?;
+                let h = Attrs::need(a.data(MLX5_IB_ATTR_UAR_OBJ_DESTROY_HANDLE))? as u32;
                 self.destroy_uar(h)
             }
             _ => Err(EPROTONOSUPPORT),
         }
     }
 
-    fn destroy_simple(&self, command: u32, a: &Attrs<'_>) -> Result<(), Errno> {
-        a.only(&[0])?;
-        let h = Attrs::need(a.data(0))? as u32;
-        self.run(
-            command,
-            false,
-            h.to_ne_bytes().to_vec(),
-            0,
-            (Vec::new(), 0, 0),
-        )
-        .map(|_| ())
+    /// mlx5_ib's `devx_get_uid` for the PRM command in attribute `cmd_in`: every context
+    /// of this kernel is a non-DEVX one (GET_CONTEXT refuses the DEVX flag) and the device
+    /// has no whitelist uid, so this always fails, with the errno mlx5_ib gives.
+    fn devx_uid(&self, a: &Attrs<'_>, cmd_in: u16) -> Result<(), Errno> {
+        let cmd = a.bytes(cmd_in)?.ok_or(EINVAL)?;
+        match prm_opcode(&cmd) {
+            Some(op) if MLX5_DEVX_WHITELIST_OPCODES.contains(&op) => Err(Errno(libc::EOPNOTSUPP)),
+            _ => Err(EINVAL),
+        }
     }
 
-    fn destroy_with_resp(&self, command: u32, resp: usize, a: &mut Attrs<'_>) -> Result<(), Errno> {
-        a.only(&[0, 1])?;
-        let h = Attrs::need(a.data(0))? as u32;
-        let mut core = vec![0u8; 16];
-        core[8..12].copy_from_slice(&h.to_ne_bytes());
-        let r = self.run(command, false, core, resp, (Vec::new(), 0, 0))?;
-        a.out(1, &r[..resp])
+    /// The single HANDLE attribute (id `id`) of a simple destroy method.
+    fn handle_in(&self, a: &Attrs<'_>, id: u16) -> Result<u32, Errno> {
+        a.only(&[id])?;
+        Ok(Attrs::need(a.data(id))? as u32)
     }
 
-    /// The valid `ib_uverbs_gid_entry` records of `port` (0 gid[16], 16 gid_index,
-    /// 20 port_num, 24 gid_type, 28 netdev_ifindex), in index order.
-    fn gid_entries(&self, port: u32) -> Result<Vec<Vec<u8>>, Errno> {
+    /// The valid GID entries of `port`, in index order.
+    fn gid_entries(&self, port: u32) -> Result<Vec<IbUverbsGidEntry>, Errno> {
         let ctx = self.ctx().ok_or(EINVAL)?;
         let w = self.shared.lock();
         let c = w.contexts.get(&ctx).ok_or(EINVAL)?;
@@ -363,23 +544,21 @@ impl EmuFile {
             .info
             .gid_table()
             .iter()
-            .map(|g| {
-                let mut e = Out::new(32);
-                e.bytes(0, &g.gid)
-                    .u32(16, g.index)
-                    .u32(20, port)
-                    .u32(24, g.gid_type as u32)
-                    .u32(28, g.ndev_ifindex);
-                e.0
+            .map(|g| IbUverbsGidEntry {
+                gid: read_prefix_zero_fill(&g.gid),
+                gid_index: g.index,
+                port_num: port,
+                gid_type: g.gid_type as u32,
+                netdev_ifindex: g.ndev_ifindex,
             })
             .collect())
     }
 
-    /// `ib_uverbs_gid_entry` for (port, index); ENODATA for an index without a valid GID.
-    fn gid_entry(&self, port: u32, index: u32) -> Result<Vec<u8>, Errno> {
+    /// The entry for (port, index); ENODATA for an index without a valid GID.
+    fn gid_entry(&self, port: u32, index: u32) -> Result<IbUverbsGidEntry, Errno> {
         self.gid_entries(port)?
             .into_iter()
-            .find(|e| le32(e, 16) == index)
+            .find(|e| e.gid_index == index)
             .ok_or(Errno(libc::ENODATA))
     }
 
@@ -394,30 +573,16 @@ impl EmuFile {
         }
     }
 
-    /// Whether (object, method) is implemented.
-    pub(super) fn known(object: u16, method: u16) -> bool {
-        matches!(
-            (object, method),
-            (0, 0 | 2 | 3 | 5 | 6)
-                | (1, 0)
-                | (3, 0 | 1)
-                | (4, 0 | 1)
-                | (5, 0 | 1)
-                | (6, 0)
-                | (7, 1)
-                | (16, 0)
-                | (MLX5_OBJECT_UAR, 0x1000 | 0x1001)
-        )
-    }
-
     /// Allocate a dynamic UAR page: (handle, page id, mmap page offset).
     fn alloc_uar(&self, ty: u32) -> Result<(u32, u32, u64), Errno> {
         let ctx = self.ctx().ok_or(EINVAL)?;
         let mut w = self.shared.lock();
-        if ty > 1 {
-            return Err(EINVAL);
+        // mlx5_ib UAR_OBJ_ALLOC: a type other than BF/NC is EOPNOTSUPP, as is BF without
+        // write-combining.
+        if ty != MLX5_IB_UAPI_UAR_ALLOC_TYPE_BF && ty != MLX5_IB_UAPI_UAR_ALLOC_TYPE_NC {
+            return Err(Errno(libc::EOPNOTSUPP));
         }
-        if ty == 0 && w.cfg.bf_reg_size == 0 {
+        if ty == MLX5_IB_UAPI_UAR_ALLOC_TYPE_BF && w.cfg.bf_reg_size == 0 {
             return Err(Errno(libc::EOPNOTSUPP));
         }
         let c = w.contexts.get_mut(&ctx).ok_or(EINVAL)?;
@@ -467,4 +632,9 @@ impl EmuFile {
         chan.handed_out = true;
         Ok(chan.user_fd)
     }
+}
+
+/// No driver data.
+fn no_uhw() -> Uhw {
+    (Vec::new(), 0, 0)
 }
