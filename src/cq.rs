@@ -6,6 +6,9 @@
 //! owner bit equals `(ci >> log2(ncqe)) & 1`; until the consumer index is published in the CQ
 //! doorbell record, the device will not overwrite consumed entries.
 //!
+//! One consumer per ring: a CQ is polled either through [`Cq`] (verbs-shaped) or through
+//! [`RawCq`] (low-level), made from it by value; the ring's reader moves between them.
+//!
 //! # Ordering rule
 //! Read `op_own` once; if owned, `from_device()`, then copy the whole descriptor out; after the
 //! batch, `loads_before_release()` and publish CI (record word 0). Arming writes record word 1,
@@ -26,9 +29,9 @@ use zerocopy::IntoBytes;
 
 use crate::context::{CompChannel, Context, UarMode};
 use crate::error::{Error, Result};
+use crate::mem::scatter::MrCache;
 use crate::mem::uar::UarReg;
-use crate::mem::{CqBuf, DbRec};
-use crate::mmio::access::CqeRing;
+use crate::mem::{CqBuf, CqeReader, DbRec, TakenCqe};
 use crate::mmio::barrier;
 use crate::qp::rq::RqShared;
 use crate::qp::sq::{SqShared, wc_opcode_of};
@@ -73,7 +76,8 @@ pub(crate) struct CqShared {
     handle: u32,
     pub(crate) cqn: u32,
     user_handle: u64,
-    buf: CqBuf,
+    /// The ring's memory (its reader holds the mapping too).
+    _buf: CqBuf,
     dbrec: DbRec,
     arm_reg: UarReg,
     users: Mutex<Vec<CqUser>>,
@@ -129,18 +133,161 @@ struct Pending {
     last: WorkCompletion,
 }
 
-/// A completion queue. Polling takes `&mut self`: one poller per CQ; `Send`, not `Sync`.
+/// The QPs of a CQ as its poller sees them: a copy of the shared list, found by CQE user index
+/// (CQE version 1) or QPN through an open-addressed index, behind a last-hit cache. Reloaded
+/// (under the shared list's lock) only when a QP was attached or detached.
+#[derive(Debug, Default)]
+struct Users {
+    list: Vec<CqUser>,
+    /// `slots[h]` is 1 + the position in `list` of the user whose key probes to `h` (0: empty).
+    slots: Box<[u32]>,
+    /// The key of each entry of `list` (user index or QPN).
+    keys: Vec<u32>,
+    /// Position of the last user found.
+    last: usize,
+    seen_gen: u64,
+}
+
+impl Users {
+    /// The user whose key is `key`: the last one found, else by index.
+    #[inline(always)]
+    fn find(&mut self, key: u32) -> Option<&CqUser> {
+        let i = if self.keys.get(self.last) == Some(&key) {
+            self.last
+        } else {
+            self.probe(key)?
+        };
+        self.last = i;
+        self.list.get(i)
+    }
+
+    /// The position of `key` through the index (linear probing in a table at most half full).
+    #[inline(never)]
+    fn probe(&self, key: u32) -> Option<usize> {
+        let mask = self.slots.len().checked_sub(1)?;
+        let mut h = key as usize & mask;
+        loop {
+            let s = *self.slots.get(h)?;
+            let i = (s as usize).checked_sub(1)?;
+            if self.keys.get(i) == Some(&key) {
+                return Some(i);
+            }
+            h = (h + 1) & mask;
+        }
+    }
+
+    /// Copy the shared list and build the index (the cold path: after an attach or detach).
+    fn reload(&mut self, list: &[CqUser], by_uidx: bool, g: u64) {
+        self.list = list.to_vec();
+        self.keys = list
+            .iter()
+            .map(|u| if by_uidx { u.uidx } else { u.qpn })
+            .collect();
+        let n = (2 * list.len()).max(2).next_power_of_two();
+        let mut slots = vec![0u32; n];
+        for (i, &k) in self.keys.iter().enumerate() {
+            let mut h = k as usize & (n - 1);
+            while slots[h] != 0 {
+                h = (h + 1) & (n - 1);
+            }
+            slots[h] = i as u32 + 1;
+        }
+        self.slots = slots.into_boxed_slice();
+        self.last = 0;
+        self.seen_gen = g;
+    }
+}
+
+/// What both pollers of a CQ keep: the ring's one reader (consumer index), the QP table, the
+/// memory-region cache for scatter-to-CQE copies, and the arm sequence number.
+#[derive(Debug)]
+struct Core {
+    ring: CqeReader,
+    shared: Arc<CqShared>,
+    users: Users,
+    by_uidx: bool,
+    mr_cache: MrCache,
+    arm_sn: u32,
+    cqe_count: u32,
+    user_reloads: u64,
+}
+
+impl Core {
+    /// Take a fresh copy of the QP list if a QP was attached or detached since the last poll.
+    #[inline(always)]
+    fn refresh(&mut self) {
+        let g = self.shared.generation.load(Ordering::Acquire);
+        if g != self.users.seen_gen {
+            self.reload_users(g);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn reload_users(&mut self, g: u64) {
+        let u = self.shared.users.lock().unwrap_or_else(|p| p.into_inner());
+        self.users.reload(&u, self.by_uidx, g);
+        self.user_reloads += 1;
+    }
+
+    fn locks_taken(&self) -> u64 {
+        self.user_reloads + self.mr_cache.misses
+    }
+
+    #[inline]
+    fn publish_ci(&mut self) {
+        self.ring.publish(&self.shared.dbrec);
+    }
+
+    fn req_notify(&mut self, solicited_only: bool) {
+        // The device compares the armed consumer index with the published one.
+        self.publish_ci();
+        let ci = self.ring.ci();
+        let word = cq_arm_word((self.arm_sn & 3) as u8, solicited_only, ci & 0xFF_FFFF);
+        self.shared.dbrec.word1().store_be32(word);
+        barrier::wc_start();
+        self.shared
+            .arm_reg
+            .mmio()
+            .store_raw64(0, cq_arm_doorbell(word, self.shared.cqn));
+        barrier::wc_flush();
+    }
+
+    fn event_received(&mut self) {
+        self.arm_sn = self.arm_sn.wrapping_add(1);
+        self.shared.events_acked.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn wait(&mut self, channel: &CompChannel, timeout_ms: i32) -> Result<bool> {
+        let own = self.shared._channel.as_ref();
+        if !own.is_some_and(|c| core::ptr::eq(&**c, channel)) {
+            return Err(Error::InvalidArgument {
+                attr: "channel",
+                reason: "not the completion channel this CQ was created with",
+            });
+        }
+        match channel.get_event(timeout_ms)? {
+            None => Ok(false),
+            Some(h) if h == self.shared.user_handle => {
+                self.event_received();
+                Ok(true)
+            }
+            Some(_) => Err(Error::BadResponse {
+                cmd: "completion event",
+                what: "event for another CQ",
+            }),
+        }
+    }
+}
+
+/// A completion queue, polled through the verbs-shaped API ([`poll`](Self::poll) into work
+/// completions). Polling takes `&mut self`: one poller per CQ; `Send`, not `Sync`. For the
+/// low-level poller, convert it by value with [`into_raw`](Self::into_raw): a CQ is polled
+/// through one or the other, never both.
 #[derive(Debug)]
 pub struct Cq {
-    shared: Arc<CqShared>,
-    log_n: u8,
-    ci: u32,
-    arm_sn: u32,
-    seen_gen: u64,
-    local: Vec<CqUser>,
-    by_uidx: bool,
+    core: Core,
     pending: Option<Pending>,
-    cqe_count: u32,
     /// One poller per CQ: `Send`, not `Sync`.
     _not_sync: core::marker::PhantomData<core::cell::Cell<()>>,
 }
@@ -178,7 +325,7 @@ impl Cq {
             });
         }
         let ncqe = (init.cqe + 1).next_power_of_two();
-        let buf = CqBuf::new(ncqe, init.cqe_size as usize)?;
+        let (buf, ring) = CqBuf::new(ncqe, init.cqe_size as usize)?;
         let dbrec = ctx.inner.dbrecs.alloc()?;
         let mut drv = Mlx5IbCreateCq {
             buf_addr: buf.addr(),
@@ -208,7 +355,7 @@ impl Cq {
             handle: core.cq_handle,
             cqn: m.cqn,
             user_handle,
-            buf,
+            _buf: buf,
             dbrec,
             arm_reg: ctx.inner.cq_uar.cq_doorbell(),
             users: Mutex::new(Vec::new()),
@@ -217,128 +364,111 @@ impl Cq {
             _channel: channel.cloned(),
         });
         Ok(Self {
-            shared,
-            log_n: ncqe.trailing_zeros() as u8,
-            ci: 0,
-            arm_sn: 0,
-            seen_gen: u64::MAX,
-            local: Vec::new(),
-            by_uidx: ctx.cqe_version() == 1,
+            core: Core {
+                ring,
+                shared,
+                users: Users {
+                    seen_gen: u64::MAX,
+                    ..Users::default()
+                },
+                by_uidx: ctx.cqe_version() == 1,
+                mr_cache: MrCache::default(),
+                arm_sn: 0,
+                cqe_count: ncqe,
+                user_reloads: 0,
+            },
             pending: None,
-            cqe_count: ncqe,
             _not_sync: core::marker::PhantomData,
         })
     }
 
     pub(crate) fn shared(&self) -> &Arc<CqShared> {
-        &self.shared
+        &self.core.shared
     }
 
     /// CQ number.
     pub fn cqn(&self) -> u32 {
-        self.shared.cqn
+        self.core.shared.cqn
     }
 
     /// Number of CQEs the ring holds (a power of two; `ibv_cq.cqe` is this minus one).
     pub fn capacity(&self) -> u32 {
-        self.cqe_count
+        self.core.cqe_count
     }
 
     /// The handle completion events carry for this CQ.
     pub fn user_handle(&self) -> u64 {
-        self.shared.user_handle
+        self.core.shared.user_handle
     }
 
     /// The free-running consumer index.
     pub fn consumer_index(&self) -> u32 {
-        self.ci
+        self.core.ring.ci()
     }
 
-    /// Take a fresh copy of the QP list if a QP was attached or detached since the last poll.
-    #[inline(always)]
-    fn refresh(&mut self) {
-        let g = self.shared.generation.load(Ordering::Acquire);
-        if g != self.seen_gen {
-            self.reload_users(g);
-        }
+    /// How many times this poller took a lock: to copy the QP list after a QP was created or
+    /// destroyed on the CQ, and to look a memory region up when a scatter-to-CQE copy missed
+    /// the poller's last-hit cache. Constant in steady state (no lock on the fast path).
+    pub fn locks_taken(&self) -> u64 {
+        self.core.locks_taken()
     }
 
-    #[cold]
-    #[inline(never)]
-    fn reload_users(&mut self, g: u64) {
-        let u = self.shared.users.lock().unwrap_or_else(|p| p.into_inner());
-        self.local.clone_from(&u);
-        self.seen_gen = g;
-    }
-
-    /// Low-level: take the next software-owned CQE (ownership test, read barrier, copy), or
-    /// `None`. The consumer index is not published until [`publish_ci`](Self::publish_ci).
-    #[inline]
-    pub fn next_cqe(&mut self) -> Option<Cqe64> {
-        let raw = self.shared.buf.ring().take(self.ci, self.log_n)?;
-        self.ci = self.ci.wrapping_add(1);
-        Some(zerocopy::transmute!(raw))
-    }
-
-    /// Low-level: publish the consumer index in the CQ doorbell record.
-    #[inline]
-    pub fn publish_ci(&mut self) {
-        barrier::loads_before_release();
-        self.shared.dbrec.word0().store_be32(self.ci & 0xFF_FFFF);
-    }
-
-    /// Low-level scatter-to-CQE: if the device put the payload of this receive CQE (the one
-    /// [`next_cqe`](Self::next_cqe) just returned, before [`publish_ci`](Self::publish_ci))
-    /// into the CQE itself (format bits of `op_own`), copy it into the scatter list of the
-    /// receive WQE it consumed, as [`poll`](Self::poll) does; call before
-    /// [`RecvQueue::retire`](crate::RecvQueue::retire). Does nothing for CQEs without
-    /// scattered data (every CQE of a QP created without
-    /// [`QpInitAttr::scatter_to_cqe`](crate::QpInitAttr::scatter_to_cqe)).
+    /// Convert into the low-level poller. The bookkeeping moves with it (consumer index, arm
+    /// sequence); a CQ is polled through one API at a time, so the two cannot disagree.
     ///
     /// # Errors
-    /// The completion status the copy ends with: `LOC_PROT_ERR` for a destination outside the
-    /// registered memory regions, `LOC_LEN_ERR` if the scatter list is too short,
-    /// `GENERAL_ERR` for a malformed CQE.
-    pub fn copy_scattered(
-        &self,
-        cqe: &Cqe64,
-        rq: &crate::RecvQueue,
-    ) -> core::result::Result<(), WcStatus> {
-        if cqe.op_own & SCATTER_MASK == 0 {
-            return Ok(());
+    /// Gives the CQ back unchanged while unsignaled send WRs are still to be reported
+    /// ([`QpInitAttr::report_unsignaled`](crate::QpInitAttr::report_unsignaled)): poll until
+    /// a call returns fewer completions than it had room for, then convert.
+    #[expect(
+        clippy::result_large_err,
+        reason = "the CQ itself is handed back; a conversion, not a fast path"
+    )]
+    pub fn into_raw(self) -> core::result::Result<RawCq, Cq> {
+        if self.pending.is_some() {
+            return Err(self);
         }
-        let at = Some((self.shared.buf.ring(), self.ci.wrapping_sub(1)));
-        let (data, len) = scattered_data(cqe, at, cqe.byte_cnt())?;
-        rq.shared()
-            .scatter
-            .as_ref()
-            .ok_or(WcStatus::GENERAL_ERR)?
-            .copy(u32::from(cqe.wqe_counter()), &data[..len])
+        Ok(RawCq { core: self.core })
     }
 
     /// Poll up to `wcs.len()` completions into `wcs`; returns how many were written. Publishes
-    /// the consumer index once. No allocation, no locks (except once after a QP was created or
-    /// destroyed on this CQ, and, for a CQE carrying scattered payload, the context's table of
-    /// memory regions while the payload is checked and copied into place).
+    /// the consumer index once. No allocation and no lock in steady state (see
+    /// [`locks_taken`](Self::locks_taken)); payloads the device scattered into CQEs are copied
+    /// into the receive WQE's scatter list, every destination checked against the registered
+    /// memory regions.
     #[inline]
     pub fn poll(&mut self, wcs: &mut [WorkCompletion]) -> usize {
-        self.refresh();
+        self.core.refresh();
         let mut n = 0;
         if self.pending.is_some() {
             n += self.drain_pending(&mut wcs[n..]);
         }
         while let Some(wc) = wcs.get_mut(n) {
-            let ci = self.ci;
-            let Some(cqe) = self.next_cqe() else { break };
-            let at = Some((self.shared.buf.ring(), ci));
-            if decode_into(&self.local, self.by_uidx, &mut self.pending, &cqe, at, wc) {
+            let Core {
+                ring,
+                users,
+                by_uidx,
+                mr_cache,
+                ..
+            } = &mut self.core;
+            let Some(t) = ring.take() else { break };
+            let cqe = t.cqe();
+            if decode_into(
+                users,
+                *by_uidx,
+                &mut self.pending,
+                mr_cache,
+                &cqe,
+                Some(&t),
+                wc,
+            ) {
                 n += 1;
             }
             if self.pending.is_some() {
                 n += self.drain_pending(&mut wcs[n..]);
             }
         }
-        self.publish_ci();
+        self.core.publish_ci();
         n
     }
 
@@ -377,21 +507,13 @@ impl Cq {
     /// produces an event on the completion channel. Poll once more after arming to close the
     /// race with completions that arrived before the arm.
     pub fn req_notify(&mut self, solicited_only: bool) {
-        let word = cq_arm_word((self.arm_sn & 3) as u8, solicited_only, self.ci & 0xFF_FFFF);
-        self.shared.dbrec.word1().store_be32(word);
-        barrier::wc_start();
-        self.shared
-            .arm_reg
-            .mmio()
-            .store_raw64(0, cq_arm_doorbell(word, self.shared.cqn));
-        barrier::wc_flush();
+        self.core.req_notify(solicited_only);
     }
 
     /// Account for one completion event read for this CQ (libibverbs' `cq_event` hook plus
     /// `ibv_ack_cq_events`): bumps the arm sequence number.
     pub fn event_received(&mut self) {
-        self.arm_sn = self.arm_sn.wrapping_add(1);
-        self.shared.events_acked.fetch_add(1, Ordering::Relaxed);
+        self.core.event_received();
     }
 
     /// Block on `channel` until this CQ's event arrives (poll(2) on the fd, no spinning) or
@@ -401,19 +523,288 @@ impl Cq {
     /// read [`CompChannel::get_event`] and dispatch on [`user_handle`](Self::user_handle).
     ///
     /// # Errors
-    /// [`Error::Os`] if waiting fails; [`Error::BadResponse`] if an event for another CQ arrives.
+    /// [`Error::InvalidArgument`] naming `channel` if it is not the channel the CQ was created
+    /// with (no event of this CQ could ever arrive there); [`Error::Os`] if waiting fails;
+    /// [`Error::BadResponse`] if an event for another CQ arrives.
     pub fn wait(&mut self, channel: &CompChannel, timeout_ms: i32) -> Result<bool> {
-        match channel.get_event(timeout_ms)? {
-            None => Ok(false),
-            Some(h) if h == self.shared.user_handle => {
-                self.event_received();
-                Ok(true)
-            }
-            Some(_) => Err(Error::BadResponse {
-                cmd: "completion event",
-                what: "event for another CQ",
-            }),
+        self.core.wait(channel, timeout_ms)
+    }
+}
+
+/// The low-level poller of a CQ, made from a [`Cq`] by value ([`Cq::into_raw`]): typed raw
+/// completions ([`RawCqe`]) one at a time, the consumer index published when the caller
+/// chooses ([`publish_ci`](Self::publish_ci)), and the queue bookkeeping left to the caller
+/// ([`SendQueue::retire`](crate::SendQueue::retire),
+/// [`RecvQueue::retire`](crate::RecvQueue::retire)). A payload the device scattered into a
+/// CQE is copied into the receive WQE's scatter list before the completion is returned (the
+/// copy's failure is the completion's [`status`](RawCqe::status)), so no loop can forget it.
+#[derive(Debug)]
+pub struct RawCq {
+    core: Core,
+}
+
+impl RawCq {
+    /// Publish the consumer index in the CQ doorbell record: the device may reuse every entry
+    /// taken so far. Publish at least once per ring's worth of completions (the device counts
+    /// unpublished entries as occupied) and before arming.
+    #[inline]
+    pub fn publish_ci(&mut self) {
+        self.core.publish_ci();
+    }
+
+    /// Back to the verbs-shaped poller (bookkeeping moves with it).
+    pub fn into_verbs(self) -> Cq {
+        Cq {
+            core: self.core,
+            pending: None,
+            _not_sync: core::marker::PhantomData,
         }
+    }
+
+    /// CQ number.
+    pub fn cqn(&self) -> u32 {
+        self.core.shared.cqn
+    }
+
+    /// Number of CQEs the ring holds.
+    pub fn capacity(&self) -> u32 {
+        self.core.cqe_count
+    }
+
+    /// The free-running consumer index.
+    pub fn consumer_index(&self) -> u32 {
+        self.core.ring.ci()
+    }
+
+    /// As [`Cq::locks_taken`].
+    pub fn locks_taken(&self) -> u64 {
+        self.core.locks_taken()
+    }
+
+    /// Arm the CQ (publishes the consumer index first); see [`Cq::req_notify`].
+    pub fn req_notify(&mut self, solicited_only: bool) {
+        self.core.req_notify(solicited_only);
+    }
+
+    /// See [`Cq::event_received`].
+    pub fn event_received(&mut self) {
+        self.core.event_received();
+    }
+
+    /// See [`Cq::wait`].
+    ///
+    /// # Errors
+    /// As [`Cq::wait`].
+    pub fn wait(&mut self, channel: &CompChannel, timeout_ms: i32) -> Result<bool> {
+        self.core.wait(channel, timeout_ms)
+    }
+}
+
+/// The low-level poll: each `next` takes one completion, `None` while the device owns the next
+/// entry (a later `next` may find one: this iterator is not fused). `for c in &mut raw` drains
+/// what has arrived.
+impl Iterator for RawCq {
+    type Item = RawCqe;
+
+    /// Take the next completion, or `None` while the device owns the next entry. The consumer
+    /// index is not published until [`publish_ci`](Self::publish_ci).
+    #[inline]
+    fn next(&mut self) -> Option<RawCqe> {
+        let Core {
+            ring,
+            users,
+            by_uidx,
+            mr_cache,
+            shared,
+            user_reloads,
+            ..
+        } = &mut self.core;
+        let t = ring.take()?;
+        let cqe = t.cqe();
+        let mut copy = WcStatus::SUCCESS;
+        if cqe.op_own & SCATTER_MASK != 0 {
+            copy = raw_scatter(shared, users, *by_uidx, user_reloads, mr_cache, t);
+        }
+        Some(RawCqe { cqe, copy })
+    }
+}
+
+/// The raw poller's scatter-to-CQE copy for `cqe` (taken as `t`): find its queue and copy the
+/// payload into the WQE's scatter list; the status the copy ends with.
+#[cold]
+#[inline(never)]
+fn raw_scatter(
+    shared: &CqShared,
+    users: &mut Users,
+    by_uidx: bool,
+    reloads: &mut u64,
+    cache: &mut MrCache,
+    t: TakenCqe<'_>,
+) -> WcStatus {
+    // Read again here, so that the caller's copy can stay in registers.
+    let cqe = &t.cqe();
+    let t = &t;
+    let g = shared.generation.load(Ordering::Acquire);
+    if g != users.seen_gen {
+        let u = shared.users.lock().unwrap_or_else(|p| p.into_inner());
+        users.reload(&u, by_uidx, g);
+        *reloads += 1;
+    }
+    let key = if by_uidx { cqe.user_index() } else { cqe.qpn() };
+    let Some(user) = users.find(key) else {
+        return WcStatus::GENERAL_ERR;
+    };
+    let counter = cqe.wqe_counter();
+    let r = match cqe.opcode() {
+        CqeOpcode::REQ => match &user.sq {
+            Some(sq) => {
+                let len = match cqe.send_opcode() {
+                    SendOpcode::ATOMIC_CS | SendOpcode::ATOMIC_FA => 8,
+                    _ => cqe.byte_cnt(),
+                };
+                scattered_data(cqe, Some(t), len)
+                    .and_then(|(d, n)| sq.copy_scattered(counter, &d[..n]))
+            }
+            None => Err(WcStatus::GENERAL_ERR),
+        },
+        CqeOpcode::RESP_RDMA_WRITE_IMM
+        | CqeOpcode::RESP_SEND
+        | CqeOpcode::RESP_SEND_IMM
+        | CqeOpcode::RESP_SEND_INV => scattered_data(cqe, Some(t), cqe.byte_cnt())
+            .and_then(|(d, n)| copy_recv(user, cache, counter, &d[..n])),
+        _ => Ok(()),
+    };
+    r.err().unwrap_or(WcStatus::SUCCESS)
+}
+
+/// Copy a receive payload scattered into a CQE into the scatter list of the (SRQ or RQ) WQE
+/// `counter` it consumed.
+#[inline]
+fn copy_recv(
+    user: &CqUser,
+    cache: &mut MrCache,
+    counter: u16,
+    data: &[u8],
+) -> core::result::Result<(), WcStatus> {
+    match (&user.srq, &user.rq) {
+        (Some(srq), _) => srq.copy_scattered(counter, data, cache),
+        (None, Some(rq)) => {
+            rq.scatter
+                .as_ref()
+                .ok_or(WcStatus::GENERAL_ERR)?
+                .copy(u32::from(counter), data, cache)
+        }
+        (None, None) => Ok(()),
+    }
+}
+
+/// What a raw completion is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CqeKind {
+    /// A successful requester completion: retire with
+    /// [`SendQueue::retire`](crate::SendQueue::retire).
+    Send,
+    /// A successful receive (SEND, SEND with immediate or invalidate, RDMA WRITE with
+    /// immediate): retire with [`RecvQueue::retire`](crate::RecvQueue::retire).
+    Recv,
+    /// A requester error (the syndrome is in [`RawCqe::status`]).
+    SendError,
+    /// A responder error.
+    RecvError,
+    /// Anything else (resize marker, no-packet, signature error, reserved opcodes).
+    Other,
+}
+
+/// One completion from the low-level poller: the 64-byte CQE as the device wrote it, typed
+/// accessors, and the outcome of the scatter-to-CQE copy the poller already made.
+#[derive(Clone, Copy, Debug)]
+pub struct RawCqe {
+    cqe: Cqe64,
+    copy: WcStatus,
+}
+
+impl RawCqe {
+    /// What the completion is.
+    #[inline(always)]
+    pub fn kind(&self) -> CqeKind {
+        match self.cqe.opcode() {
+            CqeOpcode::REQ => CqeKind::Send,
+            CqeOpcode::RESP_RDMA_WRITE_IMM
+            | CqeOpcode::RESP_SEND
+            | CqeOpcode::RESP_SEND_IMM
+            | CqeOpcode::RESP_SEND_INV => CqeKind::Recv,
+            CqeOpcode::REQ_ERR => CqeKind::SendError,
+            CqeOpcode::RESP_ERR => CqeKind::RecvError,
+            _ => CqeKind::Other,
+        }
+    }
+
+    /// The CQE opcode.
+    #[inline(always)]
+    pub fn opcode(&self) -> CqeOpcode {
+        self.cqe.opcode()
+    }
+
+    /// The WQE counter: the first WQEBB of the send WQE, or the receive WQE's index.
+    #[inline(always)]
+    pub fn wqe_counter(&self) -> u16 {
+        self.cqe.wqe_counter()
+    }
+
+    /// Bytes received (or read).
+    #[inline(always)]
+    pub fn byte_len(&self) -> u32 {
+        self.cqe.byte_cnt()
+    }
+
+    /// The QP number.
+    #[inline(always)]
+    pub fn qpn(&self) -> u32 {
+        self.cqe.qpn()
+    }
+
+    /// The completion status: the error a syndrome maps to for error CQEs, the failure of the
+    /// scatter-to-CQE copy (`LOC_PROT_ERR`, `LOC_LEN_ERR`, `GENERAL_ERR`), or success.
+    #[inline(always)]
+    pub fn status(&self) -> WcStatus {
+        match self.cqe.opcode() {
+            CqeOpcode::REQ_ERR | CqeOpcode::RESP_ERR => {
+                let mut wc = WorkCompletion::default();
+                set_error(&mut wc, &self.cqe);
+                wc.status
+            }
+            _ => self.copy,
+        }
+    }
+
+    /// Syndrome and vendor syndrome of an error CQE.
+    pub fn syndrome(&self) -> Option<(Syndrome, mlx5_hw::opcodes::VendorSyndrome)> {
+        match self.cqe.opcode() {
+            CqeOpcode::REQ_ERR | CqeOpcode::RESP_ERR => {
+                let err: ErrCqe = zerocopy::transmute!(self.cqe);
+                Some((err.syndrome(), err.vendor_syndrome()))
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether the payload came in the CQE (already copied into the receive buffer).
+    #[inline(always)]
+    pub fn scattered(&self) -> bool {
+        self.cqe.op_own & SCATTER_MASK != 0
+    }
+
+    /// Immediate data (network order) or invalidated rkey bytes.
+    #[inline(always)]
+    pub fn imm_data(&self) -> [u8; 4] {
+        self.cqe.imm_inval_pkey.to_bytes()
+    }
+
+    /// The whole CQE, for fields without an accessor here (decode with [`mlx5_hw::cqe`]).
+    /// With scattered payload of format 1 its first 32 bytes are payload.
+    #[inline(always)]
+    pub fn cqe(&self) -> &Cqe64 {
+        &self.cqe
     }
 }
 
@@ -426,7 +817,10 @@ fn decode(
     cqe: &Cqe64,
 ) -> Option<WorkCompletion> {
     let mut wc = WorkCompletion::default();
-    decode_into(local, by_uidx, pending, cqe, None, &mut wc).then_some(wc)
+    let mut cache = MrCache::default();
+    let mut users = Users::default();
+    users.reload(local, by_uidx, 0);
+    decode_into(&mut users, by_uidx, pending, &mut cache, cqe, None, &mut wc).then_some(wc)
 }
 
 /// Decode one CQE into the caller's work completion, doing the queue bookkeeping (retire send
@@ -438,21 +832,16 @@ fn decode(
 /// out of line, so that the common path keeps its few values in registers.
 #[inline(always)]
 fn decode_into(
-    local: &[CqUser],
+    users: &mut Users,
     by_uidx: bool,
     pending: &mut Option<Pending>,
+    cache: &mut MrCache,
     cqe: &Cqe64,
-    at: Option<(&CqeRing, u32)>,
+    at: Option<&TakenCqe<'_>>,
     out: &mut WorkCompletion,
 ) -> bool {
-    let found = if by_uidx {
-        let u = cqe.user_index();
-        local.iter().find(|x| x.uidx == u)
-    } else {
-        let q = cqe.qpn();
-        local.iter().find(|x| x.qpn == q)
-    };
-    let Some(user) = found else {
+    let key = if by_uidx { cqe.user_index() } else { cqe.qpn() };
+    let Some(user) = users.find(key) else {
         return false;
     };
     // Opcode and format bits at once: the two common kinds without scattered data.
@@ -468,7 +857,24 @@ fn decode_into(
             return true;
         }
     }
-    decode_other(user, pending, cqe, at, out)
+    match at {
+        Some(&t) => decode_other_taken(user, pending, cache, t, out),
+        None => decode_other(user, pending, cache, cqe, None, out),
+    }
+}
+
+/// [`decode_other`] of the entry `t`, read again here so that the caller's copy of the CQE
+/// can stay in registers (its address is never taken on the common path).
+#[inline(never)]
+fn decode_other_taken(
+    user: &CqUser,
+    pending: &mut Option<Pending>,
+    cache: &mut MrCache,
+    t: TakenCqe<'_>,
+    out: &mut WorkCompletion,
+) -> bool {
+    let cqe = t.cqe();
+    decode_other(user, pending, cache, &cqe, Some(&t), out)
 }
 
 /// `op_own` opcode (7:4) and format (3:2) bits.
@@ -526,8 +932,7 @@ fn requester_wc(user: &CqUser, sq: &SqShared, cqe: &Cqe64) -> (u32, WorkCompleti
     (ord, wc)
 }
 
-/// The first `len` bytes of the payload the device scattered into `cqe` (taken at consumer
-/// index `at.1` of ring `at.0`): format 1, from the start of the 64-byte CQE (at most 32
+/// The first `len` bytes of the payload the device scattered into `cqe` (taken as `at`): format 1, from the start of the 64-byte CQE (at most 32
 /// bytes; the CQE fields there are payload); format 2, from the first half of a 128-byte
 /// entry (at most 64 bytes).
 ///
@@ -536,7 +941,7 @@ fn requester_wc(user: &CqUser, sq: &SqShared, cqe: &Cqe64) -> (u32, WorkCompleti
 /// 64-byte entries, or the reserved format 3.
 fn scattered_data(
     cqe: &Cqe64,
-    at: Option<(&CqeRing, u32)>,
+    at: Option<&TakenCqe<'_>>,
     len: u32,
 ) -> core::result::Result<([u8; 64], usize), WcStatus> {
     let len = len as usize;
@@ -547,7 +952,7 @@ fn scattered_data(
             Ok((d, len))
         }
         CQE_FORMAT_SCATTER_64 if len <= 64 => at
-            .and_then(|(ring, ci)| ring.first_half(ci))
+            .and_then(TakenCqe::first_half)
             .map(|d| (d, len))
             .ok_or(WcStatus::GENERAL_ERR),
         _ => Err(WcStatus::GENERAL_ERR),
@@ -591,12 +996,13 @@ fn retire_send(
 }
 
 /// [`decode_into`] for every CQE but a successful requester one.
-#[inline(never)]
+#[inline]
 fn decode_other(
     user: &CqUser,
     pending: &mut Option<Pending>,
+    cache: &mut MrCache,
     cqe: &Cqe64,
-    at: Option<(&CqeRing, u32)>,
+    at: Option<&TakenCqe<'_>>,
     out: &mut WorkCompletion,
 ) -> bool {
     let op = cqe.opcode();
@@ -640,17 +1046,9 @@ fn decode_other(
             // A payload scattered into the CQE goes to the WQE's scatter list before the WQE
             // is retired (the poster may reuse it from then on).
             let scattered = op != CqeOpcode::RESP_ERR && cqe.op_own & SCATTER_MASK != 0;
-            let copy = |data: &[u8]| match (&user.srq, &user.rq) {
-                (Some(srq), _) => srq.copy_scattered(counter, data),
-                (None, Some(rq)) => rq
-                    .scatter
-                    .as_ref()
-                    .ok_or(WcStatus::GENERAL_ERR)?
-                    .copy(u32::from(counter), data),
-                (None, None) => Ok(()),
-            };
             let copied = if scattered {
-                scattered_data(cqe, at, cqe.byte_cnt()).and_then(|(d, n)| copy(&d[..n]))
+                scattered_data(cqe, at, cqe.byte_cnt())
+                    .and_then(|(d, n)| copy_recv(user, cache, counter, &d[..n]))
             } else {
                 Ok(())
             };

@@ -17,9 +17,10 @@
 //!
 //! Two API levels: the ibverbs-shaped one ([`SendWr`], [`RecvWr`], [`Sge`],
 //! [`WorkCompletion`], chains as slices) and beneath it the zero-overhead one
-//! ([`SendQueue::send`] and the other operation starts → segments → [`WqeBuilder::finish`] → [`SendQueue::ring`];
-//! [`Cq::next_cqe`] / [`Cq::publish_ci`]). Neither allocates or locks on the fast path; posting
-//! takes `&mut self`.
+//! ([`SendQueue::send`] and the other operation starts → segments → [`WqeBuilder::finish`] →
+//! [`SendQueue::ring`]; [`Cq::into_raw`] → [`RawCq::next`] / [`RawCq::publish_ci`]). Neither
+//! allocates or locks on the fast path; posting takes `&mut self`; [`Qp::split`] hands out the
+//! send and receive halves for two threads.
 //!
 //! # Public surface
 //! Everything a program needs is re-exported at the crate root; the object modules ([`ah`],
@@ -56,9 +57,10 @@
 //! - Inline payloads are Rust slices ([`SendWr::inline`]); the CPU never reads raw SGE
 //!   addresses, so inline posting stays safe code.
 //! - Scatter-to-CQE is requested by default, as libmlx5 does ([`QpInitAttr::scatter_to_cqe`]):
-//!   [`Cq::poll`] copies payloads the device put in a CQE into the WQE's scatter list (RQ,
-//!   SRQ, and READ/atomic results on `sq_sig_all` requesters), checking every destination
-//!   against the registered memory regions first. CQE compression is never enabled.
+//!   [`Cq::poll`] and [`RawCq::next`] copy payloads the device put in a CQE into the WQE's
+//!   scatter list (RQ, SRQ, and READ/atomic results on `sq_sig_all` requesters), checking
+//!   every destination against the registered memory regions first (through a last-hit cache:
+//!   no lock in steady state). CQE compression is never enabled.
 //! - A doorbell register shared by several QPs is used with 8-byte doorbells only (BlueFlame
 //!   needs a lock there); [`Context::bfreg_users`] shows the sharing.
 //! - CQ rings are never rewritten behind the poller ("CQ clean"): drain a QP's CQs before
@@ -126,7 +128,7 @@ pub use ah::{Ah, AhAttr, GlobalRoute};
 pub use context::{
     AsyncEvent, CompChannel, Context, ContextConfig, DeviceAttr, GidEntry, PortAttr, UarMode,
 };
-pub use cq::{Cq, CqInit};
+pub use cq::{Cq, CqInit, CqeKind, RawCq, RawCqe};
 pub use device::{Device, devices};
 pub use error::{Error, Result};
 pub use mem::dma_buf::UserMemory;

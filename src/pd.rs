@@ -203,7 +203,9 @@ impl Mr {
     /// If the range is outside the region.
     pub fn sge(&self, offset: u64, len: u32) -> Sge {
         assert!(
-            offset + u64::from(len) <= self.len,
+            offset
+                .checked_add(u64::from(len))
+                .is_some_and(|end| end <= self.len),
             "SGE outside the memory region"
         );
         Sge {

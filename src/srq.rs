@@ -41,9 +41,14 @@ impl SrqShared {
     ///
     /// # Errors
     /// As [`MrTable::copy_to_segs`](crate::mem::scatter::MrTable::copy_to_segs).
-    pub(crate) fn copy_scattered(&self, index: u16, data: &[u8]) -> Result<(), WcStatus> {
+    pub(crate) fn copy_scattered(
+        &self,
+        index: u16,
+        data: &[u8],
+        cache: &mut crate::mem::scatter::MrCache,
+    ) -> Result<(), WcStatus> {
         let i = usize::from(index) % self.wr_ids.len();
-        self.scatter.copy(i as u32, data)
+        self.scatter.copy(i as u32, data, cache)
     }
 
     /// A receive CQE for SRQ WQE `index`: its wr_id; the WQE becomes free.

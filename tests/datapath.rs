@@ -7,7 +7,6 @@ mod common;
 use std::sync::Arc;
 
 use common::{PairOpts, Rig, connect, pair, poll_n, side};
-use mlx5::hw::cqe::Cqe64;
 use mlx5::hw::opcodes::CqeOpcode;
 use mlx5::{
     Access, Cq, CqInit, DmaBuf, HugePolicy, Qp, QpInitAttr, QpType, RecvWr, SendFlags, SendWr, Srq,
@@ -90,7 +89,7 @@ fn wqes_wrap_at_the_ring_end(rig: &dyn Rig) {
 }
 
 /// The low-level API: build three WQEs segment by segment, ring once; read raw CQEs (whose
-/// small payloads were scattered into them: `Cq::copy_scattered` puts them in place).
+/// small payloads were scattered into them: the raw poller puts them in place).
 fn low_level_reserve_push_ring(rig: &dyn Rig) {
     let (mut a, mut b) = pair(rig, PairOpts::new(QpType::Rc));
     let r1 = [b.mr.sge(0, 1024)];
@@ -141,36 +140,40 @@ fn low_level_reserve_push_ring(rig: &dyn Rig) {
         (3, 1)
     );
     // Raw CQEs on the receiver.
-    let mut cqes: Vec<Cqe64> = Vec::new();
-    for _ in 0..100_000 {
-        if let Some(c) = b.cq.next_cqe() {
-            // Scatter-to-CQE is on by default: these small payloads came in the CQEs.
-            b.cq.copy_scattered(&c, b.qp.rq().unwrap()).unwrap();
-            cqes.push(c);
-            if cqes.len() == 2 {
-                break;
+    let cqes: Vec<mlx5::RawCqe> = common::with_raw(&mut b.cq, &b.ctx, |raw| {
+        let mut cqes = Vec::new();
+        for _ in 0..100_000 {
+            if let Some(c) = raw.next() {
+                // Scatter-to-CQE is on by default: these small payloads came in the CQEs, and
+                // the poller copied them into the receive buffers.
+                assert!(c.scattered());
+                cqes.push(c);
+                if cqes.len() == 2 {
+                    break;
+                }
+            } else {
+                rig.progress();
             }
-        } else {
-            rig.progress();
         }
-    }
-    b.cq.publish_ci();
+        raw.publish_ci();
+        cqes
+    });
     assert_eq!(cqes.len(), 2);
-    assert_eq!((cqes[0].format(), cqes[1].format()), (1, 1));
+    assert_eq!((cqes[0].cqe().format(), cqes[1].cqe().format()), (1, 1));
     // Typed retirement on the low level: the receive queue hands back the wr_ids.
     let rq = b.qp.rq().unwrap();
     assert_eq!(rq.retire(cqes[0].wqe_counter()), 1);
     assert_eq!(rq.retire(cqes[1].wqe_counter()), 2);
     assert_eq!(rq.outstanding(), 0);
     assert_eq!(
-        (cqes[0].opcode(), cqes[0].byte_cnt()),
+        (cqes[0].opcode(), cqes[0].byte_len()),
         (CqeOpcode::RESP_SEND, 11)
     );
     assert_eq!(
-        (cqes[1].opcode(), cqes[1].byte_cnt()),
+        (cqes[1].opcode(), cqes[1].byte_len()),
         (CqeOpcode::RESP_SEND_IMM, 9)
     );
-    assert_eq!(cqes[1].imm_inval_pkey.to_bytes(), [0xde, 0xad, 0xbe, 0xef]);
+    assert_eq!(cqes[1].imm_data(), [0xde, 0xad, 0xbe, 0xef]);
     assert_eq!(b.cq.consumer_index(), 2);
     let mut got = [0u8; 11];
     b.buf.read(0, &mut got);

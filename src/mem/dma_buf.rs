@@ -48,8 +48,28 @@ pub enum Backing {
 #[derive(Debug)]
 pub struct DmaBuf {
     map: MmapRaw,
+    /// Offset of the buffer in the mapping: 0, or one guard unit with feature `canary`.
+    off: usize,
+    /// Length of the buffer (the mapping less the guard units).
+    len: usize,
     backing: Backing,
     note: Option<String>,
+}
+
+/// Feature `canary` (tests only): every buffer is mapped with one canary-filled guard unit
+/// (a page, or a huge page) on each side, registered in a table that
+/// [`DmaBuf::check_canaries`] walks, so a test can show after every step that nothing (driver
+/// or device) wrote outside any ring or buffer.
+#[cfg(feature = "canary")]
+mod canary {
+    use std::collections::BTreeMap;
+    use std::sync::Mutex;
+
+    /// The byte guard units are filled with.
+    pub(super) const BYTE: u8 = 0xC5;
+
+    /// Live buffers: mapping start -> (guard unit, buffer length).
+    pub(super) static LIVE: Mutex<BTreeMap<usize, (usize, usize)>> = Mutex::new(BTreeMap::new());
 }
 
 /// The system page size.
@@ -68,7 +88,8 @@ impl DmaBuf {
     /// `MADV_DONTFORK`.
     ///
     /// # Errors
-    /// [`Error::Os`] if `mmap` or `madvise` fails; [`Error::InvalidArgument`] if `len` is 0.
+    /// [`Error::Os`] if `mmap` or `madvise` fails; [`Error::InvalidArgument`] if `len` is 0 or
+    /// too large to round up to whole pages.
     pub fn new(len: usize) -> Result<Self> {
         Self::with_policy(len, HugePolicy::None)
     }
@@ -121,9 +142,20 @@ impl DmaBuf {
         } else {
             HUGE_PAGE_SIZE
         };
-        let len = len.div_ceil(align) * align;
+        // A length within a page of `usize::MAX` cannot be rounded up; no mapping is that big.
+        let len = len
+            .checked_next_multiple_of(align)
+            .ok_or(Error::InvalidArgument {
+                attr: "length",
+                reason: "too large to round up to whole pages",
+            })?;
+        let guard = if cfg!(feature = "canary") { align } else { 0 };
+        let total = len.checked_add(2 * guard).ok_or(Error::InvalidArgument {
+            attr: "length",
+            reason: "too large to round up to whole pages",
+        })?;
         let mut opts = MmapOptions::new();
-        opts.len(len);
+        opts.len(total);
         if backing == Backing::Hugetlb {
             opts.huge(Some(21));
         }
@@ -146,21 +178,84 @@ impl DmaBuf {
             op: "madvise(MADV_DONTFORK)",
             errno: errno_of(&e),
         })?;
-        Ok(Self {
+        let buf = Self {
             map,
+            off: guard,
+            len,
             backing,
             note: None,
-        })
+        };
+        #[cfg(feature = "canary")]
+        {
+            let base = buf.map.as_mut_ptr();
+            // SAFETY: the first guard unit is inside the fresh mapping (`total = len + 2 *
+            // guard`) and never handed out (the buffer starts after it).
+            unsafe { core::ptr::write_bytes(base, canary::BYTE, guard) };
+            // SAFETY: likewise the last guard unit, `[guard + len, total)`.
+            unsafe { core::ptr::write_bytes(base.wrapping_add(guard + len), canary::BYTE, guard) };
+            let mut t = canary::LIVE.lock().unwrap_or_else(|p| p.into_inner());
+            t.insert(buf.map.as_ptr() as usize, (guard, len));
+        }
+        Ok(buf)
+    }
+
+    /// Feature `canary`: check the guard units of every live buffer; the number checked, or
+    /// which buffer's guard was written and where.
+    ///
+    /// # Errors
+    /// A description of the first damaged guard unit.
+    #[cfg(feature = "canary")]
+    pub fn check_canaries() -> core::result::Result<usize, String> {
+        Self::check_canaries_near(usize::MAX)
+    }
+
+    /// Feature `canary`: [`check_canaries`](Self::check_canaries) of only the `near` bytes of
+    /// each guard unit next to its buffer (where an overrun or underrun lands first).
+    ///
+    /// # Errors
+    /// As [`check_canaries`](Self::check_canaries).
+    #[cfg(feature = "canary")]
+    pub fn check_canaries_near(near: usize) -> core::result::Result<usize, String> {
+        let t = canary::LIVE.lock().unwrap_or_else(|p| p.into_inner());
+        let word = u64::from_ne_bytes([canary::BYTE; 8]);
+        for (&start, &(guard, len)) in t.iter() {
+            let n = near.min(guard) / 8 * 8;
+            for (name, unit) in [
+                ("before", start + guard - n),
+                ("after", start + guard + len),
+            ] {
+                let p = unit as *const u64;
+                let mut bad = 0u64;
+                for i in 0..n / 8 {
+                    // SAFETY: a guard unit of a live buffer (entries leave the table in `Drop`
+                    // before the mapping goes), 8-byte aligned (page aligned), never handed
+                    // out: only a stray write (the bug this looks for) ever touches it.
+                    bad |= unsafe { p.wrapping_add(i).read() } ^ word;
+                }
+                if bad != 0 {
+                    let at = (0..n / 8)
+                        // SAFETY: as above.
+                        .find(|&i| unsafe { p.wrapping_add(i).read() } != word)
+                        .unwrap_or(0);
+                    return Err(format!(
+                        "canary {name} the buffer at {:#x} (len {len}) overwritten at byte {}",
+                        start + guard,
+                        at * 8
+                    ));
+                }
+            }
+        }
+        Ok(t.len())
     }
 
     /// Length in bytes (a page multiple).
     pub fn len(&self) -> usize {
-        self.map.len()
+        self.len
     }
 
     /// Always false (a buffer has at least one page).
     pub fn is_empty(&self) -> bool {
-        self.map.len() == 0
+        self.len == 0
     }
 
     /// What backs the buffer.
@@ -175,13 +270,13 @@ impl DmaBuf {
 
     /// Virtual address of the first byte (what the kernel and the device are told).
     pub fn addr(&self) -> u64 {
-        self.map.as_ptr() as u64
+        self.map.as_ptr().wrapping_add(self.off) as u64
     }
 
     /// Raw pointer to the first byte.
     pub fn as_ptr(&self) -> NonNull<u8> {
         // PANIC: never; a successful mmap does not return NULL.
-        NonNull::new(self.map.as_mut_ptr()).expect("mmap returned NULL")
+        NonNull::new(self.map.as_mut_ptr().wrapping_add(self.off)).expect("mmap returned NULL")
     }
 
     fn check(&self, offset: usize, len: usize) {
@@ -196,7 +291,7 @@ impl DmaBuf {
     /// `&self`, with other threads, so the copy helpers access it with relaxed single-byte
     /// atomics (plain byte moves on x86-64 and aarch64) rather than racy plain copies.
     fn byte(&self, offset: usize) -> &AtomicU8 {
-        let p = self.map.as_mut_ptr().wrapping_add(offset);
+        let p = self.map.as_mut_ptr().wrapping_add(self.off + offset);
         // SAFETY: callers pass `offset < len` (checked by `check`), so `p` is inside the live
         // mapping owned by `self` for the lifetime of the returned reference; `AtomicU8` has
         // alignment 1; Rust code reaches these bytes only through such atomics (type
@@ -245,6 +340,14 @@ impl DmaBuf {
         let mut b = [0u8; 8];
         self.read(offset, &mut b);
         u64::from_ne_bytes(b)
+    }
+}
+
+#[cfg(feature = "canary")]
+impl Drop for DmaBuf {
+    fn drop(&mut self) {
+        let mut t = canary::LIVE.lock().unwrap_or_else(|p| p.into_inner());
+        t.remove(&(self.map.as_ptr() as usize));
     }
 }
 

@@ -1,5 +1,5 @@
 //! Memory the device touches: page-aligned and hugepage DMA buffers, doorbell-record pages,
-//! the send/receive work-queue rings and the mapped UAR pages.
+//! the send/receive work-queue rings, the completion rings and the mapped UAR pages.
 //!
 //! This is one of the three modules where `unsafe` is allowed. The rule (STYLE P5): memory the
 //! device may be reading or writing is reachable only through raw-pointer handles; the types
@@ -20,47 +20,179 @@ pub mod uar;
 
 use std::sync::Arc;
 
+use core::marker::PhantomData;
+use core::ptr::NonNull;
+
+use mlx5_hw::cqe::{Cqe64, sw_owns};
+
 use crate::error::Result;
-use crate::mmio::access::CqeRing;
+use crate::mmio::barrier;
 
 /// A completion-queue buffer: `count` entries of `stride` bytes in a page-aligned [`DmaBuf`],
-/// every descriptor initialised to "invalid, owner 0" (`op_own = 0xF0`).
-///
-/// # Invariants
-/// `ring` points into `buf`, which this value keeps mapped.
+/// every descriptor initialised to "invalid, owner 0" (`op_own = 0xF0`). Its one consumer is
+/// the [`CqeReader`] made with it.
 #[derive(Debug)]
-pub struct CqBuf {
-    ring: CqeRing,
+pub(crate) struct CqBuf {
     buf: Arc<DmaBuf>,
 }
 
 impl CqBuf {
-    /// Allocate and initialise `count` (a power of two) entries of `stride` (64 or 128) bytes.
+    /// Allocate and initialise `count` (a power of two) entries of `stride` (64 or 128) bytes;
+    /// returns the buffer and its only reader.
     ///
     /// # Errors
-    /// [`Error::Os`](crate::Error::Os) if the memory cannot be mapped.
-    ///
-    /// # Panics
-    /// If `count` is not a power of two or `stride` is not 64 or 128 (internal invariants).
-    pub fn new(count: u32, stride: usize) -> Result<Self> {
-        assert!(count.is_power_of_two() && (stride == 64 || stride == 128));
+    /// [`Error::Os`](crate::Error::Os) if the memory cannot be mapped;
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) if `count` is not a power of
+    /// two of at most 2^24 or `stride` is not 64 or 128.
+    pub(crate) fn new(count: u32, stride: usize) -> Result<(Self, CqeReader)> {
+        if !count.is_power_of_two() || count > 1 << 24 || (stride != 64 && stride != 128) {
+            return Err(crate::Error::InvalidArgument {
+                attr: "cqe",
+                reason: "a CQ ring is a power of two of at most 2^24 entries of 64 or 128 bytes",
+            });
+        }
         let buf = Arc::new(DmaBuf::new(count as usize * stride)?);
-        // SAFETY: `buf` is page aligned (so 64-byte aligned) and holds `count * stride` bytes;
-        // it lives as long as `self`, which owns both.
-        let mut ring = unsafe { CqeRing::from_raw(buf.as_ptr(), count, stride) };
-        ring.init_invalid();
-        Ok(Self { ring, buf })
-    }
-
-    /// The descriptor ring.
-    #[inline(always)]
-    pub fn ring(&self) -> &CqeRing {
-        &self.ring
+        // INVARIANT (CqeReader): the buffer is page aligned, holds `count * stride` bytes and
+        // is kept mapped by the reader's own `Arc`; this is the only reader made for it.
+        let reader = CqeReader {
+            base: buf.as_ptr(),
+            mask: count - 1,
+            log_n: count.trailing_zeros() as u8,
+            stride_shift: stride.trailing_zeros() as u8,
+            desc_offset: stride - 64,
+            ci: 0,
+            _buf: buf.clone(),
+        };
+        for i in 0..count as usize {
+            // Byte 63 of each descriptor: the device does not know the CQ yet.
+            buf.write(i * stride + stride - 1, &[0xF0]);
+        }
+        Ok((Self { buf }, reader))
     }
 
     /// Address of the buffer (for CREATE_CQ).
-    pub fn addr(&self) -> u64 {
+    pub(crate) fn addr(&self) -> u64 {
         self.buf.addr()
+    }
+}
+
+/// The consumer of a CQ ring: the free-running consumer index and the descriptors, read with
+/// the ownership test first. There is exactly one per ring ([`CqBuf::new`]); it moves with the
+/// poller (a `Cq` or `RawCq`), so two pollers can never consume one ring.
+///
+/// # Invariants
+/// `base` is 64-byte aligned and points to `(mask + 1) << stride_shift` bytes kept mapped by
+/// `_buf`; `mask + 1 == 1 << log_n`, a power of two; `stride_shift` is 6 or 7 and
+/// `desc_offset == (1 << stride_shift) - 64`. Entries at consumer indices `>= ci` that pass the
+/// ownership test, and entries below `ci` not yet released by [`publish`](Self::publish),
+/// belong to software: the device writes an entry again only after the published consumer
+/// index moved past it.
+#[derive(Debug)]
+pub(crate) struct CqeReader {
+    base: NonNull<u8>,
+    mask: u32,
+    log_n: u8,
+    stride_shift: u8,
+    desc_offset: usize,
+    ci: u32,
+    _buf: Arc<DmaBuf>,
+}
+
+// SAFETY: the reader only copies out of (and, at creation, initialises) a mapping its `Arc`
+// keeps alive, through raw pointers; moving it to another thread moves its one consumer with
+// it. It is not `Sync` (the consumer index is `&mut`-only state).
+unsafe impl Send for CqeReader {}
+
+/// A descriptor software owns, borrowed from the reader that took it: while it exists the
+/// consumer index cannot be published, so the device cannot rewrite the entry.
+///
+/// # Invariants
+/// `entry` is the start of a live entry (`1 << stride_shift` bytes, 64-byte aligned) of the
+/// borrowed reader's ring that software owns (ownership bit tested, then `from_device()`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TakenCqe<'r> {
+    entry: *const u8,
+    desc_offset: usize,
+    _reader: PhantomData<&'r mut CqeReader>,
+}
+
+impl CqeReader {
+    /// The free-running consumer index.
+    #[inline(always)]
+    pub(crate) fn ci(&self) -> u32 {
+        self.ci
+    }
+
+    /// Take the descriptor at the consumer index if software owns it (one volatile load of its
+    /// `op_own` byte, the ownership test, then `from_device()`) and advance the index; `None`
+    /// while the device owns it.
+    #[inline(always)]
+    pub(crate) fn take(&mut self) -> Option<TakenCqe<'_>> {
+        let ci = self.ci;
+        let slot = (ci & self.mask) as usize;
+        // `slot <= mask`, so the entry lies inside the ring (type invariant).
+        let entry = self.base.as_ptr().wrapping_add(slot << self.stride_shift);
+        // SAFETY: byte 63 of the entry's descriptor, inside the live ring (type invariant);
+        // volatile because the device writes it.
+        let op_own = unsafe { entry.wrapping_add(self.desc_offset + 63).read_volatile() };
+        // The ownership test of `sw_owns` with `log_n <= 24` (type invariant): opcode not
+        // INVALID and the owner bit equal to the pass parity.
+        let pass = (ci >> (self.log_n & 31)) & 1;
+        if op_own >= 0xF0 || u32::from(op_own & 1) != pass {
+            debug_assert!(!sw_owns(op_own, ci, self.log_n));
+            return None;
+        }
+        debug_assert!(sw_owns(op_own, ci, self.log_n));
+        barrier::from_device();
+        self.ci = ci.wrapping_add(1);
+        Some(TakenCqe {
+            entry,
+            desc_offset: self.desc_offset,
+            _reader: PhantomData,
+        })
+    }
+
+    /// Publish the consumer index in `word0` of the CQ's doorbell record (reads of the
+    /// consumed entries before the store); the device may rewrite them from then on.
+    #[inline(always)]
+    pub(crate) fn publish(&mut self, rec: &DbRec) {
+        barrier::loads_before_release();
+        rec.word0().store_be32(self.ci & 0xFF_FFFF);
+    }
+}
+
+impl TakenCqe<'_> {
+    /// The 64-byte descriptor, as the device wrote it (bytes in memory order).
+    #[inline(always)]
+    pub(crate) fn cqe(&self) -> Cqe64 {
+        #[expect(
+            clippy::cast_ptr_alignment,
+            reason = "descriptors are 64-byte aligned (type invariant)"
+        )]
+        let p = self.entry.wrapping_add(self.desc_offset).cast::<u64>();
+        let mut words = [0u64; 8];
+        for (i, w) in words.iter_mut().enumerate() {
+            // SAFETY: word i of a live, 64-byte aligned descriptor that software owns (type
+            // invariant): the device writes it again only after the consumer index is
+            // published past it, which needs the reader this value borrows; so a plain load
+            // races with nothing, and the compiler may skip the words never used.
+            *w = unsafe { p.wrapping_add(i).read() };
+        }
+        zerocopy::transmute!(words)
+    }
+
+    /// The first 64 bytes of a 128-byte entry (where the device puts up to 64 bytes of
+    /// scattered payload, CQE format 2); `None` on a ring of 64-byte entries.
+    #[inline]
+    pub(crate) fn first_half(&self) -> Option<[u8; 64]> {
+        if self.desc_offset == 0 {
+            return None;
+        }
+        let mut out = [0u8; 64];
+        // SAFETY: the first 64 bytes of a live 128-byte entry that software owns (type
+        // invariant); raw copy into a local array.
+        unsafe { core::ptr::copy_nonoverlapping(self.entry, out.as_mut_ptr(), 64) };
+        Some(out)
     }
 }
 

@@ -1,5 +1,5 @@
 //! Width-exact accessors for device-shared words: doorbell records (host memory the device
-//! reads), CQE slots (host memory the device writes) and UAR registers (MMIO).
+//! reads) and UAR registers (MMIO). (CQE rings are read by `mem::CqeReader`.)
 //!
 //! None of these types ever hands out a Rust reference to the memory it names. Their
 //! constructors are `unsafe`: the caller promises the pointer stays valid for as long as the
@@ -8,8 +8,6 @@
 
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicU32, Ordering};
-
-use mlx5_hw::cqe::sw_owns;
 
 /// A 32-bit big-endian word in a doorbell record (host memory that the device reads by DMA).
 ///
@@ -49,108 +47,6 @@ impl DbWord {
         // SAFETY: aligned, live and only accessed atomically (type invariant).
         let a = unsafe { AtomicU32::from_ptr(self.ptr.as_ptr()) };
         u32::from_be(a.load(Ordering::Relaxed))
-    }
-}
-
-/// A ring of completion-queue descriptors written by the device.
-///
-/// # Invariants
-/// `base` is 64-byte aligned and points to `count * stride` bytes that stay mapped for the life
-/// of `self`; `count` is a power of two; `stride` is 64 or 128.
-#[derive(Debug)]
-pub struct CqeRing {
-    base: NonNull<u8>,
-    mask: u32,
-    stride: usize,
-    desc_offset: usize,
-}
-
-// SAFETY: the ring is only read with volatile loads and written with volatile stores through
-// `&mut self` or `&self` methods that take no references into it; the mapping outlives `self`.
-unsafe impl Send for CqeRing {}
-// SAFETY: `&self` methods only perform volatile loads of device-written memory; concurrent loads
-// are harmless. The only store (`init_invalid`) takes `&mut self`.
-unsafe impl Sync for CqeRing {}
-
-impl CqeRing {
-    /// # Safety
-    /// `base` must be 64-byte aligned and valid for `count * stride` bytes for the life of the
-    /// returned value; `count` must be a power of two and `stride` 64 or 128.
-    pub unsafe fn from_raw(base: NonNull<u8>, count: u32, stride: usize) -> Self {
-        debug_assert!(count.is_power_of_two() && (stride == 64 || stride == 128));
-        Self {
-            base,
-            mask: count - 1,
-            stride,
-            desc_offset: stride - 64,
-        }
-    }
-
-    #[inline(always)]
-    fn desc(&self, ci: u32) -> *mut u8 {
-        let slot = (ci & self.mask) as usize;
-        // `slot < count`, so the descriptor lies inside the ring (type invariant).
-        self.base
-            .as_ptr()
-            .wrapping_add(slot * self.stride + self.desc_offset)
-    }
-
-    /// The descriptor for consumer index `ci` on a ring of `1 << log_n` entries, if software
-    /// owns it: one volatile load of its `op_own` byte (offset 63) and the ownership test
-    /// ([`sw_owns`]); then [`from_device`](super::barrier::from_device) and the 64 bytes as eight
-    /// native words (the bytes in memory order; reinterpret, don't byte-swap). `None` while the
-    /// device owns it.
-    #[inline(always)]
-    pub fn take(&self, ci: u32, log_n: u8) -> Option<[u64; 8]> {
-        let d = self.desc(ci);
-        // SAFETY: byte 63 of a live descriptor (see `desc`); volatile because the device writes it.
-        let op_own = unsafe { d.wrapping_add(63).read_volatile() };
-        if !sw_owns(op_own, ci, log_n) {
-            return None;
-        }
-        super::barrier::from_device();
-        #[expect(
-            clippy::cast_ptr_alignment,
-            reason = "descriptors are 64-byte aligned (type invariant)"
-        )]
-        let p = d.cast::<u64>();
-        let mut words = [0u64; 8];
-        for (i, w) in words.iter_mut().enumerate() {
-            // SAFETY: word i of a live, 64-byte aligned descriptor (stride and base are). It is
-            // software-owned now (ownership bit tested, then the read barrier, which is also a
-            // compiler barrier): the device writes it again only after the consumer index moves
-            // past it, so a plain load races with nothing, and the compiler may skip the words
-            // that are never used.
-            *w = unsafe { p.wrapping_add(i).read() };
-        }
-        Some(words)
-    }
-
-    /// The first 64 bytes of the 128-byte entry of consumer index `ci` (where the device puts
-    /// up to 64 bytes of scattered payload, CQE format 2), or `None` on a ring of 64-byte
-    /// entries. Call only for an entry software owns (taken with [`take`](Self::take) and not
-    /// yet released by publishing the consumer index).
-    pub fn first_half(&self, ci: u32) -> Option<[u8; 64]> {
-        if self.desc_offset == 0 {
-            return None;
-        }
-        let slot = (ci & self.mask) as usize;
-        let p = self.base.as_ptr().wrapping_add(slot * self.stride);
-        let mut out = [0u8; 64];
-        // SAFETY: the first 64 bytes of a live 128-byte entry (type invariant); software owns it
-        // (caller's contract), so the device does not write it during the copy; raw copy into
-        // a local array.
-        unsafe { core::ptr::copy_nonoverlapping(p, out.as_mut_ptr(), 64) };
-        Some(out)
-    }
-
-    /// Mark every descriptor invalid (`op_own = 0xF0`: opcode INVALID, owner 0), as the ring must
-    /// be before the device writes its first CQE.
-    pub fn init_invalid(&mut self) {
-        for ci in 0..=self.mask {
-            // SAFETY: byte 63 of a live descriptor; the CQ is not yet known to the device.
-            unsafe { self.desc(ci).wrapping_add(63).write_volatile(0xF0) };
-        }
     }
 }
 

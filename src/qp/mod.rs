@@ -252,7 +252,7 @@ pub struct QpInitAttr<'a> {
     /// device saves a DMA write per message; [`Cq::poll`] copies the bytes into the WQE's
     /// scatter list, checking every destination against the registered memory regions (a bad
     /// one completes with `LOC_PROT_ERR`). Low-level pollers see it in the CQE's format bits:
-    /// see [`Cq::copy_scattered`]. `false` leaves the flag out (everything by DMA).
+    /// [`RawCq::next`](crate::RawCq::next) copies them too. `false` leaves the flag out (everything by DMA).
     pub scatter_to_cqe: bool,
 }
 
@@ -797,6 +797,13 @@ impl Qp {
     /// The receive queue (absent with an SRQ or `max_recv_wr == 0`).
     pub fn rq(&mut self) -> Option<&mut RecvQueue> {
         self.rq.as_mut()
+    }
+
+    /// The send half and the receive half at once, for two threads (both are `Send`; e.g.
+    /// `std::thread::scope`, each half with its own CQ). The QP stays borrowed, so its state
+    /// cannot change while they are in use.
+    pub fn split(&mut self) -> (&mut SendQueue, Option<&mut RecvQueue>) {
+        (&mut self.sq, self.rq.as_mut())
     }
 
     /// Post a chain of send WRs; one doorbell for the chain.

@@ -15,7 +15,7 @@ use mlx5_hw::opcodes::WcStatus;
 use mlx5_hw::wqe::DataSeg;
 
 use crate::mem::DbRec;
-use crate::mem::scatter::MrTable;
+use crate::mem::scatter::{MrCache, MrTable};
 use crate::mem::table::RingTable;
 use crate::mem::wq::{WqReader, WqRing, WqWriter};
 use crate::mmio::barrier;
@@ -136,16 +136,23 @@ impl ScatterTarget {
         }
     }
 
-    /// Copy `data` into the scatter list of WQE `index` (taken modulo the ring). Call before
+    /// Copy `data` into the scatter list of WQE `index` (taken modulo the ring), finding the
+    /// regions through the poller's last-hit `cache` (no lock unless it misses). Call before
     /// the WQE is retired (the poster may reuse it from then on).
     ///
     /// # Errors
-    /// As [`MrTable::copy_to_segs`].
-    pub(crate) fn copy(&self, index: u32, data: &[u8]) -> Result<(), WcStatus> {
+    /// As [`MrTable::copy_to_segs_cached`].
+    #[inline]
+    pub(crate) fn copy(
+        &self,
+        index: u32,
+        data: &[u8],
+        cache: &mut MrCache,
+    ) -> Result<(), WcStatus> {
         let base = ((index as usize) << self.log_stride) + self.first;
         let segs = (0..self.max_gs as usize)
             .map(|k| -> DataSeg { zerocopy::transmute!(self.ring.seg16(base + k * 16)) });
-        self.mrs.copy_to_segs(self.pd, data, segs)
+        self.mrs.copy_to_segs_cached(cache, self.pd, data, segs)
     }
 }
 
@@ -180,7 +187,9 @@ impl RqShared {
     #[inline(always)]
     pub(crate) fn complete(&self, counter: u16) -> u64 {
         let id = self.wr_ids.get(u32::from(counter)).load(Ordering::Relaxed);
-        self.tail.fetch_add(1, Ordering::Release);
+        // The poller is the only writer of `tail` (ownership rule): no read-modify-write.
+        let t = self.tail.load(Ordering::Relaxed);
+        self.tail.store(t.wrapping_add(1), Ordering::Release);
         id
     }
 }
@@ -195,7 +204,8 @@ pub struct RecvQueue {
     /// Free-running count of WQEs written.
     head: u32,
     /// Receives that may still be written without reading the poller's `tail` again (it
-    /// only grows behind the poster's back; 0 means "count again").
+    /// only grows behind the poster's back; 0 means "count again"). Nonzero only while
+    /// `enabled` (0 after creation and [`reset`](Self::reset)).
     room: u32,
     shared: Arc<RqShared>,
     dbrec: Arc<DbRec>,

@@ -505,7 +505,7 @@ impl SendQueue {
     }
 
     /// Low-level completion: the requester CQE for the WQE at `wqe_counter` (its `wqe_counter`
-    /// field) was consumed by the caller's own poll loop ([`Cq::next_cqe`](crate::Cq::next_cqe)).
+    /// field) was consumed by the caller's own poll loop ([`RawCq::next`](crate::RawCq::next)).
     /// Retires that WR and every earlier unsignaled one; returns its `wr_id`. (The verbs-level
     /// [`Cq::poll`](crate::Cq::poll) does this itself; use one or the other per CQ.)
     #[inline]

@@ -325,3 +325,24 @@ pub fn drain(rig: &dyn Rig, cq: &mut Cq, rounds: usize) -> Vec<WorkCompletion> {
     }
     out
 }
+
+/// Run `f` with `cq` converted into the low-level poller (a placeholder CQ on `ctx` stands in
+/// meanwhile), then convert it back: a CQ is polled through one API at a time.
+pub fn with_raw<R>(cq: &mut Cq, ctx: &Context, f: impl FnOnce(&mut mlx5::RawCq) -> R) -> R {
+    let stand_in = Cq::new(
+        ctx,
+        CqInit {
+            cqe: 1,
+            ..CqInit::default()
+        },
+        None,
+    )
+    .expect("CQ");
+    let verbs = std::mem::replace(cq, stand_in);
+    let mut raw = verbs
+        .into_raw()
+        .unwrap_or_else(|_| panic!("unsignaled reports pending"));
+    let r = f(&mut raw);
+    *cq = raw.into_verbs();
+    r
+}

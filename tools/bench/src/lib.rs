@@ -21,10 +21,10 @@
 //! | `send_inline64`: one inline SEND (two WQEBBs), BlueFlame | `Qp::post_send` | `SendQueue::send`, `inline`, `finish`, `ring` | `ibv_post_send` | `ibv_wr_start`, `ibv_wr_send`, `ibv_wr_set_inline_data`, `ibv_wr_complete` |
 //! | `send_sge64`: one SEND with one SGE, 8-byte doorbell | `Qp::post_send` | `send`, `sge`, `finish`, `ring` | `ibv_post_send` | `ibv_wr_*` with `ibv_wr_set_sge` |
 //! | `chain32`: 32 SGE SENDs, one doorbell (cost per WR) | `Qp::post_send` of 32 | 32 × (`send`..`finish`), `ring` | `ibv_post_send` of a 32-WR chain | `ibv_wr_start`, 32 × (`ibv_wr_send`, `ibv_wr_set_sge`), `ibv_wr_complete` |
-//! | `poll_cqe`: one CQE from a CQ holding 64 | `Cq::poll` (1 entry) | `Cq::next_cqe`, `SendQueue::retire`, `Cq::publish_ci` | `ibv_poll_cq` (1 entry) | `ibv_start_poll`, read `wr_id`/`status`, `ibv_end_poll` |
+//! | `poll_cqe`: one CQE from a CQ holding 64 | `Cq::poll` (1 entry) | `RawCq::next`, `SendQueue::retire`, `RawCq::publish_ci` | `ibv_poll_cq` (1 entry) | `ibv_start_poll`, read `wr_id`/`status`, `ibv_end_poll` |
 //! | `recv1`: one receive, one SGE | `Qp::post_recv` | `RecvQueue::push`, `publish` | `ibv_post_recv` | `ibv_post_recv` (libmlx5 has no other receive API) |
 //! | `recv_chain32`: 32 receives, one doorbell-record update (cost per WR) | `Qp::post_recv` of 32 | 32 × `push`, `publish` | `ibv_post_recv` of a 32-WR chain | the same |
-//! | `poll_recv`: one receive CQE (a 64-byte SEND) from a CQ holding 64 | `Cq::poll` (1 entry) | `Cq::next_cqe`, `RecvQueue::retire`, `Cq::publish_ci` | `ibv_poll_cq` (1 entry) | `ibv_start_poll`, read `wr_id`/`status`/`byte_len`, `ibv_end_poll` |
+//! | `poll_recv`: one receive CQE (a 64-byte SEND) from a CQ holding 64 | `Cq::poll` (1 entry) | `RawCq::next`, `RecvQueue::retire`, `RawCq::publish_ci` | `ibv_poll_cq` (1 entry) | `ibv_start_poll`, read `wr_id`/`status`/`byte_len`, `ibv_end_poll` |
 //!
 //! Before every timed receive-post region, SENDs to self (unmeasured) consume as many
 //! receives as it posts; receive CQEs are produced the same way. Scatter-to-CQE is off on

@@ -135,7 +135,7 @@ pub const OPS: [OpSpec; 16] = [
         api: "lowlevel",
         per_call: 1,
         label: "poll 1 CQE (CQ holds 64)",
-        ours: "next_cqe/retire/publish_ci",
+        ours: "RawCq::next/retire/publish_ci",
         theirs: "ibv_start/end_poll",
     },
     OpSpec {
@@ -183,7 +183,7 @@ pub const OPS: [OpSpec; 16] = [
         api: "lowlevel",
         per_call: 1,
         label: "poll 1 receive CQE (SEND, CQ holds 64)",
-        ours: "next_cqe/RecvQueue::retire/publish_ci",
+        ours: "RawCq::next/RecvQueue::retire/publish_ci",
         theirs: "ibv_start/end_poll",
     },
 ];

@@ -9,12 +9,11 @@
 use std::hint::black_box;
 use std::sync::Arc;
 
-use mlx5::hw::cqe::Cqe64;
 use mlx5::hw::opcodes::CqeOpcode;
 use mlx5::{
     Access, BfPolicy, Context, Cq, CqInit, DmaBuf, Mr, Pd, PostError, Qp, QpCap, QpInitAttr,
-    QpType, RecvQueue, RecvWr, RemoteQp, SendFlags, SendQueue, SendWr, Sge, WcOpcode, WcStatus,
-    WorkCompletion,
+    QpType, RawCq, RecvQueue, RecvWr, RemoteQp, SendFlags, SendQueue, SendWr, Sge, WcOpcode,
+    WcStatus, WorkCompletion,
 };
 use mlx5_emu::{EmuConfig, Emulator, RunMode};
 
@@ -138,8 +137,8 @@ pub fn bench_rs_poll_cqe_verbs(cq: &mut Cq, wc: &mut [WorkCompletion; 1]) -> usi
 /// Poll one CQE through the low-level API: take it, retire its WR, publish the consumer
 /// index. Returns the WR id and the CQE opcode.
 #[inline(never)]
-pub fn bench_rs_poll_cqe_lowlevel(cq: &mut Cq, sq: &mut SendQueue) -> Option<(u64, CqeOpcode)> {
-    let cqe: Cqe64 = cq.next_cqe()?;
+pub fn bench_rs_poll_cqe_lowlevel(cq: &mut RawCq, sq: &mut SendQueue) -> Option<(u64, CqeOpcode)> {
+    let cqe = cq.next()?;
     let wr_id = sq.retire(cqe.wqe_counter());
     cq.publish_ci();
     Some((wr_id, cqe.opcode()))
@@ -195,13 +194,32 @@ pub fn bench_rs_poll_recv_verbs(cq: &mut Cq, wc: &mut [WorkCompletion; 1]) -> us
 /// the consumer index. Returns the WR id, the CQE opcode and the byte count.
 #[inline(never)]
 pub fn bench_rs_poll_recv_lowlevel(
-    cq: &mut Cq,
+    cq: &mut RawCq,
     rq: &mut RecvQueue,
 ) -> Option<(u64, CqeOpcode, u32)> {
-    let cqe: Cqe64 = cq.next_cqe()?;
+    let cqe = cq.next()?;
     let wr_id = rq.retire(cqe.wqe_counter());
     cq.publish_ci();
-    Some((wr_id, cqe.opcode(), cqe.byte_cnt()))
+    Some((wr_id, cqe.opcode(), cqe.byte_len()))
+}
+
+/// Run `f` with `cq` converted into the low-level poller (a small stand-in CQ meanwhile), then
+/// convert it back.
+fn with_raw<R>(cq: &mut Cq, pd: &Pd, f: impl FnOnce(&mut RawCq) -> R) -> Result<R, BoxErr> {
+    let stand_in = Cq::new(
+        pd.context(),
+        mlx5::CqInit {
+            cqe: 1,
+            ..mlx5::CqInit::default()
+        },
+        None,
+    )?;
+    let mut raw = std::mem::replace(cq, stand_in)
+        .into_raw()
+        .map_err(|_| "unsignaled reports pending")?;
+    let r = f(&mut raw);
+    *cq = raw.into_verbs();
+    Ok(r)
 }
 
 // ---- the rig ----
@@ -456,12 +474,12 @@ impl Rig {
         for api in ["verbs", "lowlevel"] {
             for _ in 0..calls.div_ceil(FILL) {
                 self.send_to_self(FILL)?;
-                let cq = &mut self.rcq;
                 let rq = Self::rq(&mut self.qp)?;
-                let good = s.time(|| {
-                    let mut good = 0;
-                    for _ in 0..FILL {
-                        if api == "verbs" {
+                let good = if api == "verbs" {
+                    let cq = &mut self.rcq;
+                    s.time(|| {
+                        let mut good = 0;
+                        for _ in 0..FILL {
                             let mut one = [WorkCompletion::default(); 1];
                             if bench_rs_poll_recv_verbs(cq, &mut one) == 1
                                 && one[0].status == WcStatus::SUCCESS
@@ -470,15 +488,25 @@ impl Rig {
                             {
                                 good += 1;
                             }
-                        } else if matches!(
-                            bench_rs_poll_recv_lowlevel(cq, rq),
-                            Some((_, op, len)) if op == CqeOpcode::RESP_SEND && len == PAYLOAD as u32
-                        ) {
-                            good += 1;
                         }
-                    }
-                    good
-                });
+                        good
+                    })
+                } else {
+                    with_raw(&mut self.rcq, &self._pd, |cq| {
+                        s.time(|| {
+                            let mut good = 0;
+                            for _ in 0..FILL {
+                                if matches!(
+                                    bench_rs_poll_recv_lowlevel(cq, rq),
+                                    Some((_, op, len)) if op == CqeOpcode::RESP_SEND && len == PAYLOAD as u32
+                                ) {
+                                    good += 1;
+                                }
+                            }
+                            good
+                        })
+                    })?
+                };
                 if good != FILL {
                     return Err(format!(
                         "poll_recv {api}: {good} of {FILL} receive CQEs were 64-byte successes"
@@ -604,26 +632,37 @@ impl Rig {
                     self.qp.post_send(&wrs).map_err(|(_, e)| e)?;
                 }
                 self.emu.run_until_idle();
-                let (cq, qp) = (&mut self.scq, &mut self.qp);
-                let good = s.time(|| {
-                    let mut good = 0;
-                    for _ in 0..FILL {
-                        if api == "verbs" {
+                let qp = &mut self.qp;
+                let good = if api == "verbs" {
+                    let cq = &mut self.scq;
+                    s.time(|| {
+                        let mut good = 0;
+                        for _ in 0..FILL {
                             let mut one = [WorkCompletion::default(); 1];
                             if bench_rs_poll_cqe_verbs(cq, &mut one) == 1
                                 && one[0].status == WcStatus::SUCCESS
                             {
                                 good += 1;
                             }
-                        } else if matches!(
-                            bench_rs_poll_cqe_lowlevel(cq, qp.sq()),
-                            Some((_, op)) if op == CqeOpcode::REQ
-                        ) {
-                            good += 1;
                         }
-                    }
-                    good
-                });
+                        good
+                    })
+                } else {
+                    with_raw(&mut self.scq, &self._pd, |cq| {
+                        s.time(|| {
+                            let mut good = 0;
+                            for _ in 0..FILL {
+                                if matches!(
+                                    bench_rs_poll_cqe_lowlevel(cq, qp.sq()),
+                                    Some((_, op)) if op == CqeOpcode::REQ
+                                ) {
+                                    good += 1;
+                                }
+                            }
+                            good
+                        })
+                    })?
+                };
                 if good != FILL {
                     return Err(format!("poll {api}: {good} of {FILL} CQEs were successes").into());
                 }
