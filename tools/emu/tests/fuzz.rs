@@ -431,14 +431,20 @@ fn a_million_mutated_commands_do_not_crash() {
                         && u16::from_ne_bytes([b[4], b[5]]) == UVERBS_METHOD_INVOKE_WRITE;
                     if !invoke {
                         // Object methods: attribute values stay as in the template (small
-                        // handles/values or scratch pointers), whatever else was mutated.
+                        // handles/values or scratch pointers), whatever else was mutated, or
+                        // (1 in 8) become an extreme address, which names no memory at all.
                         let orig = tpl
                             .buf
                             .get(o + 8..o + 16)
                             .map_or(scratch.addr().to_ne_bytes(), |x| {
                                 x.try_into().unwrap_or([0; 8])
                             });
-                        b[o + 8..o + 16].copy_from_slice(&orig);
+                        let v = if rng.pick(8) == 0 {
+                            bad_ptrs[1 + rng.pick(bad_ptrs.len() - 1)].to_ne_bytes()
+                        } else {
+                            orig
+                        };
+                        b[o + 8..o + 16].copy_from_slice(&v);
                     } else if id != UVERBS_ATTR_CORE_IN
                         && id != UVERBS_ATTR_WRITE_CMD
                         && id != UVERBS_ATTR_UHW_IN
