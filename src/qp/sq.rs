@@ -1274,8 +1274,11 @@ fn inline_hdr(len: u32) -> [u8; 4] {
 }
 
 mod sealed {
-    // The sealed-trait pattern: public so it can bound `PayloadKind`, unnameable on purpose.
-    #[allow(unnameable_types)]
+    /// Seals [`PayloadKind`](super::PayloadKind): only this module's typestates implement it.
+    #[expect(
+        unnameable_types,
+        reason = "a sealed trait is deliberately unnameable outside its module"
+    )]
     pub trait Sealed {}
 }
 
