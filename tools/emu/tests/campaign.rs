@@ -1,5 +1,5 @@
 //! The seeded fault campaign: RC under drop, duplication, reordering and corruption, every
-//! opcode mixed (SEND, SEND_IMM, WRITE_IMM, READ, CAS, FETCH_ADD), sizes up to 16 KiB at
+//! opcode mixed (SEND, SEND_IMM, SEND_INV, WRITE, WRITE_IMM, READ, CAS, FETCH_ADD), sizes up to 16 KiB at
 //! path MTU 256, on the stepped emulator with WQEs built by hand. Every WR must complete
 //! exactly once, in WQE order, successfully, with the right bytes at both ends, and every
 //! atomic must be applied exactly once.
@@ -42,6 +42,8 @@ fn message(wr: u64, len: usize) -> Vec<u8> {
 enum Kind {
     Send,
     SendImm,
+    SendInv,
+    Write,
     WriteImm,
     Read,
     Cas,
@@ -163,12 +165,14 @@ fn run(
     while posted < n || !pending.is_empty() {
         while posted < n && pending.len() < WINDOW {
             let wr = posted;
-            let kind = match rng.below(6) {
-                0 => Kind::Send,
-                1 => Kind::SendImm,
-                2 => Kind::WriteImm,
-                3 => Kind::Read,
-                4 => Kind::Cas,
+            let kind = match rng.below(16) {
+                0 | 1 => Kind::Send,
+                2 | 3 => Kind::SendImm,
+                4 => Kind::SendInv,
+                5 => Kind::Write,
+                6..=8 => Kind::WriteImm,
+                9..=11 => Kind::Read,
+                12 | 13 => Kind::Cas,
                 _ => Kind::FetchAdd,
             };
             let e = rng.below(15) as u32;
@@ -177,17 +181,17 @@ fn run(
             let la = r.ma.0.addr() + (slot * MAX_LEN) as u64;
             let imm = (wr as u32).to_be_bytes();
             let (op, segs, arg, len) = match kind {
-                Kind::Send | Kind::SendImm => {
+                Kind::Send | Kind::SendImm | Kind::SendInv => {
                     r.ma.0.write(slot * MAX_LEN, &message(wr, len));
-                    let op = if kind == Kind::Send {
-                        SendOpcode::SEND
-                    } else {
-                        SendOpcode::SEND_IMM
+                    let op = match kind {
+                        Kind::Send => SendOpcode::SEND,
+                        Kind::SendImm => SendOpcode::SEND_IMM,
+                        _ => SendOpcode::SEND_INVAL,
                     };
                     let seg = DataSeg::new(len as u32, r.ma.1, la);
                     (op, seg.as_bytes().to_vec(), 0, len)
                 }
-                Kind::WriteImm => {
+                Kind::Write | Kind::WriteImm => {
                     r.ma.0.write(slot * MAX_LEN, &message(wr, len));
                     let ra = r.mb.0.addr() + (slot * MAX_LEN) as u64;
                     let segs = [
@@ -195,7 +199,12 @@ fn run(
                         DataSeg::new(len as u32, r.ma.1, la).as_bytes(),
                     ]
                     .concat();
-                    (SendOpcode::RDMA_WRITE_IMM, segs, 0, len)
+                    let op = if kind == Kind::Write {
+                        SendOpcode::RDMA_WRITE
+                    } else {
+                        SendOpcode::RDMA_WRITE_IMM
+                    };
+                    (op, segs, 0, len)
                 }
                 Kind::Read => {
                     r.ma.0.write(slot * MAX_LEN, &vec![0xEE; len]);
@@ -233,7 +242,10 @@ fn run(
             };
             let idx = r.qa.build_send(op, 0, FM_CE_SE_CQ_UPDATE, imm, &segs);
             r.qa.ring(&r.a, idx, Ring::Doorbell);
-            if matches!(kind, Kind::Send | Kind::SendImm | Kind::WriteImm) {
+            if matches!(
+                kind,
+                Kind::Send | Kind::SendImm | Kind::SendInv | Kind::WriteImm
+            ) {
                 inbound.push_back((wr, kind, len, slot));
             }
             pending.push_back(Expect {
@@ -265,6 +277,12 @@ fn run(
             );
             let at = x.slot * MAX_LEN;
             match x.kind {
+                Kind::Write => assert!(
+                    r.mb.0.read(at, x.len) == message(x.wr, x.len),
+                    "seed {seed}: WRITE WR {} of {} B placed its bytes",
+                    x.wr,
+                    x.len
+                ),
                 Kind::Read => {
                     let want =
                         &message(u64::MAX, 4 * MAX_LEN)[x.arg as usize..x.arg as usize + x.len];
@@ -294,7 +312,8 @@ fn run(
             let want_op = match kind {
                 Kind::WriteImm => 1,
                 Kind::Send => 2,
-                _ => 3,
+                Kind::SendImm => 3,
+                _ => 4,
             };
             assert_eq!(
                 (c.opcode, c.byte_cnt as usize),
@@ -364,7 +383,6 @@ fn campaign(name: &str, fault: FaultConfig, corrupt_ppm: u32) {
 #[test]
 fn no_faults_baseline() {
     let (ca, cb) = run(7, WRS, FaultConfig::default(), 0);
-    eprintln!("baseline: {ca:?}\n{cb:?}");
     assert_eq!(ca.packets_dropped + cb.packets_dropped, 0);
     assert_eq!(ca.local_ack_timeout_err, 0, "no timeout on a clean fabric");
 }

@@ -220,3 +220,52 @@ fn a_cq_overrun_moves_the_qps_completing_into_it_to_the_error_state() {
     bring_up(&a, &q3, 1, q3.qpn, Knobs::default());
     assert_eq!(qp_state(&a, &q3), QPS_RTS);
 }
+
+#[test]
+fn threaded_retry_exhaustion_waits_for_the_longest_timeout_the_spec_allows() {
+    // A threaded HCA whose peer never answers (no node 77 on the fabric): timeout 10
+    // (4.19 ms), 2 retries. The retransmissions go out every 4.19 ms, but RETRY_EXC comes
+    // only after (2 + 1) x 4 x 4.19 ms = 50.3 ms of silence (a peer HCA that is a
+    // descheduled thread of another process must not break the connection sooner).
+    let emu = mlx5_emu::Emulator::new(mlx5_emu::EmuConfig::default());
+    let mut a = Ctx::open(&emu, 0);
+    let pd = a.alloc_pd();
+    let mut cq = a.create_cq(8, 64, -1);
+    let mut qp = a.create_qp(pd, &cq, &cq, RC, 16, 8, None);
+    let k = Knobs {
+        timeout: 10,
+        retry_cnt: 2,
+        ..Knobs::default()
+    };
+    bring_up(&a, &qp, 77, 0x123, k);
+    let t0 = std::time::Instant::now();
+    let i = qp.build_send(SendOpcode::NOP, 0, SIG, [0; 4], &[]);
+    // A NOP completes at once: use it to know the device runs, then the real SEND.
+    qp.ring(&a, i, Ring::Doorbell);
+    let m = Buf::new(64);
+    let (_, lkey, _) = a.reg_mr(pd, m.addr(), 64, ALL_ACCESS).unwrap();
+    let i = qp.build_send(
+        SendOpcode::SEND,
+        0,
+        SIG,
+        [0; 4],
+        DataSeg::new(8, lkey, m.addr()).as_bytes(),
+    );
+    qp.ring(&a, i, Ring::Doorbell);
+    let mut c = Vec::new();
+    while c.len() < 2 && t0.elapsed() < std::time::Duration::from_secs(10) {
+        c.extend(drain(&mut cq));
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let waited = t0.elapsed();
+    assert_eq!(c.len(), 2, "{c:?}");
+    assert_eq!(
+        (c[1].opcode, c[1].syndrome),
+        (REQ_ERR, Syndrome::TRANSPORT_RETRY_EXC.0)
+    );
+    assert!(
+        waited >= std::time::Duration::from_micros(50_300),
+        "RETRY_EXC after {waited:?}"
+    );
+    assert!(emu.counters(0).local_ack_timeout_err >= 3);
+}

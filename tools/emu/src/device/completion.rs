@@ -56,13 +56,13 @@ pub(super) fn post_cqe(w: &mut World, hca: usize, cqn: u32, s: &CqeSpec) -> bool
         return false;
     }
     // The consumer index only matters when the ring looks full: re-read it then.
-    if cq.pi.wrapping_sub(cq.ci_seen) & 0xff_ffff >= cq.ncqe {
+    if cq.pi.wrapping_sub(cq.ci_seen) & CQ_CI_MASK >= cq.ncqe {
         cq.ci_seen = mem::read_be32(cq.db)
-            .map(|v| v & 0xff_ffff)
+            .map(|v| v & CQ_CI_MASK)
             .unwrap_or(cq.ci_seen);
     }
     let ci = cq.ci_seen;
-    if !cq.ignore_overrun && (cq.pi.wrapping_sub(ci) & 0xff_ffff) >= cq.ncqe {
+    if !cq.ignore_overrun && (cq.pi.wrapping_sub(ci) & CQ_CI_MASK) >= cq.ncqe {
         cq.in_error = true;
         cq.async_events += 1;
         let (ctx, uh) = (cq.ctx, cq.user_handle);
@@ -81,7 +81,7 @@ pub(super) fn post_cqe(w: &mut World, hca: usize, cqn: u32, s: &CqeSpec) -> bool
         return false;
     }
     let log = cq.ncqe.trailing_zeros();
-    let owner = ((cq.pi >> log) & 1) as u8;
+    let owner = mlx5_hw::cqe::hw_owner_bit(cq.pi, log as u8);
     let entry = cq.buf + (cq.pi & (cq.ncqe - 1)) as u64 * cq.cqe_size as u64;
     let desc = entry + if cq.cqe_size == 128 { 64 } else { 0 };
     let mut format = 0;
@@ -338,7 +338,7 @@ pub(super) fn flush_qp(w: &mut World, hca: usize, qpn: u32) -> usize {
             break;
         }
         let Ok(pi) = mem::read_be32(q.db) else { break };
-        if (pi as u16) == (q.rq_head as u16) {
+        if (pi & WQ_PI_MASK) as u16 == (q.rq_head as u16) {
             break;
         }
         let ctr = q.rq_head as u16;

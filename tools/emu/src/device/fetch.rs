@@ -103,7 +103,7 @@ pub(super) fn send_doorbell(w: &mut World, hca: usize, ctx: u64, word: u64, rest
     let Ok(pi) = mem::read_be32(qp.db + 4) else {
         return;
     };
-    qp.sq_rung = pi as u16;
+    qp.sq_rung = (pi & WQ_PI_MASK) as u16;
     if rest.iter().any(|&x| x != 0) {
         h.counters.bf_writes += 1;
         if stepped && qp.sq_wqe_cnt > 0 {
@@ -125,20 +125,18 @@ pub(super) fn send_doorbell(w: &mut World, hca: usize, ctx: u64, word: u64, rest
 pub(super) fn cq_arm(w: &mut World, hca: usize, ctx: u64, word: u64) {
     let b = word.to_ne_bytes();
     let arm = u32::from_be_bytes([b[0], b[1], b[2], b[3]]);
-    let cqn = u32::from_be_bytes([b[4], b[5], b[6], b[7]]) & 0xff_ffff;
+    let cqn = u32::from_be_bytes([b[4], b[5], b[6], b[7]]) & CQ_CI_MASK;
     w.hcas[hca].counters.cq_arms += 1;
     let Some(cq) = w.hcas[hca].cqs.get_mut(&cqn).filter(|c| c.ctx == ctx) else {
         return;
     };
-    let sn = ((arm >> 28) & 3) as u8;
-    let solicited = (arm >> 24) & 3 == 1;
-    let ci = arm & 0xff_ffff;
+    let (sn, solicited, ci) = mlx5_hw::doorbell::cq_arm_word_fields(arm);
     if cq.last_fired_sn == Some(sn) {
         return; // a repeat of the arm that already fired
     }
     cq.armed = Some(solicited);
     cq.armed_sn = sn;
-    if !solicited && (cq.pi & 0xff_ffff) != ci {
+    if !solicited && (cq.pi & CQ_CI_MASK) != ci {
         fire_event(w, hca, cqn);
     }
 }

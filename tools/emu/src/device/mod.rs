@@ -30,6 +30,7 @@ mod wire;
 use std::collections::VecDeque;
 
 use mlx5_hw::cqe::{Cqe64, ErrCqe, op_own};
+use mlx5_hw::doorbell::{CQ_CI_MASK, WQ_PI_MASK};
 use mlx5_hw::opcodes::{CqeOpcode, SendOpcode, Syndrome, VendorSyndrome};
 use mlx5_hw::types::{Be16, Be32, Be64};
 use mlx5_hw::wqe::{

@@ -114,6 +114,7 @@ pub(super) fn post_request(
         if q.rc.req.outstanding.is_empty() {
             q.rc.retries_left = q.retry_cnt;
             q.rc.rnr_left = q.rnr_retry;
+            q.rc.timer.silent_since = now;
         }
         q.rc.req.outstanding.push_back(Outstanding {
             psn: first,
@@ -436,6 +437,7 @@ pub(super) fn requester_response(w: &mut World, pkt: &Packet) {
     }
     if progressed {
         q.rc.retries_left = retry_cnt;
+        q.rc.timer.silent_since = now;
         q.rc.rnr_left = if syn & 0xE0 == 0x20 {
             q.rc.rnr_left
         } else {

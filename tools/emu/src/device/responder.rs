@@ -61,7 +61,7 @@ pub(super) fn fetch_recv_wqe(
     let q = w.hcas[hca].qps.get_mut(&qpn)?;
     if let Some(srqn) = q.srq {
         let s = w.hcas[hca].srqs.get_mut(&srqn)?;
-        let posted = mem::read_be32(s.db).ok()? & 0xffff;
+        let posted = mem::read_be32(s.db).ok()? & WQ_PI_MASK;
         if (posted as u16).wrapping_sub(s.consumed as u16) == 0 {
             return None;
         }
@@ -85,7 +85,7 @@ pub(super) fn fetch_recv_wqe(
     }
     let stride = 1u64 << q.rq_wqe_shift;
     if !rq_cached_avail(q) {
-        q.rq_pi_seen = mem::read_be32(q.db).ok()? as u16;
+        q.rq_pi_seen = (mem::read_be32(q.db).ok()? & WQ_PI_MASK) as u16;
         if q.rq_pi_seen == q.rq_head as u16 {
             return None;
         }
@@ -345,10 +345,13 @@ pub(super) fn execute_request(
         let orig = do_atomic(addr, pkt.opcode, a)
             .map_err(|_| RespErr::Nak(aeth::NAK_REM_OP, ev::QP_FATAL))?;
         let q = w.hcas[hca].qps.get_mut(&qpn).expect("responder QP exists");
-        q.rc.resp.atomic_cache.push_back((pkt.psn, orig));
-        if q.rc.resp.atomic_cache.len() > 16 {
+        // The replay state holds the results of the last max_dest_rd_atomic atomics: as
+        // many as a requester may have outstanding towards this QP.
+        let keep = usize::from(q.max_dest_rd_atomic.max(1));
+        while q.rc.resp.atomic_cache.len() >= keep {
             q.rc.resp.atomic_cache.pop_front();
         }
+        q.rc.resp.atomic_cache.push_back((pkt.psn, orig));
         return Ok((Reply::AtomicAck(orig), 1));
     }
     let is_send = matches!(base, 0x00..=0x05 | 0x16 | 0x17);
@@ -637,11 +640,12 @@ pub(super) fn rq_cached_avail(q: &crate::state::Qp) -> bool {
 pub(super) fn has_recv_wqe(w: &World, hca: usize, qpn: u32) -> bool {
     let q = &w.hcas[hca].qps[&qpn];
     if let Some(s) = q.srq.and_then(|s| w.hcas[hca].srqs.get(&s)) {
-        return mem::read_be32(s.db).is_ok_and(|p| (p as u16).wrapping_sub(s.consumed as u16) != 0);
+        return mem::read_be32(s.db)
+            .is_ok_and(|p| ((p & WQ_PI_MASK) as u16).wrapping_sub(s.consumed as u16) != 0);
     }
     q.rq_wqe_cnt > 0
         && (rq_cached_avail(q)
-            || mem::read_be32(q.db).is_ok_and(|p| (p as u16) != (q.rq_head as u16)))
+            || mem::read_be32(q.db).is_ok_and(|p| (p & WQ_PI_MASK) as u16 != q.rq_head as u16))
 }
 
 /// The 40-byte GRH placed at the head of a UD receive buffer (IPv6-style header).

@@ -13,6 +13,23 @@ pub(crate) struct TimerState {
     pub(super) rnr_wait_until: Option<u64>,
     /// PSN from which to retransmit when `rnr_wait_until` expires.
     pub(super) rnr_from: u32,
+    /// When the requester last made progress (or started waiting): threaded mode fails a
+    /// request with RETRY_EXC only when its retries are used up AND this is longer ago
+    /// than the longest timeout the IB specification allows for them (see
+    /// [`retry_budget_ns`]).
+    pub(super) silent_since: u64,
+}
+
+/// Threaded mode: how long a requester must have heard nothing before its retries can be
+/// exhausted: `retry_cnt + 1` timeouts of four times the configured one, the upper end of
+/// the range IBA allows a transport timer (the configured value to four times it). In the
+/// emulator the peer's HCA is a thread of another process, which stops whenever that
+/// process is not scheduled (on a loaded 2-core machine, seen for up to ~1 s); a real HCA
+/// answers regardless of its host. Retransmissions still go out at the configured timeout;
+/// only the verdict waits. Stepped mode (virtual time, no scheduling) fails after exactly
+/// `retry_cnt + 1` timeouts.
+pub(super) fn retry_budget_ns(timeout: u8, retry_cnt: u8) -> u64 {
+    transport::ack_timeout_ns(timeout).map_or(0, |t| t * 4 * (u64::from(retry_cnt) + 1))
 }
 
 /// Go back N: everything from the oldest PSN still needed is sent again (through the
@@ -97,7 +114,10 @@ pub(super) fn run_timers(w: &mut World) -> usize {
         };
         w.hcas[hca].counters.local_ack_timeout_err += 1;
         let q = w.hcas[hca].qps.get_mut(&qpn).expect("exists");
-        if q.rc.retries_left == 0 {
+        let threaded = w.cfg.mode == RunMode::Threaded;
+        let silent = now.saturating_sub(q.rc.timer.silent_since);
+        let verdict = !threaded || silent >= retry_budget_ns(q.timeout, q.retry_cnt);
+        if q.rc.retries_left == 0 && verdict {
             // Everything before the oldest waiting request is complete: it fails, the
             // rest is flushed behind it.
             q.rc.req.outstanding[first].error = Some(Syndrome::TRANSPORT_RETRY_EXC);
@@ -105,7 +125,7 @@ pub(super) fn run_timers(w: &mut World) -> usize {
             retire(w, hca, qpn);
             return;
         }
-        q.rc.retries_left -= 1;
+        q.rc.retries_left = q.rc.retries_left.saturating_sub(1);
         q.rc.timer.deadline = transport::ack_timeout_ns(q.timeout).map(|t| now + t);
         q.rc.req.restarted_at = None;
         retransmit(w, hca, qpn);
