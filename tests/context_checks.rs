@@ -11,7 +11,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use mlx5::ffi::surface::{Errno, UverbsSurface};
-use mlx5::{Context, Cq, CqInit, Error, Pd, Qp, QpInitAttr, QpType, Srq};
+use mlx5::{
+    Access, Ah, AhAttr, Context, Cq, CqInit, Error, Mtu, Pd, PostError, Qp, QpInitAttr, QpType,
+    RemoteQp, SendFlags, SendWr, Srq, UdDest,
+};
 use mlx5_emu::{EmuConfig, Emulator, RunMode};
 
 /// A surface that forwards to the emulator and counts the commands (write and ioctl) it saw,
@@ -197,4 +200,56 @@ fn context_identity() {
     assert!(!a.same_as(&b));
     let pd = Pd::new(&a).unwrap();
     assert!(pd.context().same_as(&a));
+}
+
+/// A UD send whose address handle belongs to another context is refused before the WQE is
+/// written (the AH's address vector names the other context's port and GID table). On the old
+/// code it was posted.
+#[test]
+fn ud_send_with_ah_of_another_context_is_refused() {
+    let e = emu(1);
+    let (a, b) = (open(&e, 0), open(&e, 0));
+    let (pd_a, pd_b) = (Pd::new(&a).unwrap(), Pd::new(&b).unwrap());
+    let cq_a = cq(&a);
+    let mut qp = Qp::new(&pd_a, &QpInitAttr::new(QpType::Ud, &cq_a, &cq_a)).unwrap();
+    qp.to_init(1, Access::LOCAL_WRITE, 0x1111).unwrap();
+    let me = RemoteQp {
+        qpn: qp.qpn(),
+        psn: 0,
+        lid: a.query_port(1).unwrap().lid,
+        gid: None,
+    };
+    qp.to_rtr(&me, Mtu::M1024, 0).unwrap();
+    qp.to_rts(0, 7).unwrap();
+    let attr = AhAttr {
+        dlid: me.lid,
+        port_num: 1,
+        ..AhAttr::default()
+    };
+    let (ah_a, ah_b) = (Ah::new(&pd_a, attr).unwrap(), Ah::new(&pd_b, attr).unwrap());
+    assert!(ah_b.context().same_as(&b) && ah_a.context().same_as(&a));
+    let qp_num = qp.qpn();
+    let to = |ah| UdDest {
+        ah,
+        remote_qpn: qp_num,
+        remote_qkey: 0x1111,
+    };
+    let payload: &[u8] = &[7u8; 8];
+    let data = [payload];
+    let wr = |ah| SendWr::send_inline(1, &data, SendFlags::SIGNALED).to(to(ah));
+    let before = qp.sq_ref().producer();
+    assert_eq!(
+        qp.post_send(&[wr(&ah_b)]).unwrap_err(),
+        (0, PostError::ForeignAh)
+    );
+    assert_eq!(qp.sq_ref().producer(), before, "nothing was written");
+    // The low-level UD start checks the same.
+    assert_eq!(
+        qp.sq().send_ud(SendFlags::SIGNALED, &to(&ah_b), None).err(),
+        Some(PostError::ForeignAh)
+    );
+    assert_eq!(qp.sq_ref().producer(), before, "nothing was written");
+    // The same WR with the AH of its own context is posted.
+    qp.post_send(&[wr(&ah_a)]).unwrap();
+    assert_ne!(qp.sq_ref().producer(), before);
 }
