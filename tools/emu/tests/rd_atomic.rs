@@ -81,7 +81,7 @@ fn no_more_than_max_rd_atomic_outstanding_answered_or_not() {
     qp.ring(&a, last, Ring::Doorbell);
     // The PSNs of the fetch-add requests the peer has seen (retransmissions included).
     let mut seen = BTreeSet::new();
-    let mut collect = |seen: &mut BTreeSet<u32>, steps: usize| {
+    let collect = |seen: &mut BTreeSet<u32>, steps: usize| {
         let mut buf = [0u8; 256];
         for _ in 0..steps {
             emu.step();
