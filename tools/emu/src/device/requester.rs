@@ -1,7 +1,7 @@
 //! The RC requester: PSN assignment and segmentation, the outstanding requests, the
 //! transmit window, responses (ACK/NAK, READ data, atomic results) and in-order retirement.
 
-#[allow(clippy::wildcard_imports)]
+// The stages share the device's imports and one another's `pub(super)` items (device/mod.rs).
 use super::*;
 
 /// The requester's state of one RC QP.
