@@ -156,10 +156,6 @@ impl Ah {
     /// The identity of the AH's context (see [`Context::same_as`](crate::Context::same_as)),
     /// for the one-compare check in the UD send path.
     #[inline]
-    #[allow(
-        dead_code,
-        reason = "used by the UD send path once the send queue keeps its id"
-    )]
     pub(crate) fn context_id(&self) -> u64 {
         self.ctx_id
     }

@@ -366,10 +366,6 @@ impl Context {
 
     /// This context's identity, unique in the process and never reused; a copy kept in an
     /// object (an address handle, a send queue) makes the same-context check one compare.
-    #[allow(
-        dead_code,
-        reason = "used by the UD send path once the send queue keeps its id"
-    )]
     pub(crate) fn id(&self) -> u64 {
         self.inner.id
     }

@@ -17,7 +17,7 @@
 //!
 //! Two API levels: the ibverbs-shaped one ([`SendWr`], [`RecvWr`], [`Sge`],
 //! [`WorkCompletion`], chains as slices) and beneath it the zero-overhead one
-//! ([`SendQueue::start`] → segments → [`WqeBuilder::finish`] → [`SendQueue::ring`];
+//! ([`SendQueue::send`] and the other operation starts → segments → [`WqeBuilder::finish`] → [`SendQueue::ring`];
 //! [`Cq::next_cqe`] / [`Cq::publish_ci`]). Neither allocates or locks on the fast path; posting
 //! takes `&mut self`.
 //!
@@ -132,6 +132,7 @@ pub use error::{Error, Result};
 pub use mem::dma_buf::UserMemory;
 pub use mem::{Backing, DmaBuf, HugePolicy};
 pub use pd::{Access, Mr, Pd};
+pub use qp::{AnyPayload, Gather, Inline, NoPayload, PayloadKind};
 pub use qp::{BfPolicy, BfregInfo, RecvQueue, SendQueue, SqStats, WqeBuilder};
 pub use qp::{ConnectParams, Mtu, Qp, QpAttr, QpCap, QpInitAttr, QpState, QpType, RemoteQp};
 pub use srq::Srq;

@@ -349,6 +349,8 @@ pub enum PostError {
     BadDestination,
     /// An atomic needs one SGE of at least 8 bytes.
     BadAtomicSge,
+    /// A UD destination whose address handle belongs to another device context.
+    ForeignAh,
 }
 
 impl core::fmt::Display for PostError {
@@ -370,6 +372,7 @@ impl core::fmt::Display for PostError {
                 write!(f, "UD sends need a destination; connected QPs take none")
             }
             PostError::BadAtomicSge => write!(f, "atomics need one SGE of at least 8 bytes"),
+            PostError::ForeignAh => write!(f, "address handle of another device context"),
         }
     }
 }

@@ -491,6 +491,11 @@ pub const IB_UVERBS_PCF_CM_SUP: u32 = 1 << 16;
 pub const IB_UVERBS_PCF_DEVICE_MGMT_SUP: u32 = 1 << 19;
 /// Port cap flag: vendor class supported.
 pub const IB_UVERBS_PCF_VENDOR_CLASS_SUP: u32 = 1 << 20;
+/// Port cap flag: client re-registration supported (`IBV_PORT_CLIENT_REG_SUP`).
+pub const IB_UVERBS_PCF_CLIENT_REG_SUP: u32 = 1 << 25;
+/// `ib_uverbs_query_device_resp::atomic_cap`: atomic with respect to this HCA
+/// (`IBV_ATOMIC_HCA`).
+pub const IB_ATOMIC_HCA: u32 = 1;
 /// Port cap flag: GIDs are IP based (RoCE).
 pub const IB_UVERBS_PCF_IP_BASED_GIDS: u32 = 1 << 26;
 

@@ -392,6 +392,8 @@ abi_table! {
         },
     }
     consts {
+        ioctl::IB_UVERBS_PCF_CLIENT_REG_SUP => "IBV_PORT_CLIENT_REG_SUP",
+        ioctl::IB_ATOMIC_HCA => "IBV_ATOMIC_HCA",
         ioctl::UVERBS_METHOD_DM_ALLOC,
         ioctl::UVERBS_METHOD_DM_FREE,
         ioctl::UVERBS_ATTR_ALLOC_DM_HANDLE,

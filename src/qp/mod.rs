@@ -8,7 +8,8 @@ pub(crate) mod sq;
 
 pub use rq::{RecvQueue, RqGeometry, rq_geometry};
 pub use sq::{
-    BfPolicy, BfregInfo, SendQueue, SqGeometry, SqStats, WqeBuilder, sq_geometry, sq_overhead,
+    AnyPayload, BfPolicy, BfregInfo, Gather, Inline, NoPayload, PayloadKind, SendQueue, SqGeometry,
+    SqStats, WqeBuilder, sq_geometry, sq_overhead,
 };
 
 use std::sync::Arc;
@@ -35,6 +36,7 @@ use crate::srq::{Srq, SrqHandle};
 use crate::uverbs;
 use crate::wr::{PostError, RecvWr, SendWr};
 use mlx5_ffi::cmd::cmds;
+use mlx5_ffi::uverbs::{qp_state, qp_type};
 use sq::Bfreg;
 
 /// QP transport type.
@@ -51,9 +53,9 @@ pub enum QpType {
 impl QpType {
     fn ib_value(self) -> u8 {
         match self {
-            QpType::Rc => 2,
-            QpType::Uc => 3,
-            QpType::Ud => 4,
+            QpType::Rc => qp_type::RC,
+            QpType::Uc => qp_type::UC,
+            QpType::Ud => qp_type::UD,
         }
     }
 
@@ -98,25 +100,25 @@ pub enum QpState {
 impl QpState {
     fn to_u8(self) -> u8 {
         match self {
-            QpState::Reset => 0,
-            QpState::Init => 1,
-            QpState::Rtr => 2,
-            QpState::Rts => 3,
-            QpState::Sqd => 4,
-            QpState::Sqe => 5,
-            QpState::Err => 6,
+            QpState::Reset => qp_state::RESET,
+            QpState::Init => qp_state::INIT,
+            QpState::Rtr => qp_state::RTR,
+            QpState::Rts => qp_state::RTS,
+            QpState::Sqd => qp_state::SQD,
+            QpState::Sqe => qp_state::SQE,
+            QpState::Err => qp_state::ERR,
         }
     }
 
     fn from_u8(v: u8) -> Option<Self> {
         Some(match v {
-            0 => QpState::Reset,
-            1 => QpState::Init,
-            2 => QpState::Rtr,
-            3 => QpState::Rts,
-            4 => QpState::Sqd,
-            5 => QpState::Sqe,
-            6 => QpState::Err,
+            qp_state::RESET => QpState::Reset,
+            qp_state::INIT => QpState::Init,
+            qp_state::RTR => QpState::Rtr,
+            qp_state::RTS => QpState::Rts,
+            qp_state::SQD => QpState::Sqd,
+            qp_state::SQE => QpState::Sqe,
+            qp_state::ERR => QpState::Err,
             _ => return None,
         })
     }
@@ -694,6 +696,7 @@ impl Qp {
                 init.bf_policy
             },
             Some((pd.inner.handle, ctx.inner.mrs.clone())),
+            ctx.id(),
         );
         let rq = rgeo.map(|g| {
             RecvQueue::new(

@@ -335,6 +335,9 @@ struct Pending {
 /// What a send queue was created with: read-only on the data path.
 #[derive(Debug)]
 struct SqConfig {
+    /// The identity of the QP's device context (a UD destination's address handle must
+    /// belong to it: [`Ah::context_id`](crate::Ah)).
+    ctx_id: u64,
     qp_type: QpType,
     geo: SqGeometry,
     /// The control segment's `fm_ce_se` byte by [`SendFlags`] bits 0..3, with the flags added
@@ -400,6 +403,7 @@ impl SendQueue {
         bf: Bfreg,
         policy: BfPolicy,
         scatter: Option<(u32, Arc<MrTable>)>,
+        ctx_id: u64,
     ) -> Self {
         let mut shared = SqShared::new(geo.max_post, geo.wqe_cnt, report_unsignaled, qpn);
         shared.scatter = scatter.map(|(pd, mrs)| SqScatter {
@@ -425,6 +429,7 @@ impl SendQueue {
                 qpn_word: u32::from_ne_bytes((qpn << 8).to_be_bytes()),
                 shared,
                 cfg: SqConfig {
+                    ctx_id,
                     qp_type,
                     geo,
                     fm: fm_table(if sig_all {
@@ -636,7 +641,8 @@ impl SendQueue {
     /// control segment), with immediate data if `imm` is `Some`.
     ///
     /// # Errors
-    /// [`PostError::BadDestination`] on a connected QP; otherwise as [`send`](Self::send).
+    /// [`PostError::BadDestination`] on a connected QP; [`PostError::ForeignAh`] if `dest.ah`
+    /// belongs to another device context; otherwise as [`send`](Self::send).
     #[inline(always)]
     pub fn send_ud(
         &mut self,
@@ -645,6 +651,9 @@ impl SendQueue {
         imm: Option<[u8; 4]>,
     ) -> Result<WqeBuilder<'_, AnyPayload>, PostError> {
         self.need_connected(false, PostError::BadDestination)?;
+        if dest.ah.context_id() != self.q.cfg.ctx_id {
+            return Err(PostError::ForeignAh);
+        }
         let (op, imm) = match imm {
             Some(imm) => (SendOpcode::SEND_IMM, imm),
             None => (SendOpcode::SEND, [0; 4]),
@@ -783,6 +792,12 @@ impl SendQueue {
     /// On the first bad WR: its index and the reason. WRs before it are posted and rung
     /// (as `ibv_post_send`'s `bad_wr`).
     pub fn post_send(&mut self, wrs: &[SendWr<'_>]) -> Result<(), (usize, PostError)> {
+        if let [wr] = wrs {
+            // The usual single SEND on a connected QP: the low-level builder, rung at once.
+            if let Some(r) = self.post_one(wr) {
+                return r.map_err(|e| (0, e));
+            }
+        }
         let mut b = self.batch();
         let mut res = Ok(());
         for (i, wr) in wrs.iter().enumerate() {
@@ -795,6 +810,63 @@ impl SendQueue {
         self.end_batch(e);
         self.ring();
         res
+    }
+
+    /// One verbs-shaped SEND or SEND with immediate on a connected QP through the low-level
+    /// builder, rung at once; `None` (nothing done) for every other WR, which the general
+    /// chain path takes. The checks come in the same order as there: destination, gather
+    /// list, then state and room, then the payload.
+    #[inline(always)]
+    fn post_one(&mut self, wr: &SendWr<'_>) -> Option<Result<(), PostError>> {
+        let (op, imm) = match wr.op {
+            WrOp::Send => (SendOpcode::SEND, [0; 4]),
+            WrOp::SendImm { imm } => (SendOpcode::SEND_IMM, imm),
+            _ => return None,
+        };
+        if self.q.cfg.qp_type == QpType::Ud || wr.ud.is_some() {
+            return None;
+        }
+        Some(self.post_one_send(wr, op, imm))
+    }
+
+    /// [`post_one`](Self::post_one) once the WR is known to be a connected SEND.
+    #[inline(always)]
+    fn post_one_send(
+        &mut self,
+        wr: &SendWr<'_>,
+        op: SendOpcode,
+        imm: [u8; 4],
+    ) -> Result<(), PostError> {
+        let max_gs = self.q.cfg.geo.max_gs;
+        let inline = !wr.inline.is_empty();
+        if !inline && wr.sg_list.len() > max_gs as usize {
+            return Err(PostError::TooManySges {
+                n: wr.sg_list.len(),
+                max: max_gs,
+            });
+        }
+        let b = self.begin::<AnyPayload>(op, wr.flags, imm, 1)?;
+        if inline {
+            let max = b.q.cfg.geo.max_inline;
+            let mut b = b.into_kind::<Inline>();
+            for part in wr.inline {
+                if b.push_inline(part).is_err() {
+                    // The total of every part, as the chain path reports it.
+                    let len = wr.inline.iter().map(|s| s.len()).sum();
+                    return Err(PostError::InlineTooLarge { len, max });
+                }
+            }
+            b.finish(wr.wr_id);
+        } else {
+            let mut b = b.into_kind::<Gather>();
+            for sge in wr.sg_list {
+                // Counted above: never more than `max_gs`.
+                b.push_sge(sge)?;
+            }
+            b.finish(wr.wr_id);
+        }
+        self.ring();
+        Ok(())
     }
 
     /// The queue's hot state by value, for building WQEs (see [`Batch`]); hand it back with
@@ -1120,6 +1192,9 @@ fn plan_general(cfg: &SqConfig, wr: &SendWr<'_>) -> Result<Plan, PostError> {
     if (qp_type == QpType::Ud) != wr.ud.is_some() {
         return Err(PostError::BadDestination);
     }
+    if wr.ud.is_some_and(|ud| ud.ah.context_id() != cfg.ctx_id) {
+        return Err(PostError::ForeignAh);
+    }
     let has_inline = !wr.inline.is_empty();
     if opcode == SendOpcode::RDMA_READ && has_inline {
         // READ data flows into local memory: there is nothing to inline.
@@ -1274,6 +1349,11 @@ fn inline_hdr(len: u32) -> [u8; 4] {
 }
 
 mod sealed {
+    /// Seals [`PayloadKind`](super::PayloadKind): only this module's typestates implement it.
+    #[expect(
+        unnameable_types,
+        reason = "a sealed trait is deliberately unnameable outside its module"
+    )]
     pub trait Sealed {}
 }
 
@@ -1533,6 +1613,7 @@ mod tests {
             bf,
             policy,
             None,
+            7,
         );
         sq.set_state(QpState::Rts);
         Rig {

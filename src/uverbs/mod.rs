@@ -10,7 +10,7 @@
 use std::marker::PhantomData;
 
 use mlx5_ffi::cmd::{Command, decode_resp, encode_write, resp_len};
-use mlx5_ffi::ioctl::{IbUverbsAttr, IbUverbsIoctlHdr, RDMA_DRIVER_MLX5, UVERBS_ATTR_F_MANDATORY};
+use mlx5_ffi::ioctl::{IbUverbsAttr, IoctlBuilder, parse_ioctl};
 use mlx5_ffi::surface::UverbsSurface;
 use zerocopy::{FromBytes, IntoBytes};
 
@@ -97,57 +97,47 @@ pub(crate) fn write<C: Command>(
     }
 }
 
-/// One `RDMA_VERBS_IOCTL` method call being built. Output buffers added with
-/// [`Ioctl::ptr_out`] stay mutably borrowed (`'a`) until the call is dropped, so the kernel's
-/// writes through their addresses never meet a live reference.
+/// One `RDMA_VERBS_IOCTL` method call being built, encoded by `mlx5-ffi`'s
+/// [`IoctlBuilder`]. Output buffers added with [`Ioctl::ptr_out`] stay mutably borrowed (`'a`)
+/// until the call is dropped, so the kernel's writes through their addresses never meet a
+/// live reference.
 #[derive(Debug)]
 pub(crate) struct Ioctl<'a> {
-    object: u16,
-    method: u16,
-    attrs: Vec<IbUverbsAttr>,
+    b: IoctlBuilder,
+    /// Attributes added so far (the index `idr_new` returns).
+    n: usize,
     outs: PhantomData<&'a mut RespBuf>,
 }
 
 impl<'a> Ioctl<'a> {
     pub(crate) fn new(object: u16, method: u16) -> Self {
         Self {
-            object,
-            method,
-            attrs: Vec::new(),
+            b: IoctlBuilder::new(object, method),
+            n: 0,
             outs: PhantomData,
         }
     }
 
-    /// Append one mandatory attribute.
-    fn push(&mut self, attr_id: u16, len: u16, data: u64) -> usize {
-        self.attrs.push(IbUverbsAttr {
-            attr_id,
-            len,
-            flags: UVERBS_ATTR_F_MANDATORY,
-            elem_id: 0,
-            elem_reserved: 0,
-            data,
-        });
-        self.attrs.len() - 1
-    }
-
-    /// An input attribute of up to 8 bytes, inlined in `data`.
+    /// An input attribute of up to 8 bytes, inlined in `data` (longer values are cut to 8).
     pub(crate) fn inline_in(&mut self, id: u16, value: &[u8]) -> &mut Self {
-        let mut d = [0u8; 8];
         let n = value.len().min(8);
-        d[..n].copy_from_slice(&value[..n]);
-        self.push(id, n as u16, u64::from_ne_bytes(d));
+        // `n <= 8`: `in_inline` cannot fail.
+        let _ = self.b.in_inline(id, &value[..n]);
+        self.n += 1;
         self
     }
 
     /// An object handle the kernel creates (IDR "new"): returned in the attribute's data.
     pub(crate) fn idr_new(&mut self, id: u16) -> usize {
-        self.push(id, 0, 0)
+        self.b.out_obj(id);
+        self.n += 1;
+        self.n - 1
     }
 
     /// An existing object handle (IDR in).
     pub(crate) fn idr_in(&mut self, id: u16, handle: u32) -> &mut Self {
-        self.push(id, 0, u64::from(handle));
+        self.b.in_obj(id, handle);
+        self.n += 1;
         self
     }
 
@@ -155,7 +145,8 @@ impl<'a> Ioctl<'a> {
     pub(crate) fn ptr_out(&mut self, id: u16, resp: &'a mut RespBuf) -> &mut Self {
         // A longer buffer is declared as its first 64 KiB: the kernel writes no more.
         let len = u16::try_from(resp.len()).unwrap_or(u16::MAX);
-        self.push(id, len, resp.addr());
+        self.b.out_ptr(id, resp.addr(), len);
+        self.n += 1;
         self
     }
 
@@ -166,31 +157,21 @@ impl<'a> Ioctl<'a> {
         surface: &dyn UverbsSurface,
         name: &'static str,
     ) -> Result<Vec<IbUverbsAttr>> {
-        let hdr_len = size_of::<IbUverbsIoctlHdr>();
-        let len = hdr_len + self.attrs.len() * size_of::<IbUverbsAttr>();
-        let hdr = IbUverbsIoctlHdr {
-            length: len as u16,
-            object_id: self.object,
-            method_id: self.method,
-            num_attrs: self.attrs.len() as u16,
-            reserved1: 0,
-            driver_id: RDMA_DRIVER_MLX5,
-            reserved2: 0,
-        };
-        let mut buf = Vec::with_capacity(len);
-        buf.extend_from_slice(hdr.as_bytes());
-        for a in &self.attrs {
-            buf.extend_from_slice(a.as_bytes());
-        }
+        let mut buf = self.b.build().map_err(|_| Error::InvalidArgument {
+            attr: "ioctl attributes",
+            reason: "more than fit one RDMA_VERBS_IOCTL header",
+        })?;
         // SAFETY: the only pointer attributes are those of `ptr_out`, each the address of a
         // `RespBuf` of at least `len` bytes that `self` keeps mutably borrowed (`'a`), so it is
         // alive and unreferenced during the call; all other attributes are inline values or
         // handles, which the kernel does not dereference.
         unsafe { surface.ioctl(&mut buf) }.map_err(|e| Error::uverbs(name, e.0))?;
-        let attrs = buf[hdr_len..]
-            .chunks_exact(size_of::<IbUverbsAttr>())
-            .filter_map(|c| IbUverbsAttr::read_from_bytes(c).ok())
-            .collect();
+        let attrs = parse_ioctl(&buf)
+            .map(|v| v.attrs().collect())
+            .map_err(|_| Error::BadResponse {
+                cmd: name,
+                what: "ioctl buffer changed shape",
+            })?;
         Ok(attrs)
     }
 }

@@ -505,7 +505,11 @@ impl Rig {
     ) -> Result<(), BoxErr> {
         let small = op == "send_inline32";
         let full = [0x5au8; PAYLOAD];
-        let payload = if small { &full[..PAYLOAD_SMALL] } else { &full[..] };
+        let payload = if small {
+            &full[..PAYLOAD_SMALL]
+        } else {
+            &full[..]
+        };
         let parts: [&[u8]; 1] = [payload];
         let sge = [self.sge()];
         for api in ["verbs", "lowlevel"] {

@@ -219,7 +219,10 @@ mod tests {
             assert!(t.contains(spec.label), "{t}");
         }
         assert!(t.contains(" 0.50 "), "{t}");
-        assert!(t.contains(" 0.62 "), "ratio to the single-threaded libmlx5: {t}");
+        assert!(
+            t.contains(" 0.62 "),
+            "ratio to the single-threaded libmlx5: {t}"
+        );
         assert!(t.contains("note: n1"), "{t}");
         // Header + rule + one line per row, all the same width.
         let lines: Vec<&str> = t.lines().filter(|l| l.starts_with('|')).collect();

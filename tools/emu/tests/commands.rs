@@ -569,3 +569,98 @@ fn srq_receives_from_two_qps() {
     assert_eq!(data.read(0, 6), b"from-a");
     assert_eq!(data.read(64, 6), b"from-d");
 }
+
+/// Extreme values in size fields the kernel shifts or multiplies (a QP without RQ but with
+/// `rq_wqe_shift` 200, counts and sizes at `u32::MAX`): every one is an errno, never an
+/// arithmetic overflow (which a debug build of the emulated kernel would turn into a panic).
+#[test]
+fn extreme_size_fields_are_errnos_not_overflows() {
+    let emu = stepped(1);
+    let mut ctx = Ctx::open(&emu, 0);
+    let pd = ctx.alloc_pd();
+    let cq = ctx.create_cq(8, 64, -1);
+    let buf = Buf::new(4096);
+    for (sq, rq, shift, max_send, max_recv) in [
+        (0u32, 0u32, 200u32, 0u32, 0u32),
+        (0, 0, u32::MAX, 0, 0),
+        (u32::MAX, u32::MAX, u32::MAX, u32::MAX, u32::MAX),
+        (1 << 31, 0, 31, 1, 0),
+    ] {
+        let db = ctx.db();
+        let c = IbUverbsCreateQp {
+            pd_handle: pd,
+            send_cq_handle: cq.handle,
+            recv_cq_handle: cq.handle,
+            max_send_wr: max_send,
+            max_recv_wr: max_recv,
+            qp_type: RC,
+            ..Default::default()
+        };
+        let d = Mlx5IbCreateQp {
+            buf_addr: buf.addr(),
+            db_addr: db,
+            sq_wqe_count: sq,
+            rq_wqe_count: rq,
+            rq_wqe_shift: shift,
+            uidx: 7,
+            ..Default::default()
+        };
+        // Answered (success or an errno) without a panic: that is the assertion.
+        let r = run_cmd(
+            &ctx.dev,
+            IB_USER_VERBS_CMD_CREATE_QP,
+            c.as_bytes(),
+            d.as_bytes(),
+            (32, 40),
+        );
+        if let Err(Errno(e)) = r {
+            assert!(e > 0, "errno {e}");
+        }
+    }
+    for (cqe, size) in [(u32::MAX, 64u32), ((1 << 22) - 1, u32::MAX)] {
+        let c = IbUverbsCreateCq {
+            cqe,
+            comp_channel: -1,
+            ..Default::default()
+        };
+        let d = Mlx5IbCreateCq {
+            buf_addr: buf.addr(),
+            db_addr: ctx.db(),
+            cqe_size: size,
+            ..Default::default()
+        };
+        assert_eq!(
+            run_cmd(
+                &ctx.dev,
+                IB_USER_VERBS_CMD_CREATE_CQ,
+                c.as_bytes(),
+                d.as_bytes(),
+                (8, 8)
+            ),
+            Err(EINVAL)
+        );
+    }
+    for (max_wr, max_sge) in [(u32::MAX, 1u32), (1, u32::MAX)] {
+        let c = IbUverbsCreateSrq {
+            pd_handle: pd,
+            max_wr,
+            max_sge,
+            ..Default::default()
+        };
+        let d = Mlx5IbCreateSrq {
+            buf_addr: buf.addr(),
+            db_addr: ctx.db(),
+            ..Default::default()
+        };
+        assert_eq!(
+            run_cmd(
+                &ctx.dev,
+                IB_USER_VERBS_CMD_CREATE_SRQ,
+                c.as_bytes(),
+                d.as_bytes(),
+                (16, 8)
+            ),
+            Err(EINVAL)
+        );
+    }
+}

@@ -2,7 +2,9 @@
 //! QUERY_PORT, and the GID table the port reports.
 
 use mlx5_ffi::cmd::cmds;
-use mlx5_ffi::ioctl::{IB_UVERBS_PCF_CM_SUP, IB_UVERBS_PCF_IP_BASED_GIDS};
+use mlx5_ffi::ioctl::{
+    IB_ATOMIC_HCA, IB_UVERBS_PCF_CLIENT_REG_SUP, IB_UVERBS_PCF_CM_SUP, IB_UVERBS_PCF_IP_BASED_GIDS,
+};
 use mlx5_ffi::mlx5::{
     MLX5_IB_ALLOC_UCONTEXT_RESP_MASK_CORE_CLOCK_OFFSET,
     MLX5_IB_ALLOC_UCONTEXT_RESP_MASK_DUMP_FILL_MKEY, MLX5_IB_ALLOC_UCTX_DEVX, MLX5_LIB_CAP_DYN_UAR,
@@ -14,8 +16,8 @@ use mlx5_ffi::uverbs::{
     IB_UVERBS_DEVICE_BAD_QKEY_CNTR, IB_UVERBS_DEVICE_CHANGE_PHY_PORT,
     IB_UVERBS_DEVICE_MEM_MGT_EXTENSIONS, IB_UVERBS_DEVICE_PORT_ACTIVE_EVENT,
     IB_UVERBS_DEVICE_RC_RNR_NAK_GEN, IB_UVERBS_DEVICE_RESIZE_MAX_WR,
-    IB_UVERBS_DEVICE_SYS_IMAGE_GUID, IbUverbsExQueryDeviceResp, IbUverbsGetContextResp,
-    IbUverbsQueryDeviceResp, IbUverbsQueryPortResp, mtu, port_state,
+    IB_UVERBS_DEVICE_SYS_IMAGE_GUID, IbUverbsAsyncEventDesc, IbUverbsExQueryDeviceResp,
+    IbUverbsGetContextResp, IbUverbsQueryDeviceResp, IbUverbsQueryPortResp, mtu, port_state,
 };
 use zerocopy::IntoBytes;
 
@@ -25,9 +27,7 @@ use crate::state::{Context, World};
 use crate::uar::UarRegion;
 use crate::{Flavour, GidEntry};
 
-/// `IBV_ATOMIC_HCA`: atomics are atomic with respect to this HCA's other operations.
-const ATOMIC_HCA: u32 = 1;
-/// `IB_PORT_PHYS_STATE_LINK_UP`.
+/// `IB_PORT_PHYS_STATE_LINK_UP` (the emulated link; not a uverbs constant).
 const PHYS_STATE_LINK_UP: u8 = 5;
 /// `IB_WIDTH_4X`.
 const WIDTH_4X: u8 = 2;
@@ -98,7 +98,7 @@ pub(super) fn get_context(w: &mut World, hca: usize, r: &Req) -> Result<u64, Err
         b.copy_from_slice(ch);
         uar.store(uar_pages + 1, i * 8, b);
     }
-    let (async_ch, async_fd) = new_channel(w, 16)?;
+    let (async_ch, async_fd) = new_channel(w, size_of::<IbUverbsAsyncEventDesc>())?;
     let cqe_version = max_cqe_version.min(w.cfg.cqe_version).min(1);
     let roce = w.hcas[hca].info.is_roce();
     let core = IbUverbsGetContextResp {
@@ -202,7 +202,7 @@ pub(super) fn device_attr(w: &World, ctx: u64) -> IbUverbsQueryDeviceResp {
         max_res_rd_atom: caps::MAX_RD_ATOM << caps::LOG_MAX_QP,
         max_qp_init_rd_atom: caps::MAX_RD_ATOM,
         max_ee_init_rd_atom: 0,
-        atomic_cap: ATOMIC_HCA,
+        atomic_cap: IB_ATOMIC_HCA,
         max_ee: 0,
         max_rdd: 0,
         // Memory windows are not implemented: 0, as the capability flags say.
@@ -280,8 +280,7 @@ pub(super) fn query_port(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> 
         o.active_mtu = mtu::MTU_1024;
         o.link_layer = IB_LINK_LAYER_ETHERNET;
     } else {
-        // CM supported; bit 25 as mlx5_ib reports on InfiniBand ports.
-        o.port_cap_flags = IB_UVERBS_PCF_CM_SUP | (1 << 25);
+        o.port_cap_flags = IB_UVERBS_PCF_CM_SUP | IB_UVERBS_PCF_CLIENT_REG_SUP;
         o.lid = h.info.lid;
         o.sm_lid = 1;
         o.active_mtu = mtu::MTU_4096;

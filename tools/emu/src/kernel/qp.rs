@@ -162,7 +162,13 @@ pub(super) fn create_qp(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> {
     if rq_cnt != 0 && (1u32 << rq_shift) / 16 < cap[3].max(1) {
         return Err(EINVAL);
     }
-    let bytes = (u64::from(rq_cnt) << rq_shift) + u64::from(sq_cnt) * 64;
+    // Without an RQ its shift is not checked (the kernel ignores it): no shift by it then.
+    let rq_bytes = if rq_cnt == 0 {
+        0
+    } else {
+        u64::from(rq_cnt) << rq_shift
+    };
+    let bytes = rq_bytes + u64::from(sq_cnt) * 64;
     pin_queue(d.buf_addr, bytes, d.db_addr, 8, 4)?;
     let hca = hca_of(w, ctx);
     // bfreg choice, static scheme: dedicated low-latency bfregs from the top first, then the
