@@ -1,7 +1,7 @@
 //! The completion writer: CQEs exactly as hardware writes them, completion and async
 //! events, requester/responder errors, the error state's flush.
 
-#[allow(clippy::wildcard_imports)]
+// The stages share the device's imports and one another's `pub(super)` items (device/mod.rs).
 use super::*;
 
 pub(super) fn fire_event(w: &mut World, hca: usize, cqn: u32) {

@@ -1,7 +1,7 @@
 //! DMA and translation: keys, PDs and access rights of registered memory; gather and
 //! scatter.
 
-#[allow(clippy::wildcard_imports)]
+// The stages share the device's imports and one another's `pub(super)` items (device/mod.rs).
 use super::*;
 
 /// Translate `[va, va+len)` under key `key` for a QP in PD `pdn`; `need` are the access

@@ -1,6 +1,6 @@
 //! WQE execution: decode and validate one send WQE and build its request packet.
 
-#[allow(clippy::wildcard_imports)]
+// The stages share the device's imports and one another's `pub(super)` items (device/mod.rs).
 use super::*;
 
 /// The parsed, validated form of one send WQE.

@@ -1,7 +1,7 @@
 //! Doorbell intake (send doorbells, BlueFlame copies, CQ arm), send-queue scheduling and
 //! WQE fetch from the ring.
 
-#[allow(clippy::wildcard_imports)]
+// The stages share the device's imports and one another's `pub(super)` items (device/mod.rs).
 use super::*;
 
 pub(super) enum Doorbell {

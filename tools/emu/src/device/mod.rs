@@ -80,11 +80,19 @@ pub(super) const MAX_WQES_PER_QP_STEP: usize = 256;
 pub(crate) fn step(w: &mut World) -> usize {
     let mut work = 0;
     tick_clock(w);
+    // wire: datagrams from other processes join the in-process delivery queue first, so an
+    // answer that arrived while this thread was not running is seen before any timer.
     work += receive_udp(w);
+    // fetch: doorbells and CQ arms written to the UAR pages since the last step.
     work += scan_doorbells(w);
+    // fetch -> execute -> requester (-> wire): every rung send queue, WQE by WQE (a QP in
+    // error flushes instead: completion).
     work += run_send_queues(w);
+    // wire -> responder (requests) or requester (responses) -> completion, DMA.
     work += deliver_wire(w);
+    // timers: ACK timeouts and RNR back-off -> retransmission (requester).
     work += run_timers(w);
+    // wire: datagrams due for other processes.
     work += flush_udp(w);
     if work == 0 && w.cfg.mode == RunMode::Stepped {
         if let Some(t) = next_deadline(w) {

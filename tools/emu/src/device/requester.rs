@@ -1,7 +1,7 @@
 //! The RC requester: PSN assignment and segmentation, the outstanding requests, the
 //! transmit window, responses (ACK/NAK, READ data, atomic results) and in-order retirement.
 
-#[allow(clippy::wildcard_imports)]
+// The stages share the device's imports and one another's `pub(super)` items (device/mod.rs).
 use super::*;
 
 /// The requester's state of one RC QP.
@@ -340,7 +340,6 @@ pub(super) fn requester_response(w: &mut World, pkt: &Packet) {
                 .iter_mut()
                 .find(|o| o.is_read_like && !o.done && o.error.is_none() && contains(o, pkt.psn))
             {
-                implied = false;
                 // Every response but the last of the READ carries exactly one MTU; the
                 // last, the rest. Anything else is not a response to this READ.
                 let want = if pkt.psn == o.last_psn {

@@ -1,7 +1,7 @@
 //! The responder: packet checks, PSN sequence and duplicates, receive WQEs, execution
 //! of SEND/WRITE/READ/atomic requests and their replies.
 
-#[allow(clippy::wildcard_imports)]
+// The stages share the device's imports and one another's `pub(super)` items (device/mod.rs).
 use super::*;
 
 /// The responder's state of one RC/UC QP.

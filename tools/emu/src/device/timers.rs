@@ -1,7 +1,7 @@
 //! Retransmission and timers: go-back-N from a PSN, the ACK timeout with its retry count,
 //! RNR back-off, and the next deadline (for stepped mode's virtual time).
 
-#[allow(clippy::wildcard_imports)]
+// The stages share the device's imports and one another's `pub(super)` items (device/mod.rs).
 use super::*;
 
 /// The timers of one RC QP.

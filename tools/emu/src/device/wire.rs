@@ -1,7 +1,7 @@
 //! The wire: fault injection, the in-process fabric, the UDP fabric (RoCEv2 datagrams)
 //! and the dispatch of delivered packets to the responder or requester.
 
-#[allow(clippy::wildcard_imports)]
+// The stages share the device's imports and one another's `pub(super)` items (device/mod.rs).
 use super::*;
 
 /// The in-process fabric, plus buffers the device reuses from one work item to the next
