@@ -926,12 +926,12 @@ impl SendQueue {
         if wr.ud.is_some() {
             return false;
         }
-        let p = match (wr.inline, wr.sg_list) {
-            ([one], _) => Fast::Inline(one),
-            ([], [sge]) => Fast::Sge(sge),
-            _ => return false,
-        };
-        self.fast_send(op, imm, wr.flags, p, wr.wr_id)
+        // One call per payload kind, so each inlined copy is specialised to its kind.
+        match (wr.inline, wr.sg_list) {
+            ([one], _) => self.fast_send(op, imm, wr.flags, Fast::Inline(one), wr.wr_id),
+            ([], [sge]) => self.fast_send(op, imm, wr.flags, Fast::Sge(sge), wr.wr_id),
+            _ => false,
+        }
     }
 
     /// [`post_send`](Self::post_send) of everything the fused path does not take: chains, and
