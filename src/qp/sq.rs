@@ -2284,11 +2284,9 @@ mod tests {
         assert_eq!((r.sq.stats().doorbells, r.sq.stats().bf_copies), (6, 0));
     }
 
-    /// Everything observable of a rig: ring bytes, SQ record, both BlueFlame halves (the
-    /// 8-byte doorbell lands at their start), counters and the WR records.
-    fn observe(
-        r: &Rig,
-    ) -> (
+    /// Ring bytes, SQ record, both BlueFlame halves, counters, producer, BlueFlame offset
+    /// and the WR records of a rig.
+    type Observed = (
         Vec<u8>,
         u32,
         Vec<u8>,
@@ -2296,7 +2294,11 @@ mod tests {
         u32,
         u32,
         Vec<(u64, WcOpcode)>,
-    ) {
+    );
+
+    /// Everything observable of a rig: ring bytes, SQ record, both BlueFlame halves (the
+    /// 8-byte doorbell lands at their start), counters and the WR records.
+    fn observe(r: &Rig) -> Observed {
         let mut ring = vec![0u8; r.sq.ring.ring().len()];
         r.sq.ring.ring().read(0, &mut ring);
         let mut uar = vec![0u8; 512];
