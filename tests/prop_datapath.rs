@@ -28,7 +28,7 @@ use mlx5::{
     WrOp,
 };
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use proptest::test_runner::{Config, TestCaseError, TestRng, TestRunner};
 
 const CASES: u32 = 1000;
 const SEQS_PER_CASE: usize = 100;
@@ -232,7 +232,7 @@ fn seq_strategy() -> impl Strategy<Value = Seq> {
         0..PAIRS.len(),
         any::<bool>(),
         any::<bool>(),
-        prop_oneof![15 => Just(None), 1 => (1u8..=6).prop_map(Some)],
+        prop_oneof![31 => Just(None), 1 => (1u8..=6).prop_map(Some)],
         prop::collection::vec(op_strategy(), 1..=6),
     )
         .prop_map(|(pair, raw_a, raw_b, halves, ops)| Seq {
@@ -925,7 +925,7 @@ impl World {
                 p.sends.push_back(w);
             }
         }
-        for round in 0..100_000 {
+        for round in 0..20_000 {
             let p = &self.pairs[pi];
             let unmatched = p.recvs.len() > p.to_receive.len();
             if p.sends.is_empty() && p.recvs.is_empty() && p.to_receive.is_empty() {
@@ -936,22 +936,41 @@ impl World {
             } else if unmatched && p.sends.len() < p.cap_a.max_send_wr as usize {
                 self.send(pi, Kind::Send, 1 + round % 40, true, round % 3 == 0)?;
             }
-            self.pairs[pi].rig.emu.run_until_idle();
+            // A few device steps per round (bounded: a QP retrying RNR forever never idles).
+            for _ in 0..8 {
+                if self.pairs[pi].rig.emu.step() == 0 {
+                    break;
+                }
+            }
             self.poll_a(pi, 16)?;
             self.poll_b(pi, 16)?;
         }
-        Err(TestCaseError::fail("drain: the queues never went idle"))
+        let p = &mut self.pairs[pi];
+        Err(TestCaseError::fail(format!(
+            "drain: the queues never went idle: pair {pi}, model: {} sends {:?}, {} receives \
+             posted, {} messages unmatched; driver: SQ outstanding {}, RQ outstanding {}",
+            p.sends.len(),
+            p.sends.front(),
+            p.recvs.len(),
+            p.to_receive.len(),
+            p.a_qp.sq_ref().outstanding(),
+            p.b_qp.rq().map_or(0, |r| r.outstanding()),
+        )))
     }
 }
 
 #[test]
 fn random_call_sequences_keep_rings_buffers_and_completions_intact() {
     let world = RefCell::new(World::new());
-    let mut runner = TestRunner::new(Config {
+    let config = Config {
         cases: CASES,
         failure_persistence: None,
         ..Config::default()
-    });
+    };
+    // A fixed seed: the same 10^5 sequences every run (only the two-thread episodes interleave
+    // differently), so a failure in CI reproduces here.
+    let rng = TestRng::deterministic_rng(config.rng_algorithm);
+    let mut runner = TestRunner::new_with_rng(config, rng);
     let strategy = prop::collection::vec(seq_strategy(), SEQS_PER_CASE);
     let r = runner.run(&strategy, |seqs| {
         let mut w = world.borrow_mut();
