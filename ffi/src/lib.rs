@@ -5,8 +5,11 @@
 //! - [`ioctl`]: `<rdma/rdma_user_ioctl_cmds.h>`, `<rdma/ib_user_ioctl_cmds.h>`,
 //!   `<rdma/ib_user_ioctl_verbs.h>` (RDMA_VERBS_IOCTL, ids, attribute walking)
 //! - [`mlx5`]: `<rdma/mlx5-abi.h>`, `<rdma/mlx5_user_ioctl_cmds.h>` (driver data, mmap offsets)
-//! - [`cmd`]: builders and parsers of write() command buffers
-//! - [`surface`]: [`surface::UverbsSurface`], [`surface::Errno`], [`surface::UverbsFd`]
+//! - [`cmd`]: the typed command table ([`cmd::cmds`]: each write command's id and its
+//!   request/response/driver structs, [`cmd::encode_write`], [`cmd::decode_req`], ...) and the
+//!   builders and parsers of write() command buffers
+//! - [`surface`]: [`surface::UverbsSurface`] (an `unsafe trait`: the contract the driver's
+//!   safety rests on), [`surface::Errno`], [`surface::UverbsFd`]
 //! - [`sysfs`]: discovery of real uverbs devices
 //!
 //! `tests/header_check.rs` proves every struct size, field offset and constant against the

@@ -273,6 +273,28 @@ impl SqDoorbell {
         true
     }
 
+    /// [`blueflame`](Self::blueflame) of a WQE that does not wrap at the ring end, with no call
+    /// in any branch (the fused send paths, which check beforehand that the WQE does not
+    /// wrap); `false`, and nothing copied, when it is over the policy's limit or would wrap.
+    #[inline(always)]
+    pub(crate) fn blueflame_contig(&self, ring: &SqRing, pos: usize, ds: u32) -> bool {
+        let bytes = ds as usize * 16;
+        let blocks = (bytes + 63) >> 6;
+        let (src, before_end) = ring.blocks(pos);
+        if bytes > self.bf_max || bytes == 0 || blocks > before_end {
+            return false;
+        }
+        // SAFETY: `offset + half <= 2 * half <= len` (type invariant), so the pointer stays
+        // inside the register and is not null.
+        let dst = unsafe { self.reg.reg.base().add(self.offset) };
+        // SAFETY: as in `blueflame`: `dst` is 64-byte aligned with `64 * blocks <= half`
+        // writable register bytes behind it (`bytes <= bf_max <= half`, type invariant); `src`
+        // is 64-byte aligned with `64 * blocks <= 64 * before_end` readable ring bytes
+        // (checked above, `SqRing::blocks`); `blocks >= 1` as `bytes >= 1`.
+        unsafe { wc_copy64(dst, src, blocks) };
+        true
+    }
+
     /// [`blueflame`](Self::blueflame) of a WQE that wraps at the ring end: the blocks before the
     /// end, then the rest from the ring start.
     #[cold]

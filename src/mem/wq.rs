@@ -269,6 +269,22 @@ impl WqWriter<'_> {
         self.write_wrapping(start, src);
     }
 
+    /// [`write`](Self::write) of at most 64 bytes that does not reach the ring end, as a few
+    /// fixed loads and stores with no call in any branch (the fused send paths); `false`, and
+    /// nothing written, for a longer copy or one that would wrap.
+    #[inline(always)]
+    pub(crate) fn write_short(&self, pos: usize, src: &[u8]) -> bool {
+        let start = pos & self.mask;
+        let n = src.len();
+        if n > 64 || n > self.len() - start {
+            return false;
+        }
+        // SAFETY: `start + n <= len`, inside the ring (type invariant), and `n <= 64`; the
+        // source is a Rust slice of `n` bytes that cannot overlap the mapping.
+        unsafe { copy_upto64(self.base.as_ptr().wrapping_add(start), src.as_ptr(), n) };
+        true
+    }
+
     /// [`write`](Self::write) for a copy that reaches the ring end.
     #[cold]
     #[inline(never)]
@@ -354,13 +370,30 @@ impl WqWriter<'_> {
 }
 
 /// Copy `n` bytes from `src` to `dst` with at most four fixed-size unaligned loads and stores
-/// when `n <= 64` (the two halves overlap when `n` is not a power of two), else one
-/// `copy_nonoverlapping`. Written out because LLVM turns a copy loop into a `memcpy` call.
+/// when `n <= 64` ([`copy_upto64`]), else one `copy_nonoverlapping` (out of line).
 ///
 /// # Safety
 /// `src` valid for `n` bytes of reads, `dst` for `n` bytes of writes, not overlapping.
 #[inline(always)]
 unsafe fn copy_short(dst: *mut u8, src: *const u8, n: usize) {
+    if n <= 64 {
+        // SAFETY: the caller's contract, and `n <= 64`.
+        unsafe { copy_upto64(dst, src, n) };
+    } else {
+        // SAFETY: `n` bytes in both buffers, not overlapping (caller's contract).
+        unsafe { copy_long(dst, src, n) };
+    }
+}
+
+/// Copy `n <= 64` bytes from `src` to `dst` with at most four fixed-size unaligned loads and
+/// stores (the two halves overlap when `n` is not a power of two). Written out because LLVM
+/// turns a copy loop into a `memcpy` call.
+///
+/// # Safety
+/// `n <= 64`; `src` valid for `n` bytes of reads, `dst` for `n` bytes of writes, not
+/// overlapping.
+#[inline(always)]
+unsafe fn copy_upto64(dst: *mut u8, src: *const u8, n: usize) {
     type B16 = [u8; 16];
     // SAFETY (each `mov` below): the offset `k` and width `w` satisfy `k + w <= n` by the
     // branch conditions, so the access is inside both buffers (caller's contract).
@@ -370,14 +403,11 @@ unsafe fn copy_short(dst: *mut u8, src: *const u8, n: usize) {
             unsafe { mov::<B16>(dst, src, 0) };
             // SAFETY: see above (16 <= n).
             unsafe { mov::<B16>(dst, src, n - 16) };
-        } else if n <= 64 {
-            // SAFETY: see above (32 < n).
-            unsafe { mov::<[B16; 2]>(dst, src, 0) };
-            // SAFETY: see above (32 < n).
-            unsafe { mov::<[B16; 2]>(dst, src, n - 32) };
         } else {
-            // SAFETY: `n` bytes in both buffers, not overlapping (caller's contract).
-            unsafe { copy_long(dst, src, n) };
+            // SAFETY: see above (32 < n <= 64).
+            unsafe { mov::<[B16; 2]>(dst, src, 0) };
+            // SAFETY: see above (32 < n <= 64).
+            unsafe { mov::<[B16; 2]>(dst, src, n - 32) };
         }
     } else if n >= 8 {
         // SAFETY: see above (8 <= n).

@@ -133,6 +133,43 @@ impl MmioReg {
 #[inline(always)]
 pub(crate) unsafe fn wc_copy64(dst: NonNull<u8>, src: NonNull<u8>, blocks: usize) {
     #[cfg(all(target_arch = "x86_64", not(target_feature = "avx")))]
+    if blocks <= 2 {
+        // One or two blocks (every WQE a single-WQE doorbell copies on the fused send paths):
+        // the same stores, ascending, without the loop's counter.
+        // SAFETY: `64 * blocks` bytes of aligned reads from `src` and writes to `dst`,
+        // `blocks` is 1 or 2 (caller's contract, `blocks >= 1`); only the named registers
+        // are clobbered.
+        unsafe {
+            core::arch::asm!(
+                "movdqa xmm0, [{s}]",
+                "movdqa xmm1, [{s} + 16]",
+                "movdqa xmm2, [{s} + 32]",
+                "movdqa xmm3, [{s} + 48]",
+                "movdqa [{d}], xmm0",
+                "movdqa [{d} + 16], xmm1",
+                "movdqa [{d} + 32], xmm2",
+                "movdqa [{d} + 48], xmm3",
+                "cmp {n}, 1",
+                "je 2f",
+                "movdqa xmm0, [{s} + 64]",
+                "movdqa xmm1, [{s} + 80]",
+                "movdqa xmm2, [{s} + 96]",
+                "movdqa xmm3, [{s} + 112]",
+                "movdqa [{d} + 64], xmm0",
+                "movdqa [{d} + 80], xmm1",
+                "movdqa [{d} + 96], xmm2",
+                "movdqa [{d} + 112], xmm3",
+                "2:",
+                s = in(reg) src.as_ptr(),
+                d = in(reg) dst.as_ptr(),
+                n = in(reg) blocks,
+                out("xmm0") _, out("xmm1") _, out("xmm2") _, out("xmm3") _,
+                options(nostack),
+            );
+        }
+        return;
+    }
+    #[cfg(all(target_arch = "x86_64", not(target_feature = "avx")))]
     // SAFETY: `64 * blocks` bytes of aligned reads from `src` and writes to `dst`, `blocks >= 1`
     // (caller's contract); only the named registers are clobbered.
     unsafe {

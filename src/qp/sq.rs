@@ -786,12 +786,159 @@ impl SendQueue {
         self.q.bf.db.flip();
     }
 
+    /// Post one inline SEND of `data` on an RC or UC QP and ring at once: the same WQE and
+    /// doorbell as `send(flags)?.inline(data)?.finish(wr_id)` then [`ring`](Self::ring), in one
+    /// call. The usual case (a credit in hand, 1 to 64 bytes, a WQE that does not reach the
+    /// ring end) keeps no state between the steps and reads nothing back from the ring.
+    ///
+    /// # Errors
+    /// As [`send`](Self::send) and [`WqeBuilder::inline`]; nothing is posted then.
+    #[inline(always)]
+    pub fn send_inline_now(
+        &mut self,
+        flags: SendFlags,
+        data: &[u8],
+        wr_id: u64,
+    ) -> Result<(), PostError> {
+        if self.fast_send(SendOpcode::SEND, [0; 4], flags, Fast::Inline(data), wr_id) {
+            return Ok(());
+        }
+        self.send_inline_general(flags, data, wr_id)
+    }
+
+    /// [`send_inline_now`](Self::send_inline_now) through the builder: every case the fused
+    /// path does not take, and every refusal.
+    #[inline(never)]
+    fn send_inline_general(
+        &mut self,
+        flags: SendFlags,
+        data: &[u8],
+        wr_id: u64,
+    ) -> Result<(), PostError> {
+        self.send(flags)?.inline(data)?.finish(wr_id);
+        self.ring();
+        Ok(())
+    }
+
+    /// The fused single-WQE SEND (`op` is SEND or SEND with immediate `imm`) on a connected
+    /// QP: WQE, WR record and doorbell in one pass with no call on any branch, for a queue in
+    /// a posting state with a credit in hand and a payload of one non-empty inline buffer of
+    /// at most 64 bytes (and `max_inline_data`) that does not reach the ring end, or one
+    /// non-empty SGE. Returns `false` with nothing posted otherwise (stores into the WQE's own
+    /// driver-owned space may have happened); the caller then takes the builder, which
+    /// produces the same WQE and reports every refusal.
+    ///
+    /// The bytes are the builder's: the same encoders ([`inline_hdr`], [`data_seg_words`],
+    /// [`commit`]) in the same order, and the doorbell of [`ring`](Self::ring) for a WQE
+    /// rung at once (BlueFlame only if no earlier WQE is waiting for a doorbell).
+    #[inline(always)]
+    fn fast_send(
+        &mut self,
+        op: SendOpcode,
+        imm: [u8; 4],
+        flags: SendFlags,
+        p: Fast<'_>,
+        wr_id: u64,
+    ) -> bool {
+        let q = &mut self.q;
+        // INVARIANT (capacity rule): a credit means the slots from the producer on are ours;
+        // `credits` is 0 outside the posting states.
+        if q.cfg.qp_type == QpType::Ud || q.credits == 0 {
+            return false;
+        }
+        let start = q.cur_post;
+        let pos = start as usize * 64;
+        let w = self.ring.ring_mut().writer();
+        let (ds, inline) = match p {
+            Fast::Inline(data) => {
+                let len = data.len();
+                // `len <= max_inline`: inside the worst-case WQE `sq_geometry` reserved.
+                if len == 0 || len > q.cfg.geo.max_inline as usize || !w.write_short(pos + 20, data)
+                {
+                    return false;
+                }
+                w.write4(pos + 16, inline_hdr(len as u32));
+                // `len <= 64`: no overflow.
+                (1 + ((len as u32 + 4 + 15) >> 4), true)
+            }
+            Fast::Sge(sge) => {
+                // Zero-length SGEs are skipped by the builder (0 would mean 2 GiB).
+                if sge.length == 0 || q.cfg.geo.max_gs == 0 {
+                    return false;
+                }
+                let (lo, hi) = data_seg_words(sge.length, sge.lkey, sge.addr);
+                w.store16(pos + 16, lo, hi);
+                (2, false)
+            }
+        };
+        q.credits -= 1;
+        let fm = q.cfg.fm_ce_se(flags);
+        let w0 = commit(
+            w, &q.shared, q.qpn_word, start, q.head, ds, op, fm, imm, wr_id,
+        );
+        q.head = q.head.wrapping_add(1);
+        let next = start.wrapping_add((ds + 3) >> 2);
+        q.cur_post = next;
+        q.stats.wqes += 1;
+        // The doorbell, as `ring` (its steps 1..6) with what it would read back known here.
+        let single = q.pend.rung == start;
+        q.pend.rung = next;
+        barrier::to_device();
+        q.dbrec.word1().store_be32(next & 0xFFFF);
+        barrier::wc_start();
+        // The WQE does not reach the ring end (checked above), so the copy never wraps.
+        if single && (q.bf_any | inline) && q.bf.db.blueflame_contig(&self.ring, pos, ds) {
+            q.stats.bf_copies += 1;
+        } else {
+            q.bf.db.ring8(w0);
+            q.stats.doorbells += 1;
+        }
+        barrier::wc_flush();
+        q.bf.db.flip();
+        true
+    }
+
     /// Post a chain of verbs-shaped work requests and ring once.
     ///
     /// # Errors
     /// On the first bad WR: its index and the reason. WRs before it are posted and rung
     /// (as `ibv_post_send`'s `bad_wr`).
+    #[inline(always)]
     pub fn post_send(&mut self, wrs: &[SendWr<'_>]) -> Result<(), (usize, PostError)> {
+        if let [wr] = wrs
+            && self.post_fast(wr)
+        {
+            return Ok(());
+        }
+        self.post_send_general(wrs)
+    }
+
+    /// A single verbs-shaped SEND or SEND with immediate on a connected QP whose payload is
+    /// one inline buffer or one SGE: the fused path ([`fast_send`](Self::fast_send)) if it
+    /// applies; `false` (nothing done) otherwise.
+    #[inline(always)]
+    fn post_fast(&mut self, wr: &SendWr<'_>) -> bool {
+        let (op, imm) = match wr.op {
+            WrOp::Send => (SendOpcode::SEND, [0; 4]),
+            WrOp::SendImm { imm } => (SendOpcode::SEND_IMM, imm),
+            _ => return false,
+        };
+        if wr.ud.is_some() {
+            return false;
+        }
+        // One call per payload kind, so each inlined copy is specialised to its kind.
+        match (wr.inline, wr.sg_list) {
+            ([one], _) => self.fast_send(op, imm, wr.flags, Fast::Inline(one), wr.wr_id),
+            ([], [sge]) => self.fast_send(op, imm, wr.flags, Fast::Sge(sge), wr.wr_id),
+            _ => false,
+        }
+    }
+
+    /// [`post_send`](Self::post_send) of everything the fused path does not take: chains, and
+    /// single WRs that are not a plain one-buffer SEND (or have no credit in hand, or reach the
+    /// ring end); also every refusal is reported from here.
+    #[inline(never)]
+    fn post_send_general(&mut self, wrs: &[SendWr<'_>]) -> Result<(), (usize, PostError)> {
         if let [wr] = wrs {
             // The usual single SEND on a connected QP: the low-level builder, rung at once.
             if let Some(r) = self.post_one(wr) {
@@ -1009,7 +1156,8 @@ fn av_bytes(dest: &UdDest<'_>) -> [u8; 48] {
 }
 
 /// Write the control segment of the WQE of `ds` units starting at WQEBB counter `start` and
-/// record `wr_id`. Shared by both APIs.
+/// record `wr_id`; returns the control segment's first 8 bytes (the 8-byte doorbell). Shared by
+/// both APIs and the fused paths.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn commit(
@@ -1023,10 +1171,11 @@ fn commit(
     fm_ce_se: u8,
     imm: [u8; 4],
     wr_id: u64,
-) {
+) -> u64 {
     let w0 = ctrl_word0(opcode, start, qpn_word, ds);
     ring.store16(start as usize * 64, w0, ctrl_word1(fm_ce_se, imm));
     record(&shared.slots, ordinal, start, wr_id, opcode);
+    w0
 }
 
 /// A send queue's hot state while a verbs `post_send` chain is built: the counters by value,
@@ -1054,6 +1203,15 @@ struct BatchEnd {
     credits: u32,
     last: u32,
     last_inline: bool,
+}
+
+/// The payload of a WQE the fused path ([`SendQueue::fast_send`]) builds.
+#[derive(Clone, Copy)]
+enum Fast<'a> {
+    /// One inline buffer.
+    Inline(&'a [u8]),
+    /// One data segment.
+    Sge(&'a Sge),
 }
 
 /// What a verbs-shaped WR's WQE carries besides its segments.
@@ -1130,6 +1288,28 @@ impl Batch<'_> {
         if wr.ud.is_some() {
             return Err(PostError::BadDestination);
         }
+        let opcode = if wr.op == WrOp::Send {
+            SendOpcode::SEND
+        } else {
+            SendOpcode::SEND_IMM
+        };
+        if let ([], [sge]) = (wr.inline, wr.sg_list)
+            && sge.length != 0
+            && cfg.geo.max_gs != 0
+        {
+            // The usual single non-empty SGE: one data segment, no loop.
+            self.reserve()?;
+            let start = self.cur_post as usize * 64;
+            let (lo, hi) = data_seg_words(sge.length, sge.lkey, sge.addr);
+            self.ring.store16(start + 16, lo, hi);
+            let plan = Plan {
+                opcode,
+                imm,
+                inline: false,
+            };
+            self.commit(2, plan, cfg.fm_ce_se(wr.flags), wr.wr_id);
+            return Ok(());
+        }
         let inline = !wr.inline.is_empty();
         if !inline && wr.sg_list.len() > cfg.geo.max_gs as usize {
             return Err(PostError::TooManySges {
@@ -1141,11 +1321,7 @@ impl Batch<'_> {
         let start = self.cur_post as usize * 64;
         let end = write_payload(self.ring, cfg, start + 16, wr, inline)?;
         let plan = Plan {
-            opcode: if wr.op == WrOp::Send {
-                SendOpcode::SEND
-            } else {
-                SendOpcode::SEND_IMM
-            },
+            opcode,
             imm,
             inline,
         };
@@ -2106,5 +2282,203 @@ mod tests {
             assert_eq!(r.sq.q.bf.db.offset(), before ^ 256);
         }
         assert_eq!((r.sq.stats().doorbells, r.sq.stats().bf_copies), (6, 0));
+    }
+
+    /// Ring bytes, SQ record, both BlueFlame halves, counters, producer, BlueFlame offset
+    /// and the WR records of a rig.
+    type Observed = (
+        Vec<u8>,
+        u32,
+        Vec<u8>,
+        SqStats,
+        u32,
+        u32,
+        Vec<(u64, WcOpcode)>,
+    );
+
+    /// Everything observable of a rig: ring bytes, SQ record, both BlueFlame halves (the
+    /// 8-byte doorbell lands at their start), counters and the WR records.
+    fn observe(r: &Rig) -> Observed {
+        let mut ring = vec![0u8; r.sq.ring.ring().len()];
+        r.sq.ring.ring().read(0, &mut ring);
+        let mut uar = vec![0u8; 512];
+        r.fake.uar.read(0x800, &mut uar);
+        let recs = (0..r.sq.q.head)
+            .map(|o| (r.sq.q.shared.wr_id(o), r.sq.q.shared.wr_op(o)))
+            .collect();
+        (
+            ring,
+            r.dbrec.word1().load_be32(),
+            uar,
+            r.sq.stats(),
+            r.sq.producer(),
+            r.sq.q.bf.db.offset() as u32,
+            recs,
+        )
+    }
+
+    /// The fused paths (`send_inline_now`, and `post_send` of one WR) post exactly what the
+    /// builder posts, with the same doorbell (BlueFlame or 8 bytes, same half) and the same
+    /// refusals: random geometries, payload sizes around every limit, WQEs left unrung before
+    /// them, wrap-around at the ring end, full queues, states that do not allow posting.
+    #[test]
+    fn fused_sends_match_the_builder() {
+        let mut g = Rng(0x0bad_cafe_f00d_1234);
+        let data: Vec<u8> = (0..1024u32).map(|i| (i * 7 + 3) as u8).collect();
+        let mut fused_taken = 0;
+        for round in 0..200 {
+            let qp_type = [QpType::Rc, QpType::Uc, QpType::Ud][g.below(3) as usize];
+            let wrs = 1 + g.below(6) as u32;
+            let sges = 1 + g.below(3) as u32;
+            let inline = g.below(120) as u32;
+            let policy = [
+                BfPolicy::PreferBf,
+                BfPolicy::InlineOnly,
+                BfPolicy::AlwaysDoorbell,
+            ][g.below(3) as usize];
+            if sq_geometry(qp_type, wrs, sges, inline, 1008, 1 << 15).is_err() {
+                continue;
+            }
+            let mut a = rig(qp_type, wrs, sges, inline, policy);
+            let mut b = rig(qp_type, wrs, sges, inline, policy);
+            let max_inline = a.sq.geometry().max_inline as usize;
+            for step in 0..60u64 {
+                if g.below(4) == 0 {
+                    let t = a.sq.q.head.wrapping_sub(g.below(3) as u32);
+                    a.sq.q.shared.tail.store(t, Ordering::Relaxed);
+                    b.sq.q.shared.tail.store(t, Ordering::Relaxed);
+                }
+                if g.below(25) == 0 {
+                    let st = [QpState::Rts, QpState::Init, QpState::Err][g.below(3) as usize];
+                    a.sq.set_state(st);
+                    b.sq.set_state(st);
+                }
+                let flags = SendFlags(g.below(16) as u32);
+                let id = (round << 8) | step;
+                let len = match g.below(4) {
+                    0 => g.below(8) as usize,
+                    1 => max_inline.saturating_sub(2) + g.below(5) as usize,
+                    _ => g.below(70) as usize,
+                }
+                .min(data.len());
+                let payload = &data[step as usize % 64..][..len.min(data.len() - 64)];
+                let sg = [Sge {
+                    addr: g.next(),
+                    length: g.below(3) as u32 * 0x1000,
+                    lkey: 5,
+                }];
+                let parts = [payload];
+                match g.below(6) {
+                    // A chain of plain SENDs (the verbs chain path), rung once even on error.
+                    5 => {
+                        let sgs: Vec<[Sge; 1]> = (0..1 + g.below(4))
+                            .map(|k| {
+                                [Sge {
+                                    addr: g.next(),
+                                    length: (g.below(3) as u32) << k,
+                                    lkey: k as u32,
+                                }]
+                            })
+                            .collect();
+                        let wrs: Vec<SendWr<'_>> = sgs
+                            .iter()
+                            .enumerate()
+                            .map(|(k, sg)| SendWr::send(id + k as u64, sg, flags))
+                            .collect();
+                        let ra = a.sq.post_send(&wrs);
+                        let mut rb = Ok(());
+                        for (k, wr) in wrs.iter().enumerate() {
+                            let r =
+                                b.sq.send(wr.flags)
+                                    .and_then(|w| w.sge(&wr.sg_list[0]))
+                                    .map(|w| w.finish(wr.wr_id));
+                            if let Err(e) = r {
+                                rb = Err((k, e));
+                                break;
+                            }
+                        }
+                        if wrs.len() > 1 || rb.is_ok() {
+                            b.sq.ring();
+                        }
+                        assert_eq!(ra, rb, "round {round} step {step}");
+                    }
+                    // A WQE left for a later doorbell (then no BlueFlame for the next one).
+                    0 => {
+                        let ra =
+                            a.sq.send(flags)
+                                .and_then(|w| w.sge(&sg[0]))
+                                .map(|w| w.finish(id));
+                        let rb =
+                            b.sq.send(flags)
+                                .and_then(|w| w.sge(&sg[0]))
+                                .map(|w| w.finish(id));
+                        assert_eq!(ra, rb);
+                    }
+                    1 | 2 => {
+                        let ra = if g.below(2) == 0 {
+                            a.sq.send_inline_now(flags, payload, id)
+                        } else if a.sq.fast_send(
+                            SendOpcode::SEND,
+                            [0; 4],
+                            flags,
+                            Fast::Inline(payload),
+                            id,
+                        ) {
+                            fused_taken += 1;
+                            Ok(())
+                        } else {
+                            // Not taken: nothing posted; the builder posts (or refuses) it.
+                            assert_eq!(a.sq.producer(), b.sq.producer());
+                            a.sq.send_inline_general(flags, payload, id)
+                        };
+                        let rb =
+                            b.sq.send(flags)
+                                .and_then(|w| w.inline(payload))
+                                .map(|w| w.finish(id));
+                        if rb.is_ok() {
+                            b.sq.ring();
+                        }
+                        assert_eq!(ra, rb, "round {round} step {step} len {len}");
+                    }
+                    3 => {
+                        let wr = [SendWr::send_inline(id, &parts, flags)];
+                        let ra = a.sq.post_send(&wr);
+                        let rb =
+                            b.sq.send(flags)
+                                .and_then(|w| w.inline(payload))
+                                .map(|w| w.finish(id))
+                                .map_err(|e| (0, e));
+                        if rb.is_ok() {
+                            b.sq.ring();
+                        }
+                        assert_eq!(ra, rb, "round {round} step {step} len {len}");
+                    }
+                    _ => {
+                        let wr = [SendWr::send(id, &sg, flags)];
+                        let ra = a.sq.post_send(&wr);
+                        let rb =
+                            b.sq.send(flags)
+                                .and_then(|w| w.sge(&sg[0]))
+                                .map(|w| w.finish(id))
+                                .map_err(|e| (0, e));
+                        if rb.is_ok() {
+                            b.sq.ring();
+                        }
+                        assert_eq!(ra, rb, "round {round} step {step}");
+                    }
+                }
+                let (oa, ob) = (observe(&a), observe(&b));
+                assert!(oa.0 == ob.0, "ring bytes, round {round} step {step}");
+                assert_eq!(oa.1, ob.1, "SQ record, round {round} step {step}");
+                assert!(oa.2 == ob.2, "UAR bytes, round {round} step {step}");
+                assert_eq!(
+                    (oa.3, oa.4, oa.5),
+                    (ob.3, ob.4, ob.5),
+                    "round {round} step {step}"
+                );
+                assert_eq!(oa.6, ob.6, "WR records, round {round} step {step}");
+            }
+        }
+        assert!(fused_taken > 150, "fused path taken {fused_taken} times");
     }
 }

@@ -3,8 +3,11 @@
 //!
 //! Responses travel as with the real kernel: the command carries the user address of a response
 //! buffer ([`RespBuf`]) and the kernel writes through it. Every command has exactly one call
-//! site here ([`write_cmd`], [`Ioctl::execute`]), which turns the errno into an [`Error`] naming
-//! the command.
+//! site here ([`write`] for the typed write commands of `mlx5_ffi::cmd::cmds`,
+//! [`Ioctl::execute`] for method calls), which turns the errno into an [`Error`] naming the
+//! command. This is where the `unsafe` contract of `UverbsSurface::write`/`ioctl` (every
+//! embedded pointer valid and unaliased for the declared length) is proven, once; see the
+//! SAFETY comments and docs/safety.md, "The kernel boundary".
 #![allow(unsafe_code)]
 
 use std::marker::PhantomData;

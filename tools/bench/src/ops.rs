@@ -71,7 +71,7 @@ pub const OPS: [OpSpec; 16] = [
         api: "lowlevel",
         per_call: 1,
         label: "post 1 inline 32 B SEND (1 WQEBB, BF)",
-        ours: "send/inline/finish/ring",
+        ours: "send_inline_now",
         theirs: "ibv_wr_*",
     },
     OpSpec {
@@ -87,7 +87,7 @@ pub const OPS: [OpSpec; 16] = [
         api: "lowlevel",
         per_call: 1,
         label: "post 1 inline 64 B SEND (BlueFlame)",
-        ours: "send/inline/finish/ring",
+        ours: "send_inline_now",
         theirs: "ibv_wr_*",
     },
     OpSpec {

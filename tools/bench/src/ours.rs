@@ -61,9 +61,7 @@ pub fn bench_rs_send_inline32_lowlevel(
     data: &[u8],
 ) -> Result<(), PostError> {
     black_box(5u8);
-    sq.send(SendFlags::SIGNALED)?.inline(data)?.finish(wr_id);
-    sq.ring();
-    Ok(())
+    sq.send_inline_now(SendFlags::SIGNALED, data, wr_id)
 }
 
 /// One inline 64-byte SEND through the verbs-shaped API.
@@ -83,9 +81,7 @@ pub fn bench_rs_send_inline64_lowlevel(
     wr_id: u64,
     data: &[u8],
 ) -> Result<(), PostError> {
-    sq.send(SendFlags::SIGNALED)?.inline(data)?.finish(wr_id);
-    sq.ring();
-    Ok(())
+    sq.send_inline_now(SendFlags::SIGNALED, data, wr_id)
 }
 
 /// One SEND with one SGE through the verbs-shaped API.

@@ -40,7 +40,10 @@ pub(super) fn get_context_cmd(_: &mut World, _: u64, _: &Req) -> Result<(), Errn
     Err(EINVAL)
 }
 
-pub(super) fn get_context(w: &mut World, hca: usize, r: &Req) -> Result<u64, Errno> {
+/// GET_CONTEXT: the new context's id and whether it is a DEVX context
+/// (`MLX5_IB_ALLOC_UCTX_DEVX`: libmlx5 asks for one on every open, and falls back to shorter
+/// requests if refused, losing the v2 fields; mlx5_ib on a DEVX-capable device grants it).
+pub(super) fn get_context(w: &mut World, hca: usize, r: &Req) -> Result<(u64, bool), Errno> {
     // mlx5_ib_alloc_ucontext_req (8 B) or _req_v2 (16..32 B).
     let inlen = r.drv_in.len();
     let v2 = if inlen == 8 {
@@ -56,12 +59,6 @@ pub(super) fn get_context(w: &mut World, hca: usize, r: &Req) -> Result<u64, Err
             return Err(EINVAL);
         }
         if d.comp_mask != 0 || d.reserved0 != 0 || d.reserved1 != 0 || d.reserved2 != 0 {
-            return Err(EOPNOTSUPP);
-        }
-        // A DEVX context needs a firmware user context (mlx5_ib_devx_create, CREATE_UCTX);
-        // the emulated HCA has no DEVX, so the context fails with "not supported" and a
-        // probing program (mlx5dv_open_device with DEVX) falls back to a plain context.
-        if d.flags & MLX5_IB_ALLOC_UCTX_DEVX != 0 {
             return Err(EOPNOTSUPP);
         }
     }
@@ -165,7 +162,7 @@ pub(super) fn get_context(w: &mut World, hca: usize, r: &Req) -> Result<u64, Err
             next_handle: 0,
         },
     );
-    Ok(id)
+    Ok((id, v2 && d.flags & MLX5_IB_ALLOC_UCTX_DEVX != 0))
 }
 
 /// The legacy QUERY_DEVICE answer of the emulated HCA.

@@ -515,11 +515,16 @@ impl EmuFile {
         }
     }
 
-    /// mlx5_ib's `devx_get_uid` for the PRM command in attribute `cmd_in`: every context
-    /// of this kernel is a non-DEVX one (GET_CONTEXT refuses the DEVX flag) and the device
-    /// has no whitelist uid, so this always fails, with the errno mlx5_ib gives.
+    /// A DEVX command (PRM mailbox in attribute `cmd_in`). Without a DEVX uid, mlx5_ib's
+    /// `devx_get_uid` answers: whitelisted queries would use the device's uid, which this HCA
+    /// has none of (EOPNOTSUPP); anything else EINVAL. With one (a DEVX context), mlx5_ib
+    /// passes the command to the firmware, and the emulated firmware implements no PRM
+    /// command: EOPNOTSUPP.
     fn devx_uid(&self, a: &Attrs<'_>, cmd_in: u16) -> Result<(), Errno> {
         let cmd = a.bytes(cmd_in)?.ok_or(EINVAL)?;
+        if self.devx.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(Errno(libc::EOPNOTSUPP));
+        }
         match prm_opcode(&cmd) {
             Some(op) if MLX5_DEVX_WHITELIST_OPCODES.contains(&op) => Err(Errno(libc::EOPNOTSUPP)),
             _ => Err(EINVAL),

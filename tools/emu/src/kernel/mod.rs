@@ -239,6 +239,8 @@ pub(crate) struct EmuFile {
     shared: Arc<Shared>,
     hca: usize,
     ctx: Mutex<Option<u64>>,
+    /// The context was opened as a DEVX context (it has a DEVX uid).
+    devx: std::sync::atomic::AtomicBool,
     maps: Mutex<Vec<(usize, usize)>>,
 }
 
@@ -248,6 +250,7 @@ impl EmuFile {
             shared,
             hca,
             ctx: Mutex::new(None),
+            devx: std::sync::atomic::AtomicBool::new(false),
             maps: Mutex::new(Vec::new()),
         }
     }
@@ -266,7 +269,8 @@ impl EmuFile {
             if ctx.is_some() {
                 return Err(EINVAL);
             }
-            let id = context::get_context(&mut w, self.hca, r)?;
+            let (id, devx) = context::get_context(&mut w, self.hca, r)?;
+            self.devx.store(devx, std::sync::atomic::Ordering::Relaxed);
             *self
                 .ctx
                 .lock()
