@@ -121,7 +121,11 @@ impl Drop for CqShared {
             cq_handle: self.handle,
             reserved: 0,
         };
-        self.ctx.destroy::<cmds::DestroyCq>(&cmd);
+        if !self.ctx.destroy::<cmds::DestroyCq>(&cmd) {
+            // The CQ may live on in the kernel and the device may still write CQEs into the
+            // ring: never give it back (the record is only read by the device).
+            self._buf.leak();
+        }
     }
 }
 

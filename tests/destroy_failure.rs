@@ -1,6 +1,6 @@
 //! A failed destroy never gives memory back to the allocator while the device may still use it.
 //!
-//! When DESTROY_QP, DESTROY_SRQ or DEREG_MR fails (a device that went away, a kernel that
+//! When DESTROY_CQ, DESTROY_QP, DESTROY_SRQ or DEREG_MR fails (a device that went away, a kernel that
 //! refuses), the kernel object may live on and the device may still read and write the queue
 //! ring, the doorbell record or the registered buffer. Freeing that memory would let the device
 //! write into whatever the allocator puts there next. The driver then keeps it for the rest of
@@ -16,16 +16,18 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use mlx5::ffi::surface::{Errno, UverbsSurface};
 use mlx5::ffi::uverbs::{
-    IB_USER_VERBS_CMD_CREATE_QP, IB_USER_VERBS_CMD_CREATE_SRQ, IB_USER_VERBS_CMD_DEREG_MR,
-    IB_USER_VERBS_CMD_DESTROY_QP, IB_USER_VERBS_CMD_DESTROY_SRQ, IbUverbsCmdHdr, IbUverbsCreateQp,
+    IB_USER_VERBS_CMD_CREATE_CQ, IB_USER_VERBS_CMD_CREATE_QP, IB_USER_VERBS_CMD_CREATE_SRQ,
+    IB_USER_VERBS_CMD_DEREG_MR, IB_USER_VERBS_CMD_DESTROY_CQ, IB_USER_VERBS_CMD_DESTROY_QP,
+    IB_USER_VERBS_CMD_DESTROY_SRQ, IbUverbsCmdHdr, IbUverbsCreateCq, IbUverbsCreateQp,
     IbUverbsCreateSrq,
 };
 use mlx5::{Access, Context, Cq, CqInit, DmaBuf, Pd, Qp, QpInitAttr, QpType, Srq};
 use mlx5_emu::{EmuConfig, Emulator, RunMode};
 
-/// Forwards to the emulator; while `fail` is set, answers DESTROY_QP, DESTROY_SRQ and
-/// DEREG_MR with EIO without forwarding (the kernel object stays). Records the queue buffer
-/// address of every CREATE_QP / CREATE_SRQ (the first word of the mlx5 driver data).
+/// Forwards to the emulator; while `fail` is set, answers DESTROY_CQ, DESTROY_QP, DESTROY_SRQ
+/// and DEREG_MR with EIO without forwarding (the kernel object stays). Records the queue buffer
+/// address of every CREATE_CQ / CREATE_QP / CREATE_SRQ (the first word of the mlx5 driver
+/// data).
 #[derive(Debug)]
 struct Failing {
     inner: Arc<dyn UverbsSurface>,
@@ -55,7 +57,12 @@ unsafe impl UverbsSurface for Failing {
                 let drv = hdr + size_of::<IbUverbsCreateSrq>();
                 self.bufs.lock().unwrap().push(word(cmd, drv));
             }
-            IB_USER_VERBS_CMD_DESTROY_QP
+            IB_USER_VERBS_CMD_CREATE_CQ => {
+                let drv = hdr + size_of::<IbUverbsCreateCq>();
+                self.bufs.lock().unwrap().push(word(cmd, drv));
+            }
+            IB_USER_VERBS_CMD_DESTROY_CQ
+            | IB_USER_VERBS_CMD_DESTROY_QP
             | IB_USER_VERBS_CMD_DESTROY_SRQ
             | IB_USER_VERBS_CMD_DEREG_MR
                 if self.fail.load(Ordering::Relaxed) =>
@@ -127,6 +134,11 @@ fn memory_of_a_failed_destroy_stays_mapped() {
     assert!(mapped(addr), "the region keeps its buffer");
     drop(mr);
     assert!(!mapped(addr), "a deregistered region's buffer is unmapped");
+    let c = Cq::new(&ctx, CqInit::default(), None).unwrap();
+    let cq_ring = last_buf();
+    assert!(mapped(cq_ring));
+    drop(c);
+    assert!(!mapped(cq_ring), "a destroyed CQ's ring is unmapped");
 
     // The kernel refuses: the memory stays.
     surface.fail.store(true, Ordering::Relaxed);
@@ -152,6 +164,13 @@ fn memory_of_a_failed_destroy_stays_mapped() {
     assert!(
         mapped(addr),
         "DEREG_MR failed: the region may still be written"
+    );
+    let c = Cq::new(&ctx, CqInit::default(), None).unwrap();
+    let cq_ring = last_buf();
+    drop(c);
+    assert!(
+        mapped(cq_ring),
+        "DESTROY_CQ failed: the device may still write CQEs"
     );
 
     // The zombie QP and SRQ keep the CQ and PD busy in the kernel: do not destroy them (a

@@ -37,6 +37,12 @@ pub(crate) struct CqBuf {
 }
 
 impl CqBuf {
+    /// Keep the ring's memory for the rest of the process (after a refused DESTROY_CQ, when
+    /// the device may still write completions into it).
+    pub(crate) fn leak(&self) {
+        core::mem::forget(Arc::clone(&self.buf));
+    }
+
     /// Allocate and initialise `count` (a power of two) entries of `stride` (64 or 128) bytes;
     /// returns the buffer and its only reader.
     ///
