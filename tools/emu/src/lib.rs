@@ -280,15 +280,19 @@ impl HcaInfo {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Counters {
     /// 8-byte doorbell MMIO writes consumed (send doorbells; BF included). The device
-    /// samples each doorbell word, so in threaded mode two writes to the same bfreg half
-    /// landing between two scans count once (the later one wins, as it carries the newer
-    /// producer index); stepped tests see exact counts.
+    /// samples each doorbell word: doorbells of different QPs, halves or pages between two
+    /// scans all count, and a doorbell written after the device has seen the previous one's
+    /// work always counts (`tests/wake.rs`); two writes to *the same* word between two scans
+    /// count once (the later one wins, as it carries the newer producer index). A QP whose
+    /// doorbell on a shared register was written over is recovered from its doorbell record
+    /// without a count. Stepped tests see exact counts.
     pub doorbells: u64,
     /// Doorbells that came with a BlueFlame copy of the WQE (non-zero bytes beyond the
-    /// doorbell word in the bfreg half). In threaded mode the device may take a half while
-    /// the CPU is still copying into it; the rest of that copy then lingers and the next
-    /// 8-byte doorbell on the same half is also counted here (seen ~1 in 2000 posts).
-    /// Stepped mode is exact.
+    /// doorbell word in the bfreg half). In threaded mode a scan may take a half while the
+    /// CPU is still copying into it (the writer preempted mid-copy); that doorbell then
+    /// counts as an 8-byte one and the lingering rest may count with the next 8-byte
+    /// doorbell on that half (bounded by 1 in 2000 in `tests/wake.rs`, usually 0). Stepped
+    /// mode is exact.
     pub bf_writes: u64,
     /// BlueFlame copies whose bytes differed from the WQE in the ring (stepped mode).
     pub bf_mismatches: u64,

@@ -110,7 +110,8 @@ fn run_lane(ctx: &Ctx, l: &mut Lane, n: u64, seed: u64) -> u64 {
 
 /// At least 10^5 doorbells from two threads on two QPs (sharing the context's UAR pages),
 /// while the device thread sleeps and re-protects the pages between them: every WQE runs
-/// exactly once, and the doorbell, WQE and CQE counters are exact.
+/// exactly once, and the doorbell, WQE and CQE counters are exact (the BlueFlame count up to
+/// a copy torn by a scan, see below).
 #[test]
 fn no_wake_up_is_lost_between_two_threads() {
     const N: u64 = 50_000;
@@ -154,10 +155,16 @@ fn no_wake_up_is_lost_between_two_threads() {
         "WQEs executed"
     );
     assert_eq!(c.cqes_written - before.cqes_written, 4 * N, "CQEs");
-    assert_eq!(
-        c.bf_writes - before.bf_writes,
-        bf1 + bf2,
-        "BlueFlame copies"
+    // A scan may take a BlueFlame half while its copy is still being written (the CPU
+    // between the first and a later store of the 64 bytes, e.g. preempted); the tail then
+    // lands after the scan and that doorbell counts as an 8-byte one. Rare (0 in most runs
+    // on the 2-core machine; the grace period keeps a faulted page open for the whole copy),
+    // so the bound is tight: at most 1 in 2,000.
+    let bf = c.bf_writes - before.bf_writes;
+    assert!(
+        bf <= bf1 + bf2 && bf + (bf1 + bf2) / 2000 >= bf1 + bf2,
+        "BlueFlame copies: {bf} counted of {}",
+        bf1 + bf2
     );
     assert_eq!(c.packets_dropped, 0);
 }
