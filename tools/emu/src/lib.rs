@@ -19,8 +19,9 @@
 //!   UDP on the loopback interface between processes; seeded fault injection
 //!   ([`FaultConfig`]) and pcap capture.
 //!
-//! Two run modes ([`RunMode`]): `Threaded` (a device thread that spins briefly, then backs
-//! off) and `Stepped` (nothing runs unless a test calls [`Emulator::step`] or
+//! Two run modes ([`RunMode`]): `Threaded` (a device thread that sleeps until a doorbell
+//! store faults on its write-protected UAR page, a kernel command, a packet or a timer wakes
+//! it; [`WakeMode`], `docs/emulator-wake.md`) and `Stepped` (nothing runs unless a test calls [`Emulator::step`] or
 //! [`Emulator::run_until_idle`]; deterministic, virtual time).
 //!
 //! UARs are static (via `tot_bfregs`) by default; with [`EmuConfig::dyn_uar`] on a modern
@@ -97,8 +98,9 @@ pub enum RunMode {
     /// Only when the test calls [`Emulator::step`] / [`Emulator::run_until_idle`]; time is
     /// virtual (timeouts elapse when the fabric is otherwise idle), no threads.
     Stepped,
-    /// A device thread per emulator: spins briefly after activity, then sleeps with growing
-    /// back-off, so an idle HCA costs almost no CPU.
+    /// A device thread per emulator that sleeps until there is work and wakes when there is
+    /// (a doorbell store, a kernel command, a packet, a timer; [`WakeMode`]), so an idle HCA
+    /// costs almost no CPU.
     #[default]
     Threaded,
 }
