@@ -859,11 +859,8 @@ fn wake_thread(weak: Weak<Shared>, wake: Arc<uar::Wake>) {
             continue;
         }
         let since = *idle_since.get_or_insert(now);
-        if now.duration_since(since) < spin {
-            // Yield while spinning: an application thread on this core gets it at once (it
-            // is the one about to ring), and the pages the spin watches stay open.
-            let _ = preempted;
-            std::thread::yield_now();
+        if !preempted && now.duration_since(since) < spin {
+            std::hint::spin_loop();
             continue;
         }
         // The spin found nothing (or was preempted): narrow it; probe again now and then.
