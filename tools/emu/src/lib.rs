@@ -19,8 +19,9 @@
 //!   UDP on the loopback interface between processes; seeded fault injection
 //!   ([`FaultConfig`]) and pcap capture.
 //!
-//! Two run modes ([`RunMode`]): `Threaded` (a device thread that spins briefly, then backs
-//! off) and `Stepped` (nothing runs unless a test calls [`Emulator::step`] or
+//! Two run modes ([`RunMode`]): `Threaded` (a device thread that sleeps until a doorbell
+//! store faults on its write-protected UAR page, a kernel command, a packet or a timer wakes
+//! it; [`WakeMode`], `docs/emulator-wake.md`) and `Stepped` (nothing runs unless a test calls [`Emulator::step`] or
 //! [`Emulator::run_until_idle`]; deterministic, virtual time).
 //!
 //! UARs are static (via `tot_bfregs`) by default; with [`EmuConfig::dyn_uar`] on a modern
@@ -97,8 +98,9 @@ pub enum RunMode {
     /// Only when the test calls [`Emulator::step`] / [`Emulator::run_until_idle`]; time is
     /// virtual (timeouts elapse when the fabric is otherwise idle), no threads.
     Stepped,
-    /// A device thread per emulator: spins briefly after activity, then sleeps with growing
-    /// back-off, so an idle HCA costs almost no CPU.
+    /// A device thread per emulator that sleeps until there is work and wakes when there is
+    /// (a doorbell store, a kernel command, a packet, a timer; [`WakeMode`]), so an idle HCA
+    /// costs almost no CPU.
     #[default]
     Threaded,
 }
@@ -280,15 +282,19 @@ impl HcaInfo {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Counters {
     /// 8-byte doorbell MMIO writes consumed (send doorbells; BF included). The device
-    /// samples each doorbell word, so in threaded mode two writes to the same bfreg half
-    /// landing between two scans count once (the later one wins, as it carries the newer
-    /// producer index); stepped tests see exact counts.
+    /// samples each doorbell word: doorbells of different QPs, halves or pages between two
+    /// scans all count, and a doorbell written after the device has seen the previous one's
+    /// work always counts (`tests/wake.rs`); two writes to *the same* word between two scans
+    /// count once (the later one wins, as it carries the newer producer index). A QP whose
+    /// doorbell on a shared register was written over is recovered from its doorbell record
+    /// without a count. Stepped tests see exact counts.
     pub doorbells: u64,
     /// Doorbells that came with a BlueFlame copy of the WQE (non-zero bytes beyond the
-    /// doorbell word in the bfreg half). In threaded mode the device may take a half while
-    /// the CPU is still copying into it; the rest of that copy then lingers and the next
-    /// 8-byte doorbell on the same half is also counted here (seen ~1 in 2000 posts).
-    /// Stepped mode is exact.
+    /// doorbell word in the bfreg half). In threaded mode a scan may take a half while the
+    /// CPU is still copying into it (the writer preempted mid-copy); that doorbell then
+    /// counts as an 8-byte one and the lingering rest may count with the next 8-byte
+    /// doorbell on that half (bounded by 1 in 2000 in `tests/wake.rs`, usually 0). Stepped
+    /// mode is exact.
     pub bf_writes: u64,
     /// BlueFlame copies whose bytes differed from the WQE in the ring (stepped mode).
     pub bf_mismatches: u64,
@@ -927,10 +933,12 @@ fn wake_thread(weak: Weak<Shared>, wake: Arc<uar::Wake>) {
     }
 }
 
-/// Ask the fair scheduler for a short time slice (`sched_attr.sched_runtime`, honoured by
-/// EEVDF kernels, 6.6 and later): the device runs in bursts of microseconds, and a short
-/// slice gives it an early deadline, so on wake-up it preempts a busy-polling application
-/// instead of waiting for that one's slice to end. Best effort; no privilege needed.
+/// Optionally (`MLX5_EMU_SLICE_US`, off by default) ask the fair scheduler for a short time
+/// slice (`sched_attr.sched_runtime`, honoured by EEVDF kernels, 6.6 and later): a short
+/// slice gives the device an early deadline, so on wake-up it preempts a busy-polling
+/// application sooner. Best effort; no privilege needed. Off by default: not shown to help
+/// on the loaded test machine, and the in-process p99 was better without it (3.0 against
+/// 10,000 us in one run at load 10).
 fn short_slice() {
     #[repr(C)]
     struct SchedAttr {
@@ -946,18 +954,17 @@ fn short_slice() {
     let us = std::env::var("MLX5_EMU_SLICE_US")
         .ok()
         .and_then(|v| v.trim().parse::<u64>().ok())
-        .unwrap_or(100);
+        .unwrap_or(0);
     if us == 0 {
         return;
     }
-    // The device plays the hardware: where the process may (CAP_SYS_NICE), it also runs at
-    // a higher weight (`MLX5_EMU_NICE`, default -10), so that on a loaded machine a woken
-    // device is not queued behind CPU-bound jobs. It sleeps whenever it has no work, so the
-    // weight never buys it more than the work it has.
+    // Optionally (`MLX5_EMU_NICE`, where the process may: CAP_SYS_NICE) at a higher weight.
+    // Off by default: at nice -10 the spinning device kept a same-core application off the
+    // CPU for its whole spin window (in-process `mlx5 lat send` p50 97 us instead of 1.9 us).
     let want: i32 = std::env::var("MLX5_EMU_NICE")
         .ok()
         .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(-10);
+        .unwrap_or(0);
     // SAFETY: getpriority has no pointer arguments; errno is irrelevant here (a failure
     // just leaves the nice value as it was).
     let base = unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
