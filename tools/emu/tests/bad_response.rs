@@ -8,11 +8,10 @@ use common::*;
 use mlx5_emu::{EmuConfig, Emulator, Fabric, RunMode, roce_icrc};
 use mlx5_hw::opcodes::{SendOpcode, Syndrome, VendorSyndrome};
 use mlx5_hw::wqe::{AtomicSeg, DataSeg, FM_CE_SE_CQ_UPDATE, RaddrSeg};
-use std::net::{SocketAddrV4, UdpSocket};
+use std::net::UdpSocket;
 use zerocopy::IntoBytes;
 
 /// RoCEv2 UDP port.
-const ROCE_PORT: u16 = 4791;
 /// The QPN the fake peer claims (any 24-bit value: the requester addresses it in the BTH).
 const PEER_QPN: u32 = 0x00_BEEF;
 /// The requester's first PSN (`bring_up` sets sq_psn 0x100).
@@ -29,19 +28,10 @@ const EV_QP_FATAL: u32 = 1;
 /// `IBV_QPS_ERR`.
 const QPS_ERR: u32 = 6;
 
-/// The address of fabric node (LID) `lid`: 127.1.0.<lid>:4791.
-fn node_addr(lid: u16) -> SocketAddrV4 {
-    let [hi, lo] = lid.to_be_bytes();
-    SocketAddrV4::new([127, 1, hi, lo].into(), ROCE_PORT)
-}
-
 /// Bind the fake peer at the first free node counting down from 250 (emulators without an
 /// explicit node count up from 1; other tests pin low nodes).
 fn bind_peer() -> (UdpSocket, u16) {
-    (200..=250u16)
-        .rev()
-        .find_map(|lid| UdpSocket::bind(node_addr(lid)).ok().map(|s| (s, lid)))
-        .expect("a free 127.1.0.x:4791 for the fake peer")
+    bind_node(200..=250)
 }
 
 /// One request packet as the peer saw it.

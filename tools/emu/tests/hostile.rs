@@ -9,10 +9,9 @@ use common::*;
 use mlx5_emu::{Counters, EmuConfig, Emulator, Fabric, RunMode, roce_icrc};
 use mlx5_hw::opcodes::SendOpcode;
 use mlx5_hw::wqe::{DataSeg, FM_CE_SE_CQ_UPDATE};
-use std::net::{SocketAddrV4, UdpSocket};
+use std::net::UdpSocket;
 use zerocopy::IntoBytes;
 
-const ROCE_PORT: u16 = 4791;
 const PEER_QPN: u32 = 0x00_CAFE;
 /// `bring_up` sets sq_psn and rq_psn 0x100.
 const PSN: u32 = 0x100;
@@ -21,19 +20,6 @@ const RC_READ_RESPONSE_ONLY: u8 = 0x10;
 const RC_ACK: u8 = 0x11;
 const RC_ATOMIC_ACK: u8 = 0x12;
 const QPS_RTS: u32 = 3;
-
-fn node_addr(lid: u16) -> SocketAddrV4 {
-    let [hi, lo] = lid.to_be_bytes();
-    SocketAddrV4::new([127, 1, hi, lo].into(), ROCE_PORT)
-}
-
-/// Bind a plain socket at the first free fabric address in `range` (counting down).
-fn bind_node(range: std::ops::RangeInclusive<u16>) -> (UdpSocket, u16) {
-    range
-        .rev()
-        .find_map(|lid| UdpSocket::bind(node_addr(lid)).ok().map(|s| (s, lid)))
-        .expect("a free 127.1.0.x:4791")
-}
 
 /// BTH (opcode, dest QPN, PSN) + `ext` + payload + ICRC as node `src` -> `dst` computes it.
 fn packet(

@@ -6,7 +6,6 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::net::{SocketAddrV4, UdpSocket};
 
 use common::*;
 use mlx5_emu::{EmuConfig, Emulator, Fabric, RunMode, roce_icrc};
@@ -18,11 +17,6 @@ const PEER_QPN: u32 = 0x00_D00D;
 const PSN: u32 = 0x100;
 const RC_FETCH_ADD: u8 = 0x14;
 const RC_ATOMIC_ACK: u8 = 0x12;
-
-fn node_addr(lid: u16) -> SocketAddrV4 {
-    let [hi, lo] = lid.to_be_bytes();
-    SocketAddrV4::new([127, 1, hi, lo].into(), 4791)
-}
 
 /// An atomic acknowledgement of `psn` carrying `orig`, from node `src` to `dst`.
 fn atomic_ack(qpn: u32, psn: u32, orig: u64, src: u16, dst: u16) -> Vec<u8> {
@@ -38,10 +32,7 @@ fn atomic_ack(qpn: u32, psn: u32, orig: u64, src: u16, dst: u16) -> Vec<u8> {
 
 #[test]
 fn no_more_than_max_rd_atomic_outstanding_answered_or_not() {
-    let (peer, peer_lid) = (150..=199u16)
-        .rev()
-        .find_map(|l| UdpSocket::bind(node_addr(l)).ok().map(|s| (s, l)))
-        .expect("a free fabric address");
+    let (peer, peer_lid) = bind_node(150..=199);
     peer.set_nonblocking(true).unwrap();
     let emu = Emulator::new(EmuConfig {
         mode: RunMode::Stepped,

@@ -19,7 +19,7 @@
 mod common;
 
 use std::io::{BufRead, BufReader, Write};
-use std::net::{SocketAddrV4, UdpSocket};
+use std::net::UdpSocket;
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -89,12 +89,6 @@ fn remote_byte(i: usize) -> u8 {
 
 /// Child pid, for the parent's watchdog to kill it.
 static CHILD_PID: AtomicU32 = AtomicU32::new(0);
-
-/// The loopback address of fabric node (LID) `lid`, as the UDP fabric assigns them.
-fn node_addr(lid: u16) -> SocketAddrV4 {
-    let [hi, lo] = lid.to_be_bytes();
-    SocketAddrV4::new([127, 1, hi, lo].into(), 4791)
-}
 
 /// A reordering relay between the two processes' HCAs. The emulator's own fault injection
 /// drops and duplicates datagrams sent to another process but sends them in order, so the

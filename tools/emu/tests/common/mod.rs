@@ -1037,3 +1037,22 @@ pub fn drain(cq: &mut Cq) -> Vec<Cqe> {
     }
     v
 }
+
+/// The loopback address of fabric node (LID) `lid` on the UDP fabric: 127.1.hi.lo:4791.
+pub fn node_addr(lid: u16) -> std::net::SocketAddrV4 {
+    let [hi, lo] = lid.to_be_bytes();
+    std::net::SocketAddrV4::new([127, 1, hi, lo].into(), 4791)
+}
+
+/// Bind a plain UDP socket as a fake fabric node at the first free address in `range`, counting
+/// down (emulators without an explicit node count up from 1).
+pub fn bind_node(range: std::ops::RangeInclusive<u16>) -> (std::net::UdpSocket, u16) {
+    range
+        .rev()
+        .find_map(|lid| {
+            std::net::UdpSocket::bind(node_addr(lid))
+                .ok()
+                .map(|s| (s, lid))
+        })
+        .expect("a free 127.1.x.y:4791 fabric address")
+}
