@@ -150,6 +150,10 @@ struct Users {
     /// Position of the last user found.
     last: usize,
     seen_gen: u64,
+    /// Keys are CQE user indices (CQE version 1), else QPNs.
+    by_uidx: bool,
+    /// How many times the list was copied (under the shared list's lock).
+    reloads: u64,
 }
 
 impl Users {
@@ -181,7 +185,9 @@ impl Users {
     }
 
     /// Copy the shared list and build the index (the cold path: after an attach or detach).
-    fn reload(&mut self, list: &[CqUser], by_uidx: bool, g: u64) {
+    fn reload(&mut self, list: &[CqUser], g: u64) {
+        let by_uidx = self.by_uidx;
+        self.reloads += 1;
         self.list = list.to_vec();
         self.keys = list
             .iter()
@@ -209,11 +215,9 @@ struct Core {
     ring: CqeReader,
     shared: Arc<CqShared>,
     users: Users,
-    by_uidx: bool,
     mr_cache: MrCache,
     arm_sn: u32,
     cqe_count: u32,
-    user_reloads: u64,
 }
 
 impl Core {
@@ -230,17 +234,16 @@ impl Core {
     #[inline(never)]
     fn reload_users(&mut self, g: u64) {
         let u = self.shared.users.lock().unwrap_or_else(|p| p.into_inner());
-        self.users.reload(&u, self.by_uidx, g);
-        self.user_reloads += 1;
+        self.users.reload(&u, g);
     }
 
     fn locks_taken(&self) -> u64 {
-        self.user_reloads + self.mr_cache.misses
+        self.users.reloads + self.mr_cache.misses
     }
 
     #[inline]
     fn publish_ci(&mut self) {
-        self.ring.publish(&self.shared.dbrec);
+        self.ring.publish();
     }
 
     fn req_notify(&mut self, solicited_only: bool) {
@@ -329,8 +332,8 @@ impl Cq {
             });
         }
         let ncqe = (init.cqe + 1).next_power_of_two();
-        let (buf, ring) = CqBuf::new(ncqe, init.cqe_size as usize)?;
         let dbrec = ctx.inner.dbrecs.alloc()?;
+        let (buf, ring) = CqBuf::new(ncqe, init.cqe_size as usize, &dbrec)?;
         let mut drv = Mlx5IbCreateCq {
             buf_addr: buf.addr(),
             db_addr: dbrec.addr(),
@@ -373,13 +376,12 @@ impl Cq {
                 shared,
                 users: Users {
                     seen_gen: u64::MAX,
+                    by_uidx: ctx.cqe_version() == 1,
                     ..Users::default()
                 },
-                by_uidx: ctx.cqe_version() == 1,
                 mr_cache: MrCache::default(),
                 arm_sn: 0,
                 cqe_count: ncqe,
-                user_reloads: 0,
             },
             pending: None,
             _not_sync: core::marker::PhantomData,
@@ -451,21 +453,12 @@ impl Cq {
             let Core {
                 ring,
                 users,
-                by_uidx,
                 mr_cache,
                 ..
             } = &mut self.core;
             let Some(t) = ring.take() else { break };
             let cqe = t.cqe();
-            if decode_into(
-                users,
-                *by_uidx,
-                &mut self.pending,
-                mr_cache,
-                &cqe,
-                Some(&t),
-                wc,
-            ) {
+            if decode_into(users, &mut self.pending, mr_cache, &cqe, Some(&t), wc) {
                 n += 1;
             }
             if self.pending.is_some() {
@@ -617,19 +610,20 @@ impl Iterator for RawCq {
         let Core {
             ring,
             users,
-            by_uidx,
             mr_cache,
             shared,
-            user_reloads,
             ..
         } = &mut self.core;
-        let t = ring.take()?;
-        let cqe = t.cqe();
-        let mut copy = WcStatus::SUCCESS;
-        if cqe.op_own & SCATTER_MASK != 0 {
-            copy = raw_scatter(shared, users, *by_uidx, user_reloads, mr_cache, t);
+        let mut t = ring.take()?;
+        if t.cqe().op_own & SCATTER_MASK != 0 {
+            // The entry comes back from the cold call (in registers, with the copy's status),
+            // so that the common path keeps no value live across it.
+            t = raw_scatter(shared, users, mr_cache, t);
         }
-        Some(RawCqe { cqe, copy })
+        Some(RawCqe {
+            cqe: t.cqe(),
+            copy: t.status(),
+        })
     }
 }
 
@@ -637,24 +631,37 @@ impl Iterator for RawCq {
 /// payload into the WQE's scatter list; the status the copy ends with.
 #[cold]
 #[inline(never)]
-fn raw_scatter(
+fn raw_scatter<'r>(
     shared: &CqShared,
     users: &mut Users,
-    by_uidx: bool,
-    reloads: &mut u64,
     cache: &mut MrCache,
-    t: TakenCqe<'_>,
+    mut t: TakenCqe<'r>,
+) -> TakenCqe<'r> {
+    let cqe = t.cqe();
+    let st = raw_scatter_copy(shared, users, cache, &cqe, &t);
+    t.set_status(st);
+    t
+}
+
+/// The copy of [`raw_scatter`]: the status it ends with.
+#[inline(always)]
+fn raw_scatter_copy(
+    shared: &CqShared,
+    users: &mut Users,
+    cache: &mut MrCache,
+    cqe: &Cqe64,
+    t: &TakenCqe<'_>,
 ) -> WcStatus {
-    // Read again here, so that the caller's copy can stay in registers.
-    let cqe = &t.cqe();
-    let t = &t;
     let g = shared.generation.load(Ordering::Acquire);
     if g != users.seen_gen {
         let u = shared.users.lock().unwrap_or_else(|p| p.into_inner());
-        users.reload(&u, by_uidx, g);
-        *reloads += 1;
+        users.reload(&u, g);
     }
-    let key = if by_uidx { cqe.user_index() } else { cqe.qpn() };
+    let key = if users.by_uidx {
+        cqe.user_index()
+    } else {
+        cqe.qpn()
+    };
     let Some(user) = users.find(key) else {
         return WcStatus::GENERAL_ERR;
     };
@@ -823,8 +830,9 @@ fn decode(
     let mut wc = WorkCompletion::default();
     let mut cache = MrCache::default();
     let mut users = Users::default();
-    users.reload(local, by_uidx, 0);
-    decode_into(&mut users, by_uidx, pending, &mut cache, cqe, None, &mut wc).then_some(wc)
+    users.by_uidx = by_uidx;
+    users.reload(local, 0);
+    decode_into(&mut users, pending, &mut cache, cqe, None, &mut wc).then_some(wc)
 }
 
 /// Decode one CQE into the caller's work completion, doing the queue bookkeeping (retire send
@@ -837,14 +845,17 @@ fn decode(
 #[inline(always)]
 fn decode_into(
     users: &mut Users,
-    by_uidx: bool,
     pending: &mut Option<Pending>,
     cache: &mut MrCache,
     cqe: &Cqe64,
     at: Option<&TakenCqe<'_>>,
     out: &mut WorkCompletion,
 ) -> bool {
-    let key = if by_uidx { cqe.user_index() } else { cqe.qpn() };
+    let key = if users.by_uidx {
+        cqe.user_index()
+    } else {
+        cqe.qpn()
+    };
     let Some(user) = users.find(key) else {
         return false;
     };
@@ -918,10 +929,11 @@ const SCATTER_MASK: u8 = INLINE_SCATTER_32 | INLINE_SCATTER_64;
 /// The completion of a successful requester CQE and the WR ordinal it retires through.
 #[inline(always)]
 fn requester_wc(user: &CqUser, sq: &SqShared, cqe: &Cqe64) -> (u32, WorkCompletion) {
-    let ord = sq.ordinal_at(cqe.wqe_counter());
+    let counter = cqe.wqe_counter();
+    let ord = sq.ordinal_at(counter);
     let sop = cqe.send_opcode();
     let wc = WorkCompletion {
-        wr_id: sq.wr_id(ord),
+        wr_id: sq.wr_id_at(counter),
         opcode: wc_opcode_of(sop),
         byte_len: match sop {
             SendOpcode::RDMA_READ => cqe.byte_cnt(),
@@ -1035,10 +1047,11 @@ fn decode_other(
             let Some(sq) = user.sq.as_ref() else {
                 return false;
             };
-            let ord = sq.ordinal_at(cqe.wqe_counter());
+            let counter = cqe.wqe_counter();
+            let ord = sq.ordinal_at(counter);
             set_error(&mut wc, cqe);
-            wc.opcode = sq.wr_op(ord);
-            wc.wr_id = sq.wr_id(ord);
+            wc.opcode = sq.wr_op_at(counter);
+            wc.wr_id = sq.wr_id_at(counter);
             retire_send(sq, ord, pending, wc, out)
         }
         CqeOpcode::RESP_RDMA_WRITE_IMM

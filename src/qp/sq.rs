@@ -12,7 +12,7 @@
 //! `wc_start`, one MMIO (8-byte doorbell or BlueFlame copy), `wc_flush`, flip the BlueFlame half.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU16, AtomicU32, AtomicU64, Ordering};
 
 use mlx5_hw::opcodes::{SendOpcode, WcStatus};
 use mlx5_hw::wqe::{
@@ -83,15 +83,18 @@ pub struct BfregInfo {
 }
 
 /// One entry of the send queue's bookkeeping table. The table is indexed two ways with the same
-/// mask: by WR ordinal (`wr_id`, `op`) and by WQEBB counter (`ordinal`).
+/// mask: by WQEBB counter (`wr_id`, `ordinal`, `op`: what a completion's `wqe_counter` finds in
+/// one step) and by WR ordinal (`start`: what reporting unsignaled WRs walks).
 #[derive(Debug, Default)]
 pub(crate) struct SqSlot {
-    /// Work-request id of the WR with this ordinal.
+    /// Work-request id of the WR whose WQE's first WQEBB is this slot.
     wr_id: AtomicU64,
     /// WR ordinal of the WQE whose first WQEBB is this slot.
     ordinal: AtomicU32,
-    /// [`SendOpcode`] of the WR with this ordinal (mapped to a [`WcOpcode`] only when an
-    /// error or unsignaled completion needs it).
+    /// WQEBB counter (low 16 bits, as in a CQE) where the WR with this ordinal starts.
+    start: AtomicU16,
+    /// [`SendOpcode`] of the WR whose WQE's first WQEBB is this slot (mapped to a
+    /// [`WcOpcode`] only when an error or unsignaled completion needs it).
     op: AtomicU8,
 }
 
@@ -172,14 +175,39 @@ impl SqShared {
         record(&self.slots, ordinal, wqe_counter, wr_id, op);
     }
 
+    /// The WQEBB counter (low 16 bits) where WR `ordinal` starts.
     #[inline(always)]
-    pub(crate) fn wr_id(&self, ordinal: u32) -> u64 {
-        self.slot(ordinal).wr_id.load(Ordering::Relaxed)
+    fn start_of(&self, ordinal: u32) -> u16 {
+        self.slot(ordinal).start.load(Ordering::Relaxed)
     }
 
+    /// The id of WR `ordinal` (the cold path of reporting unsignaled WRs; completions find it
+    /// by WQEBB counter, [`wr_id_at`](Self::wr_id_at)).
+    #[inline(always)]
+    pub(crate) fn wr_id(&self, ordinal: u32) -> u64 {
+        self.wr_id_at(self.start_of(ordinal))
+    }
+
+    /// The completion opcode of WR `ordinal`.
     #[inline(always)]
     pub(crate) fn wr_op(&self, ordinal: u32) -> WcOpcode {
-        wc_opcode_of(SendOpcode(self.slot(ordinal).op.load(Ordering::Relaxed)))
+        self.wr_op_at(self.start_of(ordinal))
+    }
+
+    /// The id of the WR whose WQE starts at WQEBB counter `wqe_counter`.
+    #[inline(always)]
+    pub(crate) fn wr_id_at(&self, wqe_counter: u16) -> u64 {
+        self.slot(u32::from(wqe_counter))
+            .wr_id
+            .load(Ordering::Relaxed)
+    }
+
+    /// The completion opcode of the WR whose WQE starts at WQEBB counter `wqe_counter`.
+    #[inline(always)]
+    pub(crate) fn wr_op_at(&self, wqe_counter: u16) -> WcOpcode {
+        wc_opcode_of(SendOpcode(
+            self.slot(u32::from(wqe_counter)).op.load(Ordering::Relaxed),
+        ))
     }
 
     /// The WR ordinal of the WQE that starts at WQEBB counter `wqe_counter`.
@@ -510,12 +538,10 @@ impl SendQueue {
     /// [`Cq::poll`](crate::Cq::poll) does this itself; use one or the other per CQ.)
     #[inline]
     pub fn retire(&mut self, wqe_counter: u16) -> u64 {
-        let ord = self.q.shared.ordinal_at(wqe_counter);
-        self.q
-            .shared
-            .tail
-            .store(ord.wrapping_add(1), Ordering::Release);
-        self.q.shared.wr_id(ord)
+        let sh = &self.q.shared;
+        let ord = sh.ordinal_at(wqe_counter);
+        sh.tail.store(ord.wrapping_add(1), Ordering::Release);
+        sh.wr_id_at(wqe_counter)
     }
 
     /// Copy `out.len()` bytes of the SQ ring starting at the WQE whose first WQEBB has
@@ -1137,13 +1163,14 @@ impl SqConfig {
 /// Record WR `ordinal` (id, send opcode) as the WQE starting at WQEBB counter `wqe_counter`.
 #[inline(always)]
 fn record(slots: &RingTable<SqSlot>, ordinal: u32, wqe_counter: u32, wr_id: u64, op: SendOpcode) {
-    let s = slots.get(ordinal);
+    let s = slots.get(wqe_counter);
     s.wr_id.store(wr_id, Ordering::Relaxed);
+    s.ordinal.store(ordinal, Ordering::Relaxed);
     s.op.store(op.0, Ordering::Relaxed);
     slots
-        .get(wqe_counter)
-        .ordinal
-        .store(ordinal, Ordering::Relaxed);
+        .get(ordinal)
+        .start
+        .store(wqe_counter as u16, Ordering::Relaxed);
 }
 
 /// The UD address vector of `dest` with its destination QPN and Q_Key.
