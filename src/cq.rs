@@ -829,8 +829,10 @@ fn decode(
 ) -> Option<WorkCompletion> {
     let mut wc = WorkCompletion::default();
     let mut cache = MrCache::default();
-    let mut users = Users::default();
-    users.by_uidx = by_uidx;
+    let mut users = Users {
+        by_uidx,
+        ..Users::default()
+    };
     users.reload(local, 0);
     decode_into(&mut users, pending, &mut cache, cqe, None, &mut wc).then_some(wc)
 }
