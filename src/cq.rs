@@ -15,7 +15,7 @@
 //! then `wc_start()`, one 64-bit MMIO store to UAR + 0x20, `wc_flush()`.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use mlx5_ffi::mlx5::{MLX5_IB_CREATE_CQ_FLAGS_UAR_PAGE_INDEX, Mlx5IbCreateCq};
 use mlx5_ffi::uverbs::{IbUverbsCreateCq, IbUverbsDestroyCq};
@@ -35,6 +35,7 @@ use crate::mem::{CqBuf, CqeReader, DbRec, TakenCqe};
 use crate::mmio::barrier;
 use crate::qp::rq::RqShared;
 use crate::qp::sq::{SqShared, wc_opcode_of};
+use crate::recorder::{self, CqPart, CqRecorder, QpPart, QpRecorder, RecorderConfig};
 use crate::srq::SrqShared;
 use crate::uverbs;
 use crate::wr::{WcFlags, WcOpcode, WorkCompletion};
@@ -84,6 +85,8 @@ pub(crate) struct CqShared {
     generation: AtomicU64,
     events_acked: AtomicU32,
     _channel: Option<Arc<CompChannel>>,
+    /// The flight recorder, once enabled (the pollers then decode every CQE out of line).
+    rec: OnceLock<Arc<CqRecorder>>,
 }
 
 impl core::fmt::Debug for CqShared {
@@ -105,6 +108,15 @@ impl CqShared {
         u.retain(|x| !(x.qpn == user.qpn && x.uidx == user.uidx));
         u.push(user);
         self.generation.fetch_add(1, Ordering::Release);
+    }
+
+    /// This CQ's part of a flight-recorder dump, if it records.
+    pub(crate) fn recorder_part(&self) -> Option<CqPart<'_>> {
+        Some(CqPart {
+            rec: self.rec.get()?,
+            cqn: self.cqn,
+            dbrec_ci: self.dbrec.word0().load_be32(),
+        })
     }
 
     pub(crate) fn detach(&self, qpn: u32) {
@@ -218,6 +230,9 @@ struct Core {
     mr_cache: MrCache,
     arm_sn: u32,
     cqe_count: u32,
+    /// ORed into every CQE's `op_own` before the pollers' kind tests: 0, or [`REC_FORCE`]
+    /// while the flight recorder is on (no CQE then looks like a fast-path kind).
+    rec_force: u8,
 }
 
 impl Core {
@@ -244,6 +259,25 @@ impl Core {
     #[inline]
     fn publish_ci(&mut self) {
         self.ring.publish();
+    }
+
+    fn enable_recorder(&mut self, cfg: &RecorderConfig) -> Result<()> {
+        let size = if self.ring.wide() { 128 } else { 64 };
+        let rec = Arc::new(CqRecorder::new(cfg, size, self.cqe_count, self.ring.ci()));
+        self.shared
+            .rec
+            .set(rec)
+            .map_err(|_| Error::InvalidArgument {
+                attr: "recorder",
+                reason: "the CQ already has a flight recorder",
+            })?;
+        self.rec_force = REC_FORCE;
+        Ok(())
+    }
+
+    fn recorder_dump(&self) -> Option<String> {
+        let part = self.shared.recorder_part()?;
+        Some(recorder::dump_text("on demand", &[], &[part]))
     }
 
     fn req_notify(&mut self, solicited_only: bool) {
@@ -369,6 +403,7 @@ impl Cq {
             generation: AtomicU64::new(0),
             events_acked: AtomicU32::new(0),
             _channel: channel.cloned(),
+            rec: OnceLock::new(),
         });
         Ok(Self {
             core: Core {
@@ -382,6 +417,7 @@ impl Cq {
                 mr_cache: MrCache::default(),
                 arm_sn: 0,
                 cqe_count: ncqe,
+                rec_force: 0,
             },
             pending: None,
             _not_sync: core::marker::PhantomData,
@@ -419,6 +455,24 @@ impl Cq {
         self.core.locks_taken()
     }
 
+    /// Turn the flight recorder on for this CQ: it keeps the last `cfg.records` CQEs polled,
+    /// and an error CQE (flush errors aside) produces a dump (format in
+    /// `docs/flight-recorder.md`) with them and the WQEs of its QP if that QP records too
+    /// ([`Qp::enable_recorder`](crate::Qp::enable_recorder)), written to `cfg.dir` (or
+    /// `MLX5_RECORDER_DIR`) and handed to `cfg.callback`. Off by default; costs one
+    /// instruction per CQE while off.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming `recorder` if it is already on.
+    pub fn enable_recorder(&mut self, cfg: &RecorderConfig) -> Result<()> {
+        self.core.enable_recorder(cfg)
+    }
+
+    /// The recorder's dump now (the CQ's records only), or `None` if it is off.
+    pub fn recorder_dump(&self) -> Option<String> {
+        self.core.recorder_dump()
+    }
+
     /// Convert into the low-level poller. The bookkeeping moves with it (consumer index, arm
     /// sequence); a CQ is polled through one API at a time, so the two cannot disagree.
     ///
@@ -454,11 +508,21 @@ impl Cq {
                 ring,
                 users,
                 mr_cache,
+                shared,
+                rec_force,
                 ..
             } = &mut self.core;
             let Some(t) = ring.take() else { break };
             let cqe = t.cqe();
-            if decode_into(users, &mut self.pending, mr_cache, &cqe, Some(&t), wc) {
+            if decode_into(
+                users,
+                &mut self.pending,
+                mr_cache,
+                &cqe,
+                Some((&t, shared)),
+                *rec_force,
+                wc,
+            ) {
                 n += 1;
             }
             if self.pending.is_some() {
@@ -578,6 +642,24 @@ impl RawCq {
         self.core.locks_taken()
     }
 
+    /// Turn the flight recorder on for this CQ: it keeps the last `cfg.records` CQEs polled,
+    /// and an error CQE (flush errors aside) produces a dump (format in
+    /// `docs/flight-recorder.md`) with them and the WQEs of its QP if that QP records too
+    /// ([`Qp::enable_recorder`](crate::Qp::enable_recorder)), written to `cfg.dir` (or
+    /// `MLX5_RECORDER_DIR`) and handed to `cfg.callback`. Off by default; costs one
+    /// instruction per CQE while off.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming `recorder` if it is already on.
+    pub fn enable_recorder(&mut self, cfg: &RecorderConfig) -> Result<()> {
+        self.core.enable_recorder(cfg)
+    }
+
+    /// The recorder's dump now (the CQ's records only), or `None` if it is off.
+    pub fn recorder_dump(&self) -> Option<String> {
+        self.core.recorder_dump()
+    }
+
     /// Arm the CQ (publishes the consumer index first); see [`Cq::req_notify`].
     pub fn req_notify(&mut self, solicited_only: bool) {
         self.core.req_notify(solicited_only);
@@ -612,10 +694,12 @@ impl Iterator for RawCq {
             users,
             mr_cache,
             shared,
+            rec_force,
             ..
         } = &mut self.core;
         let mut t = ring.take()?;
-        if t.cqe().op_own & SCATTER_MASK != 0 {
+        // (With the flight recorder on, `rec_force` sends every CQE to the cold path.)
+        if (t.cqe().op_own | *rec_force) & SCATTER_MASK != 0 {
             // The entry comes back from the cold call (in registers, with the copy's status),
             // so that the common path keeps no value live across it.
             t = raw_scatter(shared, users, mr_cache, t);
@@ -638,9 +722,31 @@ fn raw_scatter<'r>(
     mut t: TakenCqe<'r>,
 ) -> TakenCqe<'r> {
     let cqe = t.cqe();
+    if let Some(rec) = shared.rec.get() {
+        refresh_users(shared, users);
+        let key = if users.by_uidx {
+            cqe.user_index()
+        } else {
+            cqe.qpn()
+        };
+        record_cqe(rec, shared, users.find(key), &t);
+        if cqe.op_own & SCATTER_MASK == 0 {
+            return t;
+        }
+    }
     let st = raw_scatter_copy(shared, users, cache, &cqe, &t);
     t.set_status(st);
     t
+}
+
+/// Take a fresh copy of the QP list if a QP was attached or detached (the raw poller's cold
+/// paths).
+fn refresh_users(shared: &CqShared, users: &mut Users) {
+    let g = shared.generation.load(Ordering::Acquire);
+    if g != users.seen_gen {
+        let u = shared.users.lock().unwrap_or_else(|p| p.into_inner());
+        users.reload(&u, g);
+    }
 }
 
 /// The copy of [`raw_scatter`]: the status it ends with.
@@ -652,11 +758,7 @@ fn raw_scatter_copy(
     cqe: &Cqe64,
     t: &TakenCqe<'_>,
 ) -> WcStatus {
-    let g = shared.generation.load(Ordering::Acquire);
-    if g != users.seen_gen {
-        let u = shared.users.lock().unwrap_or_else(|p| p.into_inner());
-        users.reload(&u, g);
-    }
+    refresh_users(shared, users);
     let key = if users.by_uidx {
         cqe.user_index()
     } else {
@@ -834,7 +936,7 @@ fn decode(
         ..Users::default()
     };
     users.reload(local, 0);
-    decode_into(&mut users, pending, &mut cache, cqe, None, &mut wc).then_some(wc)
+    decode_into(&mut users, pending, &mut cache, cqe, None, 0, &mut wc).then_some(wc)
 }
 
 /// Decode one CQE into the caller's work completion, doing the queue bookkeeping (retire send
@@ -850,7 +952,8 @@ fn decode_into(
     pending: &mut Option<Pending>,
     cache: &mut MrCache,
     cqe: &Cqe64,
-    at: Option<&TakenCqe<'_>>,
+    at: Option<(&TakenCqe<'_>, &CqShared)>,
+    rec_force: u8,
     out: &mut WorkCompletion,
 ) -> bool {
     let key = if users.by_uidx {
@@ -861,8 +964,9 @@ fn decode_into(
     let Some(user) = users.find(key) else {
         return false;
     };
-    // Opcode and format bits at once: the two common kinds without scattered data.
-    let kind = cqe.op_own & OPCODE_FORMAT;
+    // Opcode and format bits at once: the two common kinds without scattered data (neither,
+    // while the flight recorder forces the format bits).
+    let kind = (cqe.op_own | rec_force) & OPCODE_FORMAT;
     if kind == REQ_IN_MEMORY {
         if let Some(sq) = &user.sq {
             let (ord, wc) = requester_wc(user, sq, cqe);
@@ -875,8 +979,42 @@ fn decode_into(
         }
     }
     match at {
-        Some(&t) => decode_other_taken(user, pending, cache, t, out),
+        Some((&t, shared)) => decode_other_taken(shared, user, pending, cache, t, out),
         None => decode_other(user, pending, cache, cqe, None, out),
+    }
+}
+
+/// The recorder's side of a CQE of `user` taken as `t`: the WQEs it may complete first, then
+/// the CQE; a dump if it is an error.
+#[cold]
+#[inline(never)]
+fn record_cqe(rec: &CqRecorder, shared: &CqShared, user: Option<&CqUser>, t: &TakenCqe<'_>) {
+    let qrec: Option<&Arc<QpRecorder>> = user.and_then(|u| {
+        u.sq.as_ref()
+            .and_then(|s| s.rec.get())
+            .or_else(|| u.rq.as_ref().and_then(|q| q.rec.get()))
+    });
+    if let Some(q) = qrec {
+        q.before_cqe();
+    }
+    let cqe = t.cqe();
+    rec.record(&recorder::cqe_bytes(t.first_half(), &cqe));
+    if let Some(reason) = recorder::error_reason(shared.cqn, &cqe) {
+        let qps: Vec<QpPart<'_>> = match (qrec, user) {
+            (Some(q), Some(u)) => vec![QpPart {
+                rec: q,
+                sq: u.sq.as_deref(),
+                rq: u.rq.as_deref(),
+            }],
+            _ => Vec::new(),
+        };
+        let cq = CqPart {
+            rec,
+            cqn: shared.cqn,
+            dbrec_ci: shared.dbrec.word0().load_be32(),
+        };
+        let text = recorder::dump_text(&reason, &qps, &[cq]);
+        recorder::deliver(reason, text, rec, qrec.map(|q| &**q));
     }
 }
 
@@ -884,6 +1022,7 @@ fn decode_into(
 /// can stay in registers (its address is never taken on the common path).
 #[inline(never)]
 fn decode_other_taken(
+    shared: &CqShared,
     user: &CqUser,
     pending: &mut Option<Pending>,
     cache: &mut MrCache,
@@ -891,8 +1030,28 @@ fn decode_other_taken(
     out: &mut WorkCompletion,
 ) -> bool {
     let cqe = t.cqe();
+    if let Some(rec) = shared.rec.get() {
+        record_cqe(rec, shared, Some(user), &t);
+        // The kinds the caller's fast path decodes (the recorder sent every CQE here).
+        let kind = cqe.op_own & OPCODE_FORMAT;
+        if kind == REQ_IN_MEMORY {
+            if let Some(sq) = &user.sq {
+                let (ord, wc) = requester_wc(user, sq, &cqe);
+                return retire_send(sq, ord, pending, wc, out);
+            }
+        } else if kind == RESP_SEND_IN_MEMORY && user.srq.is_none() {
+            if let Some(rq) = &user.rq {
+                *out = responder_wc(user, rq.complete(cqe.wqe_counter()), &cqe);
+                return true;
+            }
+        }
+    }
     decode_other(user, pending, cache, &cqe, Some(&t), out)
 }
+
+/// [`Core::rec_force`] while the flight recorder is on: format bits 3 (reserved), so that no
+/// CQE matches a fast-path kind and every one reaches the recorder.
+const REC_FORCE: u8 = 0x0C;
 
 /// `op_own` opcode (7:4) and format (3:2) bits.
 const OPCODE_FORMAT: u8 = 0xFC;

@@ -145,6 +145,11 @@ impl CqeReader {
         self.ci
     }
 
+    /// Whether entries are 128 bytes.
+    pub(crate) fn wide(&self) -> bool {
+        self.stride_shift == 7
+    }
+
     /// Take the descriptor at the consumer index if software owns it (one volatile load of its
     /// `op_own` byte, the ownership test, then `from_device()`) and advance the index; `None`
     /// while the device owns it.

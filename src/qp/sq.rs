@@ -11,8 +11,8 @@
 //! [`SendQueue::ring`] is the one doorbell routine: WQE stores, `to_device`, SQ record (word 1),
 //! `wc_start`, one MMIO (8-byte doorbell or BlueFlame copy), `wc_flush`, flip the BlueFlame half.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU16, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use mlx5_hw::opcodes::{SendOpcode, WcStatus};
 use mlx5_hw::wqe::{
@@ -28,6 +28,7 @@ use crate::mem::table::RingTable;
 use crate::mem::uar::{SqDoorbell, UarReg};
 use crate::mem::wq::{SqRing, WqReader, WqRing, WqWriter};
 use crate::mmio::barrier;
+use crate::recorder::QpRecorder;
 use crate::ring::RingSize;
 use crate::wr::{PostError, SendFlags, SendWr, Sge, UdDest, WcOpcode, WrOp};
 use crate::{QpState, QpType};
@@ -111,6 +112,8 @@ pub(crate) struct SqShared {
     pub qpn: u32,
     /// Where READ/atomic results scattered into a CQE go (`None`: never expected).
     pub scatter: Option<SqScatter>,
+    /// The QP's flight recorder, once enabled (then `credits` stays 0, see `refill`).
+    pub rec: OnceLock<Arc<QpRecorder>>,
 }
 
 /// The send ring as the poller reads it back for scatter-to-CQE copies (requester side: an
@@ -136,6 +139,7 @@ impl SqShared {
             report_unsignaled,
             qpn,
             scatter: None,
+            rec: OnceLock::new(),
         }
     }
 
@@ -177,7 +181,7 @@ impl SqShared {
 
     /// The WQEBB counter (low 16 bits) where WR `ordinal` starts.
     #[inline(always)]
-    fn start_of(&self, ordinal: u32) -> u16 {
+    pub(crate) fn start_of(&self, ordinal: u32) -> u16 {
         self.slot(ordinal).start.load(Ordering::Relaxed)
     }
 
@@ -485,6 +489,9 @@ impl SendQueue {
     /// allowed in RTS, SQD, SQE and ERR; refusals name `state`.
     pub(crate) fn set_state(&mut self, state: QpState) {
         self.q.state = state;
+        if let Some(r) = self.q.shared.rec.get() {
+            r.set_state(state);
+        }
         // INVARIANT: 0 credits outside the posting states; re-counted on the next post.
         self.q.credits = 0;
     }
@@ -573,6 +580,48 @@ impl SendQueue {
         self.q.shared.tail.store(0, Ordering::Release);
         self.q.pend = Pending::default();
         self.ring.ring_mut().zero();
+        if let Some(r) = self.q.shared.rec.get() {
+            r.sq_reset();
+        }
+    }
+
+    /// Start recording this queue's WQEs in `rec` (at most `records`): from now on every post
+    /// takes the credit re-count, which records the WQEs finished before it.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) naming `recorder` if one is
+    /// already recording this queue.
+    pub(crate) fn attach_recorder(
+        &mut self,
+        rec: &Arc<QpRecorder>,
+        records: usize,
+    ) -> crate::Result<()> {
+        self.q
+            .shared
+            .rec
+            .set(rec.clone())
+            .map_err(|_| crate::Error::InvalidArgument {
+                attr: "recorder",
+                reason: "the QP already has a flight recorder",
+            })?;
+        rec.attach_sq(
+            self.ring.ring().reader(),
+            self.q.size.len(),
+            self.q.cur_post,
+            self.q.head,
+            self.q.dbrec.clone(),
+            records,
+        );
+        // INVARIANT (recording): credits stay 0 between posts.
+        self.q.credits = 0;
+        Ok(())
+    }
+
+    /// Record every WQE finished so far (for a dump on demand).
+    pub(crate) fn record_posted(&self) {
+        if let Some(r) = self.q.shared.rec.get() {
+            r.sq_posted(self.q.cur_post);
+        }
     }
 
     /// Take one credit and open a WQE of `ds` units so far (ctrl plus the segments the caller
@@ -1084,9 +1133,23 @@ impl SqCore {
         match credits(self.state, self.head, &self.shared, self.cfg.geo.max_post) {
             Ok(n) => {
                 self.credits = n;
+                if self.shared.rec.get().is_some() {
+                    self.record();
+                }
                 true
             }
             Err(_) => false,
+        }
+    }
+
+    /// The recording queue's side of [`refill`](Self::refill): record the WQEs finished since
+    /// the last post and grant one credit only, so that the next post comes here again.
+    #[cold]
+    #[inline(never)]
+    fn record(&mut self) {
+        if let Some(r) = self.shared.rec.get() {
+            r.sq_posted(self.cur_post);
+            self.credits = 1;
         }
     }
 
@@ -1267,6 +1330,11 @@ impl Batch<'_> {
     fn reserve(&mut self) -> Result<(), PostError> {
         if self.credits == 0 {
             self.credits = credits(self.state, self.head, self.shared, self.cfg.geo.max_post)?;
+            if let Some(r) = self.shared.rec.get() {
+                // A recording queue: one credit at a time, each post records the last.
+                r.sq_posted(self.cur_post);
+                self.credits = 1;
+            }
         }
         Ok(())
     }
