@@ -230,9 +230,6 @@ struct Core {
     mr_cache: MrCache,
     arm_sn: u32,
     cqe_count: u32,
-    /// ORed into every CQE's `op_own` before the pollers' kind tests: 0, or [`REC_FORCE`]
-    /// while the flight recorder is on (no CQE then looks like a fast-path kind).
-    rec_force: u8,
 }
 
 impl Core {
@@ -271,7 +268,7 @@ impl Core {
                 attr: "recorder",
                 reason: "the CQ already has a flight recorder",
             })?;
-        self.rec_force = REC_FORCE;
+        self.ring.mark(REC_FORCE);
         Ok(())
     }
 
@@ -417,7 +414,6 @@ impl Cq {
                 mr_cache: MrCache::default(),
                 arm_sn: 0,
                 cqe_count: ncqe,
-                rec_force: 0,
             },
             pending: None,
             _not_sync: core::marker::PhantomData,
@@ -509,7 +505,6 @@ impl Cq {
                 users,
                 mr_cache,
                 shared,
-                rec_force,
                 ..
             } = &mut self.core;
             let Some(t) = ring.take() else { break };
@@ -520,7 +515,6 @@ impl Cq {
                 mr_cache,
                 &cqe,
                 Some((&t, shared)),
-                *rec_force,
                 wc,
             ) {
                 n += 1;
@@ -694,20 +688,19 @@ impl Iterator for RawCq {
             users,
             mr_cache,
             shared,
-            rec_force,
             ..
         } = &mut self.core;
         let mut t = ring.take()?;
-        // (With the flight recorder on, `rec_force` sends every CQE to the cold path.)
-        if (t.cqe().op_own | *rec_force) & SCATTER_MASK != 0 {
+        // (With the flight recorder on, `op_own()` has the format bits set: every CQE takes
+        // the cold path.)
+        let mut copy = WcStatus::SUCCESS;
+        if t.op_own() & SCATTER_MASK != 0 {
             // The entry comes back from the cold call (in registers, with the copy's status),
             // so that the common path keeps no value live across it.
             t = raw_scatter(shared, users, mr_cache, t);
+            copy = t.status();
         }
-        Some(RawCqe {
-            cqe: t.cqe(),
-            copy: t.status(),
-        })
+        Some(RawCqe { cqe: t.cqe(), copy })
     }
 }
 
@@ -936,7 +929,7 @@ fn decode(
         ..Users::default()
     };
     users.reload(local, 0);
-    decode_into(&mut users, pending, &mut cache, cqe, None, 0, &mut wc).then_some(wc)
+    decode_into(&mut users, pending, &mut cache, cqe, None, &mut wc).then_some(wc)
 }
 
 /// Decode one CQE into the caller's work completion, doing the queue bookkeeping (retire send
@@ -953,7 +946,6 @@ fn decode_into(
     cache: &mut MrCache,
     cqe: &Cqe64,
     at: Option<(&TakenCqe<'_>, &CqShared)>,
-    rec_force: u8,
     out: &mut WorkCompletion,
 ) -> bool {
     let key = if users.by_uidx {
@@ -966,7 +958,8 @@ fn decode_into(
     };
     // Opcode and format bits at once: the two common kinds without scattered data (neither,
     // while the flight recorder forces the format bits).
-    let kind = (cqe.op_own | rec_force) & OPCODE_FORMAT;
+    let op_own = at.map_or(cqe.op_own, |(t, _)| t.op_own());
+    let kind = op_own & OPCODE_FORMAT;
     if kind == REQ_IN_MEMORY {
         if let Some(sq) = &user.sq {
             let (ord, wc) = requester_wc(user, sq, cqe);
@@ -1049,8 +1042,8 @@ fn decode_other_taken(
     decode_other(user, pending, cache, &cqe, Some(&t), out)
 }
 
-/// [`Core::rec_force`] while the flight recorder is on: format bits 3 (reserved), so that no
-/// CQE matches a fast-path kind and every one reaches the recorder.
+/// The bits the flight recorder ORs into every taken CQE's `op_own` ([`CqeReader::mark`]):
+/// format 3 (reserved), so that no CQE matches a fast-path kind and every one reaches it.
 const REC_FORCE: u8 = 0x0C;
 
 /// `op_own` opcode (7:4) and format (3:2) bits.

@@ -69,6 +69,7 @@ impl CqBuf {
             mask: count - 1,
             log_n: count.trailing_zeros() as u8,
             stride_shift: stride.trailing_zeros() as u8,
+            tag_base: if stride == 128 { WIDE } else { 0 },
             ci: 0,
             _buf: buf.clone(),
             ci_word,
@@ -105,6 +106,9 @@ pub(crate) struct CqeReader {
     mask: u32,
     log_n: u8,
     stride_shift: u8,
+    /// The `tag` of every [`TakenCqe`] but its `op_own` byte: [`WIDE`] for 128-byte entries,
+    /// and bits ORed into that byte while the flight recorder is on ([`mark`](Self::mark)).
+    tag_base: u32,
     ci: u32,
     _buf: Arc<DmaBuf>,
     /// Word 0 of the CQ's doorbell record (where the consumer index is published), kept
@@ -125,7 +129,8 @@ unsafe impl Send for CqeReader {}
 /// `desc` is the 64-byte descriptor (64-byte aligned) of a live entry of the borrowed reader's
 /// ring that software owns (ownership bit tested, then `from_device()`); with [`WIDE`] set in
 /// `tag` the entry is 128 bytes and starts 64 bytes before `desc`, else it is the descriptor.
-/// The other bits of `tag` are the poller's status (see [`status`](Self::status)).
+/// Bits 7:0 of `tag` are the `op_own` byte the ownership test read (with the reader's mark
+/// bits), bits 15:8 the poller's status (see [`status`](Self::status)).
 ///
 /// Two scalars, so that it travels in registers (in and out of the cold scatter-to-CQE path).
 #[derive(Debug, Clone, Copy)]
@@ -137,6 +142,8 @@ pub(crate) struct TakenCqe<'r> {
 
 /// The bit of [`TakenCqe::tag`] saying the entry is 128 bytes.
 const WIDE: u32 = 1 << 31;
+/// The status bits of [`TakenCqe::tag`].
+const STATUS: u32 = 0xFF00;
 
 impl CqeReader {
     /// The free-running consumer index.
@@ -177,9 +184,16 @@ impl CqeReader {
         self.ci = ci.wrapping_add(1);
         Some(TakenCqe {
             desc,
-            tag: if self.stride_shift == 7 { WIDE } else { 0 },
+            tag: u32::from(op_own) | self.tag_base,
             _reader: PhantomData,
         })
+    }
+
+    /// OR `bits` into the `op_own` byte of every entry taken from now on
+    /// ([`TakenCqe::op_own`]): the flight recorder's way to send every CQE to the pollers'
+    /// cold paths.
+    pub(crate) fn mark(&mut self, bits: u8) {
+        self.tag_base = (self.tag_base & WIDE) | u32::from(bits);
     }
 
     /// Publish the consumer index in `word0` of the CQ's doorbell record (reads of the
@@ -196,13 +210,21 @@ impl TakenCqe<'_> {
     /// taken, else what [`set_status`](Self::set_status) stored.
     #[inline(always)]
     pub(crate) fn status(&self) -> WcStatus {
-        WcStatus(self.tag & !WIDE)
+        WcStatus((self.tag & STATUS) >> 8)
     }
 
-    /// Record the poller's status for the entry (statuses are below 2^31).
+    /// Record the poller's status for the entry (statuses are below 256).
     #[inline(always)]
     pub(crate) fn set_status(&mut self, s: WcStatus) {
-        self.tag = (self.tag & WIDE) | (s.0 & !WIDE);
+        self.tag = (self.tag & !STATUS) | ((s.0 << 8) & STATUS);
+    }
+
+    /// The descriptor's `op_own` byte as the ownership test read it (the same value as
+    /// [`cqe`](Self::cqe)'s: software owns the entry), with the reader's
+    /// [`mark`](CqeReader::mark) bits ORed in.
+    #[inline(always)]
+    pub(crate) fn op_own(&self) -> u8 {
+        self.tag as u8
     }
 
     /// The 64-byte descriptor, as the device wrote it (bytes in memory order).
