@@ -991,7 +991,7 @@ fn record_cqe(rec: &CqRecorder, shared: &CqShared, user: Option<&CqUser>, t: &Ta
         q.before_cqe();
     }
     let cqe = t.cqe();
-    rec.record(&recorder::cqe_bytes(t.first_half(), &cqe));
+    rec.record(t.first_half().as_ref(), &cqe);
     if let Some(reason) = recorder::error_reason(shared.cqn, &cqe) {
         let qps: Vec<QpPart<'_>> = match (qrec, user) {
             (Some(q), Some(u)) => vec![QpPart {

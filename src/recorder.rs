@@ -102,7 +102,8 @@ struct Record {
     bytes: Vec<u8>,
 }
 
-/// At most `cap` records, oldest first.
+/// At most `cap` records, oldest first. Once full, a new record reuses the oldest one's
+/// buffer: recording allocates nothing in steady state.
 #[derive(Debug)]
 struct Records {
     cap: usize,
@@ -117,15 +118,27 @@ impl Records {
         }
     }
 
-    fn push(&mut self, index: u32, bytes: Vec<u8>) {
-        if self.items.len() == self.cap {
-            self.items.pop_front();
-        }
-        self.items.push_back(Record {
-            index,
-            seq: next_seq(),
-            bytes,
-        });
+    /// Add a record of `len` bytes, which `fill` writes.
+    fn push_with(&mut self, index: u32, len: usize, fill: impl FnOnce(&mut [u8])) {
+        let mut r = if self.items.len() == self.cap {
+            self.items.pop_front().unwrap_or_else(|| Record {
+                index: 0,
+                seq: 0,
+                bytes: Vec::new(),
+            })
+        } else {
+            Record {
+                index: 0,
+                seq: 0,
+                bytes: Vec::with_capacity(len),
+            }
+        };
+        r.bytes.clear();
+        r.bytes.resize(len, 0);
+        fill(&mut r.bytes);
+        r.index = index;
+        r.seq = next_seq();
+        self.items.push_back(r);
     }
 }
 
@@ -214,9 +227,9 @@ impl QpRec {
                 sq.next = to;
                 break;
             }
-            let mut bytes = vec![0u8; nbb as usize * 64];
-            sq.ring.read(pos, &mut bytes);
-            sq.records.push(sq.next & 0xFFFF, bytes);
+            let ring = &sq.ring;
+            sq.records
+                .push_with(sq.next & 0xFFFF, nbb as usize * 64, |b| ring.read(pos, b));
             sq.next = sq.next.wrapping_add(nbb);
             sq.ords = sq.ords.wrapping_add(1);
             budget -= nbb;
@@ -234,9 +247,9 @@ impl QpRec {
         let mut budget = rq.wqe_cnt;
         while rq.next != to && budget > 0 {
             let pos = (rq.next & (rq.wqe_cnt - 1)) as usize * rq.stride as usize;
-            let mut bytes = vec![0u8; rq.stride as usize];
-            rq.ring.read(pos, &mut bytes);
-            rq.records.push(rq.next & 0xFFFF, bytes);
+            let ring = &rq.ring;
+            rq.records
+                .push_with(rq.next & 0xFFFF, rq.stride as usize, |b| ring.read(pos, b));
             rq.next = rq.next.wrapping_add(1);
             budget -= 1;
         }
@@ -457,13 +470,20 @@ impl CqRecorder {
         }
     }
 
-    /// Record the next CQE taken (64 bytes, or the whole 128-byte entry): every CQE the
-    /// poller takes comes here while the recorder is on, so its own count is the consumer
-    /// index.
-    pub(crate) fn record(&self, entry: &[u8]) {
+    /// Record the next CQE taken: its 64-byte descriptor, after the first half of a 128-byte
+    /// entry. Every CQE the poller takes comes here while the recorder is on, so its own count
+    /// is the consumer index.
+    pub(crate) fn record(&self, first_half: Option<&[u8; 64]>, cqe: &Cqe64) {
         let mut r = lock(&self.m);
         let ci = r.ci;
-        r.records.push(ci, entry.to_vec());
+        let len = if first_half.is_some() { 128 } else { 64 };
+        r.records.push_with(ci, len, |b| {
+            let (h, d) = b.split_at_mut(len - 64);
+            if let Some(f) = first_half {
+                h.copy_from_slice(f);
+            }
+            d.copy_from_slice(cqe.as_bytes());
+        });
         r.ci = ci.wrapping_add(1);
     }
 
@@ -586,14 +606,4 @@ fn write_file(dir: &Path, text: &str) -> Option<PathBuf> {
         next_seq()
     ));
     std::fs::write(&p, text.as_bytes()).ok().map(|()| p)
-}
-
-/// The bytes of a CQE entry as recorded: the 64-byte descriptor, or the whole 128-byte entry.
-pub(crate) fn cqe_bytes(first_half: Option<[u8; 64]>, cqe: &Cqe64) -> Vec<u8> {
-    let mut v = Vec::with_capacity(128);
-    if let Some(h) = first_half {
-        v.extend_from_slice(&h);
-    }
-    v.extend_from_slice(cqe.as_bytes());
-    v
 }
