@@ -34,7 +34,7 @@ use crate::mem::uar::UarReg;
 use crate::mem::{CqBuf, CqeReader, DbRec, TakenCqe};
 use crate::mmio::barrier;
 use crate::qp::rq::RqShared;
-use crate::qp::sq::{SqShared, wc_opcode_of};
+use crate::qp::sq::{REQ_WC_BY_SEND_OP, SqShared};
 use crate::recorder::{self, CqPart, CqRecorder, QpPart, QpRecorder, RecorderConfig};
 use crate::srq::SrqShared;
 use crate::uverbs;
@@ -508,12 +508,11 @@ impl Cq {
                 ..
             } = &mut self.core;
             let Some(t) = ring.take() else { break };
-            let cqe = t.cqe();
             if decode_into(
                 users,
                 &mut self.pending,
                 mr_cache,
-                &cqe,
+                || t.cqe(),
                 Some((&t, shared)),
                 wc,
             ) {
@@ -929,7 +928,7 @@ fn decode(
         ..Users::default()
     };
     users.reload(local, 0);
-    decode_into(&mut users, pending, &mut cache, cqe, None, &mut wc).then_some(wc)
+    decode_into(&mut users, pending, &mut cache, || *cqe, None, &mut wc).then_some(wc)
 }
 
 /// Decode one CQE into the caller's work completion, doing the queue bookkeeping (retire send
@@ -944,36 +943,42 @@ fn decode_into(
     users: &mut Users,
     pending: &mut Option<Pending>,
     cache: &mut MrCache,
-    cqe: &Cqe64,
+    cqe: impl Fn() -> Cqe64,
     at: Option<(&TakenCqe<'_>, &CqShared)>,
     out: &mut WorkCompletion,
 ) -> bool {
-    let key = if users.by_uidx {
-        cqe.user_index()
-    } else {
-        cqe.qpn()
+    // The CQE is read where each field is used (`cqe()` copies out only the words a path
+    // needs), so that no path loads, and spills, the fields of another.
+    let key = {
+        let c = cqe();
+        if users.by_uidx {
+            c.user_index()
+        } else {
+            c.qpn()
+        }
     };
     let Some(user) = users.find(key) else {
         return false;
     };
     // Opcode and format bits at once: the two common kinds without scattered data (neither,
     // while the flight recorder forces the format bits).
-    let op_own = at.map_or(cqe.op_own, |(t, _)| t.op_own());
+    let op_own = at.map_or_else(|| cqe().op_own, |(t, _)| t.op_own());
     let kind = op_own & OPCODE_FORMAT;
     if kind == REQ_IN_MEMORY {
         if let Some(sq) = &user.sq {
-            let (ord, wc) = requester_wc(user, sq, cqe);
+            let (ord, wc) = requester_wc(user, sq, &cqe());
             return retire_send(sq, ord, pending, wc, out);
         }
     } else if kind == RESP_SEND_IN_MEMORY && user.srq.is_none() {
         if let Some(rq) = &user.rq {
-            *out = responder_wc(user, rq.complete(cqe.wqe_counter()), cqe);
+            let c = cqe();
+            *out = responder_wc(user, rq.complete(c.wqe_counter()), &c);
             return true;
         }
     }
     match at {
         Some((&t, shared)) => decode_other_taken(shared, user, pending, cache, t, out),
-        None => decode_other(user, pending, cache, cqe, None, out),
+        None => decode_other(user, pending, cache, &cqe(), None, out),
     }
 }
 
@@ -1085,15 +1090,11 @@ const SCATTER_MASK: u8 = INLINE_SCATTER_32 | INLINE_SCATTER_64;
 fn requester_wc(user: &CqUser, sq: &SqShared, cqe: &Cqe64) -> (u32, WorkCompletion) {
     let counter = cqe.wqe_counter();
     let ord = sq.ordinal_at(counter);
-    let sop = cqe.send_opcode();
+    let e = REQ_WC_BY_SEND_OP[usize::from(cqe.send_opcode().0)];
     let wc = WorkCompletion {
         wr_id: sq.wr_id_at(counter),
-        opcode: wc_opcode_of(sop),
-        byte_len: match sop {
-            SendOpcode::RDMA_READ => cqe.byte_cnt(),
-            SendOpcode::ATOMIC_CS | SendOpcode::ATOMIC_FA => 8,
-            _ => 0,
-        },
+        opcode: WcOpcode(e & 0xFF),
+        byte_len: (cqe.byte_cnt() & 0u32.wrapping_sub(e >> 16)) | ((e >> 8) & 0xFF),
         qp_num: user.qpn,
         wc_flags: solicited_flag(cqe),
         timestamp: cqe.timestamp(),
