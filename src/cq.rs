@@ -164,6 +164,8 @@ struct Users {
     seen_gen: u64,
     /// Keys are CQE user indices (CQE version 1), else QPNs.
     by_uidx: bool,
+    /// Where the key is in a CQE: [`UIDX_AT`] or [`QPN_AT`].
+    key_at: u8,
     /// How many times the list was copied (under the shared list's lock).
     reloads: u64,
 }
@@ -199,6 +201,7 @@ impl Users {
     /// Copy the shared list and build the index (the cold path: after an attach or detach).
     fn reload(&mut self, list: &[CqUser], g: u64) {
         let by_uidx = self.by_uidx;
+        self.key_at = if by_uidx { UIDX_AT } else { QPN_AT };
         self.reloads += 1;
         self.list = list.to_vec();
         self.keys = list
@@ -949,12 +952,15 @@ fn decode_into(
 ) -> bool {
     // The CQE is read where each field is used (`cqe()` copies out only the words a path
     // needs), so that no path loads, and spills, the fields of another.
-    let key = {
-        let c = cqe();
-        if users.by_uidx {
-            c.user_index()
-        } else {
-            c.qpn()
+    let key = match at {
+        Some((t, _)) => t.be24_at(users.key_at),
+        None => {
+            let c = cqe();
+            if users.by_uidx {
+                c.user_index()
+            } else {
+                c.qpn()
+            }
         }
     };
     let Some(user) = users.find(key) else {
@@ -1050,6 +1056,11 @@ fn decode_other_taken(
 /// The bits the flight recorder ORs into every taken CQE's `op_own` ([`CqeReader::mark`]):
 /// format 3 (reserved), so that no CQE matches a fast-path kind and every one reaches it.
 const REC_FORCE: u8 = 0x0C;
+
+/// Byte offset of the user index (`srqn_uidx`, low 24 bits) in a CQE.
+const UIDX_AT: u8 = core::mem::offset_of!(Cqe64, srqn_uidx) as u8;
+/// Byte offset of the QPN (`sop_drop_qpn`, low 24 bits) in a CQE.
+const QPN_AT: u8 = core::mem::offset_of!(Cqe64, sop_drop_qpn) as u8;
 
 /// `op_own` opcode (7:4) and format (3:2) bits.
 const OPCODE_FORMAT: u8 = 0xFC;

@@ -219,6 +219,25 @@ impl TakenCqe<'_> {
         self.tag = (self.tag & !STATUS) | ((s.0 << 8) & STATUS);
     }
 
+    /// The low 24 bits of the big-endian word at byte `off` of the descriptor (`off` taken
+    /// modulo 64, rounded down to a word): one load, for a field chosen at run time (the QP
+    /// key of a CQE: user index at 0x20 or QPN at 0x38).
+    #[inline(always)]
+    pub(crate) fn be24_at(&self, off: u8) -> u32 {
+        #[expect(
+            clippy::cast_ptr_alignment,
+            reason = "descriptors are 64-byte aligned (type invariant), the offset 4-aligned"
+        )]
+        let p = self
+            .desc
+            .wrapping_add(usize::from(off & 0x3C))
+            .cast::<u32>();
+        // SAFETY: a 4-byte aligned word inside the live descriptor that software owns (type
+        // invariant; the offset is masked below 64): a plain load races with nothing, as in
+        // `cqe`.
+        u32::from_be(unsafe { p.read() }) & 0xFF_FFFF
+    }
+
     /// The descriptor's `op_own` byte as the ownership test read it (the same value as
     /// [`cqe`](Self::cqe)'s: software owns the entry), with the reader's
     /// [`mark`](CqeReader::mark) bits ORed in.
