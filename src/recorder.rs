@@ -257,16 +257,22 @@ impl QpRec {
     }
 
     /// Record every WQE the doorbell records publish (what the device may have consumed).
+    ///
+    /// The records hold 16-bit counters. One behind the recorded position (the send queue
+    /// records finished WQEs before it rings them; a dump records everything written) means
+    /// there is nothing new.
     fn capture_published(&mut self) {
         if let Some(sq) = &self.sq {
             let rung = sq.dbrec.word1().load_be32() & 0xFFFF;
-            let to = sq.next.wrapping_add(rung.wrapping_sub(sq.next) & 0xFFFF);
-            self.capture_sq(to);
+            if let Some(to) = ahead16(sq.next, rung) {
+                self.capture_sq(to);
+            }
         }
         if let Some(rq) = &self.rq {
             let posted = rq.dbrec.word0().load_be32() & 0xFFFF;
-            let to = rq.next.wrapping_add(posted.wrapping_sub(rq.next) & 0xFFFF);
-            self.capture_rq(to);
+            if let Some(to) = ahead16(rq.next, posted) {
+                self.capture_rq(to);
+            }
         }
     }
 }
@@ -540,6 +546,13 @@ pub(crate) fn dump_text(reason: &str, qps: &[QpPart<'_>], cqs: &[CqPart<'_>]) ->
         out.push('\n');
     }
     out
+}
+
+/// The free-running counter that `low16` (a 16-bit counter) names at or after `next`, or
+/// `None` if it names one before `next` (differences of 2^15 and more count as before).
+fn ahead16(next: u32, low16: u32) -> Option<u32> {
+    let d = low16.wrapping_sub(next) & 0xFFFF;
+    (d < 0x8000).then(|| next.wrapping_add(d))
 }
 
 fn hex(b: &[u8]) -> String {

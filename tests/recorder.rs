@@ -375,10 +375,60 @@ fn off_means_no_records(rig: &dyn Rig) {
     assert_eq!(recs[0].kind, "wqe");
 }
 
+/// The send queue records finished WQEs before it rings them; a CQE of an earlier WQE then
+/// finds the recorded position ahead of the doorbell record, which must record nothing more
+/// (it once walked on past the producer, over WQEs never posted).
+fn recorded_ahead_of_the_doorbell(rig: &dyn Rig) {
+    let (mut a, mut b) = pair(rig, PairOpts::new(QpType::Rc));
+    let cfg = RecorderConfig::new(16);
+    a.qp.enable_recorder(&cfg).unwrap();
+    a.cq.enable_recorder(&cfg).unwrap();
+    for i in 0..3 {
+        let rs = [b.mr.sge(0, 64)];
+        b.qp.post_recv(&[RecvWr {
+            wr_id: i,
+            sg_list: &rs,
+        }])
+        .unwrap();
+    }
+    let sge = a.mr.sge(0, 8);
+    // WR 0 rung at once; WRs 1 and 2 built but not rung: posting WR 2 records WR 1.
+    let sq = a.qp.sq();
+    sq.send(SendFlags::SIGNALED)
+        .unwrap()
+        .sge(&sge)
+        .unwrap()
+        .finish(0);
+    sq.ring();
+    sq.send(SendFlags::SIGNALED)
+        .unwrap()
+        .sge(&sge)
+        .unwrap()
+        .finish(1);
+    sq.send(SendFlags::SIGNALED)
+        .unwrap()
+        .sge(&sge)
+        .unwrap()
+        .finish(2);
+    // WR 0's CQE makes the poller record what the doorbell record publishes (WR 0 only).
+    let wc = poll_n(rig, &mut a.cq, 1)[0];
+    assert_eq!((wc.wr_id, wc.status), (0, WcStatus::SUCCESS));
+    let (_, recs) = parse(&a.qp.recorder_dump().unwrap());
+    let w: Vec<u32> = recs
+        .iter()
+        .filter(|r| r.kind == "wqe")
+        .map(|r| r.index)
+        .collect();
+    assert_eq!(w, vec![0, 1, 2], "each WQE once, nothing past the producer");
+    a.qp.sq().ring();
+    assert_eq!(poll_n(rig, &mut a.cq, 2).len(), 2);
+}
+
 scenarios!(
     forced_error_verbs,
     forced_error_raw,
     bad_rkey_write,
     ring_keeps_last_n,
-    off_means_no_records
+    off_means_no_records,
+    recorded_ahead_of_the_doorbell
 );
