@@ -263,7 +263,12 @@ impl Core {
 
     fn enable_recorder(&mut self, cfg: &RecorderConfig) -> Result<()> {
         let size = if self.ring.wide() { 128 } else { 64 };
-        let rec = Arc::new(CqRecorder::new(cfg, size, self.cqe_count, self.ring.ci()));
+        let rec = Arc::new(CqRecorder::new(
+            cfg,
+            size,
+            self.ring.geometry(),
+            self.ring.ci(),
+        ));
         self.shared
             .rec
             .set(rec)
@@ -1002,7 +1007,7 @@ fn record_cqe(rec: &CqRecorder, shared: &CqShared, user: Option<&CqUser>, t: &Ta
         q.before_cqe();
     }
     let cqe = t.cqe();
-    rec.record(t.first_half().as_ref(), &cqe);
+    rec.record(t, t.first_half().as_ref(), &cqe);
     if let Some(reason) = recorder::error_reason(shared.cqn, &cqe) {
         let qps: Vec<QpPart<'_>> = match (qrec, user) {
             (Some(q), Some(u)) => vec![QpPart {

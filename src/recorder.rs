@@ -32,8 +32,8 @@ use mlx5_hw::cqe::Cqe64;
 use mlx5_hw::opcodes::{CqeOpcode, Syndrome};
 use zerocopy::IntoBytes;
 
-use crate::mem::DbRec;
 use crate::mem::wq::WqReader;
+use crate::mem::{DbRec, TakenCqe};
 use crate::qp::rq::RqShared;
 use crate::qp::sq::SqShared;
 use crate::qp::{QpState, QpType};
@@ -451,6 +451,8 @@ impl QpRecorder {
 struct CqRec {
     cqe_size: u32,
     cqe_cnt: u32,
+    /// The ring's geometry, to find an entry's slot ([`TakenCqe::slot`]).
+    geometry: (usize, u8, u32),
     /// The consumer index after the last CQE recorded.
     ci: u32,
     records: Records,
@@ -464,11 +466,17 @@ pub(crate) struct CqRecorder {
 }
 
 impl CqRecorder {
-    pub(crate) fn new(cfg: &RecorderConfig, cqe_size: u32, cqe_cnt: u32, ci: u32) -> Self {
+    pub(crate) fn new(
+        cfg: &RecorderConfig,
+        cqe_size: u32,
+        geometry: (usize, u8, u32),
+        ci: u32,
+    ) -> Self {
         Self {
             m: Mutex::new(CqRec {
                 cqe_size,
-                cqe_cnt,
+                cqe_cnt: geometry.2 + 1,
+                geometry,
                 ci,
                 records: Records::new(cfg.records),
             }),
@@ -476,12 +484,14 @@ impl CqRecorder {
         }
     }
 
-    /// Record the next CQE taken: its 64-byte descriptor, after the first half of a 128-byte
-    /// entry. Every CQE the poller takes comes here while the recorder is on, so its own count
-    /// is the consumer index.
-    pub(crate) fn record(&self, first_half: Option<&[u8; 64]>, cqe: &Cqe64) {
+    /// Record the CQE taken as `t`: its 64-byte descriptor, after the first half of a 128-byte
+    /// entry. Its consumer index is the first at or after the last one recorded that has its
+    /// slot (entries the poller skipped, such as CQEs of a destroyed QP, are not recorded).
+    pub(crate) fn record(&self, t: &TakenCqe<'_>, first_half: Option<&[u8; 64]>, cqe: &Cqe64) {
         let mut r = lock(&self.m);
-        let ci = r.ci;
+        let mask = r.geometry.2;
+        let ci =
+            r.ci.wrapping_add(t.slot(r.geometry).wrapping_sub(r.ci) & mask);
         let len = if first_half.is_some() { 128 } else { 64 };
         r.records.push_with(ci, len, |b| {
             let (h, d) = b.split_at_mut(len - 64);

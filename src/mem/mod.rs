@@ -152,6 +152,12 @@ impl CqeReader {
         self.ci
     }
 
+    /// What [`TakenCqe::slot`] needs: the address of entry 0's descriptor, log2 of the entry
+    /// size, the slot mask.
+    pub(crate) fn geometry(&self) -> (usize, u8, u32) {
+        (self.desc0.as_ptr().addr(), self.stride_shift, self.mask)
+    }
+
     /// Whether entries are 128 bytes.
     pub(crate) fn wide(&self) -> bool {
         self.stride_shift == 7
@@ -236,6 +242,12 @@ impl TakenCqe<'_> {
         // invariant; the offset is masked below 64): a plain load races with nothing, as in
         // `cqe`.
         u32::from_be(unsafe { p.read() }) & 0xFF_FFFF
+    }
+
+    /// The ring slot of the entry (its consumer index modulo the ring size).
+    pub(crate) fn slot(&self, reader_geometry: (usize, u8, u32)) -> u32 {
+        let (desc0, shift, mask) = reader_geometry;
+        ((self.desc.addr().wrapping_sub(desc0) >> shift) as u32) & mask
     }
 
     /// The descriptor's `op_own` byte as the ownership test read it (the same value as
