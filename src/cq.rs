@@ -144,9 +144,12 @@ impl Drop for CqShared {
 #[derive(Debug)]
 struct Pending {
     sq: Arc<SqShared>,
+    /// The WR to report next, the signaled one that follows them, its completion.
     next: u32,
     end: u32,
     last: WorkCompletion,
+    /// The WQEBB counter where WR `next` starts (`None` if its record was not found).
+    at: Option<u32>,
 }
 
 /// The QPs of a CQ as its poller sees them: a copy of the shared list, found by CQE user index
@@ -544,14 +547,20 @@ impl Cq {
         while n < out.len() {
             if p.next != p.end {
                 let ord = p.next;
+                let (wr_id, opcode) = match p.at {
+                    Some(c) => (p.sq.wr_id_at(c as u16), p.sq.wr_op_at(c as u16)),
+                    None => (0, WcOpcode::SEND),
+                };
                 out[n] = WorkCompletion {
-                    wr_id: p.sq.wr_id(ord),
-                    opcode: p.sq.wr_op(ord),
+                    wr_id,
+                    opcode,
                     qp_num: p.sq.qpn,
                     wc_flags: WcFlags::UNSIGNALED,
                     ..WorkCompletion::default()
                 };
                 p.next = ord.wrapping_add(1);
+                p.at =
+                    p.at.and_then(|c| p.sq.find_start(p.next, c.wrapping_add(1), false));
                 p.sq.tail.store(p.next, Ordering::Release);
                 n += 1;
             } else {
@@ -977,8 +986,9 @@ fn decode_into(
     let kind = op_own & OPCODE_FORMAT;
     if kind == REQ_IN_MEMORY {
         if let Some(sq) = &user.sq {
-            let (ord, wc) = requester_wc(user, sq, &cqe());
-            return retire_send(sq, ord, pending, wc, out);
+            let c = cqe();
+            let (ord, wc) = requester_wc(user, sq, &c);
+            return retire_send(sq, ord, c.wqe_counter(), pending, wc, out);
         }
     } else if kind == RESP_SEND_IN_MEMORY && user.srq.is_none() {
         if let Some(rq) = &user.rq {
@@ -1046,7 +1056,7 @@ fn decode_other_taken(
         if kind == REQ_IN_MEMORY {
             if let Some(sq) = &user.sq {
                 let (ord, wc) = requester_wc(user, sq, &cqe);
-                return retire_send(sq, ord, pending, wc, out);
+                return retire_send(sq, ord, cqe.wqe_counter(), pending, wc, out);
             }
         } else if kind == RESP_SEND_IN_MEMORY && user.srq.is_none() {
             if let Some(rq) = &user.rq {
@@ -1156,12 +1166,14 @@ fn solicited_flag(cqe: &Cqe64) -> WcFlags {
     }
 }
 
-/// The send-queue bookkeeping of a requester completion `wc` for WR ordinal `ord`: retire it
-/// and every earlier (unsignaled) WR, or, with `report_unsignaled`, queue those first.
+/// The send-queue bookkeeping of a requester completion `wc` for WR ordinal `ord` (whose WQE
+/// starts at WQEBB counter `counter`): retire it and every earlier (unsignaled) WR, or, with
+/// `report_unsignaled`, queue those first.
 #[inline(always)]
 fn retire_send(
     sq: &Arc<SqShared>,
     ord: u32,
+    counter: u16,
     pending: &mut Option<Pending>,
     wc: WorkCompletion,
     out: &mut WorkCompletion,
@@ -1170,6 +1182,7 @@ fn retire_send(
     let skipped = ord.wrapping_sub(tail);
     if sq.report_unsignaled && skipped != 0 && skipped <= sq.wr_mask {
         *pending = Some(Pending {
+            at: sq.find_start(tail, u32::from(counter), true),
             sq: sq.clone(),
             next: tail,
             end: ord,
@@ -1212,7 +1225,7 @@ fn decode_other(
             if let Err(st) = copied {
                 wc.status = st;
             }
-            retire_send(sq, ord, pending, wc, out)
+            retire_send(sq, ord, cqe.wqe_counter(), pending, wc, out)
         }
         CqeOpcode::REQ_ERR => {
             let Some(sq) = user.sq.as_ref() else {
@@ -1223,7 +1236,7 @@ fn decode_other(
             set_error(&mut wc, cqe);
             wc.opcode = sq.wr_op_at(counter);
             wc.wr_id = sq.wr_id_at(counter);
-            retire_send(sq, ord, pending, wc, out)
+            retire_send(sq, ord, counter, pending, wc, out)
         }
         CqeOpcode::RESP_RDMA_WRITE_IMM
         | CqeOpcode::RESP_SEND

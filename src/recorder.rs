@@ -402,10 +402,7 @@ impl QpRecorder {
             outstanding = s.ords.wrapping_sub(tail);
             // The WQEBB counter of the oldest outstanding WR, or the producer if none.
             sq_ci = match sq {
-                Some(q) if outstanding != 0 => {
-                    let start = u32::from(q.start_of(tail));
-                    s.next.wrapping_sub((s.next.wrapping_sub(start)) & 0xFFFF)
-                }
+                Some(q) if outstanding != 0 => q.find_start(tail, s.next, true).unwrap_or(s.next),
                 _ => s.next,
             };
             for rec in &s.records.items {

@@ -11,7 +11,7 @@
 //! [`SendQueue::ring`] is the one doorbell routine: WQE stores, `to_device`, SQ record (word 1),
 //! `wc_start`, one MMIO (8-byte doorbell or BlueFlame copy), `wc_flush`, flip the BlueFlame half.
 
-use std::sync::atomic::{AtomicU8, AtomicU16, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use mlx5_hw::opcodes::{SendOpcode, WcStatus};
@@ -83,17 +83,16 @@ pub struct BfregInfo {
     pub bf_size: usize,
 }
 
-/// One entry of the send queue's bookkeeping table. The table is indexed two ways with the same
-/// mask: by WQEBB counter (`wr_id`, `ordinal`, `op`: what a completion's `wqe_counter` finds in
-/// one step) and by WR ordinal (`start`: what reporting unsignaled WRs walks).
+/// One entry of the send queue's bookkeeping table, indexed by WQEBB counter: what a
+/// completion's `wqe_counter` finds in one step. Slots inside a longer WQE keep stale records of
+/// older WRs (lower ordinals), so a WR's start is the slot holding its ordinal
+/// ([`SqShared::find_start`], for reporting unsignaled WRs).
 #[derive(Debug, Default)]
 pub(crate) struct SqSlot {
     /// Work-request id of the WR whose WQE's first WQEBB is this slot.
     wr_id: AtomicU64,
     /// WR ordinal of the WQE whose first WQEBB is this slot.
     ordinal: AtomicU32,
-    /// WQEBB counter (low 16 bits, as in a CQE) where the WR with this ordinal starts.
-    start: AtomicU16,
     /// [`SendOpcode`] of the WR whose WQE's first WQEBB is this slot (mapped to a
     /// [`WcOpcode`] only when an error or unsignaled completion needs it).
     op: AtomicU8,
@@ -179,23 +178,40 @@ impl SqShared {
         record(&self.slots, ordinal, wqe_counter, wr_id, op);
     }
 
-    /// The WQEBB counter (low 16 bits) where WR `ordinal` starts.
-    #[inline(always)]
-    pub(crate) fn start_of(&self, ordinal: u32) -> u16 {
-        self.slot(ordinal).start.load(Ordering::Relaxed)
+    /// The WQEBB counter where WR `ordinal` starts: the slot holding its record, searched from
+    /// counter `from` backwards (`back`, from `from - 1`) or forwards (from `from`) over at most
+    /// one table's worth. The cold paths: reporting unsignaled WRs, dumps, tests. Records of
+    /// WRs still outstanding are never overwritten, and stale records in the other slots hold
+    /// lower ordinals, so the first match is the WR's (while ordinals do not wrap 2^32 within
+    /// one ring).
+    pub(crate) fn find_start(&self, ordinal: u32, from: u32, back: bool) -> Option<u32> {
+        let mut c = from;
+        for _ in 0..=self.wr_mask {
+            if back {
+                c = c.wrapping_sub(1);
+            }
+            if self.slot(c).ordinal.load(Ordering::Relaxed) == ordinal {
+                return Some(c);
+            }
+            if !back {
+                c = c.wrapping_add(1);
+            }
+        }
+        None
     }
 
-    /// The id of WR `ordinal` (the cold path of reporting unsignaled WRs; completions find it
-    /// by WQEBB counter, [`wr_id_at`](Self::wr_id_at)).
-    #[inline(always)]
+    /// The id of WR `ordinal`, its record found from counter 0 on (tests).
+    #[cfg(test)]
     pub(crate) fn wr_id(&self, ordinal: u32) -> u64 {
-        self.wr_id_at(self.start_of(ordinal))
+        self.find_start(ordinal, 0, false)
+            .map_or(0, |c| self.wr_id_at(c as u16))
     }
 
-    /// The completion opcode of WR `ordinal`.
-    #[inline(always)]
+    /// The completion opcode of WR `ordinal`, as [`wr_id`](Self::wr_id) (tests).
+    #[cfg(test)]
     pub(crate) fn wr_op(&self, ordinal: u32) -> WcOpcode {
-        self.wr_op_at(self.start_of(ordinal))
+        self.find_start(ordinal, 0, false)
+            .map_or(WcOpcode::SEND, |c| self.wr_op_at(c as u16))
     }
 
     /// The id of the WR whose WQE starts at WQEBB counter `wqe_counter`.
@@ -1230,10 +1246,6 @@ fn record(slots: &RingTable<SqSlot>, ordinal: u32, wqe_counter: u32, wr_id: u64,
     s.wr_id.store(wr_id, Ordering::Relaxed);
     s.ordinal.store(ordinal, Ordering::Relaxed);
     s.op.store(op.0, Ordering::Relaxed);
-    slots
-        .get(ordinal)
-        .start
-        .store(wqe_counter as u16, Ordering::Relaxed);
 }
 
 /// The UD address vector of `dest` with its destination QPN and Q_Key.
