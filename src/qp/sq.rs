@@ -87,11 +87,11 @@ pub struct BfregInfo {
 /// completion's `wqe_counter` finds in one step. Slots inside a longer WQE keep stale records of
 /// older WRs (lower ordinals), so a WR's start is the slot holding its ordinal
 /// ([`SqShared::find_start`], for reporting unsignaled WRs).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct SqSlot {
     /// Work-request id of the WR whose WQE's first WQEBB is this slot.
     wr_id: AtomicU64,
-    /// WR ordinal of the WQE whose first WQEBB is this slot.
+    /// WR ordinal of the WQE whose first WQEBB is this slot ([`NO_WR`] before any).
     ordinal: AtomicU32,
     /// [`SendOpcode`] of the WR whose WQE's first WQEBB is this slot (mapped to a
     /// [`WcOpcode`] only when an error or unsignaled completion needs it).
@@ -130,7 +130,11 @@ impl SqShared {
     pub(crate) fn new(max_post: u32, wqe_cnt: u32, report_unsignaled: bool, qpn: u32) -> Self {
         // Every WR takes at least one WQEBB, so `max_post <= wqe_cnt` for real queues; the max
         // keeps the table large enough for both indices whatever the caller passes.
-        let slots = RingTable::new(max_post.max(wqe_cnt) as usize, SqSlot::default);
+        let slots = RingTable::new(max_post.max(wqe_cnt) as usize, || SqSlot {
+            wr_id: AtomicU64::new(0),
+            ordinal: AtomicU32::new(NO_WR),
+            op: AtomicU8::new(0),
+        });
         Self {
             wr_mask: slots.len() as u32 - 1,
             slots,
@@ -176,6 +180,14 @@ impl SqShared {
     #[cfg(test)]
     pub(crate) fn record(&self, ordinal: u32, wqe_counter: u32, wr_id: u64, op: SendOpcode) {
         record(&self.slots, ordinal, wqe_counter, wr_id, op);
+    }
+
+    /// Forget every record (the queue restarts at ordinal 0: QP reset), so that no stale
+    /// record can match a new ordinal.
+    fn clear_records(&self) {
+        for i in 0..=self.wr_mask {
+            self.slot(i).ordinal.store(NO_WR, Ordering::Relaxed);
+        }
     }
 
     /// The WQEBB counter where WR `ordinal` starts: the slot holding its record, searched from
@@ -594,6 +606,7 @@ impl SendQueue {
         self.q.head = 0;
         self.q.credits = 0;
         self.q.shared.tail.store(0, Ordering::Release);
+        self.q.shared.clear_records();
         self.q.pend = Pending::default();
         self.ring.ring_mut().zero();
         if let Some(r) = self.q.shared.rec.get() {
@@ -1248,6 +1261,9 @@ fn record(slots: &RingTable<SqSlot>, ordinal: u32, wqe_counter: u32, wr_id: u64,
     s.op.store(op.0, Ordering::Relaxed);
 }
 
+/// [`SqSlot::ordinal`] of a slot no WR has started at since the queue (re)started.
+const NO_WR: u32 = u32::MAX;
+
 /// The UD address vector of `dest` with its destination QPN and Q_Key.
 #[inline(always)]
 fn av_bytes(dest: &UdDest<'_>) -> [u8; 48] {
@@ -1884,6 +1900,34 @@ mod tests {
     //! WQE bytes and doorbells against the worked examples of mlx5-datapath.md §1.13, without a
     //! device: the UAR page is ordinary memory we can read back.
     use super::*;
+
+    /// A WR's start is the slot holding its ordinal, never a stale record inside a longer WQE,
+    /// and a reset queue forgets the records of its previous life (a stale record of the old
+    /// WR 1 sat inside the new WR 0 and was found as the new WR 1).
+    #[test]
+    fn starts_are_found_past_stale_records_and_reset_forgets_them() {
+        let sh = SqShared::new(8, 8, true, 1);
+        for o in 0..4 {
+            sh.record(o, o, 100 + u64::from(o), SendOpcode::SEND);
+        }
+        // The queue restarts: WR 0 takes WQEBBs 0 and 1, WR 1 starts at 2.
+        sh.clear_records();
+        sh.record(0, 0, 10, SendOpcode::SEND);
+        sh.record(1, 2, 11, SendOpcode::RDMA_WRITE);
+        assert_eq!(
+            sh.find_start(1, 1, false),
+            Some(2),
+            "forward from inside WR 0"
+        );
+        assert_eq!(sh.find_start(0, 2, true), Some(0), "backward from WR 1");
+        assert_eq!(sh.wr_id_at(2), 11);
+        assert_eq!(sh.wr_op_at(2), WcOpcode::RDMA_WRITE);
+        assert_eq!(sh.find_start(3, 2, true), None, "the old WR 3 is forgotten");
+        // Records of other WRs are passed over.
+        sh.record(4, 3, 14, SendOpcode::SEND);
+        sh.record(2, 5, 12, SendOpcode::SEND);
+        assert_eq!(sh.find_start(2, 3, false), Some(5));
+    }
     use crate::mem::uar::UarPage;
     use crate::mem::{DbRecPool, DmaBuf, fake};
     use mlx5_hw::types::Be32;
