@@ -528,8 +528,8 @@ impl Cq {
                 wc,
             ) {
                 n += 1;
-            }
-            if self.pending.is_some() {
+            } else if self.pending.is_some() {
+                // (Only a CQE that gives no completion starts unsignaled reports.)
                 n += self.drain_pending(&mut wcs[n..]);
             }
         }
