@@ -122,6 +122,7 @@ pub mod qp;
 pub(crate) mod ring;
 pub mod srq;
 mod uverbs;
+mod wc_fmt;
 pub mod wr;
 
 pub use ah::{Ah, AhAttr, GlobalRoute};
