@@ -481,14 +481,18 @@ impl Source {
 /// # Errors
 /// A bad interval, no device, unreadable or garbled counters, a failing load.
 pub fn command(a: &crate::cli::CountersArgs) -> Result<(), String> {
-    run(a, &mut |s| print!("{s}"))
+    run(a, &sysfs_root(), &mut |s| print!("{s}"))
 }
 
-/// The command with its output going to `out` (one call per sample).
+/// The command on the sysfs tree at `root`, its output going to `out` (one call per sample).
 ///
 /// # Errors
 /// As [`command`].
-pub fn run(a: &crate::cli::CountersArgs, out: &mut dyn FnMut(&str)) -> Result<(), String> {
+pub fn run(
+    a: &crate::cli::CountersArgs,
+    root: &Path,
+    out: &mut dyn FnMut(&str),
+) -> Result<(), String> {
     let interval = a.interval.unwrap_or(1.0);
     if !(interval.is_finite() && (0.0..=86_400.0).contains(&interval)) {
         return Err(format!(
@@ -523,7 +527,7 @@ pub fn run(a: &crate::cli::CountersArgs, out: &mut dyn FnMut(&str)) -> Result<()
             format!("{name} (emulated)"),
         )
     } else {
-        let root = sysfs_root();
+        let root = root.to_path_buf();
         let dev = sysfs_device(&root, a.dev.as_deref())?;
         let name = format!(
             "{dev} ({})",
