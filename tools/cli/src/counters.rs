@@ -191,7 +191,7 @@ pub fn parse_debug_counters(text: &str) -> Result<Vec<(String, u64)>, String> {
     if toks.get(i) != Some(&Tok::Open('{')) {
         return Err("not a Debug struct (no `{`)".into());
     }
-    struct_body(&toks, &mut i, "", &mut out)?;
+    struct_body(&toks, &mut i, "", &mut out, 0)?;
     Ok(out)
 }
 
@@ -251,13 +251,20 @@ fn tokenize(text: &str) -> Vec<Tok> {
     v
 }
 
+/// Deepest nesting [`parse_debug_counters`] follows.
+const MAX_DEPTH: usize = 16;
+
 /// At `toks[*i] == Open('{')`: the fields up to the matching `}`.
 fn struct_body(
     toks: &[Tok],
     i: &mut usize,
     prefix: &str,
     out: &mut Vec<(String, u64)>,
+    depth: usize,
 ) -> Result<(), String> {
+    if depth > MAX_DEPTH {
+        return Err(format!("nested deeper than {MAX_DEPTH} levels"));
+    }
     *i += 1;
     loop {
         match toks.get(*i) {
@@ -273,7 +280,7 @@ fn struct_body(
                     format!("{prefix}.{name}")
                 };
                 *i += 2;
-                value(toks, i, &full, out)?;
+                value(toks, i, &full, out, depth + 1)?;
             }
             // `..` of finish_non_exhaustive and anything else unexpected: skip a token
             Some(_) => *i += 1,
@@ -288,7 +295,11 @@ fn value(
     i: &mut usize,
     name: &str,
     out: &mut Vec<(String, u64)>,
+    depth: usize,
 ) -> Result<(), String> {
+    if depth > MAX_DEPTH {
+        return Err(format!("nested deeper than {MAX_DEPTH} levels"));
+    }
     match toks.get(*i) {
         Some(Tok::Num(n)) => {
             out.push((name.to_owned(), *n));
@@ -296,7 +307,7 @@ fn value(
         }
         Some(Tok::Ident(_)) if toks.get(*i + 1) == Some(&Tok::Open('{')) => {
             *i += 1;
-            struct_body(toks, i, name, out)?;
+            struct_body(toks, i, name, out, depth + 1)?;
         }
         Some(Tok::Open('[')) => {
             *i += 1;
@@ -309,7 +320,7 @@ fn value(
                     }
                     Some(Tok::Comma) => *i += 1,
                     Some(_) => {
-                        value(toks, i, &format!("{name}[{k}]"), out)?;
+                        value(toks, i, &format!("{name}[{k}]"), out, depth + 1)?;
                         k += 1;
                     }
                     None => return Err("unterminated array".into()),

@@ -357,4 +357,9 @@ fn every_emulator_counter_is_listed_generically() {
     );
     assert!(parse_debug_counters("garbage").is_err());
     assert!(parse_debug_counters("X { a: 1").is_err());
+    // deep nesting is refused, not a stack overflow
+    let deep = format!("X {{ a: {}1{} }}", "[".repeat(100_000), "]".repeat(100_000));
+    assert!(parse_debug_counters(&deep).is_err());
+    let deep = format!("X {{ {} }}", "a: Y { ".repeat(50_000));
+    assert!(parse_debug_counters(&deep).is_err());
 }
