@@ -249,6 +249,8 @@ pub struct DemoFacts {
     pub qpn: u32,
     /// The error completion of the bad SEND.
     pub error: WorkCompletion,
+    /// The key the bad SEND's gather entry named.
+    pub bad_lkey: u32,
     /// Completions of the WRs posted after it (flushed).
     pub flushed: Vec<WorkCompletion>,
     /// Driver: SQ producer counter (WQEBBs) after the run.
@@ -389,6 +391,30 @@ pub fn diag_run() -> Result<(String, DemoFacts), String> {
         driver_sq_pi & 0xFFFF
     );
 
+    // The send ring around the indices: every WQE from the oldest still in the ring (at most
+    // 8 back) up to the producer, one line each.
+    let _ = writeln!(
+        s,
+        "\nSQ ring around the indices (device consumer {}, driver producer {driver_sq_pi}):",
+        v.sq_head
+    );
+    for k in driver_sq_pi.saturating_sub(8)..driver_sq_pi {
+        let mut b = [0u8; 64];
+        sq.wqe_bytes(k, &mut b);
+        let line = match decode_wqe(&b, WqeOptions { ud: false }) {
+            Ok(d) => format!(
+                "opcode {} wqe_index {} ds {} lkey {} byte_count {}",
+                d.text("ctrl", "opcode").unwrap_or("?"),
+                d.text("ctrl", "wqe_index").unwrap_or("?"),
+                d.text("ctrl", "ds").unwrap_or("?"),
+                d.text("data[0]", "lkey").unwrap_or("-"),
+                d.text("data[0]", "byte_count").unwrap_or("-"),
+            ),
+            Err(e) => format!("(not decodable: {e})"),
+        };
+        let mark = if k == pi_before { ">>" } else { "  " };
+        let _ = writeln!(s, "{mark} counter {k:<4} {line}");
+    }
     // The failing WQE, from the ring, at the CQE's counter.
     let _ = writeln!(
         s,
@@ -417,6 +443,7 @@ pub fn diag_run() -> Result<(String, DemoFacts), String> {
     let facts = DemoFacts {
         qpn,
         error,
+        bad_lkey: bad[0].lkey,
         flushed,
         driver_sq_pi,
         device_sq_head: v.sq_head,

@@ -465,11 +465,24 @@ fn live_emulator_run_shows_the_forced_error_from_both_sides() {
         "the doorbell record the device reads matches",
         "failing WQE (SQ ring at counter 3), decoded:",
         "wqe_index             : 3",
+        "SQ ring around the indices (device consumer 5, driver producer 5):",
+        "   counter 2    opcode 0x0a SEND wqe_index 2 ds 2",
     ] {
         assert!(text.contains(needle), "{needle:?} missing:\n{text}");
     }
     assert!(text.lines().any(|l| l.starts_with("causes: ")), "{text}");
     assert!(text.lines().any(|l| l.starts_with("check: ")), "{text}");
+    // the marked ring line is the failing WQE, with the bad key
+    let marked: Vec<&str> = text.lines().filter(|l| l.starts_with(">>")).collect();
+    assert_eq!(marked.len(), 1, "{text}");
+    assert!(
+        marked[0].starts_with(">> counter 3    opcode 0x0a SEND wqe_index 3"),
+        "{text}"
+    );
+    assert!(
+        marked[0].contains(&format!("lkey {:#010x}", f.bad_lkey)),
+        "{text}"
+    );
 }
 
 #[test]
