@@ -2,13 +2,14 @@
 //!
 //! [`WcOpcode`] prints by name (`SEND`, `RDMA_WRITE`, `RECV_RDMA_WITH_IMM`, ...) in both `Debug`
 //! and `Display`; an opcode the verbs enum does not name prints as `WcOpcode(0x..)`.
-//! [`WorkCompletion`]'s `Display` is one line for a success; an error adds the syndrome pair and
-//! the explanation from the `mlx5-hw` table, as three more lines that begin with `meaning:`,
+//! [`WorkCompletion`]'s `Display` is one line for a success; an error adds the syndrome pair (the vendor
+//! byte decoded) and the explanation from the `mlx5-hw` table, as three more lines that begin with `meaning:`,
 //! `causes:` and `check:`.
 
 use core::fmt;
 
 use mlx5_hw::cqe::explain;
+use mlx5_hw::syndrome::vendor_meaning;
 
 use crate::wr::{WcFlags, WcOpcode, WorkCompletion};
 
@@ -66,8 +67,10 @@ impl fmt::Display for WorkCompletion {
                 " {} qp {:#x} syndrome {:?} vendor_err {:#04x}",
                 self.status, self.qp_num, self.syndrome, self.vendor_err.0
             )?;
-            if let Some(v) = self.vendor_err.name() {
-                write!(f, " ({v})")?;
+            match (vendor_meaning(self.vendor_err), self.vendor_err.name()) {
+                (Some(m), _) => write!(f, " ({m})")?,
+                (None, Some(n)) => write!(f, " ({n})")?,
+                (None, None) => {}
             }
             if let Some(x) = explain(self.syndrome, self.vendor_err) {
                 for (k, t) in x.lines() {
@@ -158,7 +161,7 @@ mod tests {
         assert_eq!(lines.len(), 4, "{s}");
         assert_eq!(
             lines[0],
-            "wr_id 3 RETRY_EXC_ERR qp 0x21 syndrome TRANSPORT_RETRY_EXC(0x15) vendor_err 0x81 (TRANSPORT_RETRY_EXC)"
+            "wr_id 3 RETRY_EXC_ERR qp 0x21 syndrome TRANSPORT_RETRY_EXC(0x15) vendor_err 0x81 (requester transport: request timeout, retry counter exceeded)"
         );
         assert!(lines[1].starts_with("meaning: transport retry counter exceeded"));
         assert!(lines[2].starts_with("causes: ") && lines[2].contains("RTR/RTS"));
@@ -167,11 +170,14 @@ mod tests {
         let wc = WorkCompletion {
             status: WcStatus::GENERAL_ERR,
             syndrome: Syndrome(0x77),
-            vendor_err: VendorSyndrome(0x42),
+            vendor_err: VendorSyndrome(0x4e),
             ..Default::default()
         };
         let s = wc.to_string();
         assert_eq!(s.lines().count(), 1);
-        assert!(s.contains("syndrome Syndrome(0x77) vendor_err 0x42"), "{s}");
+        assert!(
+            s.ends_with("syndrome Syndrome(0x77) vendor_err 0x4e"),
+            "{s}"
+        );
     }
 }

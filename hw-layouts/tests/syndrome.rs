@@ -101,8 +101,8 @@ fn lookups_prefer_the_exact_pair_and_fall_back() {
     // Responder vs requester local protection are told apart by the vendor syndrome.
     let resp = explain(Syndrome::LOCAL_PROT, VendorSyndrome(0x32)).unwrap();
     let req = explain(Syndrome::LOCAL_PROT, VendorSyndrome(0x51)).unwrap();
-    assert!(resp.meaning.contains("responder"));
-    assert!(req.meaning.contains("requester"));
+    assert!(resp.meaning.contains("protection-domain violation"));
+    assert!(req.meaning.contains("gather list") && req.meaning.contains("PCIe"));
     // A known vendor syndrome with a different known syndrome: the syndrome's general entry.
     let x = explain(Syndrome::WR_FLUSH, VendorSyndrome(0x81)).unwrap();
     assert_eq!((x.syndrome, x.vendor), (Syndrome::WR_FLUSH, None));
@@ -117,4 +117,60 @@ fn lookups_prefer_the_exact_pair_and_fall_back() {
             let _ = explain(Syndrome(s), VendorSyndrome(v));
         }
     }
+}
+
+#[test]
+fn vendor_bytes_decode_with_translation_detail_and_rnr_timer() {
+    use mlx5_hw::syndrome::vendor_meaning;
+    let m = |v: u8| vendor_meaning(VendorSyndrome(v)).unwrap_or_else(|| panic!("{v:#04x}"));
+    // memory translation: base + 3-bit detail
+    let x = m(0x51);
+    assert_eq!(x.unit, "memory translation");
+    assert_eq!(x.detail, Some("PCIe error"));
+    assert!(x.meaning.contains("gather"));
+    assert_eq!(
+        x.to_string(),
+        "memory translation: gather list or memory bind access error: PCIe error"
+    );
+    assert_eq!(m(0x32).detail, Some("protection-domain violation"));
+    assert!(m(0x32).meaning.contains("data buffer"));
+    assert_eq!(m(0x53).detail, Some("access-rights violation"));
+    assert_eq!(m(0x54).detail, Some("length violation"));
+    assert_eq!(m(0xC7).detail, Some("internal translation error"));
+    // receiver-not-ready NAKs carry the timer
+    for (v, t) in [(0xA0u8, 0u8), (0xA5, 5), (0xBF, 31)] {
+        assert_eq!(m(v).rnr_timer, Some(t));
+        assert!(m(v).to_string().ends_with(&format!("(RNR timer code {t})")));
+    }
+    // plain codes
+    assert!(m(0x81).meaning.contains("retry counter exceeded"));
+    assert!(m(0x87).meaning.contains("receiver-not-ready"));
+    assert!(m(0x88).meaning.contains("remote-access"));
+    assert!(m(0x8A).meaning.contains("invalid-request"));
+    assert!(m(0x93).meaning.contains("page fault"));
+    assert!(m(0xF9).meaning.contains("flushed"));
+    assert!(m(0x68).meaning.contains("invalid WQE format"));
+    // every vendor syndrome this crate names decodes
+    for &(v, name, _) in VendorSyndrome::ALL {
+        assert!(vendor_meaning(v).is_some(), "{name}");
+    }
+    // gaps in the published table stay unknown; every byte is answered without a panic
+    for v in [
+        0x01u8,
+        0x0F,
+        0x46,
+        0x4E,
+        0x5C,
+        0x8F + 0x50,
+        0xE1,
+        0xE6,
+        0xEF,
+    ] {
+        assert_eq!(vendor_meaning(VendorSyndrome(v)), None, "{v:#04x}");
+    }
+    let known = (0..=255u8)
+        .filter(|&v| vendor_meaning(VendorSyndrome(v)).is_some())
+        .count();
+    // 11 translation groups of 8, 32 RNR NAK codes, 100 single codes (0x00 included)
+    assert_eq!(known, 11 * 8 + 32 + 100);
 }

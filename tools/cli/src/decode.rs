@@ -866,11 +866,17 @@ fn error_section(e: &ErrCqe, off: usize) -> Section {
         2,
         ven.name().unwrap_or("UNKNOWN"),
     );
+    // the device's own decoding of the byte first, then this crate's one-line meaning
     s.text(
         "vendor_meaning",
-        ven.meaning()
-            .unwrap_or("unknown vendor syndrome")
-            .to_owned(),
+        mlx5_hw::syndrome::vendor_meaning(ven).map_or_else(
+            || {
+                ven.meaning()
+                    .unwrap_or("unknown vendor syndrome")
+                    .to_owned()
+            },
+            |m| m.to_string(),
+        ),
     );
     s.hex("hw_err_synd", e.hw_err_synd.into(), 2);
     s.hex("hw_synd_type", (e.hw_synd_type >> 4).into(), 1);

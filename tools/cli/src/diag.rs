@@ -651,6 +651,9 @@ fn findings_text(d: &Dump, f: &[Finding]) -> String {
             x.vendor,
             x.syndrome.wc_status()
         );
+        if let Some(m) = mlx5_hw::syndrome::vendor_meaning(x.vendor.into()) {
+            let _ = writeln!(s, "  vendor_err {:#04x}: {m}", x.vendor);
+        }
         match x.wqe {
             Some(w) => {
                 let we = &d.entries[w];

@@ -179,6 +179,10 @@ fn report_marks_and_explains_the_failing_pair() {
         "{r}"
     );
     assert!(has("  points to wqe seq 2 qp 0x1c2d index 3"), "{r}");
+    assert!(
+        has("  vendor_err 0x88: requester transport: remote-access-error NAK"),
+        "{r}"
+    );
     assert!(has("error CQE: cq 0x21 ci 4 seq 6: REQ_ERR"), "{r}");
     assert!(has("2 error CQEs, 1 of them flushes"), "{r}");
     let causes = lines.iter().find(|l| l.starts_with("causes: ")).expect(&r);
@@ -212,7 +216,7 @@ fn wqe_lookup_takes_the_latest_lap_before_the_cqe() {
     assert_eq!(w.seq, 20);
     let r = report(&d);
     assert!(
-        r.contains("requester local protection") || r.contains("on the requester"),
+        r.contains("meaning: local protection error in the gather list, PCIe error (vendor 0x51)"),
         "{r}"
     );
     // A CQE whose WQE has left the recorder's window says so.
@@ -495,6 +499,12 @@ fn decode_prints_the_explanation_of_an_error_cqe() {
     assert!(
         t.lines()
             .any(|l| l.starts_with("check: ") && l.contains("retry_cnt")),
+        "{t}"
+    );
+    assert!(
+        t.contains(
+            "vendor_meaning  : requester transport: request timeout, retry counter exceeded"
+        ),
         "{t}"
     );
     let j = d.to_json();
