@@ -518,7 +518,16 @@ pub fn run(
     if count == 0 {
         return Err("-n 0: at least one sample".into());
     }
-    let (mut src, name) = if a.emu {
+    // Without --emu, a machine with no RDMA device in sysfs gets the emulated one, as the other
+    // commands do.
+    let no_devices = !a.emu && list(&root.join("class/infiniband")).map_or(true, |v| v.is_empty());
+    if no_devices {
+        out(&format!(
+            "no RDMA device under {}: showing the emulated device (--emu; --load send gives it traffic)\n",
+            root.join("class/infiniband").display()
+        ));
+    }
+    let (mut src, name) = if a.emu || no_devices {
         let pair = Box::new(crate::live::Pair::new()?);
         let name = pair
             .emulator()

@@ -363,3 +363,31 @@ fn every_emulator_counter_is_listed_generically() {
     let deep = format!("X {{ {} }}", "a: Y { ".repeat(50_000));
     assert!(parse_debug_counters(&deep).is_err());
 }
+
+#[test]
+fn no_device_in_sysfs_falls_back_to_the_emulator() {
+    let root =
+        std::env::temp_dir().join(format!("mlx5-counters-test.{}.empty", std::process::id()));
+    std::fs::create_dir_all(&root).unwrap();
+    let mut outs = Vec::new();
+    run(&args(), &root, &mut |s| outs.push(s.to_owned())).unwrap();
+    assert!(outs[0].starts_with("no RDMA device under "), "{outs:?}");
+    assert!(
+        outs[1].starts_with("mlx5_0 (emulated): sample 1"),
+        "{outs:?}"
+    );
+    // a device name that sysfs does not have, while sysfs has others, stays an error
+    let full = tree("fallback");
+    let e = run(
+        &CountersArgs {
+            dev: Some("mlx5_0".into()),
+            ..args()
+        },
+        &full,
+        &mut |_| {},
+    )
+    .unwrap_err();
+    assert!(e.contains("no device \"mlx5_0\""), "{e}");
+    let _ = std::fs::remove_dir_all(root);
+    let _ = std::fs::remove_dir_all(full);
+}
