@@ -547,6 +547,9 @@ pub struct DiagArgs {
     /// driver's and the emulator's view of the same QP.
     #[arg(long, conflicts_with = "dump")]
     pub emu: bool,
+    /// With --emu: also write the state as a flight-recorder dump (v1) to FILE.
+    #[arg(long, value_name = "FILE", requires = "emu")]
+    pub save: Option<PathBuf>,
 }
 
 /// `mlx5 counters`.

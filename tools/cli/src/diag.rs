@@ -760,7 +760,7 @@ pub fn command(a: &crate::cli::DiagArgs) -> Result<(), String> {
             Ok(())
         }
         (None, true) => {
-            print!("{}", crate::live::diag_demo()?);
+            print!("{}", crate::live::diag_demo(a.save.as_deref())?);
             Ok(())
         }
         (None, false) => Err("give a recorder dump (--dump FILE) or --emu for a live run".into()),

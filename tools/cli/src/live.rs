@@ -15,6 +15,7 @@ use mlx5::{
 };
 use mlx5_emu::{EmuConfig, Emulator, Fabric};
 use mlx5_hw::opcodes::CqeOpcode;
+use zerocopy::FromBytes;
 
 use crate::decode::{WqeOptions, decode_wqe};
 
@@ -238,6 +239,10 @@ fn state_name(s: u8) -> &'static str {
     }
 }
 
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
 fn opt(v: Option<u32>) -> String {
     v.map_or_else(|| "unreadable".to_owned(), |v| v.to_string())
 }
@@ -263,6 +268,8 @@ pub struct DemoFacts {
     pub device_state: u8,
     /// Emulator: the send CQ's producer counter; driver: its consumer counter.
     pub cq_pi_ci: (u32, u32),
+    /// The state as a flight-recorder dump (v1), reconstructed from the rings.
+    pub dump: String,
 }
 
 /// `mlx5 diag --emu`: three good SENDs, one with a bad lkey, one more (flushed); then the
@@ -440,6 +447,100 @@ pub fn diag_run() -> Result<(String, DemoFacts), String> {
         s,
         "  the WQE at counter {pi_before} is the failing one: its gather entry's lkey is the bad key (explained with the work completion above)"
     );
+    // The send CQ ring around its indices, as the device wrote it.
+    let _ = writeln!(
+        s,
+        "\nsend CQ ring around the indices (device producer {}, driver consumer {}):",
+        c.pi,
+        e.send_cq.consumer_index()
+    );
+    let mut cqes = Vec::new();
+    for k in c.pi.saturating_sub(8)..c.pi {
+        let Some(b) = p.emu.read_cqe(0, c.cqn, k) else {
+            let _ = writeln!(s, "   counter {k:<4} (not readable)");
+            continue;
+        };
+        let line = match crate::decode::decode_cqe(&b, Some(b.len())) {
+            Ok(d) => {
+                let mut l = format!(
+                    "opcode {} wqe_counter {}",
+                    d.text("cqe", "opcode").unwrap_or("?"),
+                    d.text("cqe", "wqe_counter").unwrap_or("?"),
+                );
+                if let Some(syn) = d.text("error", "syndrome") {
+                    let _ = write!(
+                        l,
+                        " syndrome {syn} vendor {}",
+                        d.text("error", "vendor_syndrome").unwrap_or("?")
+                    );
+                }
+                l
+            }
+            Err(e) => format!("(not decodable: {e})"),
+        };
+        let failing = b
+            .get(b.len().saturating_sub(64)..)
+            .and_then(|x| mlx5_hw::cqe::ErrCqe::read_from_bytes(x).ok())
+            .is_some_and(|x| {
+                x.opcode().is_error() && u32::from(x.wqe_counter()) == pi_before & 0xFFFF
+            });
+        let mark = if failing { ">>" } else { "  " };
+        let _ = writeln!(s, "{mark} counter {k:<4} {line}");
+        cqes.push((k, b));
+    }
+
+    // The same state as a flight-recorder dump (v1), reconstructed from the rings: every WQE
+    // before its CQE in the sequence.
+    let cnt = g.wqe_cnt.max(1);
+    let mut dump = String::new();
+    let _ = writeln!(dump, "mlx5-flight-recorder v1");
+    let _ = writeln!(
+        dump,
+        "reason error CQE on cq {:#x}: {} (mlx5 diag --emu, reconstructed from the rings)",
+        c.cqn, error.status
+    );
+    let _ = writeln!(
+        dump,
+        "qp {qpn:#x} type RC state {} sq_wqe_cnt {cnt} sq_pi {driver_sq_pi} sq_ci {} sq_dbrec {} rq_wqe_cnt {} rq_pi {} rq_ci {} rq_dbrec {} outstanding {}",
+        state_name(v.state),
+        v.sq_head,
+        v.dbrec_sq.unwrap_or(0),
+        v.rq_wqe_cnt,
+        v.dbrec_rq.unwrap_or(0),
+        v.rq_head,
+        v.dbrec_rq.unwrap_or(0),
+        sq.outstanding()
+    );
+    let _ = writeln!(
+        dump,
+        "cq {:#x} cqe_size {} cqe_cnt {} ci {} dbrec_ci {}",
+        c.cqn,
+        c.cqe_size,
+        c.ncqe,
+        e.send_cq.consumer_index(),
+        c.dbrec_ci.unwrap_or(0)
+    );
+    let mut seq = 0u64;
+    let mut next_cqe = cqes.iter().peekable();
+    for k in driver_sq_pi.saturating_sub(cnt)..driver_sq_pi {
+        let mut b = [0u8; 64];
+        sq.wqe_bytes(k, &mut b);
+        seq += 1;
+        let _ = writeln!(dump, "wqe {qpn:#x} {} {seq} {}", k % cnt, hex(&b));
+        // the CQEs of this WQE (their wqe_counter is its index)
+        while let Some((ck, cb)) = next_cqe.next_if(|(_, cb)| {
+            cb.get(cb.len().saturating_sub(4)..cb.len().saturating_sub(2))
+                .is_some_and(|w| u16::from_be_bytes([w[0], w[1]]) == k as u16)
+        }) {
+            seq += 1;
+            let _ = writeln!(dump, "cqe {:#x} {ck} {seq} {}", c.cqn, hex(cb));
+        }
+    }
+    for (ck, cb) in next_cqe {
+        seq += 1;
+        let _ = writeln!(dump, "cqe {:#x} {ck} {seq} {}", c.cqn, hex(cb));
+    }
+
     let facts = DemoFacts {
         qpn,
         error,
@@ -450,14 +551,24 @@ pub fn diag_run() -> Result<(String, DemoFacts), String> {
         device_sq_dbrec: v.dbrec_sq,
         device_state: v.state,
         cq_pi_ci: (c.pi, e.send_cq.consumer_index()),
+        dump,
     };
     Ok((s, facts))
 }
 
-/// The text of [`diag_run`].
+/// The text of [`diag_run`]; with `save`, the reconstructed dump is written there too.
 ///
 /// # Errors
-/// As [`diag_run`].
-pub fn diag_demo() -> Result<String, String> {
-    diag_run().map(|(s, _)| s)
+/// As [`diag_run`], or the file not writable.
+pub fn diag_demo(save: Option<&std::path::Path>) -> Result<String, String> {
+    let (mut s, f) = diag_run()?;
+    if let Some(p) = save {
+        std::fs::write(p, &f.dump).map_err(|e| format!("{}: {e}", p.display()))?;
+        let _ = writeln!(
+            s,
+            "\nflight-recorder dump (v1) of this state written to {} (read it with mlx5 diag --dump)",
+            p.display()
+        );
+    }
+    Ok(s)
 }

@@ -476,9 +476,10 @@ fn live_emulator_run_shows_the_forced_error_from_both_sides() {
     }
     assert!(text.lines().any(|l| l.starts_with("causes: ")), "{text}");
     assert!(text.lines().any(|l| l.starts_with("check: ")), "{text}");
-    // the marked ring line is the failing WQE, with the bad key
+    // the marked ring lines: the failing WQE with the bad key, then its CQE as the device
+    // wrote it
     let marked: Vec<&str> = text.lines().filter(|l| l.starts_with(">>")).collect();
-    assert_eq!(marked.len(), 1, "{text}");
+    assert_eq!(marked.len(), 2, "{text}");
     assert!(
         marked[0].starts_with(">> counter 3    opcode 0x0a SEND wqe_index 3"),
         "{text}"
@@ -487,6 +488,69 @@ fn live_emulator_run_shows_the_forced_error_from_both_sides() {
         marked[0].contains(&format!("lkey {:#010x}", f.bad_lkey)),
         "{text}"
     );
+    assert!(
+        marked[1].starts_with(
+            ">> counter 3    opcode 0xd REQ_ERR wqe_counter 3 syndrome 0x04 LOCAL_PROT vendor 0x51"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("   counter 4    opcode 0xd REQ_ERR wqe_counter 4 syndrome 0x05 WR_FLUSH"),
+        "{text}"
+    );
+
+    // The reconstructed dump reads back: the error CQE points to the WQE with the bad key.
+    let d = parse_dump(&f.dump).unwrap_or_else(|e| panic!("{e}\n{}", f.dump));
+    assert_eq!(d.qps[0].qpn, f.qpn);
+    assert_eq!(d.qps[0].state, "ERR");
+    assert_eq!(d.qps[0].sq_pi, 5);
+    assert_eq!(d.qps[0].sq_dbrec, 5);
+    let fi = analyze(&d);
+    assert_eq!(fi.len(), 2, "{}", f.dump);
+    assert_eq!(fi[0].syndrome, Syndrome::LOCAL_PROT);
+    let w = &d.entries[fi[0].wqe.unwrap()];
+    assert_eq!(w.index, 3);
+    assert_eq!(
+        u32::from_be_bytes([w.bytes[20], w.bytes[21], w.bytes[22], w.bytes[23]]),
+        f.bad_lkey,
+        "the data segment's lkey"
+    );
+    assert!(fi[1].is_flush());
+    assert_eq!(d.entries[fi[1].wqe.unwrap()].index, 4);
+}
+
+#[test]
+fn live_run_saves_a_dump_that_diag_reads_back() {
+    let p = scratch("live.dump");
+    let out = mlx5()
+        .args(["diag", "--emu", "--save"])
+        .arg(&p)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout)
+            .contains("flight-recorder dump (v1) of this state written to")
+    );
+    let out = mlx5().arg("diag").arg("--dump").arg(&p).output().unwrap();
+    let so = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{so}");
+    let marked: Vec<&str> = so.lines().filter(|l| l.starts_with(">>")).collect();
+    assert_eq!(marked.len(), 2, "{so}");
+    assert!(
+        marked[0].contains(" wqe  qp ") && marked[0].contains(" index 3 "),
+        "{so}"
+    );
+    assert!(
+        marked[1].contains(" cqe  cq ") && marked[1].contains(" ci 3 "),
+        "{so}"
+    );
+    assert!(so.lines().any(|l| l.starts_with("ERROR CQE: ") && l.contains("LOCAL_PROT(0x04) vendor_err 0x51")), "{so}");
+    let _ = std::fs::remove_file(&p);
 }
 
 #[test]

@@ -106,4 +106,20 @@ impl Emulator {
             in_error: c.in_error,
         })
     }
+
+    /// The CQE the device wrote (or would write) at free-running counter `k` of CQ `cqn`, read
+    /// from the ring in host memory now; `None` if there is no such CQ or the ring is not
+    /// readable.
+    pub fn read_cqe(&self, hca: usize, cqn: u32, k: u32) -> Option<Vec<u8>> {
+        let w = self.shared.lock_quiet();
+        let c = w.hcas.get(hca)?.cqs.get(&cqn)?;
+        if c.ncqe == 0 || c.buf == 0 {
+            return None;
+        }
+        let slot = u64::from(k % c.ncqe);
+        let addr = c
+            .buf
+            .checked_add(slot.checked_mul(u64::from(c.cqe_size))?)?;
+        mem::read_vec(addr, c.cqe_size as usize).ok()
+    }
 }
