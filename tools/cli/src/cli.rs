@@ -550,6 +550,9 @@ pub struct DiagArgs {
     /// With --emu: also write the state as a flight-recorder dump (v1) to FILE.
     #[arg(long, value_name = "FILE", requires = "emu")]
     pub save: Option<PathBuf>,
+    /// With --dump: the report as JSON.
+    #[arg(long, requires = "dump")]
+    pub json: bool,
 }
 
 /// `mlx5 counters`.

@@ -19,6 +19,7 @@ use std::fmt::Write as _;
 use mlx5_hw::cqe::{CQE_SIZE_64, CQE_SIZE_128, ErrCqe, desc_offset, explain};
 use mlx5_hw::opcodes::{CqeOpcode, Syndrome};
 use mlx5_hw::wqe::{DS_SIZE, WQEBB_SIZE};
+use serde_json::{Value, json};
 use zerocopy::FromBytes;
 
 use crate::decode::{WqeOptions, decode_cqe, decode_wqe};
@@ -742,6 +743,109 @@ pub fn report(d: &Dump) -> String {
     s
 }
 
+/// The report as JSON: `reason`, `qps`, `cqs` (their fields by the dump's names), `records`
+/// (each with `kind`, `queue`, `index`, `seq`, `line`, `marked` and `decoded`: the
+/// `mlx5 decode` JSON of a WQE or CQE, the data segments of a receive WQE), `findings` (each
+/// error CQE with `syndrome`, `vendor_err`, `status`, `wqe_seq` of the WQE it points to or
+/// null, `cause`), `explanation` of the cause (`meaning`, `causes`, `check`) or null, and
+/// `skipped_lines`.
+pub fn report_json(d: &Dump) -> Value {
+    let f = analyze(d);
+    let cause = f.iter().position(|x| !x.is_flush());
+    let marked: Vec<usize> = cause
+        .map(|c| std::iter::once(f[c].cqe).chain(f[c].wqe).collect())
+        .unwrap_or_default();
+    let qps: Vec<Value> = d
+        .qps
+        .iter()
+        .map(|q| {
+            json!({
+                "qpn": q.qpn, "type": q.qp_type, "state": q.state,
+                "sq_wqe_cnt": q.sq_wqe_cnt, "sq_pi": q.sq_pi, "sq_ci": q.sq_ci,
+                "sq_dbrec": q.sq_dbrec, "rq_wqe_cnt": q.rq_wqe_cnt, "rq_pi": q.rq_pi,
+                "rq_ci": q.rq_ci, "rq_dbrec": q.rq_dbrec, "outstanding": q.outstanding,
+            })
+        })
+        .collect();
+    let cqs: Vec<Value> = d
+        .cqs
+        .iter()
+        .map(|c| {
+            json!({
+                "cqn": c.cqn, "cqe_size": c.cqe_size, "cqe_cnt": c.cqe_cnt,
+                "ci": c.ci, "dbrec_ci": c.dbrec_ci,
+            })
+        })
+        .collect();
+    let mut order: Vec<usize> = (0..d.entries.len()).collect();
+    order.sort_by_key(|&i| d.entries[i].seq);
+    let records: Vec<Value> = order
+        .iter()
+        .map(|&i| {
+            let e = &d.entries[i];
+            let decoded = match e.kind {
+                Kind::Wqe => {
+                    let ud = qp_type_of(d, e.queue) == Some("UD");
+                    decode_wqe(&e.bytes, WqeOptions { ud })
+                        .map_or_else(|err| json!({ "error": err }), |x| x.to_json())
+                }
+                Kind::Cqe => decode_cqe(&e.bytes, Some(e.bytes.len()))
+                    .map_or_else(|err| json!({ "error": err }), |x| x.to_json()),
+                Kind::Rwqe => {
+                    let segs: Vec<Value> = e
+                        .bytes
+                        .chunks_exact(DS_SIZE)
+                        .map(|c| {
+                            let mut a = [0u8; 8];
+                            a.copy_from_slice(&c[8..16]);
+                            json!({
+                                "byte_count": u32::from_be_bytes([c[0], c[1], c[2], c[3]]),
+                                "lkey": u32::from_be_bytes([c[4], c[5], c[6], c[7]]),
+                                "addr": u64::from_be_bytes(a),
+                            })
+                        })
+                        .collect();
+                    json!({ "segments": segs })
+                }
+            };
+            json!({
+                "kind": e.kind.word(), "queue": e.queue, "index": e.index, "seq": e.seq,
+                "line": e.line, "marked": marked.contains(&i), "decoded": decoded,
+            })
+        })
+        .collect();
+    let findings: Vec<Value> = f
+        .iter()
+        .enumerate()
+        .map(|(k, x)| {
+            let e = &d.entries[x.cqe];
+            json!({
+                "cq": e.queue, "ci": e.index, "cqe_seq": e.seq,
+                "opcode": x.opcode.name().unwrap_or("UNKNOWN"),
+                "qpn": x.qpn, "wqe_counter": x.wqe_counter,
+                "syndrome": { "value": x.syndrome.0, "name": x.syndrome.name() },
+                "vendor_err": {
+                    "value": x.vendor,
+                    "meaning": mlx5_hw::syndrome::vendor_meaning(x.vendor.into()).map(|m| m.to_string()),
+                },
+                "status": x.syndrome.wc_status().name(),
+                "wqe_seq": x.wqe.map(|w| d.entries[w].seq),
+                "cause": Some(k) == cause,
+            })
+        })
+        .collect();
+    let explanation = cause
+        .and_then(|c| explain(f[c].syndrome, f[c].vendor.into()))
+        .map_or(
+            Value::Null,
+            |x| json!({ "meaning": x.meaning, "causes": x.causes, "check": x.check }),
+        );
+    json!({
+        "reason": d.reason, "qps": qps, "cqs": cqs, "records": records,
+        "findings": findings, "explanation": explanation, "skipped_lines": d.skipped,
+    })
+}
+
 /// `mlx5 diag`.
 ///
 /// # Errors
@@ -756,7 +860,14 @@ pub fn command(a: &crate::cli::DiagArgs) -> Result<(), String> {
                 std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?
             };
             let d = parse_dump(&text).map_err(|e| format!("{}: {e}", p.display()))?;
-            print!("{}", report(&d));
+            if a.json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&report_json(&d)).map_err(|e| e.to_string())?
+                );
+            } else {
+                print!("{}", report(&d));
+            }
             Ok(())
         }
         (None, true) => {

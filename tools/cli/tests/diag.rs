@@ -10,7 +10,7 @@ use mlx5_hw::opcodes::{CqeOpcode, SendOpcode, Syndrome, VendorSyndrome, WcStatus
 use mlx5_hw::types::{Be16, Be32};
 use mlx5_hw::wqe::{CtrlSeg, DataSeg, FM_CE_SE_CQ_UPDATE, RaddrSeg};
 use mlx5_tools::decode::decode_cqe;
-use mlx5_tools::diag::{Kind, analyze, ctrl_wqe_index, parse_dump, report};
+use mlx5_tools::diag::{Kind, analyze, ctrl_wqe_index, parse_dump, report, report_json};
 use zerocopy::IntoBytes;
 
 const QPN: u32 = 0x1c2d;
@@ -586,4 +586,56 @@ fn decode_prints_the_explanation_of_an_error_cqe() {
     let d = decode_cqe(Cqe64::zeroed().as_bytes(), None).unwrap();
     assert!(d.explanation.is_none());
     assert!(!d.to_text().contains("causes: "));
+}
+
+#[test]
+fn json_report_carries_the_same_findings() {
+    let d = parse_dump(&sample_dump()).unwrap();
+    let j = report_json(&d);
+    assert_eq!(j["reason"], "error CQE on cq 0x21: REM_ACCESS_ERR");
+    assert_eq!(j["qps"][0]["qpn"], QPN);
+    assert_eq!(j["qps"][0]["state"], "ERR");
+    assert_eq!(j["cqs"][0]["dbrec_ci"], 3);
+    let recs = j["records"].as_array().unwrap();
+    assert_eq!(recs.len(), 6);
+    let marked: Vec<u64> = recs
+        .iter()
+        .filter(|r| r["marked"] == true)
+        .map(|r| r["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(marked, [2, 5]);
+    // the decoded WQE carries its fields as mlx5 decode --json does
+    let w = &recs[1]["decoded"]["sections"][0]["fields"];
+    assert_eq!(w["wqe_index"], 3);
+    let f = j["findings"].as_array().unwrap();
+    assert_eq!(f.len(), 2);
+    assert_eq!(f[0]["syndrome"]["name"], "REMOTE_ACCESS");
+    assert_eq!(f[0]["vendor_err"]["value"], 0x88);
+    assert_eq!(
+        f[0]["vendor_err"]["meaning"],
+        "requester transport: remote-access-error NAK"
+    );
+    assert_eq!(f[0]["status"], "REM_ACCESS_ERR");
+    assert_eq!(f[0]["wqe_seq"], 2);
+    assert_eq!(f[0]["cause"], true);
+    assert_eq!(f[1]["cause"], false);
+    assert!(
+        j["explanation"]["causes"]
+            .as_str()
+            .unwrap()
+            .contains("rkey")
+    );
+    assert_eq!(j["skipped_lines"], serde_json::json!([13]));
+    // and through the binary
+    let p = scratch("json.dump");
+    std::fs::write(&p, sample_dump()).unwrap();
+    let out = mlx5()
+        .args(["diag", "--json", "--dump"])
+        .arg(&p)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v, j);
+    let _ = std::fs::remove_file(&p);
 }
