@@ -553,6 +553,10 @@ pub struct DiagArgs {
     /// With --dump: the report as JSON.
     #[arg(long, requires = "dump")]
     pub json: bool,
+    /// With --dump: decode only the records within N places of the error CQE and its WQE
+    /// (the last N when there is no error).
+    #[arg(long, value_name = "N", requires = "dump", conflicts_with = "json")]
+    pub around: Option<usize>,
 }
 
 /// `mlx5 counters`.

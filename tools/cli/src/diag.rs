@@ -703,6 +703,13 @@ fn findings_text(d: &Dump, f: &[Finding]) -> String {
 /// The whole report for a dump: reason, state, the ring records in sequence order (the error
 /// CQE and its WQE marked `>>`), and the findings with the explanation.
 pub fn report(d: &Dump) -> String {
+    report_around(d, None)
+}
+
+/// As [`report`], but with `around = Some(n)` only the records within `n` places (in sequence
+/// order) of the marked pair are decoded -- of the last `n` records when nothing is marked --
+/// and the others are counted.
+pub fn report_around(d: &Dump, around: Option<usize>) -> String {
     let mut s = String::new();
     s.push_str("flight recorder dump v1\n");
     if let Some(r) = &d.reason {
@@ -726,9 +733,32 @@ pub fn report(d: &Dump) -> String {
         d.entries.iter().filter(|e| e.kind == Kind::Rwqe).count(),
         d.entries.iter().filter(|e| e.kind == Kind::Cqe).count()
     );
-    for i in order {
+    let pos: Vec<usize> = order
+        .iter()
+        .enumerate()
+        .filter(|(_, i)| marked.contains(i))
+        .map(|(p, _)| p)
+        .collect();
+    let len = order.len();
+    let shown = |p: usize| match around {
+        None => true,
+        Some(n) if pos.is_empty() => p + n >= len,
+        Some(n) => pos.iter().any(|&m| p.abs_diff(m) <= n),
+    };
+    let mut hidden = 0;
+    for (p, &i) in order.iter().enumerate() {
+        if !shown(p) {
+            hidden += 1;
+            continue;
+        }
         let mark = if marked.contains(&i) { ">>  " } else { "    " };
         s.push_str(&entry_text(d, &d.entries[i], mark));
+    }
+    if hidden > 0 {
+        let _ = writeln!(
+            s,
+            "({hidden} records further from the error not shown; without --around all are)"
+        );
     }
     if !d.skipped.is_empty() {
         let _ = writeln!(
@@ -866,7 +896,7 @@ pub fn command(a: &crate::cli::DiagArgs) -> Result<(), String> {
                     serde_json::to_string_pretty(&report_json(&d)).map_err(|e| e.to_string())?
                 );
             } else {
-                print!("{}", report(&d));
+                print!("{}", report_around(&d, a.around));
             }
             Ok(())
         }

@@ -10,7 +10,9 @@ use mlx5_hw::opcodes::{CqeOpcode, SendOpcode, Syndrome, VendorSyndrome, WcStatus
 use mlx5_hw::types::{Be16, Be32};
 use mlx5_hw::wqe::{CtrlSeg, DataSeg, FM_CE_SE_CQ_UPDATE, RaddrSeg};
 use mlx5_tools::decode::decode_cqe;
-use mlx5_tools::diag::{Kind, analyze, ctrl_wqe_index, parse_dump, report, report_json};
+use mlx5_tools::diag::{
+    Kind, analyze, ctrl_wqe_index, parse_dump, report, report_around, report_json,
+};
 use zerocopy::IntoBytes;
 
 const QPN: u32 = 0x1c2d;
@@ -638,4 +640,37 @@ fn json_report_carries_the_same_findings() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v, j);
     let _ = std::fs::remove_file(&p);
+}
+
+#[test]
+fn around_limits_the_records_decoded_to_the_neighbourhood_of_the_error() {
+    let d = parse_dump(&sample_dump()).unwrap();
+    // seq order: 1 wqe, 2 wqe (marked), 3 wqe, 4 cqe, 5 cqe (marked), 6 cqe
+    let heads = |r: &str| -> Vec<u64> {
+        r.lines()
+            .filter_map(|l| l.get(4..))
+            .filter_map(|l| l.strip_prefix("seq "))
+            .filter_map(|l| l.split(' ').next()?.parse().ok())
+            .collect()
+    };
+    assert_eq!(heads(&report(&d)), [1, 2, 3, 4, 5, 6]);
+    let r = report_around(&d, Some(0));
+    assert_eq!(heads(&r), [2, 5]);
+    assert!(
+        r.contains("(4 records further from the error not shown"),
+        "{r}"
+    );
+    assert_eq!(heads(&report_around(&d, Some(1))), [1, 2, 3, 4, 5, 6]);
+    // without an error: the last N
+    let text = format!(
+        "mlx5-flight-recorder v1\nwqe 0x1c2d 0 1 {}\nwqe 0x1c2d 1 2 {}\ncqe 0x21 0 3 {}\n",
+        wqe(SendOpcode::SEND, 0, 0x1234),
+        wqe(SendOpcode::SEND, 1, 0x1234),
+        ok_cqe(0)
+    );
+    let d = parse_dump(&text).unwrap();
+    assert_eq!(heads(&report_around(&d, Some(2))), [2, 3]);
+    // the findings are there whatever is hidden
+    let d = parse_dump(&sample_dump()).unwrap();
+    assert!(report_around(&d, Some(0)).contains("ERROR CQE: cq 0x21 ci 3 seq 5"));
 }
