@@ -123,6 +123,7 @@ pub mod recorder;
 pub(crate) mod ring;
 pub mod srq;
 mod uverbs;
+mod wc_fmt;
 pub mod wr;
 
 pub use ah::{Ah, AhAttr, GlobalRoute};

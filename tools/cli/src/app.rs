@@ -118,6 +118,8 @@ pub fn run(cmd: Command) -> Result<(), String> {
             // Decoded with warnings: the output is complete, the status says it is suspect.
             code => std::process::exit(code),
         },
+        Command::Diag(a) => crate::diag::command(&a),
+        Command::Counters(a) => crate::counters::command(&a),
         Command::Emu {
             cmd: crate::cli::EmuCommand::Run(r),
         } => emu_run(&r),

@@ -29,6 +29,12 @@ pub enum Command {
     Pingpong(PingpongArgs),
     /// Decode a send WQE or a CQE given as hex bytes: every field by name.
     Decode(DecodeArgs),
+    /// State of a QP and its CQs (indices, doorbell records, rings decoded, the error CQE and
+    /// its WQE explained), from a flight-recorder dump or a live emulated run.
+    Diag(DiagArgs),
+    /// Port counters and hw_counters of a device (sysfs, or the emulator's), with deltas per
+    /// interval.
+    Counters(CountersArgs),
     /// Emulator control.
     Emu {
         /// What to do with the emulator.
@@ -529,4 +535,56 @@ pub struct DecodeArgs {
     /// Machine-readable JSON on stdout.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `mlx5 diag`.
+#[derive(Debug, Args)]
+pub struct DiagArgs {
+    /// A flight-recorder dump file (format v1; `-` for stdin).
+    #[arg(long, value_name = "FILE")]
+    pub dump: Option<PathBuf>,
+    /// Live: a QP pair on the in-process emulator, a few SENDs, then a forced error; shows the
+    /// driver's and the emulator's view of the same QP.
+    #[arg(long, conflicts_with = "dump")]
+    pub emu: bool,
+    /// With --emu: also write the state as a flight-recorder dump (v1) to FILE.
+    #[arg(long, value_name = "FILE", requires = "emu")]
+    pub save: Option<PathBuf>,
+    /// With --dump: the report as JSON.
+    #[arg(long, requires = "dump")]
+    pub json: bool,
+    /// With --dump: decode only the records within N places of the error CQE and its WQE
+    /// (the last N when there is no error).
+    #[arg(long, value_name = "N", requires = "dump", conflicts_with = "json")]
+    pub around: Option<usize>,
+}
+
+/// `mlx5 counters`.
+#[derive(Debug, Args)]
+pub struct CountersArgs {
+    /// Device name (default: the first in sysfs; with --emu, the emulated mlx5_0).
+    #[arg(short = 'd', long = "ib-dev", value_name = "DEV")]
+    pub dev: Option<String>,
+    /// Seconds between samples (default 1); each sample after the first prints the deltas.
+    #[arg(short = 'i', long = "interval", value_name = "SECS")]
+    pub interval: Option<f64>,
+    /// Number of samples (default: 1 without -i, until interrupted with -i).
+    #[arg(short = 'n', long = "count", value_name = "COUNT")]
+    pub count: Option<u32>,
+    /// Port (default: every port of the device).
+    #[arg(short = 'p', long = "port", value_name = "PORT")]
+    pub port: Option<u8>,
+    /// The emulated device's own counters (an in-process emulator).
+    #[arg(long)]
+    pub emu: bool,
+    /// With --emu: traffic between samples, so the deltas show something: `send` runs
+    /// --ops SENDs (64 bytes) between two QPs of the emulated device per interval.
+    #[arg(long, value_name = "KIND", requires = "emu", value_parser = ["send"])]
+    pub load: Option<String>,
+    /// With --load: operations per interval.
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    pub ops: u32,
+    /// Print every counter, also those that are 0 and did not change.
+    #[arg(short = 'a', long)]
+    pub all: bool,
 }
