@@ -431,6 +431,8 @@ struct Shared {
     udp_fds: Vec<i32>,
     /// Threaded wake mode: the device thread's wake-up line (see [`WakeMode`]).
     wake: Option<Arc<uar::Wake>>,
+    /// The waking device thread's scheduling (`SCHED_*` above, or a real-time priority).
+    sched: std::sync::atomic::AtomicI32,
 }
 
 impl Shared {
@@ -642,6 +644,7 @@ impl Emulator {
             world: Mutex::new(world),
             udp_fds,
             wake: wake.clone(),
+            sched: std::sync::atomic::AtomicI32::new(SCHED_UNKNOWN),
         });
         if mode == RunMode::Threaded {
             let weak = Arc::downgrade(&shared);
@@ -701,6 +704,16 @@ impl Emulator {
             (_, RunMode::Stepped) => WakeMode::Stepped,
             (Some(_), _) => WakeMode::Fault,
             (None, _) => WakeMode::Poll,
+        }
+    }
+
+    /// How the waking device thread is scheduled ([`DeviceSched`]; `MLX5_EMU_RT`).
+    pub fn device_sched(&self) -> DeviceSched {
+        match self.shared.sched.load(std::sync::atomic::Ordering::Relaxed) {
+            SCHED_UNKNOWN => DeviceSched::Unknown,
+            SCHED_FAIR => DeviceSched::Fair,
+            SCHED_DENIED => DeviceSched::FairDenied,
+            p => DeviceSched::RealTime(p),
         }
     }
 
@@ -834,6 +847,11 @@ fn spin_window() -> Duration {
 fn wake_thread(weak: Weak<Shared>, wake: Arc<uar::Wake>) {
     use std::time::Instant;
     short_slice();
+    let mut sched = Sched::start();
+    if let Some(s) = weak.upgrade() {
+        s.sched
+            .store(sched.report(), std::sync::atomic::Ordering::Relaxed);
+    }
     let max_spin = spin_window();
     let mut spin = max_spin;
     let mut sleeps: u32 = 0;
@@ -860,6 +878,9 @@ fn wake_thread(weak: Weak<Shared>, wake: Arc<uar::Wake>) {
         }
         let since = *idle_since.get_or_insert(now);
         if !preempted && now.duration_since(since) < spin {
+            // A real-time thread spins as a fair one, or it keeps an application that
+            // shares its core off the CPU for the whole window.
+            sched.fair();
             std::hint::spin_loop();
             continue;
         }
@@ -927,10 +948,106 @@ fn wake_thread(weak: Weak<Shared>, wake: Arc<uar::Wake>) {
             };
             timeout = Some(timeout.map_or(tick, |t| t.min(tick)));
         }
+        // Blocking: real-time again, so that the wake-up preempts a busy-polling
+        // application at once instead of waiting for the fair scheduler.
+        sched.realtime();
         wait(wake.fd(), &fds, timeout);
         idle_since = None;
         last_iter = Instant::now();
     }
+}
+
+/// The waking device thread's scheduling class: `SCHED_FIFO` at a low priority
+/// (`MLX5_EMU_RT`, default 1; `0` or `off` = never) while it blocks and works, the fair class
+/// while it spins. A woken real-time thread preempts a fair one at once, so a doorbell's
+/// wake-up does not wait for a busy-polling application's time slice; it never spins as a
+/// real-time thread. Needs `CAP_SYS_NICE` or an `RLIMIT_RTPRIO`; without them (`EPERM`)
+/// the thread stays in the fair class, and [`Emulator::device_sched`] says so.
+struct Sched {
+    /// The real-time priority, None: fair class only.
+    prio: Option<i32>,
+    /// Whether the thread is real-time now.
+    rt: bool,
+    /// Why there is no real-time priority (for the report).
+    denied: bool,
+}
+
+impl Sched {
+    fn start() -> Sched {
+        let prio = match std::env::var("MLX5_EMU_RT").as_deref().map(str::trim) {
+            Ok("0" | "off" | "no") => None,
+            Ok(v) => Some(v.parse::<i32>().unwrap_or(1).clamp(1, 99)),
+            Err(_) => Some(1),
+        };
+        let mut s = Sched {
+            prio,
+            rt: false,
+            denied: false,
+        };
+        if prio.is_some() && !s.set(true) {
+            s.prio = None;
+            s.denied = true;
+        }
+        s
+    }
+
+    /// The scheduling as [`Emulator::device_sched`] reports it.
+    fn report(&self) -> i32 {
+        match (self.prio, self.denied) {
+            (Some(p), _) => p,
+            (None, true) => SCHED_DENIED,
+            (None, false) => SCHED_FAIR,
+        }
+    }
+
+    fn fair(&mut self) {
+        if self.rt {
+            self.set(false);
+        }
+    }
+
+    fn realtime(&mut self) {
+        if !self.rt && self.prio.is_some() {
+            self.set(true);
+        }
+    }
+
+    /// Switch this thread to `SCHED_FIFO` at `prio` or back to `SCHED_OTHER`.
+    fn set(&mut self, rt: bool) -> bool {
+        let (policy, prio) = match (rt, self.prio) {
+            (true, Some(p)) => (libc::SCHED_FIFO, p),
+            _ => (libc::SCHED_OTHER, 0),
+        };
+        let param = libc::sched_param {
+            sched_priority: prio,
+        };
+        // SAFETY: sched_setscheduler(0 = this thread, a policy, a live sched_param).
+        let ok = unsafe { libc::sched_setscheduler(0, policy, &raw const param) } == 0;
+        if ok {
+            self.rt = rt;
+        }
+        ok
+    }
+}
+
+/// [`Emulator::device_sched`]: the device thread has not started (or is not a waking one).
+const SCHED_UNKNOWN: i32 = -1;
+/// The device thread runs in the fair class because `MLX5_EMU_RT` said so.
+const SCHED_FAIR: i32 = 0;
+/// The device thread runs in the fair class because the kernel refused `SCHED_FIFO`.
+const SCHED_DENIED: i32 = -2;
+
+/// How the threaded device is scheduled when it wakes ([`Emulator::device_sched`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceSched {
+    /// Not known (yet): stepped mode, the polling device, or the thread has not started.
+    Unknown,
+    /// `SCHED_FIFO` at this priority while blocked or working, fair while spinning.
+    RealTime(i32),
+    /// The fair class, as `MLX5_EMU_RT=0` asks.
+    Fair,
+    /// The fair class: the kernel refused `SCHED_FIFO` (`EPERM`: no `CAP_SYS_NICE`).
+    FairDenied,
 }
 
 /// Optionally (`MLX5_EMU_SLICE_US`, off by default) ask the fair scheduler for a short time
