@@ -433,6 +433,8 @@ struct Shared {
     wake: Option<Arc<uar::Wake>>,
     /// The waking device thread's scheduling (`SCHED_*` above, or a real-time priority).
     sched: std::sync::atomic::AtomicI32,
+    /// The waking device thread's kernel thread id (0 until it has started).
+    device_tid: std::sync::atomic::AtomicI32,
 }
 
 impl Shared {
@@ -645,6 +647,7 @@ impl Emulator {
             udp_fds,
             wake: wake.clone(),
             sched: std::sync::atomic::AtomicI32::new(SCHED_UNKNOWN),
+            device_tid: std::sync::atomic::AtomicI32::new(0),
         });
         if mode == RunMode::Threaded {
             let weak = Arc::downgrade(&shared);
@@ -709,12 +712,25 @@ impl Emulator {
 
     /// How the waking device thread is scheduled ([`DeviceSched`]; `MLX5_EMU_RT`).
     pub fn device_sched(&self) -> DeviceSched {
-        match self.shared.sched.load(std::sync::atomic::Ordering::Relaxed) {
+        match self.shared.sched.load(std::sync::atomic::Ordering::Acquire) {
             SCHED_UNKNOWN => DeviceSched::Unknown,
             SCHED_FAIR => DeviceSched::Fair,
             SCHED_DENIED => DeviceSched::FairDenied,
             p => DeviceSched::RealTime(p),
         }
+    }
+
+    /// The kernel thread id of the waking device thread (for `chrt`, `perf`, `/proc`), once
+    /// it has started; None in stepped mode and for the polling device.
+    pub fn device_thread_id(&self) -> Option<i32> {
+        if self.device_sched() == DeviceSched::Unknown {
+            return None;
+        }
+        Some(
+            self.shared
+                .device_tid
+                .load(std::sync::atomic::Ordering::Relaxed),
+        )
     }
 
     /// Call [`Emulator::step`] until it reports no work (bounded, so a QP retrying forever
@@ -829,6 +845,10 @@ fn device_thread(weak: Weak<Shared>) {
 /// than a fault plus a wake-up. Cut short as soon as the thread finds itself preempted.
 const DEFAULT_SPIN: Duration = Duration::from_micros(50);
 
+/// How long a real-time device thread may work after a wake-up before it continues in the
+/// fair class (see [`Sched`]).
+const RT_BURST: Duration = Duration::from_millis(2);
+
 /// While contexts exist, the device wakes at least this often to keep the core-clock page
 /// moving.
 const CLOCK_TICK: Duration = Duration::from_millis(10);
@@ -849,15 +869,24 @@ fn wake_thread(weak: Weak<Shared>, wake: Arc<uar::Wake>) {
     short_slice();
     let mut sched = Sched::start();
     if let Some(s) = weak.upgrade() {
+        // SAFETY: gettid has no arguments.
+        let tid = unsafe { libc::gettid() };
+        s.device_tid
+            .store(tid, std::sync::atomic::Ordering::Relaxed);
         s.sched
-            .store(sched.report(), std::sync::atomic::Ordering::Relaxed);
+            .store(sched.report(), std::sync::atomic::Ordering::Release);
     }
+    // `MLX5_EMU_AVOID=0`: let the device thread run on the ringing thread's CPU (see
+    // `Sched::avoid`).
+    let avoid = std::env::var("MLX5_EMU_AVOID").map_or(true, |v| v.trim() != "0");
     let max_spin = spin_window();
     let mut spin = max_spin;
     let mut sleeps: u32 = 0;
     // When the device last ran out of work (None: it has work, or it just woke up).
     let mut idle_since: Option<Instant> = None;
     let mut last_iter = Instant::now();
+    // When the thread last returned from its wait.
+    let mut woke = last_iter;
     loop {
         let Some(shared) = weak.upgrade() else { return };
         let n = {
@@ -873,6 +902,11 @@ fn wake_thread(weak: Weak<Shared>, wake: Arc<uar::Wake>) {
             if idle_since.take().is_some() {
                 // The spin found work: it pays; widen it again.
                 spin = (spin * 2 + Duration::from_micros(1)).min(max_spin);
+            }
+            // Real-time only for the burst a wake-up brings: a device kept busy (a stream
+            // of doorbells) shares its CPU fairly, and never starves anyone for long.
+            if now.duration_since(woke) > RT_BURST {
+                sched.fair();
             }
             continue;
         }
@@ -952,8 +986,12 @@ fn wake_thread(weak: Weak<Shared>, wake: Arc<uar::Wake>) {
         // application at once instead of waiting for the fair scheduler.
         sched.realtime();
         wait(wake.fd(), &fds, timeout);
+        if avoid {
+            sched.avoid(uar::fault_cpu());
+        }
         idle_since = None;
         last_iter = Instant::now();
+        woke = last_iter;
     }
 }
 
@@ -962,7 +1000,9 @@ fn wake_thread(weak: Weak<Shared>, wake: Arc<uar::Wake>) {
 /// while it spins. A woken real-time thread preempts a fair one at once, so a doorbell's
 /// wake-up does not wait for a busy-polling application's time slice; it never spins as a
 /// real-time thread. Needs `CAP_SYS_NICE` or an `RLIMIT_RTPRIO`; without them (`EPERM`)
-/// the thread stays in the fair class, and [`Emulator::device_sched`] says so.
+/// the thread stays in the fair class, and [`Emulator::device_sched`] says so. After each
+/// wait the thread also keeps off the CPU of the last doorbell fault (`MLX5_EMU_AVOID=0`:
+/// don't), see [`Sched::avoid`].
 struct Sched {
     /// The real-time priority, None: fair class only.
     prio: Option<i32>,
@@ -970,6 +1010,10 @@ struct Sched {
     rt: bool,
     /// Why there is no real-time priority (for the report).
     denied: bool,
+    /// The CPUs the thread may run on (None: unknown).
+    allowed: Option<libc::cpu_set_t>,
+    /// The CPU it keeps off (-1: none).
+    avoided: i32,
 }
 
 impl Sched {
@@ -979,10 +1023,17 @@ impl Sched {
             Ok(v) => Some(v.parse::<i32>().unwrap_or(1).clamp(1, 99)),
             Err(_) => Some(1),
         };
+        // SAFETY: cpu_set_t is a plain bit array, all-zero is a valid (empty) set.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        // SAFETY: sched_getaffinity(0 = this thread, the size of `set`, a live `set`).
+        let got = unsafe { libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set) };
+        let allowed = (got == 0).then_some(set);
         let mut s = Sched {
             prio,
             rt: false,
             denied: false,
+            allowed,
+            avoided: -1,
         };
         if prio.is_some() && !s.set(true) {
             s.prio = None;
@@ -1009,6 +1060,29 @@ impl Sched {
     fn realtime(&mut self) {
         if !self.rt && self.prio.is_some() {
             self.set(true);
+        }
+    }
+
+    /// Keep off `cpu` (the CPU of the thread that rang last), if another CPU is allowed:
+    /// a device that shares its CPU with the ringing thread only ever runs while that
+    /// thread does not, so every message costs a fault and a wake-up instead of a scan.
+    fn avoid(&mut self, cpu: i32) {
+        let Some(allowed) = self.allowed else { return };
+        if cpu < 0 || cpu == self.avoided || cpu as usize >= libc::CPU_SETSIZE as usize {
+            return;
+        }
+        let mut set = allowed;
+        // SAFETY: `cpu` is below CPU_SETSIZE (checked above); `set` is a live cpu_set_t.
+        unsafe { libc::CPU_CLR(cpu as usize, &mut set) };
+        // SAFETY: `set` is a live cpu_set_t.
+        let left = unsafe { libc::CPU_COUNT(&set) };
+        if left == 0 {
+            return;
+        }
+        // SAFETY: sched_setaffinity(0 = this thread, the size of a live cpu_set_t, it).
+        if unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &raw const set) } == 0
+        {
+            self.avoided = cpu;
         }
     }
 
