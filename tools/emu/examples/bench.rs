@@ -8,7 +8,8 @@
 //! 3. the CPU share of an idle threaded HCA, waking and polling device;
 //! 4. latency between two processes against the same in one process, for the waking device
 //!    (`MLX5_EMU_WAKE=fault`; `fair`: the same with `MLX5_EMU_RT=0`, no real-time device
-//!    thread) and the old polling one (`MLX5_EMU_WAKE=poll`): `mlx5 lat
+//!    thread; `near`: the same without `MLX5_EMU_AVOID`, the device may share the ringing
+//!    thread's CPU) and the old polling one (`MLX5_EMU_WAKE=poll`): `mlx5 lat
 //!    send` p50/p99, `ibv_rc_pingpong -s 64` and `ib_send_lat` (both unmodified, under the
 //!    preload) against in-process `mlx5 pingpong --loopback` / `mlx5 lat send`, and the CPU
 //!    an idle `ibv_rc_pingpong` server burns in 4 s. Needs the `mlx5` binary next to this
@@ -469,13 +470,16 @@ fn output(mut child: Child, limit: Duration) -> String {
 fn command(program: &Path, args: &[&str], mode: &str, preload: Option<&Path>) -> Command {
     let mut c = Command::new(program);
     // "fair": the waking device without its real-time priority (MLX5_EMU_RT=0).
-    let (wake, rt) = match mode {
-        "fair" => ("fault", "0"),
-        m => (m, "1"),
+    // "near": without keeping the device off the ringing thread's CPU (MLX5_EMU_AVOID=0).
+    let (wake, rt, avoid) = match mode {
+        "fair" => ("fault", "0", "1"),
+        "near" => ("fault", "1", "0"),
+        m => (m, "1", "1"),
     };
     c.args(args)
         .env("MLX5_EMU_WAKE", wake)
         .env("MLX5_EMU_RT", rt)
+        .env("MLX5_EMU_AVOID", avoid)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -567,7 +571,7 @@ fn processes(iters: u32) {
     let perftest = preload.is_some() && on_path("ib_send_lat");
     let n = iters.to_string();
     println!("[mode ] figure (ratios: two-process / in-process, same run)   value   target");
-    for mode in ["fault", "fair", "poll"] {
+    for mode in ["fault", "fair", "near", "poll"] {
         // The polling device is slow between processes: fewer iterations.
         let k = if mode == "poll" {
             (iters / 5).max(100).to_string()
