@@ -876,9 +876,9 @@ fn wake_thread(weak: Weak<Shared>, wake: Arc<uar::Wake>) {
         s.sched
             .store(sched.report(), std::sync::atomic::Ordering::Release);
     }
-    // `MLX5_EMU_AVOID=0`: let the device thread run on the ringing thread's CPU (see
-    // `Sched::avoid`).
+    // `MLX5_EMU_AVOID=0`: leave the device thread's CPUs alone (see `Sched::place`).
     let avoid = std::env::var("MLX5_EMU_AVOID").map_or(true, |v| v.trim() != "0");
+    let mut wqes_before: u64 = 0;
     let max_spin = spin_window();
     let mut spin = max_spin;
     let mut sleeps: u32 = 0;
@@ -933,12 +933,17 @@ fn wake_thread(weak: Weak<Shared>, wake: Arc<uar::Wake>) {
         // after the drain, so the wait below returns at once.
         wake.drain();
         let pending = uar::protect_pages(&wake);
-        let (n, deadline, clock) = {
+        let (n, deadline, clock, expect_packet) = {
             let mut w = shared.lock_quiet();
             let n = device::step(&mut w);
             let now_ns = w.now();
             let deadline = device::next_deadline(&w).map(|t| t.saturating_sub(now_ns));
-            (n, deadline, !w.contexts.is_empty())
+            let wqes: u64 = w.hcas.iter().map(|h| h.counters.wqes_executed).sum();
+            // A request went out on the UDP fabric since the last wait: its answer, a
+            // packet, is what comes next.
+            let expect_packet = !shared.udp_fds.is_empty() && wqes != wqes_before;
+            wqes_before = wqes;
+            (n, deadline, !w.contexts.is_empty(), expect_packet)
         };
         if n > 0 {
             idle_since = None;
@@ -985,10 +990,10 @@ fn wake_thread(weak: Weak<Shared>, wake: Arc<uar::Wake>) {
         // Blocking: real-time again, so that the wake-up preempts a busy-polling
         // application at once instead of waiting for the fair scheduler.
         sched.realtime();
-        wait(wake.fd(), &fds, timeout);
         if avoid {
-            sched.avoid(uar::fault_cpu());
+            sched.place(uar::fault_cpu(), expect_packet);
         }
+        wait(wake.fd(), &fds, timeout);
         idle_since = None;
         last_iter = Instant::now();
         woke = last_iter;
@@ -1000,9 +1005,9 @@ fn wake_thread(weak: Weak<Shared>, wake: Arc<uar::Wake>) {
 /// while it spins. A woken real-time thread preempts a fair one at once, so a doorbell's
 /// wake-up does not wait for a busy-polling application's time slice; it never spins as a
 /// real-time thread. Needs `CAP_SYS_NICE` or an `RLIMIT_RTPRIO`; without them (`EPERM`)
-/// the thread stays in the fair class, and [`Emulator::device_sched`] says so. After each
-/// wait the thread also keeps off the CPU of the last doorbell fault (`MLX5_EMU_AVOID=0`:
-/// don't), see [`Sched::avoid`].
+/// the thread stays in the fair class, and [`Emulator::device_sched`] says so. Before each
+/// wait the thread also chooses its CPUs relative to the last doorbell fault's
+/// (`MLX5_EMU_AVOID=0`: it doesn't), see [`Sched::place`].
 struct Sched {
     /// The real-time priority, None: fair class only.
     prio: Option<i32>,
@@ -1012,8 +1017,9 @@ struct Sched {
     denied: bool,
     /// The CPUs the thread may run on (None: unknown).
     allowed: Option<libc::cpu_set_t>,
-    /// The CPU it keeps off (-1: none).
-    avoided: i32,
+    /// The last placement: the ringing thread's CPU, and whether the thread was put on it
+    /// (true) or kept off it (false).
+    placed: (i32, bool),
 }
 
 impl Sched {
@@ -1033,7 +1039,7 @@ impl Sched {
             rt: false,
             denied: false,
             allowed,
-            avoided: -1,
+            placed: (-1, false),
         };
         if prio.is_some() && !s.set(true) {
             s.prio = None;
@@ -1063,26 +1069,42 @@ impl Sched {
         }
     }
 
-    /// Keep off `cpu` (the CPU of the thread that rang last), if another CPU is allowed:
-    /// a device that shares its CPU with the ringing thread only ever runs while that
-    /// thread does not, so every message costs a fault and a wake-up instead of a scan.
-    fn avoid(&mut self, cpu: i32) {
+    /// Before a wait: where to be woken, relative to `cpu`, the CPU of the thread that rang
+    /// last. Off it (`near` false) when the next event is a doorbell: a device woken on the
+    /// ringing thread's CPU preempts that thread inside its fault handler, before its store
+    /// is retried, and its spin never sees a doorbell, so every message costs a fault and a
+    /// wake-up. On it (`near` true) when the next event is the answer to a request the device
+    /// sent to another process: that thread only polls for it, while the other CPU holds the
+    /// peer's application, which a wake-up there would stop just as it is about to answer.
+    /// One `sched_setaffinity` when the placement changes; nothing if only one CPU is allowed.
+    fn place(&mut self, cpu: i32, near: bool) {
         let Some(allowed) = self.allowed else { return };
-        if cpu < 0 || cpu == self.avoided || cpu as usize >= libc::CPU_SETSIZE as usize {
+        if cpu < 0 || (cpu, near) == self.placed || cpu as usize >= libc::CPU_SETSIZE as usize {
+            return;
+        }
+        let c = cpu as usize;
+        // SAFETY: `c` is below CPU_SETSIZE (checked above); `allowed` is a live cpu_set_t.
+        if !unsafe { libc::CPU_ISSET(c, &allowed) } {
             return;
         }
         let mut set = allowed;
-        // SAFETY: `cpu` is below CPU_SETSIZE (checked above); `set` is a live cpu_set_t.
-        unsafe { libc::CPU_CLR(cpu as usize, &mut set) };
+        if near {
+            // SAFETY: cpu_set_t is a plain bit array; all-zero is the empty set.
+            set = unsafe { std::mem::zeroed() };
+            // SAFETY: `c` is below CPU_SETSIZE; `set` is a live cpu_set_t.
+            unsafe { libc::CPU_SET(c, &mut set) };
+        } else {
+            // SAFETY: `c` is below CPU_SETSIZE; `set` is a live cpu_set_t.
+            unsafe { libc::CPU_CLR(c, &mut set) };
+        }
         // SAFETY: `set` is a live cpu_set_t.
-        let left = unsafe { libc::CPU_COUNT(&set) };
-        if left == 0 {
+        if unsafe { libc::CPU_COUNT(&set) } == 0 {
             return;
         }
         // SAFETY: sched_setaffinity(0 = this thread, the size of a live cpu_set_t, it).
         if unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &raw const set) } == 0
         {
-            self.avoided = cpu;
+            self.placed = (cpu, near);
         }
     }
 
