@@ -81,6 +81,9 @@ where
     let mut end = SingleEnd::open(&plan.testbed)?;
     let mut s = tcp(role, a.host.as_deref(), &a.bind, a.port)?;
     s.set_nodelay(true).map_err(io("TCP_NODELAY"))?;
+    // a peer that vanishes mid-exchange ends the run (--peer_timeout)
+    s.set_read_timeout(plan.params.patience)
+        .map_err(io("TCP read timeout"))?;
     let peer_mtu =
         exchange::perftest_preamble(&mut s, role, 4096, 64, end.mtu()).map_err(io("exchange"))?;
     let mtu = end.mtu().min(peer_mtu);
@@ -314,6 +317,8 @@ pub fn pingpong(a: &PingpongArgs, cfg: &TestbedConfig, p: &RunParams) -> Result<
     );
     let mut s = tcp(role, a.host.as_deref(), &a.bind, a.port)?;
     s.set_nodelay(true).map_err(io("TCP_NODELAY"))?;
+    s.set_read_timeout(p.patience)
+        .map_err(io("TCP read timeout"))?;
     let mtu = end.mtu();
     let bad = |e: exchange::ParseError| format!("peer address: {e}");
     let peer = match role {
