@@ -6,9 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::bench::{self, Op, RunParams, Side};
-use crate::cli::{
-    AtomicType, BwOp, Command, Conn, LatOp, OnOff, PingpongArgs, PollMode, TestArgs,
-};
+use crate::cli::{AtomicType, BwOp, Command, Conn, LatOp, OnOff, PingpongArgs, PollMode, TestArgs};
 use crate::report::{self, Endpoint, Header, LatencyBasis};
 use crate::stats::{BwStats, LatencyStats};
 
@@ -22,6 +20,8 @@ pub const DEFAULT_RX_DEPTH: u32 = 512;
 pub const DEFAULT_INLINE_SEND: u32 = 236;
 /// See [`DEFAULT_INLINE_SEND`].
 pub const DEFAULT_INLINE_WRITE: u32 = 220;
+/// perftest's default inline size of UD SENDs (the address vector takes WQE room).
+pub const DEFAULT_INLINE_SEND_UD: u32 = 188;
 
 /// What a testbed must be created with.
 #[derive(Debug, Clone)]
@@ -115,7 +115,9 @@ pub fn run(cmd: Command) -> Result<(), String> {
         }
         Command::Bw(a) => {
             if a.atomic_type.is_some() {
-                return Err("-A/--atomic_type: `lat atomic` only (no atomic bandwidth test)".into());
+                return Err(
+                    "-A/--atomic_type: `lat atomic` only (no atomic bandwidth test)".into(),
+                );
             }
             let op = match a.op {
                 BwOp::Send => Op::Send,
@@ -205,7 +207,10 @@ where
         return Err(format!("-S {}: service levels are 0..=15", a.sl));
     }
     if a.qp_timeout > 31 {
-        return Err(format!("-u {}: the timeout exponent is 0..=31", a.qp_timeout));
+        return Err(format!(
+            "-u {}: the timeout exponent is 0..=31",
+            a.qp_timeout
+        ));
     }
     if !lat {
         for (given, name) in [
@@ -220,7 +225,10 @@ where
             }
         }
     } else {
-        for (given, name) in [(a.no_peak, "-N/--noPeak"), (a.report_gbits, "--report_gbits")] {
+        for (given, name) in [
+            (a.no_peak, "-N/--noPeak"),
+            (a.report_gbits, "--report_gbits"),
+        ] {
             if given {
                 return Err(format!("{name}: bandwidth tests only"));
             }
@@ -276,6 +284,7 @@ where
     };
     // perftest inlines by default in latency tests only
     let default_inline = match (op, lat) {
+        (Op::Send, true) if conn == Conn::Ud => DEFAULT_INLINE_SEND_UD,
         (Op::Send, true) => DEFAULT_INLINE_SEND,
         (Op::Write, true) => DEFAULT_INLINE_WRITE,
         _ => 0,
@@ -606,7 +615,7 @@ impl Reporter {
     /// Prints one bandwidth row.
     pub fn bw_result(&mut self, size: u64, run: &bench::BwRun) -> Result<BwStats, String> {
         let st = BwStats::from_completions(size, &run.posted_ns, &run.completed_ns, self.peak)
-        .ok_or_else(|| format!("size {size}: nothing completed"))?;
+            .ok_or_else(|| format!("size {size}: nothing completed"))?;
         self.bw_stats(&st)?;
         Ok(st)
     }

@@ -10,9 +10,9 @@ use std::sync::Arc;
 use std::sync::atomic::{Ordering, fence};
 
 use mlx5::{
-    Access, Ah, AhAttr, Backing, BfPolicy, CompChannel, ConnectParams, Context, Cq, CqInit,
-    DmaBuf, GlobalRoute, HugePolicy, Mr, Mtu, Pd, Qp, QpCap, QpInitAttr, QpState, QpType, RecvWr,
-    RemoteQp, SendFlags, SendWr, UdDest, WorkCompletion, WrOp,
+    Access, Ah, AhAttr, Backing, BfPolicy, CompChannel, ConnectParams, Context, Cq, CqInit, DmaBuf,
+    GlobalRoute, HugePolicy, Mr, Mtu, Pd, Qp, QpCap, QpInitAttr, QpState, QpType, RecvWr, RemoteQp,
+    SendFlags, SendWr, UdDest, WorkCompletion, WrOp,
 };
 
 use crate::cli::Conn;

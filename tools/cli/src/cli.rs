@@ -371,7 +371,12 @@ pub struct TestArgs<Op: ValueEnum + Clone + Send + Sync + 'static> {
     #[arg(short = 'U', long = "report-unsorted")]
     pub report_unsorted: bool,
     /// Port of the device (1-based).
-    #[arg(short = 'i', long = "ib-port", value_name = "PORT", default_value_t = 1)]
+    #[arg(
+        short = 'i',
+        long = "ib-port",
+        value_name = "PORT",
+        default_value_t = 1
+    )]
     pub ib_port: u8,
     /// Number of QPs (perftest's -q): only 1 is supported.
     #[arg(short = 'q', long = "qp", value_name = "NUM_QP", default_value_t = 1)]
@@ -380,7 +385,12 @@ pub struct TestArgs<Op: ValueEnum + Clone + Send + Sync + 'static> {
     #[arg(short = 'S', long = "sl", value_name = "SL", default_value_t = 0)]
     pub sl: u8,
     /// RC retransmission timeout: 4.096 usec * 2^TIMEOUT (0..=31).
-    #[arg(short = 'u', long = "qp-timeout", value_name = "TIMEOUT", default_value_t = 14)]
+    #[arg(
+        short = 'u',
+        long = "qp-timeout",
+        value_name = "TIMEOUT",
+        default_value_t = 14
+    )]
     pub qp_timeout: u8,
     /// Receive queue depth (perftest's default 512; SEND tests).
     #[arg(short = 'r', long = "rx-depth", value_name = "DEPTH")]
@@ -460,7 +470,12 @@ pub struct Refused {
     pub why: &'static str,
 }
 
-const fn refused(short: Option<char>, long: &'static str, value: bool, why: &'static str) -> Refused {
+const fn refused(
+    short: Option<char>,
+    long: &'static str,
+    value: bool,
+    why: &'static str,
+) -> Refused {
     Refused {
         short,
         long,
@@ -472,62 +487,227 @@ const fn refused(short: Option<char>, long: &'static str, value: bool, why: &'st
 /// perftest 4.5's options of ib_{send,write,read,atomic}_{lat,bw} that are not supported:
 /// each is parsed, then refused with its reason.
 pub const REFUSED: &[Refused] = &[
-    refused(Some('b'), "bidirectional", false, "bidirectional bandwidth is not supported yet"),
-    refused(Some('C'), "report-cycles", false, "reports are in microseconds only"),
-    refused(Some('R'), "rdma_cm", false, "connecting through rdma_cm is not supported yet (the QPs are connected over the TCP exchange)"),
-    refused(Some('z'), "com_rdma_cm", false, "exchanging addresses through rdma_cm is not supported yet"),
-    refused(Some('X'), "vector", true, "completion vectors are not supported"),
+    refused(
+        Some('b'),
+        "bidirectional",
+        false,
+        "bidirectional bandwidth is not supported yet",
+    ),
+    refused(
+        Some('C'),
+        "report-cycles",
+        false,
+        "reports are in microseconds only",
+    ),
+    refused(
+        Some('R'),
+        "rdma_cm",
+        false,
+        "connecting through rdma_cm is not supported yet (the QPs are connected over the TCP exchange)",
+    ),
+    refused(
+        Some('z'),
+        "com_rdma_cm",
+        false,
+        "exchanging addresses through rdma_cm is not supported yet",
+    ),
+    refused(
+        Some('X'),
+        "vector",
+        true,
+        "completion vectors are not supported",
+    ),
     refused(Some('g'), "mcg", false, "multicast is not supported"),
     refused(Some('M'), "MGID", true, "multicast is not supported"),
-    refused(Some('L'), "hop_limit", true, "raw Ethernet QPs are not supported"),
-    refused(Some('T'), "tos", true, "needs rdma_cm (-R), which is not supported yet"),
-    refused(Some('W'), "report-counters", true, "use --counters (the emulated device's counters)"),
-    refused(Some('O'), "dualport", false, "dual-port runs are not supported"),
-    refused(Some('w'), "limit_bw", true, "result verification limits are not supported"),
-    refused(Some('y'), "limit_msgrate", true, "result verification limits are not supported"),
-    refused(Some('f'), "margin", true, "margins apply to -D runs with a peer, not supported yet"),
+    refused(
+        Some('L'),
+        "hop_limit",
+        true,
+        "raw Ethernet QPs are not supported",
+    ),
+    refused(
+        Some('T'),
+        "tos",
+        true,
+        "needs rdma_cm (-R), which is not supported yet",
+    ),
+    refused(
+        Some('W'),
+        "report-counters",
+        true,
+        "use --counters (the emulated device's counters)",
+    ),
+    refused(
+        Some('O'),
+        "dualport",
+        false,
+        "dual-port runs are not supported",
+    ),
+    refused(
+        Some('w'),
+        "limit_bw",
+        true,
+        "result verification limits are not supported",
+    ),
+    refused(
+        Some('y'),
+        "limit_msgrate",
+        true,
+        "result verification limits are not supported",
+    ),
+    refused(
+        Some('f'),
+        "margin",
+        true,
+        "margins apply to -D runs with a peer, not supported yet",
+    ),
     refused(None, "out_json", false, "use --json [FILE]"),
     refused(None, "out_json_file", true, "use --json FILE"),
-    refused(None, "cpu_util", false, "CPU utilisation is not reported; see --cpu_cost"),
-    refused(None, "dlid", true, "the destination LID always comes from the exchange"),
-    refused(None, "dont_xchg_versions", false, "the version exchange is always made"),
-    refused(None, "force-link", true, "the link layer is the port's (emulator: MLX5_EMU_LINK_LAYER)"),
-    refused(None, "inline_recv", true, "inline receive (scatter to CQE) is not supported"),
-    refused(None, "use-srq", false, "shared receive queues are not supported by this tool yet"),
+    refused(
+        None,
+        "cpu_util",
+        false,
+        "CPU utilisation is not reported; see --cpu_cost",
+    ),
+    refused(
+        None,
+        "dlid",
+        true,
+        "the destination LID always comes from the exchange",
+    ),
+    refused(
+        None,
+        "dont_xchg_versions",
+        false,
+        "the version exchange is always made",
+    ),
+    refused(
+        None,
+        "force-link",
+        true,
+        "the link layer is the port's (emulator: MLX5_EMU_LINK_LAYER)",
+    ),
+    refused(
+        None,
+        "inline_recv",
+        true,
+        "inline receive (scatter to CQE) is not supported",
+    ),
+    refused(
+        None,
+        "use-srq",
+        false,
+        "shared receive queues are not supported by this tool yet",
+    ),
     refused(None, "ipv6", false, "the GID is chosen by -x"),
-    refused(None, "source_ip", true, "needs rdma_cm (-R), which is not supported yet"),
-    refused(None, "latency_gap", true, "a delay between posts is not supported"),
+    refused(
+        None,
+        "source_ip",
+        true,
+        "needs rdma_cm (-R), which is not supported yet",
+    ),
+    refused(
+        None,
+        "latency_gap",
+        true,
+        "a delay between posts is not supported",
+    ),
     refused(None, "mmap", true, "buffers are allocated by the tool"),
-    refused(None, "mmap-offset", true, "buffers are allocated by the tool"),
+    refused(
+        None,
+        "mmap-offset",
+        true,
+        "buffers are allocated by the tool",
+    ),
     refused(None, "odp", false, "on-demand paging is not supported"),
     refused(None, "output", true, "the full report is always printed"),
-    refused(None, "use_old_post_send", false, "the driver has one post path"),
+    refused(
+        None,
+        "use_old_post_send",
+        false,
+        "the driver has one post path",
+    ),
     refused(None, "pkey_index", true, "P_Key index 0 only"),
-    refused(None, "retry_count", true, "needs rdma_cm (-R), which is not supported yet"),
+    refused(
+        None,
+        "retry_count",
+        true,
+        "needs rdma_cm (-R), which is not supported yet",
+    ),
     refused(None, "tclass", true, "the traffic class is 0"),
-    refused(None, "recv_post_list", true, "receives are posted in lists of up to 64"),
+    refused(
+        None,
+        "recv_post_list",
+        true,
+        "receives are posted in lists of up to 64",
+    ),
     refused(None, "mr_per_qp", false, "one QP, one MR"),
-    refused(None, "report-both", false, "bidirectional bandwidth is not supported yet"),
-    refused(None, "report-per-port", false, "dual-port runs are not supported"),
+    refused(
+        None,
+        "report-both",
+        false,
+        "bidirectional bandwidth is not supported yet",
+    ),
+    refused(
+        None,
+        "report-per-port",
+        false,
+        "dual-port runs are not supported",
+    ),
     refused(None, "reversed", false, "the client always sends"),
     refused(None, "run_infinitely", false, "use -D SECS"),
-    refused(None, "wait_destroy", true, "resources are destroyed at once"),
-    refused(None, "disable_pcie_relaxed", false, "relaxed ordering is not requested"),
+    refused(
+        None,
+        "wait_destroy",
+        true,
+        "resources are destroyed at once",
+    ),
+    refused(
+        None,
+        "disable_pcie_relaxed",
+        false,
+        "relaxed ordering is not requested",
+    ),
     refused(None, "burst_size", true, "rate limiting is not supported"),
-    refused(None, "typical_pkt_size", true, "rate limiting is not supported"),
+    refused(
+        None,
+        "typical_pkt_size",
+        true,
+        "rate limiting is not supported",
+    ),
     refused(None, "rate_limit", true, "rate limiting is not supported"),
     refused(None, "rate_units", true, "rate limiting is not supported"),
-    refused(None, "rate_limit_type", true, "rate limiting is not supported"),
+    refused(
+        None,
+        "rate_limit_type",
+        true,
+        "rate limiting is not supported",
+    ),
     refused(None, "log_dci_streams", true, "DC is not supported"),
     refused(None, "log_active_dci_streams", true, "DC is not supported"),
     refused(None, "aes_xts", false, "encryption is not supported"),
     refused(None, "encrypt_on_tx", false, "encryption is not supported"),
     refused(None, "sig_before", false, "encryption is not supported"),
     refused(None, "aes_block_size", true, "encryption is not supported"),
-    refused(None, "data_enc_keys_number", true, "encryption is not supported"),
+    refused(
+        None,
+        "data_enc_keys_number",
+        true,
+        "encryption is not supported",
+    ),
     refused(None, "kek_path", true, "encryption is not supported"),
-    refused(None, "credentials_path", true, "encryption is not supported"),
-    refused(None, "data_enc_key_app_path", true, "encryption is not supported"),
+    refused(
+        None,
+        "credentials_path",
+        true,
+        "encryption is not supported",
+    ),
+    refused(
+        None,
+        "data_enc_key_app_path",
+        true,
+        "encryption is not supported",
+    ),
 ];
 
 impl Refused {
@@ -567,9 +747,7 @@ impl clap::FromArgMatches for Unsupported {
     fn update_from_arg_matches(&mut self, m: &clap::ArgMatches) -> Result<(), clap::Error> {
         self.0 = REFUSED
             .iter()
-            .filter(|r| {
-                m.value_source(r.long) == Some(clap::parser::ValueSource::CommandLine)
-            })
+            .filter(|r| m.value_source(r.long) == Some(clap::parser::ValueSource::CommandLine))
             .collect();
         Ok(())
     }

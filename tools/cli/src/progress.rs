@@ -131,7 +131,12 @@ mod tests {
         let t = line("bw", Goal::Iters(1000), 250, Duration::from_millis(2500));
         assert_eq!(t, "bw: 250/1000 (25%) 2.5 s");
         // past the limit (finishing the last CQ batch) it stays at 100%
-        let t = line("x", Goal::Time(Duration::from_secs(1)), 5, Duration::from_secs(3));
+        let t = line(
+            "x",
+            Goal::Time(Duration::from_secs(1)),
+            5,
+            Duration::from_secs(3),
+        );
         assert!(t.ends_with("(100%)"), "{t}");
     }
 }

@@ -783,3 +783,332 @@ fn cpu_cost_times_every_driver_call() {
     // without the flag nothing is timed
     assert!(json(&["lat", "send", "-n", "10"]).get("cpu_cost").is_none());
 }
+
+/// `mlx5 ARGS...` expected to fail: its stderr.
+fn refused(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_mlx5"))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "{args:?} succeeded");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// perftest's options that are not supported yet are refused by name, with the reason, not
+/// by clap's "unexpected argument"; so are options given to a test they do not apply to.
+#[test]
+fn unsupported_perftest_options_are_refused_by_name() {
+    for (args, name) in [
+        (&["lat", "send", "--emu", "-R"][..], "-R/--rdma_cm"),
+        (&["bw", "write", "--emu", "-b"], "-b/--bidirectional"),
+        (&["bw", "write", "--emu", "--report-both"], "--report-both"),
+        (
+            &["bw", "write", "--emu", "--rate_limit", "5"],
+            "--rate_limit",
+        ),
+        (&["lat", "send", "--emu", "-C"], "-C/--report-cycles"),
+        (&["lat", "send", "--emu", "-z"], "-z/--com_rdma_cm"),
+        (&["lat", "send", "--emu", "-c", "XRC"], "-c XRC"),
+        (&["lat", "send", "--emu", "-c", "DC"], "-c DC"),
+        (&["lat", "read", "--emu", "-c", "UC"], "-c UC"),
+        (&["bw", "write", "--emu", "-c", "UD"], "-c UD"),
+        (&["lat", "send", "--emu", "-c", "UD", "-s", "8192"], "-c UD"),
+        (&["bw", "write", "--emu", "-q", "2"], "-q 2"),
+        (&["bw", "send", "--emu", "-H"], "-H/--report-histogram"),
+        (&["bw", "send", "--emu", "-U"], "-U/--report-unsorted"),
+        (&["lat", "send", "--emu", "-N"], "-N/--noPeak"),
+        (
+            &["lat", "send", "--emu", "--report_gbits"],
+            "--report_gbits",
+        ),
+        (&["lat", "send", "--emu", "-o", "4"], "-o/--outs"),
+        (
+            &["bw", "write", "--emu", "-A", "CMP_AND_SWAP"],
+            "-A/--atomic_type",
+        ),
+        (
+            &["lat", "send", "--emu", "-e", "--poll", "interval:5"],
+            "-e",
+        ),
+        (&["lat", "send", "--emu", "-S", "16"], "-S 16"),
+        (&["lat", "send", "--emu", "-u", "32"], "-u 32"),
+    ] {
+        let err = refused(args);
+        assert!(
+            err.starts_with("mlx5: ") && err.contains(name),
+            "{args:?}: {err}"
+        );
+        assert!(!err.contains("unexpected argument"), "{args:?}: {err}");
+    }
+    // --poll interval has a maximum (it was accepted up to u64::MAX and slept for ever)
+    for v in ["interval:18446744073709551615", "interval:1000001"] {
+        let err = refused(&["lat", "send", "--emu", "--poll", v]);
+        assert!(err.contains("at most 1000000"), "{v}: {err}");
+    }
+}
+
+/// `bw send --histogram h.svg` exited 0 and wrote nothing: now it is refused and writes
+/// nothing; `lat -a --histogram` names the files it writes.
+#[test]
+fn histogram_is_refused_on_bw_and_named_when_split_by_size() {
+    let dir = std::env::temp_dir().join(format!("mlx5-cli-hist-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let h = dir.join("h.svg");
+    let err = refused(&["bw", "send", "--emu", "--histogram", h.to_str().unwrap()]);
+    assert!(err.contains("--histogram: latency tests only"), "{err}");
+    assert!(!h.exists());
+    // UD: -a runs the sizes up to the MTU (2 .. 4096: 12 sizes), one file each
+    let ha = dir.join("ha.svg");
+    let out = mlx5(&[
+        "lat",
+        "send",
+        "--emu",
+        "-c",
+        "UD",
+        "-a",
+        "-n",
+        "5",
+        "--histogram",
+        ha.to_str().unwrap(),
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let first = dir.join("ha-2.svg");
+    let last = dir.join("ha-4096.svg");
+    assert!(
+        text.contains(&format!(
+            "12 histograms written, one per size: {} ... {}",
+            first.display(),
+            last.display()
+        )),
+        "{text}"
+    );
+    let files = std::fs::read_dir(&dir).unwrap().count();
+    assert_eq!(files, 12);
+    assert!(!ha.exists());
+    // one size: one file, named
+    let one = dir.join("one.svg");
+    let out = mlx5(&[
+        "lat",
+        "send",
+        "--emu",
+        "-n",
+        "5",
+        "--histogram",
+        one.to_str().unwrap(),
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!("histogram written to {}", one.display())),
+        "{text}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The perftest options that are accepted do what perftest's do.
+#[test]
+fn accepted_perftest_options_take_effect() {
+    // UC with perftest's -F -i -S -u -r -e: a run over UC QPs with events
+    let doc = json(&[
+        "lat", "send", "-c", "UC", "-F", "-i", "1", "-S", "3", "-u", "10", "-r", "64", "-e", "-n",
+        "30",
+    ]);
+    assert_eq!(doc["connection"], "UC");
+    assert_eq!(doc["results"][0]["samples"], 30);
+    assert!(counter(&doc, "cq_arms") > 0, "-e arms the CQ");
+    // UD SEND bandwidth; a datagram SEND carries perftest's UD inline default in latency
+    let doc = json(&["bw", "send", "-c", "UD", "-s", "1024", "-n", "300"]);
+    assert_eq!(doc["connection"], "UD");
+    assert_eq!(doc["results"][0]["iterations"], 300);
+    let doc = json(&["lat", "send", "-c", "UD", "-n", "10"]);
+    assert_eq!(doc["inline_size"], 188);
+    // -N: no peak; --report_gbits: perftest's Gb/sec columns
+    let doc = json(&["bw", "write", "-N", "-n", "300", "-s", "4096"]);
+    assert_eq!(doc["results"][0]["BW_peak"], 0.0);
+    let out = mlx5(&["bw", "write", "--emu", "--report_gbits", "-n", "300"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("BW peak[Gb/sec]    BW average[Gb/sec]"),
+        "{text}"
+    );
+    // -H prints every sample sorted, -U in the order measured
+    let out = mlx5(&["lat", "write", "--emu", "-n", "40", "-H"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let samples: Vec<f64> = text
+        .lines()
+        .filter_map(|l| l.split_once(", "))
+        .filter_map(|(i, v)| i.trim().parse::<u32>().ok().and(v.trim().parse().ok()))
+        .collect();
+    assert_eq!(samples.len(), 40, "{text}");
+    assert!(samples.windows(2).all(|w| w[0] <= w[1]), "-H sorts");
+    let out = mlx5(&["lat", "write", "--emu", "-n", "40", "-U"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(" #, RTT/2 of 2 B\n"), "{text}");
+    // -o sets the outstanding READs the header reports
+    let out = mlx5(&["lat", "read", "--emu", "-n", "20", "-o", "4"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("Outstand reads  : 4"), "{text}");
+}
+
+/// `bw write -s 64 -l 16 -Q 32` reported a peak of 1,478 MiB/s against an average of 10.6:
+/// the peak now spans from a post to a completion, as perftest's does, so it is never below
+/// the average and comes from a real span of messages.
+#[test]
+fn bw_peak_is_perftests() {
+    let doc = json(&[
+        "bw", "write", "-s", "64", "-l", "16", "-Q", "32", "-n", "2000",
+    ]);
+    let r = &doc["results"][0];
+    let (peak, avg) = (
+        r["BW_peak"].as_f64().unwrap(),
+        r["BW_average"].as_f64().unwrap(),
+    );
+    let span = r["peak_window"].as_u64().unwrap();
+    assert!(peak >= 0.999 * avg, "peak {peak} < average {avg}");
+    assert!((1..=2000).contains(&span), "{r}");
+    // -D: perftest computes no peak
+    let doc = json(&["bw", "write", "-D", "0.3", "-s", "1024"]);
+    assert_eq!(doc["results"][0]["BW_peak"], 0.0);
+}
+
+/// `lat send -D 3` showed `2/1000 (0%)` while tens of thousands of iterations ran: the
+/// progress of a timed run counts iterations and seconds.
+#[test]
+fn duration_progress_counts_iterations_and_seconds() {
+    let out = mlx5(&["lat", "send", "--emu", "-D", "3.5"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    let line = err
+        .lines()
+        .find(|l| l.contains("Send Latency Test 2 B:"))
+        .unwrap_or_else(|| panic!("no progress line in {err}"));
+    assert!(
+        line.contains(" iterations, ") && line.contains("/3.5 s ("),
+        "{line}"
+    );
+    assert!(!line.contains("/1000"), "{line}");
+}
+
+/// A server whose client vanishes ends with an error after `--peer_timeout`, for `bw` and
+/// `pingpong` (they waited for ever).
+#[test]
+fn a_server_whose_peer_vanishes_times_out() {
+    for (server, client) in [
+        (
+            &["bw", "send", "-n", "10000000", "-s", "64"][..],
+            &["bw", "send", "-n", "10000000", "-s", "64"][..],
+        ),
+        (
+            &["pingpong", "-n", "10000000", "-s", "64"],
+            &["pingpong", "-n", "10000000", "-s", "64"],
+        ),
+    ] {
+        let _one = common::one_pair_at_a_time();
+        let port = free_port().to_string();
+        let mut srv = ours(server);
+        srv.args([
+            "--emu",
+            "--bind",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "--peer_timeout",
+            "2",
+        ]);
+        if server[0] == "bw" {
+            srv.arg("--server");
+        }
+        let srv = srv.spawn().unwrap();
+        common::wait_listening(
+            port.parse().unwrap(),
+            std::time::Duration::from_secs(20),
+            "server",
+        );
+        let mut cli = ours(client);
+        cli.args(["127.0.0.1", "--emu", "-p", &port]);
+        let mut cli = cli.spawn().unwrap();
+        // let the run get going, then the client vanishes
+        std::thread::sleep(std::time::Duration::from_millis(2500));
+        cli.kill().unwrap();
+        let _ = cli.wait();
+        let t0 = std::time::Instant::now();
+        let out = srv.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{server:?}: {err}");
+        assert!(
+            err.contains("for 2 s: the peer is gone or a message was lost (--peer_timeout)"),
+            "{server:?}: {err}"
+        );
+        assert!(t0.elapsed() < std::time::Duration::from_secs(30));
+    }
+}
+
+/// perftest runs UD for SEND and UC for SEND and WRITE: our client and server interoperate
+/// with its binaries over both, in both roles.
+#[test]
+fn interoperates_with_perftest_over_uc_and_ud() {
+    // ib_send_lat -c UD serves, we are the client
+    let port = free_port().to_string();
+    let (srv, cli) = run_pair(
+        &mut perftest("ib_send_lat", &["-c", "UD", "-p", &port, "-n", "20"]),
+        &mut ours_client("lat", "send", &port, &["-c", "UD", "-n", "20"]),
+    );
+    assert_eq!(row(&srv, "2")[1], 20.0, "{srv}");
+    assert_eq!(row(&cli, "2")[1], 20.0, "{cli}");
+    assert!(cli.contains("Connection type : UD"), "{cli}");
+    // we serve ib_send_lat -c UD's client
+    let port = free_port().to_string();
+    let (srv, cli) = run_pair(
+        &mut ours_server("lat", "send", &port, &["-c", "UD", "-n", "20"]),
+        &mut perftest(
+            "ib_send_lat",
+            &["-c", "UD", "127.0.0.1", "-p", &port, "-n", "20"],
+        ),
+    );
+    assert_eq!(row(&cli, "2")[1], 20.0, "{cli}");
+    assert!(srv.contains("Send Latency Test"), "{srv}");
+    // ib_write_bw -c UC serves and prints our client's figures
+    let port = free_port().to_string();
+    let (srv, cli) = run_pair(
+        &mut perftest(
+            "ib_write_bw",
+            &["-c", "UC", "-p", &port, "-n", "200", "-s", "4096"],
+        ),
+        &mut ours_client(
+            "bw",
+            "write",
+            &port,
+            &["-c", "UC", "-n", "200", "-s", "4096"],
+        ),
+    );
+    assert_eq!(row(&srv, "4096")[1], 200.0, "{srv}");
+    assert_eq!(row(&cli, "4096")[1], 200.0, "{cli}");
+    // we serve ib_write_bw -c UC's client and print its figures
+    let port = free_port().to_string();
+    let (srv, cli) = run_pair(
+        &mut ours_server(
+            "bw",
+            "write",
+            &port,
+            &["-c", "UC", "-n", "200", "-s", "4096"],
+        ),
+        &mut perftest(
+            "ib_write_bw",
+            &[
+                "-c",
+                "UC",
+                "127.0.0.1",
+                "-p",
+                &port,
+                "-n",
+                "200",
+                "-s",
+                "4096",
+            ],
+        ),
+    );
+    let (theirs, mine) = (row(&cli, "4096"), row(&srv, "4096"));
+    assert_eq!(mine[1], 200.0, "{srv}");
+    assert!(
+        (theirs[3] - mine[3]).abs() <= 0.01 * theirs[3].max(0.01),
+        "{srv} vs {cli}"
+    );
+}
