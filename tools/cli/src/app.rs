@@ -234,6 +234,11 @@ where
             }
         }
     }
+    if a.perform_warm_up && !lat && op == Op::Send {
+        return Err(
+            "--perform_warm_up: WRITE and READ bandwidth and latency tests (as perftest)".into(),
+        );
+    }
     if a.outs.is_some() && !matches!(op, Op::Read | Op::FetchAdd | Op::CmpSwap) {
         return Err("-o/--outs: READ and atomic tests only".into());
     }

@@ -418,6 +418,20 @@ pub fn bw_stream(
     p: &RunParams,
     label: &str,
 ) -> BenchResult<BwRun> {
+    if p.warm_up > 0 {
+        // --perform_warm_up: an unmeasured run first, as perftest's WRITE/READ bandwidth
+        let w = RunParams {
+            iters: p.warm_up,
+            duration: None,
+            warm_up: 0,
+            ..*p
+        };
+        let peer: Option<&mut dyn Side> = match b {
+            Some(ref mut x) => Some(&mut **x),
+            None => None,
+        };
+        bw_stream(op, a, peer, &w, label)?;
+    }
     let size = p.size.max(1);
     let tx_depth = u64::from(p.tx_depth.max(1));
     let post_list = u64::from(p.post_list.max(1)).min(tx_depth);

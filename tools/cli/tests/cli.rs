@@ -943,6 +943,20 @@ fn accepted_perftest_options_take_effect() {
     let out = mlx5(&["lat", "write", "--emu", "-n", "40", "-U"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains(" #, RTT/2 of 2 B\n"), "{text}");
+    // --perform_warm_up runs unmeasured WRs first in bandwidth tests too (it was ignored)
+    let doc = json(&[
+        "bw",
+        "write",
+        "--perform_warm_up",
+        "-n",
+        "500",
+        "-s",
+        "1024",
+    ]);
+    assert_eq!(doc["results"][0]["iterations"], 500);
+    assert_eq!(driver(&doc, "wqes"), 550);
+    let err = refused(&["bw", "send", "--emu", "--perform_warm_up"]);
+    assert!(err.contains("--perform_warm_up"), "{err}");
     // -o sets the outstanding READs the header reports
     let out = mlx5(&["lat", "read", "--emu", "-n", "20", "-o", "4"]);
     let text = String::from_utf8_lossy(&out.stdout);
