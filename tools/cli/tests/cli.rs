@@ -268,8 +268,17 @@ fn histogram_and_json_file_are_written() {
     let text = std::fs::read_to_string(&svg).unwrap();
     let doc = roxmltree::Document::parse(&text).unwrap();
     let labels: Vec<&str> = doc.descendants().filter_map(|n| n.text()).collect();
-    assert!(labels.contains(&"latency [usec]"));
-    assert!(labels.contains(&"samples"));
+    // the percentile plot beside the log-count histogram, with the percentile markers
+    for want in [
+        "latency [usec]",
+        "samples per bin (log)",
+        "percentile (axis: 1/(1-p), log)",
+        "p50",
+        "p99.99",
+        "max",
+    ] {
+        assert!(labels.contains(&want), "{want} in {labels:?}");
+    }
     let v: Value = serde_json::from_str(&std::fs::read_to_string(&js).unwrap()).unwrap();
     assert_eq!(v["results"][0]["samples"], 100);
     std::fs::remove_dir_all(&dir).unwrap();
