@@ -561,6 +561,7 @@ pub const REFUSED: &[Refused] = &[
         true,
         "margins apply to -D runs with a peer, not supported yet",
     ),
+    refused(Some('V'), "version", false, "use `mlx5 --version`"),
     refused(None, "out_json", false, "use --json [FILE]"),
     refused(None, "out_json_file", true, "use --json FILE"),
     refused(

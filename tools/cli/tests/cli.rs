@@ -856,6 +856,51 @@ fn unsupported_perftest_options_are_refused_by_name() {
     }
 }
 
+/// Every option of [`REFUSED`] is refused by name on `lat` and `bw`, and is in the README's
+/// options table as not supported.
+#[test]
+fn every_refused_option_is_refused_and_in_the_readme_table() {
+    use mlx5_tools::cli::REFUSED;
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    for r in REFUSED {
+        let spelled = match r.short {
+            Some(c) => format!("-{c}, --{}", r.long),
+            None => format!("--{}", r.long),
+        };
+        let cell = if r.value {
+            format!("| `{spelled} X` | no |")
+        } else {
+            format!("| `{spelled}` | no |")
+        };
+        assert!(readme.contains(&cell), "README lacks the row {cell}");
+        for test in ["lat", "bw"] {
+            let long = format!("--{}", r.long);
+            let mut args = vec![test, "write", "--emu", long.as_str()];
+            if r.value {
+                args.push("1");
+            }
+            let err = refused(&args);
+            assert!(
+                err.contains(&format!(
+                    "{}: not supported (perftest option): {}",
+                    r.spelling(),
+                    r.why
+                )),
+                "{args:?}: {err}"
+            );
+            if let Some(c) = r.short {
+                let short = format!("-{c}");
+                let mut args = vec![test, "write", "--emu", short.as_str()];
+                if r.value {
+                    args.push("1");
+                }
+                assert!(refused(&args).contains(&r.spelling()), "{args:?}");
+            }
+        }
+    }
+}
+
 /// `bw send --histogram h.svg` exited 0 and wrote nothing: now it is refused and writes
 /// nothing; `lat -a --histogram` names the files it writes.
 #[test]
