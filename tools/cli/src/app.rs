@@ -197,6 +197,13 @@ where
             ));
         }
     }
+    let peer = a.host.is_some() || a.server;
+    if !peer && (a.port.is_some() || a.bind.is_some()) {
+        return Err("-p/--bind: the TCP exchange needs a peer (HOST or --server)".into());
+    }
+    if a.bind.is_some() && !a.server {
+        return Err("--bind: the address a server listens on; add --server".into());
+    }
     if a.num_qps != 1 {
         return Err(format!("-q {}: one QP per side only, for now", a.num_qps));
     }

@@ -313,12 +313,12 @@ pub struct TestArgs<Op: ValueEnum + Clone + Send + Sync + 'static> {
     /// Run unmeasured warm-up iterations first.
     #[arg(long = "perform_warm_up")]
     pub perform_warm_up: bool,
-    /// TCP port for the address exchange.
-    #[arg(short = 'p', long, default_value_t = 18515)]
-    pub port: u16,
-    /// Address the server listens on.
-    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0")]
-    pub bind: String,
+    /// TCP port for the address exchange (default 18515; with a peer only).
+    #[arg(short = 'p', long)]
+    pub port: Option<u16>,
+    /// Address the server listens on (default 0.0.0.0; --server only).
+    #[arg(long, value_name = "ADDR")]
+    pub bind: Option<String>,
     /// With a peer: exchange addresses (perftest's format), connect the QPs, print the header
     /// block, and stop without measuring.
     #[arg(long = "connect_only")]
@@ -413,6 +413,9 @@ pub struct TestArgs<Op: ValueEnum + Clone + Send + Sync + 'static> {
     #[command(flatten)]
     pub unsupported: Unsupported,
 }
+
+/// perftest's TCP port of the address exchange.
+pub const DEFAULT_PORT: u16 = 18515;
 
 /// Default of `--peer_timeout` (seconds).
 pub const DEFAULT_PEER_TIMEOUT_S: u64 = 30;

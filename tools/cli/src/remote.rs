@@ -79,7 +79,9 @@ where
     let role = if a.server { Role::Server } else { Role::Client };
     let (op, lat) = (plan.op, plan.lat);
     let mut end = SingleEnd::open(&plan.testbed)?;
-    let mut s = tcp(role, a.host.as_deref(), &a.bind, a.port)?;
+    let bind = a.bind.as_deref().unwrap_or("0.0.0.0");
+    let port = a.port.unwrap_or(crate::cli::DEFAULT_PORT);
+    let mut s = tcp(role, a.host.as_deref(), bind, port)?;
     s.set_nodelay(true).map_err(io("TCP_NODELAY"))?;
     // a peer that vanishes mid-exchange ends the run (--peer_timeout)
     s.set_read_timeout(plan.params.patience)

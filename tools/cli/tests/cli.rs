@@ -841,6 +841,16 @@ fn unsupported_perftest_options_are_refused_by_name() {
         ),
         (&["lat", "send", "--emu", "-S", "16"], "-S 16"),
         (&["lat", "send", "--emu", "-u", "32"], "-u 32"),
+        // options of the TCP exchange where there is none
+        (&["lat", "send", "--emu", "-p", "4000"], "-p/--bind"),
+        (
+            &["bw", "write", "--emu", "--bind", "127.0.0.1"],
+            "-p/--bind",
+        ),
+        (
+            &["lat", "send", "127.0.0.1", "--emu", "--bind", "0.0.0.0"],
+            "--bind",
+        ),
     ] {
         let err = refused(args);
         assert!(
