@@ -361,6 +361,7 @@ where
             0
         },
         patience: (a.peer_timeout > 0).then(|| Duration::from_secs(a.peer_timeout)),
+        rx_depth: a.rx_depth.unwrap_or(DEFAULT_RX_DEPTH),
     };
     let testbed = TestbedConfig {
         dev: a.dev.clone(),
@@ -866,6 +867,7 @@ fn pingpong(a: &PingpongArgs) -> Result<(), String> {
         },
         warm_up: 0,
         patience: (a.peer_timeout > 0).then(|| Duration::from_secs(a.peer_timeout)),
+        rx_depth: a.rx_depth,
     };
     if !a.loopback {
         return crate::remote::pingpong(a, &cfg, &p);

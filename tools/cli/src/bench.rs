@@ -161,6 +161,8 @@ pub struct RunParams {
     pub warm_up: u64,
     /// Longest wait for anything from the peer (`None`: for ever).
     pub patience: Option<Duration>,
+    /// Receives a SEND bandwidth server keeps posted (`-r`).
+    pub rx_depth: u32,
 }
 
 impl RunParams {
@@ -385,11 +387,12 @@ fn deltas(stamps: &[Instant], div: f64) -> Vec<f64> {
 /// `tx_depth` receives posted and reaps `p.iters` of them.
 pub fn bw_server(s: &mut dyn Side, p: &RunParams, label: &str) -> BenchResult<u64> {
     let size = p.size.max(1);
-    s.ensure_recv(p.tx_depth.max(1), size)?;
+    s.ensure_recv(p.rx_depth.max(p.tx_depth).max(1), size)?;
     let mut progress = Progress::new(label, p.iters);
     let mut received = 0u64;
     while received < p.iters {
-        let r = wait_cq_for(s, true, p.poll, p.patience)?;
+        let r = wait_cq_for(s, true, p.poll, p.patience)
+            .map_err(|e| format!("{e}; {received} of {} SENDs received", p.iters))?;
         received += r as u64;
         s.post_recv(r as u32, size)?;
         progress.tick(received);
@@ -653,6 +656,7 @@ mod tests {
             poll: PollMode::Busy,
             warm_up: 0,
             patience: None,
+            rx_depth: 1,
         }
     }
 

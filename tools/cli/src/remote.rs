@@ -130,7 +130,11 @@ where
     for &size in &plan.sizes {
         // receives first, then the barrier: the peer may send as soon as it is through
         if op == Op::Send && (lat || role == Role::Server) {
-            let n = if lat { 1 } else { plan.params.tx_depth.max(1) };
+            let n = if lat {
+                1
+            } else {
+                plan.params.rx_depth.max(plan.params.tx_depth).max(1)
+            };
             end.side().ensure_recv(n, size as u32)?;
         }
         barrier(&mut s, per_size)?;
