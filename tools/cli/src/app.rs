@@ -827,6 +827,12 @@ fn pingpong(a: &PingpongArgs) -> Result<(), String> {
     if a.sl > 15 {
         return Err(format!("-l {}: service levels are 0..=15", a.sl));
     }
+    if a.loopback && (a.port.is_some() || a.bind.is_some()) {
+        return Err("-p/--bind: the TCP exchange needs a peer; drop --loopback".into());
+    }
+    if a.bind.is_some() && a.host.is_some() {
+        return Err("--bind: the address the server listens on; a client has HOST".into());
+    }
     if a.loopback && (a.chk || a.chk_all) {
         return Err("-c checks a peer's messages: drop --loopback".into());
     }

@@ -106,9 +106,9 @@ pub struct PingpongArgs {
     /// Both ends in this process: no peer, no TCP exchange.
     #[arg(long, conflicts_with_all = ["host", "server"])]
     pub loopback: bool,
-    /// Address the server listens on.
-    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0")]
-    pub bind: String,
+    /// Address the server listens on (default 0.0.0.0; the server only).
+    #[arg(long, value_name = "ADDR")]
+    pub bind: Option<String>,
     /// Device name (default: the first one found).
     #[arg(short = 'd', long = "ib-dev", value_name = "DEV")]
     pub dev: Option<String>,
@@ -157,9 +157,9 @@ pub struct PingpongArgs {
     /// first byte of each page).
     #[arg(long = "chk-all")]
     pub chk_all: bool,
-    /// TCP port for the address exchange.
-    #[arg(short = 'p', long, default_value_t = 18515)]
-    pub port: u16,
+    /// TCP port for the address exchange (default 18515; not with --loopback).
+    #[arg(short = 'p', long)]
+    pub port: Option<u16>,
     /// Use the emulated HCA even if a real device exists.
     #[arg(long)]
     pub emu: bool,
@@ -890,7 +890,7 @@ mod tests {
         // no host: the server, with ibv_rc_pingpong's defaults
         assert_eq!(a.host, None);
         assert!(!a.loopback && !a.chk && !a.events);
-        assert_eq!((a.port, a.ib_port, a.size, a.mtu), (18515, 1, 4096, 1024));
+        assert_eq!((a.port, a.ib_port, a.size, a.mtu), (None, 1, 4096, 1024));
         assert_eq!((a.rx_depth, a.iters, a.sl, a.gid_idx), (500, 1000, 0, None));
         let a = parse(&[
             "mlx5", "pingpong", "-p", "4000", "-d", "mlx5_1", "-i", "1", "-s", "32", "-m", "2048",
@@ -901,7 +901,7 @@ mod tests {
         assert_eq!(a.dev.as_deref(), Some("mlx5_1"));
         assert_eq!(
             (a.port, a.size, a.mtu, a.rx_depth, a.iters),
-            (4000, 32, 2048, 16, 7)
+            (Some(4000), 32, 2048, 16, 7)
         );
         assert!(a.events && a.chk);
         assert_eq!(a.gid_idx, Some(0));

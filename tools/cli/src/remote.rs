@@ -321,7 +321,13 @@ pub fn pingpong(a: &PingpongArgs, cfg: &TestbedConfig, p: &RunParams) -> Result<
         "{}",
         crate::app::pingpong_address("local", ours.lid, ours.qpn, ours.psn, &ours.gid)
     );
-    let mut s = tcp(role, a.host.as_deref(), &a.bind, a.port)?;
+    let bind = a.bind.as_deref().unwrap_or("0.0.0.0");
+    let mut s = tcp(
+        role,
+        a.host.as_deref(),
+        bind,
+        a.port.unwrap_or(crate::cli::DEFAULT_PORT),
+    )?;
     s.set_nodelay(true).map_err(io("TCP_NODELAY"))?;
     s.set_read_timeout(p.patience)
         .map_err(io("TCP read timeout"))?;

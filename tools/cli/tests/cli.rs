@@ -851,6 +851,14 @@ fn unsupported_perftest_options_are_refused_by_name() {
             &["lat", "send", "127.0.0.1", "--emu", "--bind", "0.0.0.0"],
             "--bind",
         ),
+        (
+            &["pingpong", "--loopback", "--emu", "-p", "4000"],
+            "-p/--bind",
+        ),
+        (
+            &["pingpong", "127.0.0.1", "--emu", "--bind", "0.0.0.0"],
+            "--bind",
+        ),
     ] {
         let err = refused(args);
         assert!(
