@@ -332,7 +332,9 @@ pub struct TestArgs<Op: ValueEnum + Clone + Send + Sync + 'static> {
     /// Write the results as JSON to FILE, or to stdout (the table then goes to stderr).
     #[arg(long, value_name = "FILE", num_args = 0..=1)]
     pub json: Option<Option<PathBuf>>,
-    /// Write a latency histogram as SVG.
+    /// Latency tests: write the latency picture as SVG (latency by percentile beside a
+    /// histogram with log counts; markers at p50, p99, p99.9, p99.99, max). With -a one file
+    /// per size, FILE-SIZE.svg; the report names what it wrote.
     #[arg(long, value_name = "FILE.svg")]
     pub histogram: Option<PathBuf>,
     /// Source GID index (perftest's -x): the path carries a GRH and the GID goes to the peer.
