@@ -114,15 +114,13 @@ pub fn run(cmd: Command) -> Result<(), String> {
             run_test(op, true, &a)
         }
         Command::Bw(a) => {
-            if a.atomic_type.is_some() {
-                return Err(
-                    "-A/--atomic_type: `lat atomic` only (no atomic bandwidth test)".into(),
-                );
-            }
-            let op = match a.op {
-                BwOp::Send => Op::Send,
-                BwOp::Write => Op::Write,
-                BwOp::Read => Op::Read,
+            let op = match (a.op, a.atomic_type) {
+                (BwOp::Atomic, None | Some(AtomicType::FETCH_AND_ADD)) => Op::FetchAdd,
+                (BwOp::Atomic, Some(AtomicType::CMP_AND_SWAP)) => Op::CmpSwap,
+                (_, Some(_)) => return Err("-A/--atomic_type: `bw atomic` only".into()),
+                (BwOp::Send, None) => Op::Send,
+                (BwOp::Write, None) => Op::Write,
+                (BwOp::Read, None) => Op::Read,
             };
             run_test(op, false, &a)
         }
@@ -150,7 +148,9 @@ pub fn title(op: Op, lat: bool) -> &'static str {
         (Op::CmpSwap, true) => "Atomic CMP_AND_SWAP Latency Test",
         (Op::Send, false) => "Send BW Test",
         (Op::Write, false) => "RDMA_Write BW Test",
-        (Op::Read | Op::FetchAdd | Op::CmpSwap, false) => "RDMA_Read BW Test",
+        (Op::Read, false) => "RDMA_Read BW Test",
+        (Op::FetchAdd, false) => "Atomic FETCH_AND_ADD BW Test",
+        (Op::CmpSwap, false) => "Atomic CMP_AND_SWAP BW Test",
     }
 }
 
@@ -243,7 +243,8 @@ where
     }
     if a.perform_warm_up && !lat && op == Op::Send {
         return Err(
-            "--perform_warm_up: WRITE and READ bandwidth and latency tests (as perftest)".into(),
+            "--perform_warm_up: WRITE, READ and atomic bandwidth and latency tests (as perftest)"
+                .into(),
         );
     }
     if a.outs.is_some() && !matches!(op, Op::Read | Op::FetchAdd | Op::CmpSwap) {

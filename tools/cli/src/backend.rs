@@ -27,6 +27,10 @@ use crate::app::{Testbed, TestbedConfig};
 use crate::bench::{BenchResult, Op, Side, Wr};
 use crate::report::Endpoint;
 
+/// The least size of each buffer area: perftest's cycle buffer (a page), over which its
+/// binaries spread the WRs of small messages in the peer's window.
+pub const PEER_CYCLE_BUFFER: usize = 4096;
+
 /// Most WRs posted with one doorbell (`-l`).
 pub const MAX_POST_LIST: u32 = 64;
 /// How long a blocking wait for a completion event may take before the run fails.
@@ -167,7 +171,11 @@ impl End {
     fn new(ctx: &Context, pd: &Pd, cfg: &TestbedConfig) -> Result<Self, String> {
         // UD receives land after the 40-byte GRH slot
         let grh = if cfg.conn == Conn::Ud { UD_GRH } else { 0 };
-        let area = (cfg.max_size as usize + grh).max(8).next_multiple_of(64);
+        // at least a page: perftest's peer spreads small WRITEs, READs and atomics over a
+        // page-sized "cycle buffer" of the window it was given
+        let area = (cfg.max_size as usize + grh)
+            .max(PEER_CYCLE_BUFFER)
+            .next_multiple_of(64);
         let policy = if cfg.hugepages {
             HugePolicy::Auto
         } else {

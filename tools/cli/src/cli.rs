@@ -23,7 +23,7 @@ pub enum Command {
     Info(InfoArgs),
     /// Latency test, as ib_{send,write,read,atomic}_lat.
     Lat(TestArgs<LatOp>),
-    /// Bandwidth test, as ib_{send,write,read}_bw.
+    /// Bandwidth test, as ib_{send,write,read,atomic}_bw.
     Bw(TestArgs<BwOp>),
     /// RC ping-pong, as ibv_rc_pingpong.
     Pingpong(PingpongArgs),
@@ -190,6 +190,8 @@ pub enum BwOp {
     Write,
     /// RDMA READ stream.
     Read,
+    /// Atomic stream (fetch-and-add or compare-and-swap, -A), as ib_atomic_bw.
+    Atomic,
 }
 
 /// Atomic operation of `lat atomic`.
@@ -304,7 +306,7 @@ pub struct TestArgs<Op: ValueEnum + Clone + Send + Sync + 'static> {
     /// Path MTU (256, 512, 1024, 2048, 4096).
     #[arg(short = 'm', long, value_name = "MTU")]
     pub mtu: Option<u32>,
-    /// Atomic operation of `lat atomic` (default FETCH_AND_ADD).
+    /// Atomic operation of `lat atomic` and `bw atomic` (default FETCH_AND_ADD).
     #[arg(short = 'A', long = "atomic_type", value_enum)]
     pub atomic_type: Option<AtomicType>,
     /// Back the buffers with huge pages.
@@ -847,7 +849,8 @@ mod tests {
         assert_eq!(a.op, BwOp::Write);
         assert!(Cli::try_parse_from(["mlx5", "lat", "send", "--poll", "sometimes"]).is_err());
         assert!(Cli::try_parse_from(["mlx5", "lat", "send", "--server", "host"]).is_err());
-        assert!(Cli::try_parse_from(["mlx5", "bw", "atomic"]).is_err());
+        assert!(Cli::try_parse_from(["mlx5", "bw", "atomic"]).is_ok());
+        assert!(Cli::try_parse_from(["mlx5", "bw", "fetch"]).is_err());
         // perftest's spelling of the atomic type
         let cli = Cli::try_parse_from(["mlx5", "lat", "atomic", "-A", "CMP_AND_SWAP"]).unwrap();
         let Command::Lat(a) = cli.cmd else {

@@ -1198,3 +1198,43 @@ fn interoperates_with_perftest_over_uc_and_ud() {
         "{srv} vs {cli}"
     );
 }
+
+/// `bw atomic` is ib_atomic_bw's twin, and our server's window takes perftest's small WRITEs
+/// and atomics, which perftest spreads over a page of the peer's buffer (the window was the
+/// message size rounded to 64 bytes: ib_atomic_bw and `ib_write_bw -s 64` against our server
+/// failed with a remote access error).
+#[test]
+fn interoperates_with_ib_atomic_bw_and_small_writes() {
+    // ib_atomic_bw serves and prints our client's figures
+    let port = free_port().to_string();
+    let (srv, cli) = run_pair(
+        &mut perftest("ib_atomic_bw", &["-p", &port, "-n", "300"]),
+        &mut ours_client("bw", "atomic", &port, &["-n", "300"]),
+    );
+    assert!(srv.contains("Atomic FETCH_AND_ADD BW Test"), "{srv}");
+    assert!(cli.contains("Atomic FETCH_AND_ADD BW Test"), "{cli}");
+    assert_eq!(row(&srv, "8")[1], 300.0, "{srv}");
+    assert_eq!(row(&cli, "8")[1], 300.0, "{cli}");
+    // we serve ib_atomic_bw -A CMP_AND_SWAP's client
+    let port = free_port().to_string();
+    let (srv, cli) = run_pair(
+        &mut ours_server("bw", "atomic", &port, &["-n", "300", "-A", "CMP_AND_SWAP"]),
+        &mut perftest(
+            "ib_atomic_bw",
+            &["127.0.0.1", "-p", &port, "-n", "300", "-A", "CMP_AND_SWAP"],
+        ),
+    );
+    assert_eq!(row(&cli, "8")[1], 300.0, "{cli}");
+    assert_eq!(row(&srv, "8")[1], 300.0, "{srv}");
+    // we serve ib_write_bw -s 64's client
+    let port = free_port().to_string();
+    let (srv, cli) = run_pair(
+        &mut ours_server("bw", "write", &port, &["-n", "300", "-s", "64"]),
+        &mut perftest(
+            "ib_write_bw",
+            &["127.0.0.1", "-p", &port, "-n", "300", "-s", "64"],
+        ),
+    );
+    assert_eq!(row(&cli, "64")[1], 300.0, "{cli}");
+    assert_eq!(row(&srv, "64")[1], 300.0, "{srv}");
+}
