@@ -1015,6 +1015,22 @@ fn accepted_perftest_options_take_effect() {
     let out = mlx5(&["lat", "write", "--emu", "-n", "40", "-U"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains(" #, RTT/2 of 2 B\n"), "{text}");
+    // -U: 40 samples numbered 1..=40 whose mean is the table's t_avg
+    let unsorted: Vec<(u32, f64)> = text
+        .lines()
+        .filter_map(|l| l.split_once(", "))
+        .filter_map(|(i, v)| Some((i.trim().parse().ok()?, v.trim().parse().ok()?)))
+        .collect();
+    assert_eq!(
+        unsorted.iter().map(|s| s.0).collect::<Vec<_>>(),
+        (1..=40).collect::<Vec<_>>()
+    );
+    let avg = row(&text, "2")[5];
+    let sum: f64 = unsorted.iter().map(|s| s.1).sum();
+    assert!(
+        (sum / 40.0 - avg).abs() < 0.01 + 0.001 * avg,
+        "{sum} vs {avg}"
+    );
     // --perform_warm_up runs unmeasured WRs first in bandwidth tests too (it was ignored)
     let doc = json(&[
         "bw",
