@@ -413,7 +413,8 @@ pub struct BwRun {
 /// Streams `op` from `a` to `b`: keeps up to `tx_depth` WRs outstanding, posted `post_list` at
 /// a time, one signaled every `cq_mod` (and always the last). For SEND, `b` keeps `tx_depth`
 /// receives posted and `a` never posts more SENDs than `b` has receives for. With `b` in
-/// another process (`None`), SENDs that find no receive are retried by the RC transport (RNR).
+/// another process (`None`), SENDs that find no receive are retried by the RC transport (RNR)
+/// and dropped by UC and UD (the server then reports how many arrived).
 pub fn bw_stream(
     op: Op,
     a: &mut dyn Side,
