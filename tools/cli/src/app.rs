@@ -976,5 +976,28 @@ mod tests {
         assert!(parse(&["mlx5", "lat", "send", "-l", "2"]).is_err());
         assert!(parse(&["mlx5", "lat", "send", "-D", "0"]).is_err());
         assert!(parse(&["mlx5", "lat", "send", "-t", "0"]).is_err());
+        // perftest's -r (512), -c, -o, -S, -u reach the testbed
+        let p = parse(&["mlx5", "lat", "send"]).unwrap();
+        assert_eq!((p.testbed.rq_depth, p.params.rx_depth), (512, 512));
+        assert_eq!(
+            (p.testbed.conn, p.testbed.sl, p.testbed.timeout),
+            (Conn::Rc, 0, 14)
+        );
+        let p = parse(&[
+            "mlx5", "lat", "send", "-c", "UD", "-a", "-S", "5", "-u", "9",
+        ])
+        .unwrap();
+        assert_eq!(p.sizes.len(), 12, "UD: 2..=4096");
+        assert_eq!(p.params.inline_max, DEFAULT_INLINE_SEND_UD);
+        assert_eq!(
+            (p.testbed.conn, p.testbed.sl, p.testbed.timeout),
+            (Conn::Ud, 5, 9)
+        );
+        let p = parse(&["mlx5", "lat", "send", "-r", "64", "-e"]).unwrap();
+        assert_eq!(p.testbed.rq_depth, 64);
+        assert!(p.testbed.events && p.params.poll == PollMode::Event);
+        let p = parse(&["mlx5", "bw", "write", "-D", "1"]).unwrap();
+        assert!(p.params.duration.is_some());
+        assert!(parse(&["mlx5", "bw", "write", "-o", "4"]).is_err());
     }
 }
