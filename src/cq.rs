@@ -1323,7 +1323,7 @@ fn set_error(wc: &mut WorkCompletion, cqe: &Cqe64) {
 
 #[cfg(test)]
 mod tests {
-    //! CQE decoding against hand-built CQEs (field values from mlx5-datapath.md §6), and
+    //! CQE decoding against hand-built CQEs (field values from docs/datapath.md §4), and
     //! random CQEs that must never panic.
     use super::*;
     use mlx5_hw::cqe::op_own;

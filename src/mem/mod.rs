@@ -1,10 +1,10 @@
 //! Memory the device touches: page-aligned and hugepage DMA buffers, doorbell-record pages,
 //! the send/receive work-queue rings, the completion rings and the mapped UAR pages.
 //!
-//! This is one of the three modules where `unsafe` is allowed. The rule (STYLE P5): memory the
-//! device may be reading or writing is reachable only through raw-pointer handles; the types
-//! here that hand out `&mut` windows (the WQE writer) do so only over slots the counters prove
-//! are driver-owned.
+//! This is one of the three modules where `unsafe` is allowed. The rule (docs/safety.md,
+//! "Device memory and rings"): memory the device may be reading or writing is reachable only
+//! through raw-pointer handles; the types here that hand out `&mut` windows (the WQE writer) do
+//! so only over slots the counters prove are driver-owned.
 #![allow(unsafe_code)]
 
 pub mod dbrec;

@@ -22,7 +22,7 @@ use crate::mmio::barrier;
 use crate::recorder::QpRecorder;
 use crate::wr::{PostError, RecvWr, Sge};
 
-/// Geometry of a receive queue (mlx5-datapath.md §2.3).
+/// Geometry of a receive queue (docs/datapath.md §2.3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RqGeometry {
     /// WQE stride in bytes (power of two, >= 16).

@@ -4,7 +4,7 @@
 //! # Ownership rule
 //! WQEBBs from `cur_post` on are driver-owned as long as fewer than `max_post` WRs are
 //! outstanding (`head - tail < max_post`): every WR is accounted at the worst-case WQE size, and
-//! `max_post * wqe_size` fits the ring (mlx5-datapath.md §2.2). `tail` only moves when the CQ
+//! `max_post * wqe_size` fits the ring (docs/datapath.md §2.2). `tail` only moves when the CQ
 //! poller sees a CQE, so a full queue is refused ([`PostError::Full`]), never overwritten.
 //!
 //! # Ordering rule
@@ -251,7 +251,7 @@ impl SqShared {
     }
 }
 
-/// Geometry of a send queue (mlx5-datapath.md §2.2).
+/// Geometry of a send queue (docs/datapath.md §2.2).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SqGeometry {
     /// Worst-case WQE size in bytes (a multiple of 64).
@@ -268,7 +268,7 @@ pub struct SqGeometry {
 
 /// Worst-case bytes of the segments before the payload for `qp_type` (ctrl + op segments +
 /// transport), over the operations this driver posts (no UMR/LOCAL_INV/BIND_MW, so RC is 48,
-/// not libmlx5's 192; see mlx5-datapath.md §2.1).
+/// not libmlx5's 192; see docs/datapath.md §2.1).
 pub fn sq_overhead(qp_type: QpType) -> u32 {
     match qp_type {
         QpType::Rc => 16 + 16 + 16, // ctrl + raddr + atomic
@@ -1596,7 +1596,7 @@ fn write_inline(
         }
         len
     };
-    // A zero total length produces no segment at all (mlx5-datapath.md §1.8).
+    // A zero total length produces no segment at all (docs/datapath.md §1.8).
     if len == 0 {
         return Ok(pos);
     }
@@ -1837,7 +1837,7 @@ impl<P: PayloadKind> WqeBuilder<'_, P> {
         let q = self.q;
         // An inline WR counts as inline for the BlueFlame policy even with 0 bytes (libmlx5
         // sets its `inl` flag from IBV_SEND_INLINE), but a zero total length produces no
-        // segment at all (mlx5-datapath.md §1.8).
+        // segment at all (docs/datapath.md §1.8).
         if P::INLINE && self.payload > 0 {
             let pos = self.start as usize * 64 + ds as usize * 16;
             self.w.write4(pos, inline_hdr(self.payload));
@@ -1897,7 +1897,7 @@ pub(crate) static REQ_WC_BY_SEND_OP: [u32; 256] = {
 
 #[cfg(test)]
 mod tests {
-    //! WQE bytes and doorbells against the worked examples of mlx5-datapath.md §1.13, without a
+    //! WQE bytes and doorbells against the worked examples of docs/datapath.md §1.10, without a
     //! device: the UAR page is ordinary memory we can read back.
     use super::*;
 
@@ -2043,7 +2043,7 @@ mod tests {
         let (c, _) = ctrl_at(&r.sq, 0);
         assert_eq!(c.ds(), 1, "ctrl only, as libmlx5");
         assert_eq!(r.sq.producer(), 1);
-        // ds = 1 is never BlueFlamed (mlx5-datapath.md §3.4).
+        // ds = 1 is never BlueFlamed (docs/datapath.md §3.4).
         assert_eq!((r.sq.stats().doorbells, r.sq.stats().bf_copies), (1, 0));
         // With BlueFlame for inline WRs only, a 0-byte inline WRITE (ds 2) still counts as inline.
         r.sq.set_bf_policy(BfPolicy::InlineOnly);
@@ -2182,7 +2182,7 @@ mod tests {
 
     #[test]
     fn geometry_follows_the_reference() {
-        // UD, 1 SGE: align64(64 + 16) = 128 B, max_inline 60 (mlx5-datapath.md §2.2).
+        // UD, 1 SGE: align64(64 + 16) = 128 B, max_inline 60 (docs/datapath.md §2.2).
         let g = sq_geometry(QpType::Ud, 64, 1, 0, 1008, 1 << 15).unwrap();
         assert_eq!((g.wqe_size, g.max_inline, g.max_gs), (128, 60, 4));
         assert_eq!(g.wqe_cnt, 128);
