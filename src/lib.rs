@@ -107,6 +107,8 @@ pub mod ah;
 pub mod context;
 pub mod cq;
 pub mod device;
+#[cfg(feature = "emulator")]
+pub mod emulator;
 pub mod error;
 // Internals: raw memory, MMIO and ring arithmetic. Crate-private, because their functions rely on
 // invariants (offsets inside a mapping, a register's length) that only the driver establishes;
@@ -126,7 +128,8 @@ pub mod wr;
 
 pub use ah::{Ah, AhAttr, GlobalRoute};
 pub use context::{
-    AsyncEvent, CompChannel, Context, ContextConfig, DeviceAttr, GidEntry, PortAttr, UarMode,
+    AsyncEvent, AsyncEventKind, CompChannel, Context, ContextConfig, DeviceAttr, GidEntry, PortAttr,
+    UarMode,
 };
 pub use cq::{Cq, CqInit, CqeKind, RawCq, RawCqe};
 pub use device::{Device, devices};
