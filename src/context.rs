@@ -23,8 +23,8 @@ use mlx5_ffi::mlx5::{
 use mlx5_ffi::surface::UverbsSurface;
 use mlx5_ffi::uverbs::{
     IbUverbsAsyncEventDesc, IbUverbsCompEventDesc, IbUverbsCreateCompChannel,
-    IbUverbsExQueryDevice, IbUverbsGetContext,
-    IbUverbsQueryDevice, IbUverbsQueryDeviceResp, IbUverbsQueryPort, IbUverbsQueryPortResp,
+    IbUverbsExQueryDevice, IbUverbsGetContext, IbUverbsQueryDevice, IbUverbsQueryDeviceResp,
+    IbUverbsQueryPort, IbUverbsQueryPortResp,
 };
 use mlx5_hw::doorbell::UAR_SIZE;
 use zerocopy::{FromBytes, IntoBytes};
@@ -444,7 +444,10 @@ impl Context {
                 what: "CQE timestamps in time: the device reports hca_core_clock 0 kHz",
             });
         }
-        Ok(*self.inner.core_clock_khz.get_or_init(|| resp.hca_core_clock))
+        Ok(*self
+            .inner
+            .core_clock_khz
+            .get_or_init(|| resp.hca_core_clock))
     }
 
     /// A CQE timestamp ([`WorkCompletion::timestamp`](crate::WorkCompletion::timestamp), raw
@@ -987,7 +990,10 @@ impl core::fmt::Debug for AsyncEvent {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("AsyncEvent")
             .field("element", &self.element)
-            .field("event_type", &format_args!("{} ({})", self.kind(), self.event_type))
+            .field(
+                "event_type",
+                &format_args!("{} ({})", self.kind(), self.event_type),
+            )
             .finish()
     }
 }
@@ -1055,27 +1061,67 @@ pub enum AsyncEventKind {
 
 /// Every known kind with its raw number, name and the element its handle names.
 const EVENT_KINDS: [(AsyncEventKind, u32, &str, &str); 20] = {
-    use mlx5_ffi::uverbs as u;
     use AsyncEventKind as K;
+    use mlx5_ffi::uverbs as u;
     [
         (K::CqErr, u::IB_EVENT_CQ_ERR, "CQ_ERR", "CQ"),
         (K::QpFatal, u::IB_EVENT_QP_FATAL, "QP_FATAL", "QP"),
         (K::QpReqErr, u::IB_EVENT_QP_REQ_ERR, "QP_REQ_ERR", "QP"),
-        (K::QpAccessErr, u::IB_EVENT_QP_ACCESS_ERR, "QP_ACCESS_ERR", "QP"),
+        (
+            K::QpAccessErr,
+            u::IB_EVENT_QP_ACCESS_ERR,
+            "QP_ACCESS_ERR",
+            "QP",
+        ),
         (K::CommEst, u::IB_EVENT_COMM_EST, "COMM_EST", "QP"),
         (K::SqDrained, u::IB_EVENT_SQ_DRAINED, "SQ_DRAINED", "QP"),
         (K::PathMig, u::IB_EVENT_PATH_MIG, "PATH_MIG", "QP"),
-        (K::PathMigErr, u::IB_EVENT_PATH_MIG_ERR, "PATH_MIG_ERR", "QP"),
-        (K::DeviceFatal, u::IB_EVENT_DEVICE_FATAL, "DEVICE_FATAL", "device"),
-        (K::PortActive, u::IB_EVENT_PORT_ACTIVE, "PORT_ACTIVE", "port"),
+        (
+            K::PathMigErr,
+            u::IB_EVENT_PATH_MIG_ERR,
+            "PATH_MIG_ERR",
+            "QP",
+        ),
+        (
+            K::DeviceFatal,
+            u::IB_EVENT_DEVICE_FATAL,
+            "DEVICE_FATAL",
+            "device",
+        ),
+        (
+            K::PortActive,
+            u::IB_EVENT_PORT_ACTIVE,
+            "PORT_ACTIVE",
+            "port",
+        ),
         (K::PortErr, u::IB_EVENT_PORT_ERR, "PORT_ERR", "port"),
         (K::LidChange, u::IB_EVENT_LID_CHANGE, "LID_CHANGE", "port"),
-        (K::PkeyChange, u::IB_EVENT_PKEY_CHANGE, "PKEY_CHANGE", "port"),
+        (
+            K::PkeyChange,
+            u::IB_EVENT_PKEY_CHANGE,
+            "PKEY_CHANGE",
+            "port",
+        ),
         (K::SmChange, u::IB_EVENT_SM_CHANGE, "SM_CHANGE", "port"),
         (K::SrqErr, u::IB_EVENT_SRQ_ERR, "SRQ_ERR", "SRQ"),
-        (K::SrqLimitReached, u::IB_EVENT_SRQ_LIMIT_REACHED, "SRQ_LIMIT_REACHED", "SRQ"),
-        (K::QpLastWqeReached, u::IB_EVENT_QP_LAST_WQE_REACHED, "QP_LAST_WQE_REACHED", "QP"),
-        (K::ClientReregister, u::IB_EVENT_CLIENT_REREGISTER, "CLIENT_REREGISTER", "port"),
+        (
+            K::SrqLimitReached,
+            u::IB_EVENT_SRQ_LIMIT_REACHED,
+            "SRQ_LIMIT_REACHED",
+            "SRQ",
+        ),
+        (
+            K::QpLastWqeReached,
+            u::IB_EVENT_QP_LAST_WQE_REACHED,
+            "QP_LAST_WQE_REACHED",
+            "QP",
+        ),
+        (
+            K::ClientReregister,
+            u::IB_EVENT_CLIENT_REREGISTER,
+            "CLIENT_REREGISTER",
+            "port",
+        ),
         (K::GidChange, u::IB_EVENT_GID_CHANGE, "GID_CHANGE", "port"),
         (K::WqFatal, u::IB_EVENT_WQ_FATAL, "WQ_FATAL", "WQ"),
     ]
@@ -1094,7 +1140,10 @@ impl AsyncEventKind {
     pub fn raw(self) -> u32 {
         match self {
             AsyncEventKind::Unknown(n) => n,
-            k => EVENT_KINDS.iter().find(|e| e.0 == k).map_or(u32::MAX, |e| e.1),
+            k => EVENT_KINDS
+                .iter()
+                .find(|e| e.0 == k)
+                .map_or(u32::MAX, |e| e.1),
         }
     }
 

@@ -233,7 +233,10 @@ mod tests {
             PathBuf::from("/tmp/emu-sysfs")
         );
         assert_eq!(sysfs_root_from(Some(OsStr::new(""))), PathBuf::from("/sys"));
-        assert_eq!(sysfs_root_from(Some(OsStr::new("//"))), PathBuf::from("/sys"));
+        assert_eq!(
+            sysfs_root_from(Some(OsStr::new("//"))),
+            PathBuf::from("/sys")
+        );
     }
 
     #[test]

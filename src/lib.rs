@@ -128,8 +128,8 @@ pub mod wr;
 
 pub use ah::{Ah, AhAttr, GlobalRoute};
 pub use context::{
-    AsyncEvent, AsyncEventKind, CompChannel, Context, ContextConfig, DeviceAttr, GidEntry, PortAttr,
-    UarMode,
+    AsyncEvent, AsyncEventKind, CompChannel, Context, ContextConfig, DeviceAttr, GidEntry,
+    PortAttr, UarMode,
 };
 pub use cq::{Cq, CqInit, CqeKind, RawCq, RawCqe};
 pub use device::{Device, devices};
