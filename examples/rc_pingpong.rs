@@ -108,7 +108,17 @@ fn wait(cq: &mut Cq, what: &str, deadline: Instant) -> Result<WorkCompletion, Bo
     Ok(wc[0])
 }
 
-fn main() -> Result<(), Box<dyn Error>> {
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("rc_pingpong: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<(), Box<dyn Error>> {
     let iters: u64 = match std::env::args().nth(1) {
         Some(a) => a.parse().map_err(|e| format!("ITERATIONS {a:?}: {e}"))?,
         None => 1000,

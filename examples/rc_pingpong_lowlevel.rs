@@ -42,7 +42,17 @@ const DEADLINE: Duration = Duration::from_secs(30);
 
 type Res<T> = Result<T, Box<dyn Error + Send + Sync>>;
 
-fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("rc_pingpong_lowlevel: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<(), Box<dyn Error + Send + Sync>> {
     let total: u64 = match std::env::args().nth(1) {
         Some(a) => a.parse().map_err(|e| format!("MESSAGES {a:?}: {e}"))?,
         None => 10_000,

@@ -26,7 +26,17 @@ const SIZES: [u32; 5] = [1, 64, 1000, 4096, 65536];
 /// A run that takes longer than this is a failure, not a hang.
 const DEADLINE: Duration = Duration::from_secs(30);
 
-fn main() -> Result<(), Box<dyn Error>> {
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("write_imm: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<(), Box<dyn Error>> {
     let hca = Hca::first_or_emulated();
     let ctx = hca.open()?;
     println!("device: {hca}");
