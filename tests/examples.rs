@@ -145,3 +145,47 @@ fn error_completion_is_explained_and_the_state_told_truly() {
     );
     assert!(out.ends_with("error_completion: ok\n"), "{out}");
 }
+
+/// The README lists every example, and its test command is the one CI runs.
+#[test]
+fn the_readme_lists_every_example_and_ci_runs_its_test_command() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let mut names: Vec<String> = std::fs::read_dir(root.join("examples"))
+        .unwrap()
+        .filter_map(|e| {
+            let p = e.ok()?.path();
+            (p.extension()? == "rs").then(|| p.file_stem().unwrap().to_string_lossy().into_owned())
+        })
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), 4, "{names:?}");
+    for n in &names {
+        assert!(
+            readme.contains(&format!("| `{n}` |")),
+            "README misses example {n}"
+        );
+    }
+    // The two set-up commands: the main job and the test command, in that order.
+    let blocks: Vec<&str> = readme
+        .split("```sh\n")
+        .skip(1)
+        .filter_map(|b| b.split("```").next())
+        .take(2)
+        .collect();
+    assert_eq!(
+        blocks,
+        [
+            "cargo run --release -p mlx5-tools -- lat send\n",
+            "tools/test.sh\n"
+        ]
+    );
+    let ci = std::fs::read_to_string(root.join(".ci/run")).unwrap();
+    assert!(ci.lines().any(|l| l == "tools/test.sh"), "{ci}");
+    assert!(!ci.contains("cargo test --workspace"), "{ci}");
+    let script = std::fs::read_to_string(root.join("tools/test.sh")).unwrap();
+    assert!(
+        script.contains("exec cargo test --workspace --release"),
+        "{script}"
+    );
+}
