@@ -107,7 +107,9 @@ impl DeviceAttr {
 }
 
 /// Port attributes (`ibv_port_attr`), from QUERY_PORT.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+///
+/// `Debug` names the state, MTU and link layer (`state: ACTIVE (4)`) and leaves out `raw`.
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct PortAttr {
     /// `IB_PORT_*` state (4 = ACTIVE).
     pub state: u8,
@@ -128,15 +130,91 @@ impl PortAttr {
     pub fn is_roce(&self) -> bool {
         self.link_layer == mlx5_ffi::uverbs::IB_LINK_LAYER_ETHERNET
     }
+
+    /// The port state's name (`ibv_port_state_str`): `"ACTIVE"`, `"DOWN"`, ...
+    pub fn state_name(&self) -> &'static str {
+        use mlx5_ffi::uverbs as u;
+        match u32::from(self.state) {
+            u::IB_PORT_NOP => "NOP",
+            u::IB_PORT_DOWN => "DOWN",
+            u::IB_PORT_INIT => "INIT",
+            u::IB_PORT_ARMED => "ARMED",
+            u::IB_PORT_ACTIVE => "ACTIVE",
+            u::IB_PORT_ACTIVE_DEFER => "ACTIVE_DEFER",
+            _ => "unknown",
+        }
+    }
+
+    /// The link layer's name: `"InfiniBand"`, `"Ethernet"` or `"unspecified"`.
+    pub fn link_layer_name(&self) -> &'static str {
+        match self.link_layer {
+            mlx5_ffi::uverbs::IB_LINK_LAYER_INFINIBAND => "InfiniBand",
+            mlx5_ffi::uverbs::IB_LINK_LAYER_ETHERNET => "Ethernet",
+            _ => "unspecified",
+        }
+    }
 }
 
-/// One GID table entry.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+impl core::fmt::Debug for PortAttr {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        let mtu = crate::Mtu::from_code(self.active_mtu).map(crate::Mtu::bytes);
+        f.debug_struct("PortAttr")
+            .field(
+                "state",
+                &format_args!("{} ({})", self.state_name(), self.state),
+            )
+            .field(
+                "active_mtu",
+                &format_args!("{} ({})", mtu.unwrap_or(0), self.active_mtu),
+            )
+            .field("lid", &self.lid)
+            .field("gid_tbl_len", &self.gid_tbl_len)
+            .field(
+                "link_layer",
+                &format_args!("{} ({})", self.link_layer_name(), self.link_layer),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+/// One GID table entry. `Debug` prints the GID as sysfs does and names the type.
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct GidEntry {
     /// The GID (16 bytes, network order).
     pub gid: [u8; 16],
     /// `IB_UVERBS_GID_TYPE_*`: 0 IB, 1 RoCE v1, 2 RoCE v2.
     pub gid_type: u32,
+}
+
+impl GidEntry {
+    /// The type's name: `"IB"`, `"RoCE v1"`, `"RoCE v2"` or `"unknown"`.
+    pub fn type_name(&self) -> &'static str {
+        match self.gid_type {
+            IB_UVERBS_GID_TYPE_IB => "IB",
+            IB_UVERBS_GID_TYPE_ROCE_V1 => "RoCE v1",
+            IB_UVERBS_GID_TYPE_ROCE_V2 => "RoCE v2",
+            _ => "unknown",
+        }
+    }
+}
+
+impl core::fmt::Debug for GidEntry {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        let mut gid = String::with_capacity(39);
+        for (i, pair) in self.gid.chunks(2).enumerate() {
+            if i > 0 {
+                gid.push(':');
+            }
+            gid.push_str(&format!("{:02x}{:02x}", pair[0], pair[1]));
+        }
+        f.debug_struct("GidEntry")
+            .field("gid", &format_args!("{gid}"))
+            .field(
+                "gid_type",
+                &format_args!("{} ({})", self.type_name(), self.gid_type),
+            )
+            .finish()
+    }
 }
 
 /// How UARs are provided.
@@ -1246,6 +1324,46 @@ mod names_and_clock {
         assert_eq!(
             odd.to_string(),
             "unknown event type 99 on element (user handle 3)"
+        );
+    }
+
+    #[test]
+    fn port_and_gid_print_names() {
+        let p = PortAttr {
+            state: 4,
+            active_mtu: 5,
+            lid: 3,
+            gid_tbl_len: 1,
+            link_layer: 1,
+            raw: IbUverbsQueryPortResp::default(),
+        };
+        assert_eq!(
+            format!("{p:?}"),
+            "PortAttr { state: ACTIVE (4), active_mtu: 4096 (5), lid: 3, gid_tbl_len: 1, \
+             link_layer: InfiniBand (1), .. }"
+        );
+        let odd = PortAttr {
+            state: 9,
+            active_mtu: 0,
+            link_layer: 7,
+            ..p
+        };
+        assert_eq!(
+            format!("{odd:?}"),
+            "PortAttr { state: unknown (9), active_mtu: 0 (0), lid: 3, gid_tbl_len: 1, \
+             link_layer: unspecified (7), .. }"
+        );
+        let mut gid = [0u8; 16];
+        gid[0] = 0xfe;
+        gid[1] = 0x80;
+        gid[15] = 1;
+        let g = GidEntry {
+            gid,
+            gid_type: IB_UVERBS_GID_TYPE_ROCE_V2,
+        };
+        assert_eq!(
+            format!("{g:?}"),
+            "GidEntry { gid: fe80:0000:0000:0000:0000:0000:0000:0001, gid_type: RoCE v2 (2) }"
         );
     }
 
