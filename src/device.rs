@@ -43,8 +43,9 @@ pub struct Device {
     pub sysfs_dir: PathBuf,
 }
 
-/// The sysfs root libibverbs uses: `SYSFS_PATH` when set to a non-empty value (trailing `/`
-/// removed) and the process is not set-user-ID (real and effective user the same), else `/sys`.
+/// The sysfs root libibverbs uses: `SYSFS_PATH` when it is set (trailing `/` removed) and the
+/// process is not set-user-ID (real and effective user the same), else `/sys`; an empty value
+/// or one of only slashes also means `/sys`.
 pub fn sysfs_root() -> PathBuf {
     sysfs_root_from(std::env::var_os("SYSFS_PATH").as_deref())
 }
@@ -56,8 +57,8 @@ fn sysfs_root_from(env: Option<&std::ffi::OsStr>) -> PathBuf {
             let b = v.as_encoded_bytes();
             let end = b.iter().rposition(|&c| c != b'/').map_or(0, |i| i + 1);
             if end == 0 {
-                // Empty, or only slashes: the root directory's own tree is `/sys`'s parent;
-                // libibverbs would read `/class/...`, which never exists. Use `/sys`.
+                // Empty or only slashes: libibverbs would look under `/class/...`, which no
+                // Linux system has; `/sys` is what such a setting can only have meant.
                 PathBuf::from("/sys")
             } else {
                 PathBuf::from(std::ffi::OsStr::from_bytes(&b[..end]))

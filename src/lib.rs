@@ -37,6 +37,10 @@
 //!   [`Qp::to_rts_with`] and a typed [`Mtu`].
 //! - **The two API levels** described above, and their errors: [`PostError`] on the fast path,
 //!   [`Error`] on the control path; error completions are data ([`WcStatus`], [`Syndrome`]).
+//! - **No NIC**: with the cargo feature `emulator`, `mlx5::emulator` opens contexts on the
+//!   emulated ConnectX HCA in the process (`Hca::first_or_emulated`, `open_emulated`); any
+//!   program reaches it unchanged through `mlx5 emu run`, whose `SYSFS_PATH` [`devices`]
+//!   follows.
 //! - **ABI re-exports**: [`ffi`] (the uverbs/mlx5 kernel ABI and the
 //!   [`UverbsSurface`](ffi::surface::UverbsSurface) trait a program may implement, `unsafe`)
 //!   and [`hw`] (device layouts: WQE segments, [`Cqe64`](hw::cqe::Cqe64) with its
