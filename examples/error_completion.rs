@@ -75,7 +75,10 @@ fn run() -> Result<(), Box<dyn Error>> {
         "  vendor syndrome {} ({:#04x})",
         wc.vendor_err, wc.vendor_err.0
     );
-    println!("  opcode          {:?}, QP {:#x}", wc.opcode, wc.qp_num);
+    println!("  opcode          {}, QP {:#x}", wc.opcode, wc.qp_num);
+    // `Display` of a completion: on an error, the syndromes decoded and what they mean, what
+    // causes them and what to check.
+    println!("as printed with {{}}:\n{wc}");
 
     // The device moved both QPs to the error state; the driver's own record is the last
     // state it set.

@@ -103,7 +103,7 @@ fn wait(cq: &mut Cq, what: &str, deadline: Instant) -> Result<WorkCompletion, Bo
         std::hint::spin_loop();
     }
     if !wc[0].is_ok() {
-        return Err(format!("{what} failed: {:?}", wc[0]).into());
+        return Err(format!("{what} failed: {}", wc[0]).into());
     }
     Ok(wc[0])
 }

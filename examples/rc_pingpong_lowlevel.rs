@@ -275,7 +275,7 @@ fn echo(
         let n = rcq.poll(&mut wcs);
         for wc in &wcs[..n] {
             if !wc.is_ok() {
-                return Err(format!("echo receive failed: {wc:?}").into());
+                return Err(format!("echo receive failed: {wc}").into());
             }
             let mut msg = [0u8; SIZE];
             buf.read(wc.wr_id as usize * SIZE, &mut msg);
@@ -299,7 +299,7 @@ fn echo(
         // Signaled echo completions free the send queue (the verbs poller retires them).
         let m = scq.poll(&mut wcs);
         if let Some(bad) = wcs[..m].iter().find(|wc| !wc.is_ok()) {
-            return Err(format!("echo send failed: {bad:?}").into());
+            return Err(format!("echo send failed: {bad}").into());
         }
         if n == 0 && m == 0 {
             idle(deadline, abort, "pings")?;

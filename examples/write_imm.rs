@@ -126,7 +126,7 @@ fn wait(cq: &mut Cq, deadline: Instant) -> Result<WorkCompletion, Box<dyn Error>
         std::hint::spin_loop();
     }
     if !wc[0].is_ok() {
-        return Err(format!("error completion: {:?}", wc[0]).into());
+        return Err(format!("error completion: {}", wc[0]).into());
     }
     Ok(wc[0])
 }

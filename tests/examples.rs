@@ -130,6 +130,16 @@ fn error_completion_is_explained_and_the_state_told_truly() {
         out.contains("vendor syndrome REMOTE_ACCESS (0x88)"),
         "{out}"
     );
+    assert!(out.contains("opcode          RDMA_WRITE, QP 0x"), "{out}");
+    // The completion's `Display`: the status and syndromes, then the explanation lines.
+    let shown = out
+        .split("as printed with {}:\n")
+        .nth(1)
+        .expect("the completion printed with {}");
+    assert!(shown.starts_with("wr_id 1 REM_ACCESS_ERR qp 0x"), "{out}");
+    for line in ["meaning: ", "causes: ", "check: "] {
+        assert!(shown.lines().any(|l| l.starts_with(line)), "{line}: {out}");
+    }
     for qp in ["A", "B"] {
         assert!(
             out.contains(&format!(
