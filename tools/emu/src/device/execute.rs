@@ -38,9 +38,12 @@ pub(super) fn exec_wqe(
     // The first WQEBB in one read; the rest (if any) after the ctrl segment is checked.
     buf.clear();
     let first_pf = pf.and_then(|p| p.get(head, 64));
-    if first_pf.is_none() && read_wqe_into(sq, cnt, head, 64, buf).is_err() {
-        fail_wqe(w, hca, qpn, idx, 0, Syndrome::LOCAL_PROT);
-        return Exec::Done(1);
+    if first_pf.is_none() {
+        if read_wqe_into(sq, cnt, head, 64, buf).is_err() {
+            fail_wqe(w, hca, qpn, idx, 0, Syndrome::LOCAL_PROT);
+            return Exec::Done(1);
+        }
+        note_fetch(w, hca, qpn, (sq, cnt), head, buf);
     }
     let first = first_pf.unwrap_or(&buf[..]);
     let ctrl = CtrlSeg::read_from_bytes(&first[..16]).unwrap_or_else(|_| CtrlSeg::new_zeroed());
@@ -68,7 +71,16 @@ pub(super) fn exec_wqe(
                         buf.extend_from_slice(r);
                         Ok(())
                     }
-                    None => read_wqe_into(sq, cnt, rest, len - 64, buf),
+                    None => {
+                        let at = buf.len();
+                        let r = read_wqe_into(sq, cnt, rest, len - 64, buf);
+                        if r.is_ok() {
+                            let part = std::mem::take(buf);
+                            note_fetch(w, hca, qpn, (sq, cnt), rest, &part[at..]);
+                            *buf = part;
+                        }
+                        r
+                    }
                 };
                 if got.is_err() {
                     fail_wqe(w, hca, qpn, idx, opcode.0, Syndrome::LOCAL_PROT);
@@ -88,6 +100,7 @@ pub(super) fn exec_wqe(
         bytes,
         wqebbs,
     };
+    let q = &w.hcas[hca].qps[&qpn];
     let qt = q.qp_type;
     // Ordering constraints for RC: fence waits for outstanding READ/atomics; the number of
     // outstanding READ/atomics is bounded by max_rd_atomic.
@@ -133,6 +146,7 @@ pub(super) fn exec_wqe(
 pub(super) fn payload(
     w: &mut World,
     hca: usize,
+    qpn: u32,
     pdn: u32,
     bytes: &[u8],
     off: usize,
@@ -150,7 +164,46 @@ pub(super) fn payload(
         }
     }
     let sgl = data_segs(w, hca, pdn, rest, 0, false)?;
-    gather(&sgl)
+    let data = gather(&sgl)?;
+    note_gather(w, hca, qpn, rest, &sgl);
+    Ok(data)
+}
+
+/// Count (link counters) and trace the payload DMA reads of a gather: one read per data
+/// segment of `segs` (translated in `sgl`).
+pub(super) fn note_gather(
+    w: &mut World,
+    hca: usize,
+    qpn: u32,
+    segs: &[u8],
+    sgl: &[(u64, u32)],
+) {
+    let c = &mut w.hcas[hca].counters;
+    for &(addr, len) in sgl {
+        crate::trace::dma_read(c, addr, u64::from(len));
+        c.payload_reads += 1;
+        c.payload_read_bytes += u64::from(len);
+    }
+    if w.trace.on() {
+        let now = w.now();
+        for (chunk, &(_, len)) in segs.chunks_exact(16).zip(sgl) {
+            let Ok(d) = DataSeg::read_from_bytes(chunk) else {
+                break;
+            };
+            w.trace.push(
+                hca,
+                now,
+                "mlx5_emu::device::execute::payload",
+                crate::trace::TraceWhat::DmaRead {
+                    qpn,
+                    va: d.addr(),
+                    len,
+                    key: d.lkey(),
+                    purpose: "gather",
+                },
+            );
+        }
+    }
 }
 
 /// Validate a WQE and turn it into the request packet. Returns (packet, local scatter list
@@ -220,7 +273,7 @@ pub(super) fn build_request(
         if wqe.opcode == SendOpcode::SEND_IMM {
             p.imm = Some(wqe.imm);
         }
-        p.payload = payload(w, hca, pdn, b, 64)?;
+        p.payload = payload(w, hca, qpn, pdn, b, 64)?;
         if p.payload.len() as u32 > mtu {
             return Err(Syndrome::LOCAL_LENGTH);
         }
@@ -268,7 +321,7 @@ pub(super) fn build_request(
             if wqe.opcode == SendOpcode::SEND_INVAL {
                 p.inv_rkey = Some(u32::from_be_bytes(wqe.imm));
             }
-            p.payload = payload(w, hca, pdn, b, 16)?;
+            p.payload = payload(w, hca, qpn, pdn, b, 16)?;
             len = p.payload.len() as u32;
         }
         SendOpcode::RDMA_WRITE | SendOpcode::RDMA_WRITE_IMM => {
@@ -282,7 +335,7 @@ pub(super) fn build_request(
             if wqe.opcode == SendOpcode::RDMA_WRITE_IMM {
                 p.imm = Some(wqe.imm);
             }
-            p.payload = payload(w, hca, pdn, b, 32)?;
+            p.payload = payload(w, hca, qpn, pdn, b, 32)?;
             len = p.payload.len() as u32;
             p.reth = Some(Reth {
                 va: r.raddr(),

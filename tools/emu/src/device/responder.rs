@@ -85,16 +85,43 @@ pub(super) fn fetch_recv_wqe(
     }
     let stride = 1u64 << q.rq_wqe_shift;
     if !rq_cached_avail(q) {
-        q.rq_pi_seen = (mem::read_be32(q.db).ok()? & WQ_PI_MASK) as u16;
-        if q.rq_pi_seen == q.rq_head as u16 {
+        let db = q.db;
+        let first = q.buf + u64::from(q.rq_head & (q.rq_wqe_cnt - 1)) * stride;
+        q.rq_pi_seen = (mem::read_be32(db).ok()? & WQ_PI_MASK) as u16;
+        let empty = q.rq_pi_seen == q.rq_head as u16;
+        let mut data = Vec::new();
+        if !empty {
+            data = std::mem::take(&mut q.rq_prefetch.1);
+            if prefetch_rq(q, stride, &mut data).is_none() {
+                data.clear();
+            }
+        }
+        let (pi, n) = (q.rq_pi_seen, data.len() as u64);
+        let c = &mut w.hcas[hca].counters;
+        crate::trace::dma_read(c, db, 4);
+        // The prefetch: one read, two when it wraps (counted as one here).
+        crate::trace::dma_read(c, first, n);
+        if w.trace.on() {
+            let now = w.now();
+            w.trace.push(
+                hca,
+                now,
+                "mlx5_emu::device::responder::fetch_recv_wqe",
+                crate::trace::TraceWhat::DbrecRead {
+                    queue: "rq",
+                    num: qpn,
+                    addr: db,
+                    value: u32::from(pi),
+                },
+            );
+        }
+        if empty {
             return None;
         }
-        let mut data = std::mem::take(&mut q.rq_prefetch.1);
-        if prefetch_rq(q, stride, &mut data).is_none() {
-            data.clear();
-        }
+        let q = w.hcas[hca].qps.get_mut(&qpn)?;
         q.rq_prefetch = (q.rq_head, data);
     }
+    let q = w.hcas[hca].qps.get_mut(&qpn)?;
     let off = q.rq_head.wrapping_sub(q.rq_prefetch.0) as usize * stride as usize;
     match q.rq_prefetch.1.get(off..off + stride as usize) {
         Some(b) => out.extend_from_slice(b),
@@ -109,8 +136,40 @@ pub(super) fn fetch_recv_wqe(
     Some((ctr, 0))
 }
 
+/// Trace one responder check (nothing when tracing is off: `detail` is not even built).
+pub(super) fn rcheck(
+    w: &mut World,
+    hca: usize,
+    qpn: u32,
+    check: &'static str,
+    ok: bool,
+    detail: impl FnOnce() -> String,
+) {
+    if w.trace.on() {
+        let now = w.now();
+        w.trace.push(
+            hca,
+            now,
+            "mlx5_emu::device::responder::responder",
+            crate::trace::TraceWhat::Check {
+                qpn,
+                check,
+                detail: detail(),
+                ok,
+            },
+        );
+    }
+}
+
 pub(super) fn responder(w: &mut World, pkt: &mut Packet) {
     let hca = pkt.dst_hca;
+    let found = w.hcas.get(hca).is_some_and(|h| h.qps.contains_key(&pkt.dst_qpn));
+    if hca < w.hcas.len() {
+        let dq = pkt.dst_qpn;
+        rcheck(w, hca, dq, "destination QP", found, || {
+            format!("BTH dest QP {dq:#08x} {}", if found { "exists" } else { "unknown" })
+        });
+    }
     let Some(q) = w.hcas.get(hca).and_then(|h| h.qps.get(&pkt.dst_qpn)) else {
         if let Some(h) = w.hcas.get_mut(hca) {
             h.counters.rx_foreign += 1;
@@ -125,16 +184,35 @@ pub(super) fn responder(w: &mut World, pkt: &mut Packet) {
         0x20 => qt == qpt::UC,
         _ => qt == qpt::UD,
     };
-    if !ok_type || !matches!(q.state, qps::RTR | qps::RTS | qps::SQD | qps::SQE) {
+    let ok_state = matches!(q.state, qps::RTR | qps::RTS | qps::SQD | qps::SQE);
+    let (t, st) = (pkt.transport(), q.state);
+    rcheck(w, hca, qpn, "QP type and state", ok_type && ok_state, || {
+        let tn = match qt {
+            qpt::RC => "RC",
+            qpt::UC => "UC",
+            _ => "UD",
+        };
+        format!("transport {t:#04x} on a {tn} QP in state {st} (receiving needs RTR, RTS, SQD or SQE)")
+    });
+    let q = &w.hcas[hca].qps[&qpn];
+    if !ok_type || !ok_state {
         w.hcas[hca].counters.packets_dropped += 1;
         return;
     }
+    let peer_ok = qt == qpt::UD || from_peer(w, hca, q, pkt);
+    if qt != qpt::UD {
+        let (slid, dqp) = (pkt.slid, q.dest_qpn);
+        rcheck(w, hca, qpn, "connected peer", peer_ok, || {
+            format!("source LID {slid} is the connected peer's (its QP {dqp:#08x})")
+        });
+    }
+    let q = &w.hcas[hca].qps[&qpn];
     if qt == qpt::UD {
         if pkt.qkey != q.qkey {
             w.hcas[hca].counters.packets_dropped += 1;
             return;
         }
-    } else if !from_peer(w, hca, q, pkt) {
+    } else if !peer_ok {
         // Not the connected peer (source node or QP): dropped, the connection intact.
         w.hcas[hca].counters.rx_foreign += 1;
         w.hcas[hca].counters.packets_dropped += 1;
@@ -144,7 +222,14 @@ pub(super) fn responder(w: &mut World, pkt: &mut Packet) {
         // RC/UC packets do not carry the source QP; the QP context knows its peer.
         pkt.src_qpn = q.dest_qpn;
     }
+    let q = &w.hcas[hca].qps[&qpn];
     let epsn = q.rq_psn;
+    if qt != qpt::UD {
+        let got = pkt.psn;
+        rcheck(w, hca, qpn, "PSN", got == epsn, || {
+            format!("PSN {got:#08x}, expected {epsn:#08x}")
+        });
+    }
     if qt == qpt::RC && pkt.psn != epsn {
         if psn_before(pkt.psn, epsn) {
             w.hcas[hca].counters.duplicate_request += 1;
@@ -279,8 +364,14 @@ pub(super) fn read_response(
     let r = req.reth.unwrap_or_default();
     let addr = remote_reth(w, hca, pdn, qacc, r, access::REMOTE_READ)
         .ok_or(RespErr::Nak(aeth::NAK_REM_ACCESS, ev::QP_ACCESS_ERR))?;
+    rcheck(w, hca, qpn, "rkey and access", true, || {
+        format!("READ rkey {:#010x} va {:#x} len {}: inside an MR with remote read", r.rkey, r.va, r.len)
+    });
     let data = Payload::build(r.len as usize, |buf| mem::read(addr, buf))
         .map_err(|_| RespErr::Nak(aeth::NAK_REM_OP, ev::QP_FATAL))?;
+    if r.len > 0 {
+        note_read(w, hca, qpn, addr, r.va, r.rkey, r.len, "read response");
+    }
     // MTU-sized parts of the data (one empty response for a zero-length READ).
     let n = data.len().div_ceil(mtu).max(1);
     let responses = (0..n)
@@ -342,8 +433,14 @@ pub(super) fn execute_request(
             access::REMOTE_ATOMIC,
         )
         .ok_or(RespErr::Nak(aeth::NAK_REM_ACCESS, ev::QP_ACCESS_ERR))?;
+        rcheck(w, hca, qpn, "rkey and access", true, || {
+            format!("atomic rkey {:#010x} va {:#x} size {size}: aligned, inside an MR with remote atomic", a.rkey, a.va)
+        });
         let orig = do_atomic(addr, pkt.opcode, a)
             .map_err(|_| RespErr::Nak(aeth::NAK_REM_OP, ev::QP_FATAL))?;
+        note_read(w, hca, qpn, addr, a.va, a.rkey, u32::from(size), "atomic operand");
+        let new = orig.to_ne_bytes();
+        note_write(w, hca, qpn, addr, usize::from(size), &new[..0], "atomic result");
         let q = w.hcas[hca].qps.get_mut(&qpn).expect("responder QP exists");
         // The replay state holds the results of the last max_dest_rd_atomic atomics: as
         // many as a requester may have outstanding towards this QP.
@@ -380,7 +477,11 @@ pub(super) fn execute_request(
         (true, _) if is_write => {
             w.hcas[hca].counters.rx_write_requests += 1;
             let r = pkt.reth.unwrap_or_default();
-            let Some(addr) = remote_reth(w, hca, pdn, qacc, r, access::REMOTE_WRITE) else {
+            let found = remote_reth(w, hca, pdn, qacc, r, access::REMOTE_WRITE);
+            rcheck(w, hca, qpn, "rkey and access", found.is_some(), || {
+                format!("WRITE rkey {:#010x} va {:#x} len {}: inside an MR with remote write", r.rkey, r.va, r.len)
+            });
+            let Some(addr) = found else {
                 // A WRITE with immediate consumes a receive WQE even when its rkey check
                 // fails: that WQE completes with a local access error.
                 if pkt.imm.is_some() {
@@ -405,9 +506,32 @@ pub(super) fn execute_request(
             }
         }
         (true, _) => {
-            let Some((segs, ctr, srqn)) = take_recv_wqe(w, hca, qpn) else {
+            let taken = take_recv_wqe(w, hca, qpn);
+            rcheck(w, hca, qpn, "receive WQE", taken.is_some(), || {
+                if taken.is_some() { "a receive WQE is posted".into() } else { "no receive WQE posted: RNR".into() }
+            });
+            let Some((segs, ctr, srqn)) = taken else {
                 return Err(RespErr::Rnr);
             };
+            if w.trace.on() {
+                let sges = segs
+                    .chunks_exact(16)
+                    .filter_map(|c| DataSeg::read_from_bytes(c).ok())
+                    .take_while(|d| d.lkey() != INVALID_LKEY)
+                    .map(|d| (d.addr(), d.byte_count(), d.lkey()))
+                    .collect();
+                let now = w.now();
+                w.trace.push(
+                    hca,
+                    now,
+                    "mlx5_emu::device::responder::take_recv_wqe",
+                    crate::trace::TraceWhat::RecvWqe {
+                        qpn,
+                        wqe_counter: ctr,
+                        sges,
+                    },
+                );
+            }
             let srq_pdn = srq
                 .and_then(|s| w.hcas[hca].srqs.get(&s))
                 .map_or(pdn, |s| s.pdn);
@@ -468,6 +592,10 @@ pub(super) fn execute_request(
         if !pkt.payload.is_empty() && mem::write(msg.addr + msg.offset, &pkt.payload).is_err() {
             return Err(RespErr::Nak(aeth::NAK_REM_OP, ev::QP_FATAL));
         }
+        if !pkt.payload.is_empty() {
+            let at = msg.addr + msg.offset;
+            note_write(w, hca, qpn, at, pkt.payload.len(), &pkt.payload, "write data");
+        }
         msg.offset += pkt.payload.len() as u64;
     } else if first && last && scatter_ok && !ud && pkt.payload.len() <= limit() {
         let cap: u64 = msg.sgl.iter().map(|s| u64::from(s.1)).sum();
@@ -513,6 +641,16 @@ pub(super) fn execute_request(
                 RespErr::Silent
             });
         }
+        note_scatter(
+            w,
+            hca,
+            qpn,
+            &msg.sgl,
+            msg.offset,
+            pkt.payload.len(),
+            &pkt.payload,
+            "send data",
+        );
         msg.offset += pkt.payload.len() as u64;
     }
     if !last {
