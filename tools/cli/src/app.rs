@@ -121,6 +121,8 @@ pub fn run(cmd: Command) -> Result<(), String> {
         Command::Emu {
             cmd: crate::cli::EmuCommand::Run(r),
         } => emu_run(&r),
+        Command::Trace(a) => crate::trace::command(&a),
+        Command::Tune(a) => crate::tune::command(&a),
     }
 }
 

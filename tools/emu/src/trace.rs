@@ -235,9 +235,9 @@ impl Recorder {
         if !self.on || self.events.len() >= MAX_EVENTS {
             return;
         }
-        let wall_ns = self
-            .started
-            .map_or(0, |s| s.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64);
+        let wall_ns = self.started.map_or(0, |s| {
+            s.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64
+        });
         self.events.push(TraceEvent {
             seq: self.seq,
             hca,
@@ -353,11 +353,16 @@ mod tests {
     fn the_recorder_keeps_nothing_while_off() {
         let mut r = Recorder::default();
         assert!(!r.on());
-        r.push(0, 0, "f", TraceWhat::Retire {
-            qpn: 1,
-            wqe_counter: 0,
-            cqe: true,
-        });
+        r.push(
+            0,
+            0,
+            "f",
+            TraceWhat::Retire {
+                qpn: 1,
+                wqe_counter: 0,
+                cqe: true,
+            },
+        );
         assert!(r.events.is_empty());
     }
 }

@@ -145,7 +145,15 @@ pub(super) fn note_scatter(
         if done < len && want < pos + l {
             let inner = want - pos;
             let n = ((l - inner) as usize).min(len - done);
-            note_write(w, hca, qpn, a + inner, n, head.get(done..).unwrap_or(&[]), purpose);
+            note_write(
+                w,
+                hca,
+                qpn,
+                a + inner,
+                n,
+                head.get(done..).unwrap_or(&[]),
+                purpose,
+            );
             done += n;
         }
         pos += l;

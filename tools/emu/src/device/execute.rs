@@ -171,13 +171,7 @@ pub(super) fn payload(
 
 /// Count (link counters) and trace the payload DMA reads of a gather: one read per data
 /// segment of `segs` (translated in `sgl`).
-pub(super) fn note_gather(
-    w: &mut World,
-    hca: usize,
-    qpn: u32,
-    segs: &[u8],
-    sgl: &[(u64, u32)],
-) {
+pub(super) fn note_gather(w: &mut World, hca: usize, qpn: u32, segs: &[u8], sgl: &[(u64, u32)]) {
     let c = &mut w.hcas[hca].counters;
     for &(addr, len) in sgl {
         crate::trace::dma_read(c, addr, u64::from(len));

@@ -357,10 +357,12 @@ pub(super) fn run_sq(w: &mut World, hca: usize, qpn: u32) -> usize {
         Some(q) => Prefetch::fetch(q, buf),
         None => Err(buf),
     };
-    let ring = w.hcas[hca]
-        .qps
-        .get(&qpn)
-        .map(|q| (q.buf + ((q.rq_wqe_cnt as u64) << q.rq_wqe_shift), q.sq_wqe_cnt));
+    let ring = w.hcas[hca].qps.get(&qpn).map(|q| {
+        (
+            q.buf + ((q.rq_wqe_cnt as u64) << q.rq_wqe_shift),
+            q.sq_wqe_cnt,
+        )
+    });
     if let (Ok(p), Some(ring)) = (&pf, ring) {
         note_fetch(w, hca, qpn, ring, p.start, &p.data);
     }

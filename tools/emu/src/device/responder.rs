@@ -163,11 +163,17 @@ pub(super) fn rcheck(
 
 pub(super) fn responder(w: &mut World, pkt: &mut Packet) {
     let hca = pkt.dst_hca;
-    let found = w.hcas.get(hca).is_some_and(|h| h.qps.contains_key(&pkt.dst_qpn));
+    let found = w
+        .hcas
+        .get(hca)
+        .is_some_and(|h| h.qps.contains_key(&pkt.dst_qpn));
     if hca < w.hcas.len() {
         let dq = pkt.dst_qpn;
         rcheck(w, hca, dq, "destination QP", found, || {
-            format!("BTH dest QP {dq:#08x} {}", if found { "exists" } else { "unknown" })
+            format!(
+                "BTH dest QP {dq:#08x} {}",
+                if found { "exists" } else { "unknown" }
+            )
         });
     }
     let Some(q) = w.hcas.get(hca).and_then(|h| h.qps.get(&pkt.dst_qpn)) else {
@@ -186,14 +192,23 @@ pub(super) fn responder(w: &mut World, pkt: &mut Packet) {
     };
     let ok_state = matches!(q.state, qps::RTR | qps::RTS | qps::SQD | qps::SQE);
     let (t, st) = (pkt.transport(), q.state);
-    rcheck(w, hca, qpn, "QP type and state", ok_type && ok_state, || {
-        let tn = match qt {
-            qpt::RC => "RC",
-            qpt::UC => "UC",
-            _ => "UD",
-        };
-        format!("transport {t:#04x} on a {tn} QP in state {st} (receiving needs RTR, RTS, SQD or SQE)")
-    });
+    rcheck(
+        w,
+        hca,
+        qpn,
+        "QP type and state",
+        ok_type && ok_state,
+        || {
+            let tn = match qt {
+                qpt::RC => "RC",
+                qpt::UC => "UC",
+                _ => "UD",
+            };
+            format!(
+                "transport {t:#04x} on a {tn} QP in state {st} (receiving needs RTR, RTS, SQD or SQE)"
+            )
+        },
+    );
     let q = &w.hcas[hca].qps[&qpn];
     if !ok_type || !ok_state {
         w.hcas[hca].counters.packets_dropped += 1;
@@ -365,7 +380,10 @@ pub(super) fn read_response(
     let addr = remote_reth(w, hca, pdn, qacc, r, access::REMOTE_READ)
         .ok_or(RespErr::Nak(aeth::NAK_REM_ACCESS, ev::QP_ACCESS_ERR))?;
     rcheck(w, hca, qpn, "rkey and access", true, || {
-        format!("READ rkey {:#010x} va {:#x} len {}: inside an MR with remote read", r.rkey, r.va, r.len)
+        format!(
+            "READ rkey {:#010x} va {:#x} len {}: inside an MR with remote read",
+            r.rkey, r.va, r.len
+        )
     });
     let data = Payload::build(r.len as usize, |buf| mem::read(addr, buf))
         .map_err(|_| RespErr::Nak(aeth::NAK_REM_OP, ev::QP_FATAL))?;
@@ -434,13 +452,33 @@ pub(super) fn execute_request(
         )
         .ok_or(RespErr::Nak(aeth::NAK_REM_ACCESS, ev::QP_ACCESS_ERR))?;
         rcheck(w, hca, qpn, "rkey and access", true, || {
-            format!("atomic rkey {:#010x} va {:#x} size {size}: aligned, inside an MR with remote atomic", a.rkey, a.va)
+            format!(
+                "atomic rkey {:#010x} va {:#x} size {size}: aligned, inside an MR with remote atomic",
+                a.rkey, a.va
+            )
         });
         let orig = do_atomic(addr, pkt.opcode, a)
             .map_err(|_| RespErr::Nak(aeth::NAK_REM_OP, ev::QP_FATAL))?;
-        note_read(w, hca, qpn, addr, a.va, a.rkey, u32::from(size), "atomic operand");
+        note_read(
+            w,
+            hca,
+            qpn,
+            addr,
+            a.va,
+            a.rkey,
+            u32::from(size),
+            "atomic operand",
+        );
         let new = orig.to_ne_bytes();
-        note_write(w, hca, qpn, addr, usize::from(size), &new[..0], "atomic result");
+        note_write(
+            w,
+            hca,
+            qpn,
+            addr,
+            usize::from(size),
+            &new[..0],
+            "atomic result",
+        );
         let q = w.hcas[hca].qps.get_mut(&qpn).expect("responder QP exists");
         // The replay state holds the results of the last max_dest_rd_atomic atomics: as
         // many as a requester may have outstanding towards this QP.
@@ -479,7 +517,10 @@ pub(super) fn execute_request(
             let r = pkt.reth.unwrap_or_default();
             let found = remote_reth(w, hca, pdn, qacc, r, access::REMOTE_WRITE);
             rcheck(w, hca, qpn, "rkey and access", found.is_some(), || {
-                format!("WRITE rkey {:#010x} va {:#x} len {}: inside an MR with remote write", r.rkey, r.va, r.len)
+                format!(
+                    "WRITE rkey {:#010x} va {:#x} len {}: inside an MR with remote write",
+                    r.rkey, r.va, r.len
+                )
             });
             let Some(addr) = found else {
                 // A WRITE with immediate consumes a receive WQE even when its rkey check
@@ -508,7 +549,11 @@ pub(super) fn execute_request(
         (true, _) => {
             let taken = take_recv_wqe(w, hca, qpn);
             rcheck(w, hca, qpn, "receive WQE", taken.is_some(), || {
-                if taken.is_some() { "a receive WQE is posted".into() } else { "no receive WQE posted: RNR".into() }
+                if taken.is_some() {
+                    "a receive WQE is posted".into()
+                } else {
+                    "no receive WQE posted: RNR".into()
+                }
             });
             let Some((segs, ctr, srqn)) = taken else {
                 return Err(RespErr::Rnr);
@@ -594,7 +639,15 @@ pub(super) fn execute_request(
         }
         if !pkt.payload.is_empty() {
             let at = msg.addr + msg.offset;
-            note_write(w, hca, qpn, at, pkt.payload.len(), &pkt.payload, "write data");
+            note_write(
+                w,
+                hca,
+                qpn,
+                at,
+                pkt.payload.len(),
+                &pkt.payload,
+                "write data",
+            );
         }
         msg.offset += pkt.payload.len() as u64;
     } else if first && last && scatter_ok && !ud && pkt.payload.len() <= limit() {
