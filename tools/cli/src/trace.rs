@@ -303,22 +303,80 @@ fn err(what: &str) -> impl FnOnce(mlx5::Error) -> String + '_ {
 }
 
 /// One end: QP, its two CQs, its buffer (`[tx area | rx area]`) and MR.
-struct End {
-    qp: Qp,
-    scq: Cq,
-    rcq: Cq,
-    buf: Arc<DmaBuf>,
-    mr: mlx5::Mr,
+pub(crate) struct End {
+    pub(crate) qp: Qp,
+    pub(crate) scq: Cq,
+    pub(crate) rcq: Cq,
+    pub(crate) buf: Arc<DmaBuf>,
+    pub(crate) mr: mlx5::Mr,
 }
 
-fn end(ctx: &Context, pd: &Pd, area: usize, o: &TraceOpts) -> Result<End, String> {
+/// Two connected RC QPs on one stepped emulated HCA (`a` sends to `b`). Field order is drop
+/// order: the QPs before the PD, the context and the emulator.
+pub(crate) struct Rig {
+    pub(crate) a: End,
+    pub(crate) b: End,
+    _pd: Pd,
+    _ctx: Context,
+    pub(crate) emu: Emulator,
+    /// Bytes of each end's tx and rx areas.
+    pub(crate) area: usize,
+}
+
+/// A [`Rig`] for messages of `size` bytes: QPs of `depth` WRs each way, inline up to
+/// `inline`, BlueFlame as `bf`.
+pub(crate) fn rig(size: u32, inline: u32, bf: bool, depth: u32) -> Result<Rig, String> {
+    let emu = Emulator::new(EmuConfig {
+        mode: RunMode::Stepped,
+        ..EmuConfig::default()
+    });
+    let ctx = Context::open(emu.open(0).map_err(|e| format!("emulator: {e:?}"))?)
+        .map_err(err("emulated context"))?;
+    let pd = Pd::new(&ctx).map_err(err("ALLOC_PD"))?;
+    let area = (size as usize).max(8).next_multiple_of(64);
+    let o = TraceOpts {
+        op: TraceOp::Send,
+        size,
+        inline,
+        bf,
+        n: 1,
+    };
+    let mut a = end(&ctx, &pd, area, &o, depth)?;
+    let mut b = end(&ctx, &pd, area, &o, depth)?;
+    let lid = ctx.query_port(1).map_err(err("QUERY_PORT"))?.lid;
+    let remote = |e: &End, psn| RemoteQp {
+        qpn: e.qp.qpn(),
+        psn,
+        lid,
+        gid: None,
+    };
+    let (ra, rb) = (remote(&a, 0x100), remote(&b, 0x200));
+    let acc = Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+    for (e, r) in [(&mut a, &rb), (&mut b, &ra)] {
+        e.qp.to_init(1, acc, 0).map_err(err("INIT"))?;
+        e.qp.to_rtr(r, 3, 0).map_err(err("RTR"))?;
+    }
+    a.qp.to_rts(0x100, 7).map_err(err("RTS"))?;
+    b.qp.to_rts(0x200, 7).map_err(err("RTS"))?;
+    emu.run_until_idle();
+    Ok(Rig {
+        a,
+        b,
+        _pd: pd,
+        _ctx: ctx,
+        emu,
+        area,
+    })
+}
+
+fn end(ctx: &Context, pd: &Pd, area: usize, o: &TraceOpts, depth: u32) -> Result<End, String> {
     let buf = Arc::new(DmaBuf::new(2 * area).map_err(err("buffer"))?);
     let mr = pd.reg_mr(&buf, Access::ALL).map_err(err("REG_MR"))?;
     let cq = || {
         Cq::new(
             ctx,
             CqInit {
-                cqe: 64,
+                cqe: (2 * depth).max(64),
                 ..CqInit::default()
             },
             None,
@@ -328,8 +386,8 @@ fn end(ctx: &Context, pd: &Pd, area: usize, o: &TraceOpts) -> Result<End, String
     let (scq, rcq) = (cq()?, cq()?);
     let mut init = QpInitAttr::new(QpType::Rc, &scq, &rcq);
     init.cap = QpCap {
-        max_send_wr: 64,
-        max_recv_wr: 64,
+        max_send_wr: depth,
+        max_recv_wr: depth,
         max_send_sge: 1,
         max_recv_sge: 1,
         max_inline_data: o.inline,
@@ -363,42 +421,19 @@ pub fn trace(o: &TraceOpts) -> Result<Vec<Stage>, String> {
     if o.n == 0 || o.n > 32 {
         return Err(format!("-n {}: trace 1..=32 operations", o.n));
     }
-    let emu = Emulator::new(EmuConfig {
-        mode: RunMode::Stepped,
-        ..EmuConfig::default()
-    });
-    let ctx = Context::open(emu.open(0).map_err(|e| format!("emulator: {e:?}"))?)
-        .map_err(err("emulated context"))?;
-    let pd = Pd::new(&ctx).map_err(err("ALLOC_PD"))?;
-    let area = (size as usize).max(8).next_multiple_of(64);
-    let mut a = end(&ctx, &pd, area, o)?;
-    let mut b = end(&ctx, &pd, area, o)?;
-    let lid = ctx.query_port(1).map_err(err("QUERY_PORT"))?.lid;
-    let remote = |e: &End, psn| RemoteQp {
-        qpn: e.qp.qpn(),
-        psn,
-        lid,
-        gid: None,
-    };
-    let (ra, rb) = (remote(&a, 0x100), remote(&b, 0x200));
-    let acc = Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
-    for (e, r) in [(&mut a, &rb), (&mut b, &ra)] {
-        e.qp.to_init(1, acc, 0).map_err(err("INIT"))?;
-        e.qp.to_rtr(r, 3, 0).map_err(err("RTR"))?;
-    }
-    a.qp.to_rts(0x100, 7).map_err(err("RTS"))?;
-    b.qp.to_rts(0x200, 7).map_err(err("RTS"))?;
+    let mut r = rig(size, o.inline, o.bf, 64)?;
+    let area = r.area;
     // The payload: a recognisable pattern in a's tx area.
     let pattern: Vec<u8> = (0..size).map(|i| b'A' + (i % 26) as u8).collect();
-    a.buf.write(0, &pattern);
-    emu.run_until_idle();
-    emu.trace(true);
+    r.a.buf.write(0, &pattern);
+    r.emu.run_until_idle();
+    r.emu.trace(true);
     let mut stages = Vec::new();
     for i in 0..o.n {
         trace_one(
-            &emu,
-            &mut a,
-            &mut b,
+            &r.emu,
+            &mut r.a,
+            &mut r.b,
             o,
             size,
             area,
@@ -407,7 +442,7 @@ pub fn trace(o: &TraceOpts) -> Result<Vec<Stage>, String> {
             &mut stages,
         )?;
     }
-    emu.trace(false);
+    r.emu.trace(false);
     Ok(stages)
 }
 
