@@ -218,7 +218,46 @@ fn missing_modify_attribute_is_named(rig: &dyn Rig) {
     assert_eq!(limit_of(&e).0, "port_num");
 }
 
+/// The depth a receive queue reports, at creation and through QUERY_QP, is what it accepts.
+/// The emulated kernel used to answer QUERY_QP with the depth asked for (3 here) while the
+/// ring held 4; mlx5_ib answers the RQ's WQE count, and no send capabilities for a user QP
+/// (the driver reports its own, as libmlx5 does).
+fn the_reported_receive_depth_is_what_the_queue_holds(rig: &dyn Rig) {
+    let s = side(rig, 0, &PairOpts::new(QpType::Rc));
+    let mut init = QpInitAttr::new(QpType::Rc, &s.cq, &s.cq);
+    init.cap = QpCap {
+        max_send_wr: 5,
+        max_recv_wr: 3,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let mut qp = Qp::new(&s.pd, &init).unwrap();
+    let told = qp.cap();
+    assert_eq!(told.max_recv_wr, 4, "{told:?}");
+    let (_, _, queried) = qp.query_attr().unwrap();
+    assert_eq!(queried, told, "QUERY_QP reports the queue as created");
+    qp.to_init(1, mlx5::Access::LOCAL_WRITE, 0).unwrap();
+    let sge = [s.mr.sge(0, 16)];
+    let rq = qp.rq().unwrap();
+    for id in 0..u64::from(told.max_recv_wr) {
+        rq.push(id, &sge).unwrap();
+    }
+    assert!(rq.push(99, &sge).is_err(), "one receive past the depth");
+    drop(qp);
+
+    // With an SRQ the QP has no receive queue of its own: the kernel reports none.
+    let srq = Srq::new(&s.pd, 8, 1).unwrap();
+    let mut init = QpInitAttr::new(QpType::Rc, &s.cq, &s.cq);
+    init.srq = Some(&srq);
+    let qp = Qp::new(&s.pd, &init).unwrap();
+    let (_, _, queried) = qp.query_attr().unwrap();
+    assert_eq!((queried.max_recv_wr, queried.max_recv_sge), (0, 0));
+    assert_eq!(queried, qp.cap());
+}
+
 scenarios!(
     over_limit_creation_is_refused_by_name,
-    missing_modify_attribute_is_named
+    missing_modify_attribute_is_named,
+    the_reported_receive_depth_is_what_the_queue_holds
 );

@@ -1177,7 +1177,9 @@ impl Qp {
     }
 
     /// QUERY_QP decoded: the state, the attributes (as [`modify`](Self::modify) takes them)
-    /// and the capabilities the kernel reports.
+    /// and the capabilities: the receive side as the kernel reports it (the RQ's WQE count and
+    /// data segments per WQE, 0 with an SRQ), the send side as this driver sized it (a kernel
+    /// reports none for a user-space QP).
     ///
     /// # Errors
     /// As [`query`](Self::query).
@@ -1215,12 +1217,15 @@ impl Qp {
                 }),
             },
         };
+        // The kernel reports the receive queue as created and no send capabilities for a
+        // user-space QP (its SQ is ours): the send side is the driver's own, as libmlx5's
+        // query fills it in.
         let cap = QpCap {
-            max_send_wr: r.max_send_wr,
+            max_send_wr: self.cap.max_send_wr,
             max_recv_wr: r.max_recv_wr,
-            max_send_sge: r.max_send_sge,
+            max_send_sge: self.cap.max_send_sge,
             max_recv_sge: r.max_recv_sge,
-            max_inline_data: r.max_inline_data,
+            max_inline_data: self.cap.max_inline_data,
         };
         Ok((st, attr, cap))
     }

@@ -228,6 +228,9 @@ pub(crate) struct Qp {
     pub(crate) sq_wqe_cnt: u32,
     pub(crate) rq_wqe_cnt: u32,
     pub(crate) rq_wqe_shift: u32,
+    /// mlx5_ib's `rq.max_gs`: data segments per receive WQE, less one for a WQE signature
+    /// (0 without an RQ). QUERY_QP reports it as `max_recv_sge`.
+    pub(crate) rq_max_gs: u32,
     pub(crate) uidx: u32,
     pub(crate) bfreg: u32,
     pub(crate) scatter_cqe: bool,

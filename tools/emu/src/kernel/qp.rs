@@ -247,6 +247,11 @@ pub(super) fn create_qp(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> {
             sq_wqe_cnt: sq_cnt,
             rq_wqe_cnt: rq_cnt,
             rq_wqe_shift: rq_shift,
+            rq_max_gs: if rq_cnt == 0 {
+                0
+            } else {
+                (1u32 << rq_shift) / 16 - u32::from(flags & MLX5_QP_FLAG_SIGNATURE != 0)
+            },
             uidx,
             bfreg,
             scatter_cqe: flags & MLX5_QP_FLAG_SCATTER_CQE != 0,
@@ -579,10 +584,13 @@ pub(super) fn query_qp(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> {
             port_num: q.path.port,
             ..Default::default()
         },
-        max_send_wr: q.cap[0],
-        max_recv_wr: q.cap[1],
-        max_send_sge: q.cap[2],
-        max_recv_sge: q.cap[3],
+        // As mlx5_ib_query_qp for a user QP: the receive queue as created (its WQE count, not
+        // the depth asked for, so a program is told how many receives the ring holds), and no
+        // send capabilities (user space owns the SQ; libmlx5 fills them in itself).
+        max_send_wr: 0,
+        max_recv_wr: q.rq_wqe_cnt,
+        max_send_sge: 0,
+        max_recv_sge: q.rq_max_gs,
         max_inline_data: q.cap[4],
         qkey: q.qkey,
         rq_psn: q.rq_psn,
