@@ -584,4 +584,8 @@ pub struct TuneArgs {
     /// Use the emulated HCA even if a real device exists.
     #[arg(long)]
     pub emu: bool,
+    /// Internal: run one setting's stream (KNOB=VALUE) for the instruction count under
+    /// callgrind.
+    #[arg(long, hide = true, value_name = "KNOB=VALUE")]
+    pub instr_one: Option<String>,
 }

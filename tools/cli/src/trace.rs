@@ -330,6 +330,8 @@ pub(crate) fn rig(size: u32, inline: u32, bf: bool, depth: u32) -> Result<Rig, S
         mode: RunMode::Stepped,
         ..EmuConfig::default()
     });
+    // The link counters (PCIe model) count on this device.
+    emu.count_link(true);
     let ctx = Context::open(emu.open(0).map_err(|e| format!("emulator: {e:?}"))?)
         .map_err(err("emulated context"))?;
     let pd = Pd::new(&ctx).map_err(err("ALLOC_PD"))?;

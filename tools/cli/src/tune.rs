@@ -149,6 +149,8 @@ pub struct Measured {
     pub per_msg: Option<Vec<f64>>,
     /// The raw counter deltas of the stream, in [`FIGURES`] order.
     pub totals: Option<Vec<u64>>,
+    /// Host instructions per message (callgrind), when measured.
+    pub instr_per_msg: Option<f64>,
 }
 
 impl Measured {
@@ -254,6 +256,7 @@ pub fn measure(
         msg_rate,
         per_msg,
         totals,
+        instr_per_msg: None,
     })
 }
 
@@ -279,14 +282,19 @@ pub fn device_figures(size: u32, s: &Setting, n: u64) -> Result<Vec<u64>, String
     }];
     let post_recvs = |b: &mut crate::trace::End, k: u64| -> Result<(), String> {
         for _ in 0..k {
-            b.qp.post_recv(&[RecvWr {
-                wr_id: 0,
-                sg_list: &rx,
-            }])
+            tune_host_recv(
+                &mut b.qp,
+                &[RecvWr {
+                    wr_id: 0,
+                    sg_list: &rx,
+                }],
+            )
             .map_err(|(_, e)| format!("post_recv: {e}"))?;
         }
         Ok(())
     };
+    // Instructions count from here: the first receives are part of the stream's cost.
+    tune_zero_stats();
     let mut recv_posted = u64::from(depth).min(n);
     post_recvs(&mut r.b, recv_posted)?;
     r.emu.run_until_idle();
@@ -324,15 +332,14 @@ pub fn device_figures(size: u32, s: &Setting, n: u64) -> Result<Vec<u64>, String
                     if inline { w.with_inline(&inl) } else { w }
                 })
                 .collect();
-            r.a.qp
-                .post_send(&wrs)
+            tune_host_post(&mut r.a.qp, &wrs)
                 .map_err(|(i, e)| format!("post_send (WR {i} of {k}): {e}"))?;
             posted += k;
             r.emu.run_until_idle();
             did = true;
         }
         r.emu.run_until_idle();
-        let got = r.b.rcq.poll(&mut wcs) as u64;
+        let got = tune_host_poll(&mut r.b.rcq, &mut wcs) as u64;
         if got > 0 {
             received += got;
             let k = got.min(n - recv_posted);
@@ -340,7 +347,7 @@ pub fn device_figures(size: u32, s: &Setting, n: u64) -> Result<Vec<u64>, String
             recv_posted += k;
             did = true;
         }
-        let c = r.a.scq.poll(&mut wcs);
+        let c = tune_host_poll(&mut r.a.scq, &mut wcs);
         for wc in &wcs[..c] {
             if !wc.is_ok() {
                 return Err(format!(
@@ -369,6 +376,134 @@ pub fn device_figures(size: u32, s: &Setting, n: u64) -> Result<Vec<u64>, String
                 .saturating_sub(before.get(name).unwrap_or(0))
         })
         .collect())
+}
+
+// The host's data-path calls of the stream, each in a function of its own so that callgrind
+// counts the instructions inside them (`--toggle-collect`) and nothing of the emulated
+// device, which runs between them in the same thread.
+
+/// callgrind zeroes its counts on entering this (after the setup).
+#[inline(never)]
+fn tune_zero_stats() {
+    std::hint::black_box(());
+}
+
+#[inline(never)]
+fn tune_host_post(
+    qp: &mut mlx5::Qp,
+    wrs: &[mlx5::SendWr<'_>],
+) -> Result<(), (usize, mlx5::PostError)> {
+    qp.post_send(wrs)
+}
+
+#[inline(never)]
+fn tune_host_recv(
+    qp: &mut mlx5::Qp,
+    wrs: &[mlx5::RecvWr<'_>],
+) -> Result<(), (usize, mlx5::PostError)> {
+    qp.post_recv(wrs)
+}
+
+#[inline(never)]
+fn tune_host_poll(cq: &mut mlx5::Cq, wcs: &mut [mlx5::WorkCompletion]) -> usize {
+    cq.poll(wcs)
+}
+
+/// Messages of the stream counted under callgrind.
+pub const INSTR_MESSAGES: u64 = 500;
+
+/// The host functions callgrind counts in.
+pub const HOST_SYMBOLS: [&str; 3] = ["tune_host_post", "tune_host_recv", "tune_host_poll"];
+
+/// Instructions the host spent per message in the stream of setting `value` of `knob`
+/// (post, poll and receive re-post together), counted by valgrind's callgrind in a child run
+/// of this program (`mlx5 tune --instr-one KNOB=VALUE`). None when valgrind cannot be run.
+///
+/// # Errors
+/// valgrind ran but failed, or its output could not be read.
+pub fn instructions_per_message(
+    knob: &str,
+    value: &str,
+    size: u32,
+    n: u64,
+) -> Result<Option<f64>, String> {
+    let valgrind = std::env::var("MLX5_BENCH_VALGRIND").unwrap_or_else(|_| "valgrind".into());
+    let present = std::process::Command::new(&valgrind)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !present {
+        return Ok(None);
+    }
+    let exe = std::env::current_exe().map_err(|e| format!("this program's path: {e}"))?;
+    let out = std::env::temp_dir().join(
+        format!("mlx5-tune-{}-{knob}-{value}.callgrind", std::process::id()).replace(':', "_"),
+    );
+    let mut cmd = std::process::Command::new(&valgrind);
+    cmd.args([
+        "--tool=callgrind",
+        "--collect-atstart=no",
+        "--zero-before=*tune_zero_stats*",
+    ])
+    .arg(format!("--callgrind-out-file={}", out.display()));
+    for s in HOST_SYMBOLS {
+        cmd.arg(format!("--toggle-collect=*{s}*"));
+    }
+    let st = cmd
+        .arg(exe)
+        .args(["tune", "--instr-one", &format!("{knob}={value}")])
+        .args(["-s", &size.to_string(), "-n", &n.to_string()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .map_err(|e| format!("{valgrind}: {e}"))?;
+    let text = std::fs::read_to_string(&out);
+    let _ = std::fs::remove_file(&out);
+    if !st.status.success() {
+        return Err(format!(
+            "valgrind run of {knob}={value} failed: {}",
+            String::from_utf8_lossy(&st.stderr)
+                .lines()
+                .last()
+                .unwrap_or("")
+        ));
+    }
+    let text = text.map_err(|e| format!("{}: {e}", out.display()))?;
+    let total = callgrind_total(&text)?;
+    Ok(Some(total as f64 / n as f64))
+}
+
+/// The total of the first event (instructions) in a callgrind output: its `summary:` or
+/// `totals:` line.
+///
+/// # Errors
+/// Neither line is there.
+pub fn callgrind_total(text: &str) -> Result<u64, String> {
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix("summary:")
+                .or_else(|| l.strip_prefix("totals:"))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|v| v.parse().ok())
+        })
+        .ok_or_else(|| "callgrind output has no summary or totals line".to_owned())
+}
+
+/// `mlx5 tune --instr-one KNOB=VALUE`: run that setting's stream (the child of
+/// [`instructions_per_message`]).
+///
+/// # Errors
+/// An unknown knob or value, or the stream failed.
+pub fn instr_one(spec: &str, size: u32, n: u64) -> Result<(), String> {
+    let (knob, value) = spec
+        .split_once('=')
+        .ok_or_else(|| format!("--instr-one {spec:?}: expected KNOB=VALUE"))?;
+    let s = settings(knob)
+        .into_iter()
+        .find(|(v, _)| v == value)
+        .map(|(_, s)| s)
+        .ok_or_else(|| format!("--instr-one: no setting {value:?} of knob {knob:?}"))?;
+    device_figures(size, &s, n).map(|_| ())
 }
 
 /// Why a figure moves, by figure and direction (up = true).
@@ -417,6 +552,21 @@ pub fn knob_line(knob: &str, rows: &[&Measured]) -> String {
                     _ => " (timing of the threaded device on this machine; the device figures did not cause it unless they moved too)",
                 }
             ));
+        }
+        if let (Some(x), Some(y)) = (base.instr_per_msg, r.instr_per_msg) {
+            let d = (y - x).abs();
+            if d >= 1.0 && d >= 0.1 * x.abs() {
+                moved.push(format!(
+                    "host instructions/msg {x:.0} -> {y:.0}{}",
+                    match (knob, y < x) {
+                        ("post_list", true) => " (one doorbell and one chain walk per list)",
+                        ("signal_interval", true) => " (fewer CQEs to poll)",
+                        ("inline", false) => " (the CPU copies the payload into the WQE)",
+                        ("blueflame", false) => " (a 64-byte copy instead of an 8-byte store)",
+                        _ => "",
+                    }
+                ));
+            }
         }
         if let (Some(a), Some(b)) = (&base.per_msg, &r.per_msg) {
             for (i, (name, label)) in FIGURES.iter().enumerate() {
@@ -467,7 +617,7 @@ pub fn run(o: &TuneOpts, mut progress: impl FnMut(&Measured)) -> Result<Vec<Meas
 /// The table (one row per setting).
 pub fn table(rows: &[Measured]) -> String {
     let mut s = format!(
-        "{:<16} {:>9} {:>8} {:>8} {:>8} {:>10} {:>6} {:>6} {:>6} {:>7} {:>6} {:>9} {:>8} {:>8} {:>9} {:>7} {:>9}\n",
+        "{:<16} {:>9} {:>8} {:>8} {:>8} {:>10} {:>6} {:>6} {:>6} {:>7} {:>6} {:>9} {:>8} {:>8} {:>9} {:>7} {:>9} {:>7}\n",
         "knob",
         "value",
         "p50 us",
@@ -484,12 +634,13 @@ pub fn table(rows: &[Measured]) -> String {
         "mmioB",
         "rdreq/cpl",
         "rdB",
-        "wr/wrB"
+        "wr/wrB",
+        "instr"
     );
     for r in rows {
         let f = |n: &str| r.figure(n).map_or("-".to_owned(), |v| format!("{v:.2}"));
         s.push_str(&format!(
-            "{:<16} {:>9} {:>8.2} {:>8.2} {:>8.2} {:>10.0} {:>6} {:>6} {:>6} {:>7} {:>6} {:>9} {:>8} {:>8} {:>9} {:>7} {:>9}\n",
+            "{:<16} {:>9} {:>8.2} {:>8.2} {:>8.2} {:>10.0} {:>6} {:>6} {:>6} {:>7} {:>6} {:>9} {:>8} {:>8} {:>9} {:>7} {:>9} {:>7}\n",
             r.knob,
             r.value,
             r.lat.p50,
@@ -507,6 +658,7 @@ pub fn table(rows: &[Measured]) -> String {
             format!("{}/{}", f("dma_read_requests"), f("dma_read_completions")),
             f("dma_read_bytes"),
             format!("{}/{}", f("dma_writes"), f("dma_write_bytes")),
+            r.instr_per_msg.map_or("-".to_owned(), |v| format!("{v:.0}")),
         ));
     }
     s
@@ -544,7 +696,7 @@ pub fn to_json(o: &TuneOpts, rows: &[Measured], instr_note: &str) -> Value {
                 "knob": r.knob, "value": r.value, "setting": setting_json(&r.setting),
                 "latency_us": {"p50": r.lat.p50, "p99": r.lat.p99, "p99_9": r.lat.p99_9,
                                 "avg": r.lat.avg, "min": r.lat.min, "max": r.lat.max},
-                "messages": r.messages, "msg_rate": r.msg_rate,
+                "messages": r.messages, "msg_rate": r.msg_rate, "instr_per_msg": r.instr_per_msg,
                 "per_message": figs, "totals": totals,
             })
         }).collect::<Vec<_>>(),
@@ -629,17 +781,40 @@ pub fn command(a: &crate::cli::TuneArgs) -> Result<(), String> {
         dev: a.dev.clone(),
         force_emu: a.emu,
     };
-    let instr_note = if a.quick {
-        "not measured (--quick)".to_owned()
-    } else {
-        "not measured here: `cargo run --release -p mlx5-bench` counts instructions per post and per poll with valgrind".to_owned()
-    };
+    if let Some(spec) = &a.instr_one {
+        return instr_one(spec, o.size, o.iters);
+    }
     let json = a.json;
-    let rows = run(&o, |m| {
+    let mut rows = run(&o, |m| {
         if !json {
             eprintln!("  measured {} = {}", m.knob, m.value);
         }
     })?;
+    let instr_n = o.iters.min(INSTR_MESSAGES);
+    let instr_note = if a.quick {
+        "not measured (--quick)".to_owned()
+    } else {
+        let mut found = true;
+        for r in &mut rows {
+            if !json {
+                eprintln!("  counting instructions: {} = {}", r.knob, r.value);
+            }
+            match instructions_per_message(r.knob, &r.value, o.size, instr_n)? {
+                Some(v) => r.instr_per_msg = Some(v),
+                None => {
+                    found = false;
+                    break;
+                }
+            }
+        }
+        if found {
+            format!(
+                "callgrind, host instructions in post_send + poll + post_recv per message over a stepped stream of {instr_n} (the poll mode does not enter it)"
+            )
+        } else {
+            "not measured: valgrind is not installed".to_owned()
+        }
+    };
     if let Some(path) = &a.plot {
         std::fs::write(path, plot(&rows)).map_err(|e| format!("{}: {e}", path.display()))?;
     }

@@ -357,7 +357,8 @@ pub struct Counters {
     pub req_transport_retries_exceeded: u64,
     /// hw_counter: RNR retries exceeded.
     pub req_rnr_retries_exceeded: u64,
-    /// Link (PCIe model, `trace.rs`): MMIO writes consumed (posted writes, one per 64-byte
+    /// Link (PCIe model, `trace.rs`), counted only while [`Emulator::count_link`] or
+    /// [`Emulator::trace`] is on: MMIO writes consumed (posted writes, one per 64-byte
     /// write-combining block: doorbells, BlueFlame copies, CQ arms).
     pub mmio_writes: u64,
     /// Link: bytes of those MMIO writes.

@@ -31,44 +31,58 @@ pub const MAX_PAYLOAD: u64 = 256;
 /// The size of one write-combining flush of an MMIO store sequence.
 pub const WC_BLOCK: u64 = 64;
 
-/// Number of pieces of `[addr, addr + len)` when it is cut at every multiple of `unit`.
+/// Number of pieces of `[addr, addr + len)` when it is cut at every multiple of `unit` (a
+/// power of two).
+#[inline(always)]
 fn pieces(addr: u64, len: u64, unit: u64) -> u64 {
     if len == 0 {
         return 0;
     }
+    let sh = unit.trailing_zeros();
     let last = addr.saturating_add(len - 1);
-    last / unit - addr / unit + 1
+    (last >> sh) - (addr >> sh) + 1
+}
+
+/// Read requests for `[addr, addr + len)`: cut at 4 KiB boundaries, then into
+/// [`MAX_READ_REQUEST`] chunks.
+#[cold]
+fn read_requests_crossing(addr: u64, len: u64) -> u64 {
+    let mut req = 0;
+    let (mut a, end) = (addr, addr.saturating_add(len));
+    while a < end {
+        let page_end = ((a >> 12) + 1) << 12;
+        req += (end.min(page_end) - a).div_ceil(MAX_READ_REQUEST);
+        a = end.min(page_end);
+    }
+    req
 }
 
 /// Count one DMA read of `len` bytes at `addr`.
-#[inline]
+#[inline(always)]
 pub(crate) fn dma_read(c: &mut Counters, addr: u64, len: u64) {
     if len == 0 {
         return;
     }
-    // Requests: cut at 4 KiB boundaries, then into MAX_READ_REQUEST chunks.
-    let mut req = 0;
-    let (mut a, end) = (addr, addr.saturating_add(len));
-    while a < end {
-        let page_end = (a / 4096 + 1) * 4096;
-        let n = (end.min(page_end) - a).div_ceil(MAX_READ_REQUEST);
-        req += n;
-        a = end.min(page_end);
-    }
+    // Within one 4 KiB page (the usual case): one request per MAX_READ_REQUEST bytes.
+    let req = if pieces(addr, len, 4096) == 1 {
+        (len + MAX_READ_REQUEST - 1) >> MAX_READ_REQUEST.trailing_zeros()
+    } else {
+        read_requests_crossing(addr, len)
+    };
     c.dma_read_requests += req;
     c.dma_read_completions += pieces(addr, len, MAX_PAYLOAD);
     c.dma_read_bytes += len;
 }
 
 /// Count one DMA write of `len` bytes at `addr`.
-#[inline]
+#[inline(always)]
 pub(crate) fn dma_write(c: &mut Counters, addr: u64, len: u64) {
     c.dma_writes += pieces(addr, len, MAX_PAYLOAD);
     c.dma_write_bytes += len;
 }
 
 /// Count one MMIO store sequence of `len` bytes (a doorbell, a BlueFlame copy, a CQ arm).
-#[inline]
+#[inline(always)]
 pub(crate) fn mmio(c: &mut Counters, len: u64) {
     c.mmio_writes += len.div_ceil(WC_BLOCK);
     c.mmio_bytes += len;
@@ -214,6 +228,10 @@ pub struct TraceEvent {
 #[derive(Debug, Default)]
 pub(crate) struct Recorder {
     on: bool,
+    /// Link counting asked for ([`Emulator::count_link`]).
+    link: bool,
+    /// `on || link`: the one flag every hook tests first.
+    active: bool,
     started: Option<std::time::Instant>,
     seq: u64,
     events: Vec<TraceEvent>,
@@ -227,6 +245,12 @@ impl Recorder {
     #[inline(always)]
     pub(crate) fn on(&self) -> bool {
         self.on
+    }
+
+    /// Tracing or link counting is on: the hooks count (and trace) only then.
+    #[inline(always)]
+    pub(crate) fn active(&self) -> bool {
+        self.active
     }
 
     /// Record one event (call only when [`Recorder::on`]).
@@ -271,15 +295,28 @@ pub struct SqView {
 }
 
 impl Emulator {
-    /// Turn the device trace on (clearing what was recorded) or off.
+    /// Turn the device trace on (clearing what was recorded) or off. While it is on, the
+    /// link counters count too.
     pub fn trace(&self, on: bool) {
         let mut w = self.shared.lock_quiet();
+        let link = w.trace.link;
         w.trace = crate::trace::Recorder {
             on,
+            link,
+            active: on || link,
             started: on.then(std::time::Instant::now),
             seq: 0,
             events: Vec::new(),
         };
+    }
+
+    /// Count the link traffic (the link counters of [`Counters`]: MMIO writes, DMA reads and
+    /// writes, WQE fetches, payload reads) from now on, or stop. Off by default, so that a
+    /// device nobody measures pays one branch per hook.
+    pub fn count_link(&self, on: bool) {
+        let mut w = self.shared.lock_quiet();
+        w.trace.link = on;
+        w.trace.active = on || w.trace.on;
     }
 
     /// Take the events recorded so far (tracing stays as it is).

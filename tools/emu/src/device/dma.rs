@@ -127,7 +127,25 @@ pub(super) fn scatter(sgl: &[(u64, u32)], data: &[u8]) -> Result<(), Syndrome> {
 /// Count (link counters) and trace the DMA writes of `len` bytes placed at byte `offset` of
 /// `sgl` (one write per piece that lands in one segment); `head` are the first bytes placed.
 #[allow(clippy::too_many_arguments)]
+#[inline(always)]
 pub(super) fn note_scatter(
+    w: &mut World,
+    hca: usize,
+    qpn: u32,
+    sgl: &[(u64, u32)],
+    offset: u64,
+    len: usize,
+    head: &[u8],
+    purpose: &'static str,
+) {
+    if w.trace.active() {
+        note_scatter_on(w, hca, qpn, sgl, offset, len, head, purpose);
+    }
+}
+
+#[cold]
+#[allow(clippy::too_many_arguments)]
+fn note_scatter_on(
     w: &mut World,
     hca: usize,
     qpn: u32,
@@ -145,7 +163,7 @@ pub(super) fn note_scatter(
         if done < len && want < pos + l {
             let inner = want - pos;
             let n = ((l - inner) as usize).min(len - done);
-            note_write(
+            note_write_on(
                 w,
                 hca,
                 qpn,
@@ -164,7 +182,24 @@ pub(super) fn note_scatter(
 }
 
 /// Count and trace one DMA write of `len` bytes at process address `addr`.
+#[inline(always)]
 pub(super) fn note_write(
+    w: &mut World,
+    hca: usize,
+    qpn: u32,
+    addr: u64,
+    len: usize,
+    head: &[u8],
+    purpose: &'static str,
+) {
+    if w.trace.active() {
+        note_write_on(w, hca, qpn, addr, len, head, purpose);
+    }
+}
+
+#[cold]
+#[allow(clippy::too_many_arguments)]
+fn note_write_on(
     w: &mut World,
     hca: usize,
     qpn: u32,
@@ -194,7 +229,25 @@ pub(super) fn note_write(
 /// Count and trace one payload DMA read of `len` bytes at process address `addr` (virtual
 /// address `va` under `key`).
 #[allow(clippy::too_many_arguments)]
+#[inline(always)]
 pub(super) fn note_read(
+    w: &mut World,
+    hca: usize,
+    qpn: u32,
+    addr: u64,
+    va: u64,
+    key: u32,
+    len: u32,
+    purpose: &'static str,
+) {
+    if w.trace.active() {
+        note_read_on(w, hca, qpn, addr, va, key, len, purpose);
+    }
+}
+
+#[cold]
+#[allow(clippy::too_many_arguments)]
+fn note_read_on(
     w: &mut World,
     hca: usize,
     qpn: u32,

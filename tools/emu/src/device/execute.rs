@@ -38,12 +38,16 @@ pub(super) fn exec_wqe(
     // The first WQEBB in one read; the rest (if any) after the ctrl segment is checked.
     buf.clear();
     let first_pf = pf.and_then(|p| p.get(head, 64));
+    // Ring reads made here (not covered by the prefetch), for the link counters and the
+    // trace: noted once the QP is no longer borrowed.
+    let mut first_read = false;
+    let mut rest_read = false;
     if first_pf.is_none() {
         if read_wqe_into(sq, cnt, head, 64, buf).is_err() {
             fail_wqe(w, hca, qpn, idx, 0, Syndrome::LOCAL_PROT);
             return Exec::Done(1);
         }
-        note_fetch(w, hca, qpn, (sq, cnt), head, buf);
+        first_read = true;
     }
     let first = first_pf.unwrap_or(&buf[..]);
     let ctrl = CtrlSeg::read_from_bytes(&first[..16]).unwrap_or_else(|_| CtrlSeg::new_zeroed());
@@ -51,6 +55,11 @@ pub(super) fn exec_wqe(
     let wqebbs = ds.div_ceil(4).max(1);
     let opcode = ctrl.opcode();
     if ds == 0 || ctrl.qpn() != qpn || ctrl.wqe_index() != idx {
+        if first_read {
+            let b = std::mem::take(buf);
+            note_fetch(w, hca, qpn, (sq, cnt), head, 64, &b);
+            *buf = b;
+        }
         fail_wqe(w, hca, qpn, idx, opcode.0, Syndrome::LOCAL_QP_OP);
         return Exec::Done(wqebbs);
     }
@@ -72,13 +81,8 @@ pub(super) fn exec_wqe(
                         Ok(())
                     }
                     None => {
-                        let at = buf.len();
                         let r = read_wqe_into(sq, cnt, rest, len - 64, buf);
-                        if r.is_ok() {
-                            let part = std::mem::take(buf);
-                            note_fetch(w, hca, qpn, (sq, cnt), rest, &part[at..]);
-                            *buf = part;
-                        }
+                        rest_read = r.is_ok();
                         r
                     }
                 };
@@ -100,7 +104,6 @@ pub(super) fn exec_wqe(
         bytes,
         wqebbs,
     };
-    let q = &w.hcas[hca].qps[&qpn];
     let qt = q.qp_type;
     // Ordering constraints for RC: fence waits for outstanding READ/atomics; the number of
     // outstanding READ/atomics is bounded by max_rd_atomic.
@@ -125,9 +128,27 @@ pub(super) fn exec_wqe(
         );
         if (wqe.fence && reads() > 0) || (is_read && reads() >= usize::from(q.max_rd_atomic.max(1)))
         {
+            note_wqe_reads(
+                w,
+                hca,
+                qpn,
+                (sq, cnt),
+                head,
+                (first_read, rest_read),
+                wqe.bytes,
+            );
             return Exec::Blocked;
         }
     }
+    note_wqe_reads(
+        w,
+        hca,
+        qpn,
+        (sq, cnt),
+        head,
+        (first_read, rest_read),
+        wqe.bytes,
+    );
     w.wqe_log.fetched(hca, qpn, idx, wqe.bytes);
     let c = &mut w.hcas[hca].counters;
     c.wqes_executed += 1;
@@ -140,6 +161,29 @@ pub(super) fn exec_wqe(
         }
     }
     Exec::Done(wqe.wqebbs)
+}
+
+/// Note the ring reads [`exec_wqe`] made itself: its first WQEBB (64 bytes at `head`) and
+/// the rest of the WQE (`bytes[64..]`).
+#[inline(always)]
+fn note_wqe_reads(
+    w: &mut World,
+    hca: usize,
+    qpn: u32,
+    ring: (u64, u32),
+    head: u32,
+    (first, rest): (bool, bool),
+    bytes: &[u8],
+) {
+    if w.trace.active() && (first || rest) {
+        if first {
+            note_fetch(w, hca, qpn, ring, head, 64, &bytes[..bytes.len().min(64)]);
+        }
+        if rest && bytes.len() > 64 {
+            let n = bytes.len() - 64;
+            note_fetch(w, hca, qpn, ring, head.wrapping_add(1), n, &bytes[64..]);
+        }
+    }
 }
 
 /// Decode the payload part of a WQE at byte offset `off`: inline data or data segments.
@@ -164,14 +208,22 @@ pub(super) fn payload(
         }
     }
     let sgl = data_segs(w, hca, pdn, rest, 0, false)?;
-    let data = gather(&sgl)?;
     note_gather(w, hca, qpn, rest, &sgl);
-    Ok(data)
+    gather(&sgl)
 }
 
 /// Count (link counters) and trace the payload DMA reads of a gather: one read per data
 /// segment of `segs` (translated in `sgl`).
+#[inline(always)]
 pub(super) fn note_gather(w: &mut World, hca: usize, qpn: u32, segs: &[u8], sgl: &[(u64, u32)]) {
+    if w.trace.active() {
+        note_gather_on(w, hca, qpn, segs, sgl);
+    }
+}
+
+#[cold]
+#[allow(clippy::too_many_arguments)]
+fn note_gather_on(w: &mut World, hca: usize, qpn: u32, segs: &[u8], sgl: &[(u64, u32)]) {
     let c = &mut w.hcas[hca].counters;
     for &(addr, len) in sgl {
         crate::trace::dma_read(c, addr, u64::from(len));

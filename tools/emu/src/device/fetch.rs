@@ -112,7 +112,9 @@ pub(super) fn send_doorbell(
             .min(rest.len() + 8),
         _ => 8,
     };
-    crate::trace::mmio(&mut w.hcas[hca].counters, mmio_len as u64);
+    if w.trace.active() {
+        crate::trace::mmio(&mut w.hcas[hca].counters, mmio_len as u64);
+    }
     if w.trace.on() {
         let mut bytes = word.to_ne_bytes().to_vec();
         bytes.extend_from_slice(&rest[..mmio_len - 8]);
@@ -129,6 +131,7 @@ pub(super) fn send_doorbell(
             },
         );
     }
+    let clock = tclock(w);
     let h = &mut w.hcas[hca];
     h.counters.doorbells += 1;
     let Some(ctrl) = ctrl else { return };
@@ -142,12 +145,13 @@ pub(super) fn send_doorbell(
     };
     qp.sq_rung = (pi & WQ_PI_MASK) as u16;
     let db = qp.db + 4;
-    crate::trace::dma_read(&mut h.counters, db, 4);
+    if w.trace.active() {
+        crate::trace::dma_read(&mut h.counters, db, 4);
+    }
     if w.trace.on() {
-        let now = w.now();
         w.trace.push(
             hca,
-            now,
+            clock,
             "mlx5_emu::device::fetch::send_doorbell",
             crate::trace::TraceWhat::DbrecRead {
                 queue: "sq",
@@ -157,16 +161,13 @@ pub(super) fn send_doorbell(
             },
         );
     }
-    let Some(qp) = w.hcas[hca].qps.get_mut(&qpn) else {
-        return;
-    };
     let bfreg = qp.bfreg;
     crate::uar::rung_shared_register(w, hca, ctx, qpn, bfreg);
     let h = &mut w.hcas[hca];
     let Some(qp) = h.qps.get_mut(&qpn) else {
         return;
     };
-    if rest.iter().any(|&x| x != 0) {
+    if is_bf {
         h.counters.bf_writes += 1;
         if stepped && qp.sq_wqe_cnt > 0 {
             let len = (ctrl.ds() as usize * 16).min(rest.len() + 8);
@@ -189,7 +190,9 @@ pub(super) fn cq_arm(w: &mut World, hca: usize, ctx: u64, word: u64) {
     let arm = u32::from_be_bytes([b[0], b[1], b[2], b[3]]);
     let cqn = u32::from_be_bytes([b[4], b[5], b[6], b[7]]) & CQ_CI_MASK;
     w.hcas[hca].counters.cq_arms += 1;
-    crate::trace::mmio(&mut w.hcas[hca].counters, 8);
+    if w.trace.active() {
+        crate::trace::mmio(&mut w.hcas[hca].counters, 8);
+    }
     let Some(cq) = w.hcas[hca].cqs.get_mut(&cqn).filter(|c| c.ctx == ctx) else {
         return;
     };
@@ -270,6 +273,8 @@ pub(super) enum Exec {
 pub(super) struct Prefetch {
     /// WQEBB counter of the first fetched WQEBB.
     pub(super) start: u32,
+    /// The send ring it was fetched from: (process address, WQEBBs).
+    pub(super) ring: (u64, u32),
     /// The fetched WQEBBs, 64 bytes each.
     pub(super) data: Vec<u8>,
 }
@@ -297,6 +302,7 @@ impl Prefetch {
         }
         Ok(Prefetch {
             start: q.sq_head,
+            ring: (sq, cnt),
             data,
         })
     }
@@ -310,13 +316,31 @@ impl Prefetch {
 
 /// Count (link counters) and trace the DMA read of `len` send-ring bytes from WQEBB
 /// counter `start` of QP `qpn`'s ring at `sq` (`cnt` WQEBBs): one read per contiguous piece
-/// (two when it wraps at the ring end). `bytes` are what was read (for the trace).
+/// (two when it wraps at the ring end). `bytes` are what was read (at most `len`; for the
+/// trace).
+#[inline(always)]
 pub(super) fn note_fetch(
+    w: &mut World,
+    hca: usize,
+    qpn: u32,
+    ring: (u64, u32),
+    start: u32,
+    len: usize,
+    bytes: &[u8],
+) {
+    if w.trace.active() {
+        note_fetch_on(w, hca, qpn, ring, start, len, bytes);
+    }
+}
+
+#[cold]
+fn note_fetch_on(
     w: &mut World,
     hca: usize,
     qpn: u32,
     (sq, cnt): (u64, u32),
     start: u32,
+    len: usize,
     bytes: &[u8],
 ) {
     if cnt == 0 {
@@ -324,9 +348,9 @@ pub(super) fn note_fetch(
     }
     let mut done = 0usize;
     let mut at = start;
-    while done < bytes.len() {
+    while done < len {
         let slot = at & (cnt - 1);
-        let n = (bytes.len() - done).min((cnt - slot) as usize * 64);
+        let n = (len - done).min((cnt - slot) as usize * 64);
         let addr = sq + u64::from(slot) * 64;
         let c = &mut w.hcas[hca].counters;
         crate::trace::dma_read(c, addr, n as u64);
@@ -342,7 +366,10 @@ pub(super) fn note_fetch(
                     qpn,
                     wqe_index: at,
                     addr,
-                    bytes: bytes[done..done + n].to_vec(),
+                    bytes: bytes
+                        .get(done..(done + n).min(bytes.len()))
+                        .unwrap_or(&[])
+                        .to_vec(),
                 },
             );
         }
@@ -357,14 +384,8 @@ pub(super) fn run_sq(w: &mut World, hca: usize, qpn: u32) -> usize {
         Some(q) => Prefetch::fetch(q, buf),
         None => Err(buf),
     };
-    let ring = w.hcas[hca].qps.get(&qpn).map(|q| {
-        (
-            q.buf + ((q.rq_wqe_cnt as u64) << q.rq_wqe_shift),
-            q.sq_wqe_cnt,
-        )
-    });
-    if let (Ok(p), Some(ring)) = (&pf, ring) {
-        note_fetch(w, hca, qpn, ring, p.start, &p.data);
+    if let Ok(p) = &pf {
+        note_fetch(w, hca, qpn, p.ring, p.start, p.data.len(), &p.data);
     }
     let mut wqe_buf = std::mem::take(&mut w.wire.wqe);
     let more = |q: &crate::state::Qp| q.state == qps::RTS && (q.sq_head as u16) != q.sq_rung;

@@ -58,7 +58,9 @@ pub(super) fn fetch_recv_wqe(
     qpn: u32,
     out: &mut Vec<u8>,
 ) -> Option<(u16, u32)> {
-    let q = w.hcas[hca].qps.get_mut(&qpn)?;
+    let clock = tclock(w);
+    let h = &mut w.hcas[hca];
+    let q = h.qps.get_mut(&qpn)?;
     if let Some(srqn) = q.srq {
         let s = w.hcas[hca].srqs.get_mut(&srqn)?;
         let posted = mem::read_be32(s.db).ok()? & WQ_PI_MASK;
@@ -89,23 +91,26 @@ pub(super) fn fetch_recv_wqe(
         let first = q.buf + u64::from(q.rq_head & (q.rq_wqe_cnt - 1)) * stride;
         q.rq_pi_seen = (mem::read_be32(db).ok()? & WQ_PI_MASK) as u16;
         let empty = q.rq_pi_seen == q.rq_head as u16;
-        let mut data = Vec::new();
-        if !empty {
-            data = std::mem::take(&mut q.rq_prefetch.1);
-            if prefetch_rq(q, stride, &mut data).is_none() {
-                data.clear();
+        let data = if empty {
+            None
+        } else {
+            let mut d = std::mem::take(&mut q.rq_prefetch.1);
+            if prefetch_rq(q, stride, &mut d).is_none() {
+                d.clear();
             }
+            Some(d)
+        };
+        let (pi, n) = (q.rq_pi_seen, data.as_ref().map_or(0, |d| d.len() as u64));
+        if w.trace.active() {
+            let c = &mut h.counters;
+            crate::trace::dma_read(c, db, 4);
+            // The prefetch: one read, two when it wraps (counted as one here).
+            crate::trace::dma_read(c, first, n);
         }
-        let (pi, n) = (q.rq_pi_seen, data.len() as u64);
-        let c = &mut w.hcas[hca].counters;
-        crate::trace::dma_read(c, db, 4);
-        // The prefetch: one read, two when it wraps (counted as one here).
-        crate::trace::dma_read(c, first, n);
         if w.trace.on() {
-            let now = w.now();
             w.trace.push(
                 hca,
-                now,
+                clock,
                 "mlx5_emu::device::responder::fetch_recv_wqe",
                 crate::trace::TraceWhat::DbrecRead {
                     queue: "rq",
@@ -115,13 +120,9 @@ pub(super) fn fetch_recv_wqe(
                 },
             );
         }
-        if empty {
-            return None;
-        }
-        let q = w.hcas[hca].qps.get_mut(&qpn)?;
+        let data = data?;
         q.rq_prefetch = (q.rq_head, data);
     }
-    let q = w.hcas[hca].qps.get_mut(&qpn)?;
     let off = q.rq_head.wrapping_sub(q.rq_prefetch.0) as usize * stride as usize;
     match q.rq_prefetch.1.get(off..off + stride as usize) {
         Some(b) => out.extend_from_slice(b),
@@ -136,20 +137,28 @@ pub(super) fn fetch_recv_wqe(
     Some((ctr, 0))
 }
 
+/// The clock for trace events: the world's time when tracing is on, else 0 (not read).
+#[inline(always)]
+pub(super) fn tclock(w: &World) -> u64 {
+    if w.trace.on() { w.now() } else { 0 }
+}
+
 /// Trace one responder check (nothing when tracing is off: `detail` is not even built).
+/// Takes the recorder alone so that the caller may keep its QP borrowed.
+#[inline(always)]
 pub(super) fn rcheck(
-    w: &mut World,
+    t: &mut crate::trace::Recorder,
+    clock: u64,
     hca: usize,
     qpn: u32,
     check: &'static str,
     ok: bool,
     detail: impl FnOnce() -> String,
 ) {
-    if w.trace.on() {
-        let now = w.now();
-        w.trace.push(
+    if t.on() {
+        t.push(
             hca,
-            now,
+            clock,
             "mlx5_emu::device::responder::responder",
             crate::trace::TraceWhat::Check {
                 qpn,
@@ -161,20 +170,86 @@ pub(super) fn rcheck(
     }
 }
 
+/// Trace the checks [`responder`] is about to make on `pkt`, in its order, with the values
+/// compared (tracing only: the responder's own decisions are made below, from the same
+/// state).
+#[cold]
+fn trace_checks(w: &mut World, pkt: &Packet) {
+    let hca = pkt.dst_hca;
+    let clock = w.now();
+    let dq = pkt.dst_qpn;
+    let Some(q) = w.hcas.get(hca).and_then(|h| h.qps.get(&dq)) else {
+        if hca < w.hcas.len() {
+            rcheck(
+                &mut w.trace,
+                clock,
+                hca,
+                dq,
+                "destination QP",
+                false,
+                || format!("BTH dest QP {dq:#08x} unknown"),
+            );
+        }
+        return;
+    };
+    rcheck(&mut w.trace, clock, hca, dq, "destination QP", true, || {
+        format!("BTH dest QP {dq:#08x} exists")
+    });
+    let qt = q.qp_type;
+    let t = pkt.transport();
+    let ok_type = match t {
+        0x00 => qt == qpt::RC,
+        0x20 => qt == qpt::UC,
+        _ => qt == qpt::UD,
+    };
+    let st = q.state;
+    let ok_state = matches!(st, qps::RTR | qps::RTS | qps::SQD | qps::SQE);
+    let tn = match qt {
+        qpt::RC => "RC",
+        qpt::UC => "UC",
+        _ => "UD",
+    };
+    rcheck(
+        &mut w.trace,
+        clock,
+        hca,
+        dq,
+        "QP type and state",
+        ok_type && ok_state,
+        || {
+            format!(
+                "transport {t:#04x} on a {tn} QP in state {st} (receiving needs RTR, RTS, SQD or SQE)"
+            )
+        },
+    );
+    if !ok_type || !ok_state {
+        return;
+    }
+    if qt == qpt::UD {
+        let (got, want) = (pkt.qkey, q.qkey);
+        rcheck(&mut w.trace, clock, hca, dq, "Q_Key", got == want, || {
+            format!("Q_Key {got:#010x}, the QP's {want:#010x}")
+        });
+        return;
+    }
+    let peer = from_peer(w, hca, q, pkt);
+    let (slid, dqp, epsn) = (pkt.slid, q.dest_qpn, q.rq_psn);
+    rcheck(&mut w.trace, clock, hca, dq, "connected peer", peer, || {
+        format!("source LID {slid} is the connected peer's (its QP {dqp:#08x})")
+    });
+    if !peer {
+        return;
+    }
+    let got = pkt.psn;
+    rcheck(&mut w.trace, clock, hca, dq, "PSN", got == epsn, || {
+        format!("PSN {got:#08x}, expected {epsn:#08x}")
+    });
+}
+
 pub(super) fn responder(w: &mut World, pkt: &mut Packet) {
     let hca = pkt.dst_hca;
-    let found = w
-        .hcas
-        .get(hca)
-        .is_some_and(|h| h.qps.contains_key(&pkt.dst_qpn));
-    if hca < w.hcas.len() {
-        let dq = pkt.dst_qpn;
-        rcheck(w, hca, dq, "destination QP", found, || {
-            format!(
-                "BTH dest QP {dq:#08x} {}",
-                if found { "exists" } else { "unknown" }
-            )
-        });
+    if w.trace.on() {
+        trace_checks(w, pkt);
     }
     let Some(q) = w.hcas.get(hca).and_then(|h| h.qps.get(&pkt.dst_qpn)) else {
         if let Some(h) = w.hcas.get_mut(hca) {
@@ -190,44 +265,16 @@ pub(super) fn responder(w: &mut World, pkt: &mut Packet) {
         0x20 => qt == qpt::UC,
         _ => qt == qpt::UD,
     };
-    let ok_state = matches!(q.state, qps::RTR | qps::RTS | qps::SQD | qps::SQE);
-    let (t, st) = (pkt.transport(), q.state);
-    rcheck(
-        w,
-        hca,
-        qpn,
-        "QP type and state",
-        ok_type && ok_state,
-        || {
-            let tn = match qt {
-                qpt::RC => "RC",
-                qpt::UC => "UC",
-                _ => "UD",
-            };
-            format!(
-                "transport {t:#04x} on a {tn} QP in state {st} (receiving needs RTR, RTS, SQD or SQE)"
-            )
-        },
-    );
-    let q = &w.hcas[hca].qps[&qpn];
-    if !ok_type || !ok_state {
+    if !ok_type || !matches!(q.state, qps::RTR | qps::RTS | qps::SQD | qps::SQE) {
         w.hcas[hca].counters.packets_dropped += 1;
         return;
     }
-    let peer_ok = qt == qpt::UD || from_peer(w, hca, q, pkt);
-    if qt != qpt::UD {
-        let (slid, dqp) = (pkt.slid, q.dest_qpn);
-        rcheck(w, hca, qpn, "connected peer", peer_ok, || {
-            format!("source LID {slid} is the connected peer's (its QP {dqp:#08x})")
-        });
-    }
-    let q = &w.hcas[hca].qps[&qpn];
     if qt == qpt::UD {
         if pkt.qkey != q.qkey {
             w.hcas[hca].counters.packets_dropped += 1;
             return;
         }
-    } else if !peer_ok {
+    } else if !from_peer(w, hca, q, pkt) {
         // Not the connected peer (source node or QP): dropped, the connection intact.
         w.hcas[hca].counters.rx_foreign += 1;
         w.hcas[hca].counters.packets_dropped += 1;
@@ -237,14 +284,7 @@ pub(super) fn responder(w: &mut World, pkt: &mut Packet) {
         // RC/UC packets do not carry the source QP; the QP context knows its peer.
         pkt.src_qpn = q.dest_qpn;
     }
-    let q = &w.hcas[hca].qps[&qpn];
     let epsn = q.rq_psn;
-    if qt != qpt::UD {
-        let got = pkt.psn;
-        rcheck(w, hca, qpn, "PSN", got == epsn, || {
-            format!("PSN {got:#08x}, expected {epsn:#08x}")
-        });
-    }
     if qt == qpt::RC && pkt.psn != epsn {
         if psn_before(pkt.psn, epsn) {
             w.hcas[hca].counters.duplicate_request += 1;
@@ -379,12 +419,21 @@ pub(super) fn read_response(
     let r = req.reth.unwrap_or_default();
     let addr = remote_reth(w, hca, pdn, qacc, r, access::REMOTE_READ)
         .ok_or(RespErr::Nak(aeth::NAK_REM_ACCESS, ev::QP_ACCESS_ERR))?;
-    rcheck(w, hca, qpn, "rkey and access", true, || {
-        format!(
-            "READ rkey {:#010x} va {:#x} len {}: inside an MR with remote read",
-            r.rkey, r.va, r.len
-        )
-    });
+    let clock = tclock(w);
+    rcheck(
+        &mut w.trace,
+        clock,
+        hca,
+        qpn,
+        "rkey and access",
+        true,
+        || {
+            format!(
+                "READ rkey {:#010x} va {:#x} len {}: inside an MR with remote read",
+                r.rkey, r.va, r.len
+            )
+        },
+    );
     let data = Payload::build(r.len as usize, |buf| mem::read(addr, buf))
         .map_err(|_| RespErr::Nak(aeth::NAK_REM_OP, ev::QP_FATAL))?;
     if r.len > 0 {
@@ -451,12 +500,21 @@ pub(super) fn execute_request(
             access::REMOTE_ATOMIC,
         )
         .ok_or(RespErr::Nak(aeth::NAK_REM_ACCESS, ev::QP_ACCESS_ERR))?;
-        rcheck(w, hca, qpn, "rkey and access", true, || {
-            format!(
-                "atomic rkey {:#010x} va {:#x} size {size}: aligned, inside an MR with remote atomic",
-                a.rkey, a.va
-            )
-        });
+        let clock = tclock(w);
+        rcheck(
+            &mut w.trace,
+            clock,
+            hca,
+            qpn,
+            "rkey and access",
+            true,
+            || {
+                format!(
+                    "atomic rkey {:#010x} va {:#x} size {size}: aligned, inside an MR with remote atomic",
+                    a.rkey, a.va
+                )
+            },
+        );
         let orig = do_atomic(addr, pkt.opcode, a)
             .map_err(|_| RespErr::Nak(aeth::NAK_REM_OP, ev::QP_FATAL))?;
         note_read(
@@ -516,12 +574,21 @@ pub(super) fn execute_request(
             w.hcas[hca].counters.rx_write_requests += 1;
             let r = pkt.reth.unwrap_or_default();
             let found = remote_reth(w, hca, pdn, qacc, r, access::REMOTE_WRITE);
-            rcheck(w, hca, qpn, "rkey and access", found.is_some(), || {
-                format!(
-                    "WRITE rkey {:#010x} va {:#x} len {}: inside an MR with remote write",
-                    r.rkey, r.va, r.len
-                )
-            });
+            let clock = tclock(w);
+            rcheck(
+                &mut w.trace,
+                clock,
+                hca,
+                qpn,
+                "rkey and access",
+                found.is_some(),
+                || {
+                    format!(
+                        "WRITE rkey {:#010x} va {:#x} len {}: inside an MR with remote write",
+                        r.rkey, r.va, r.len
+                    )
+                },
+            );
             let Some(addr) = found else {
                 // A WRITE with immediate consumes a receive WQE even when its rkey check
                 // fails: that WQE completes with a local access error.
@@ -547,18 +614,20 @@ pub(super) fn execute_request(
             }
         }
         (true, _) => {
-            let taken = take_recv_wqe(w, hca, qpn);
-            rcheck(w, hca, qpn, "receive WQE", taken.is_some(), || {
-                if taken.is_some() {
-                    "a receive WQE is posted".into()
-                } else {
-                    "no receive WQE posted: RNR".into()
+            let Some((segs, ctr, srqn)) = take_recv_wqe(w, hca, qpn) else {
+                if w.trace.on() {
+                    let clock = w.now();
+                    rcheck(&mut w.trace, clock, hca, qpn, "receive WQE", false, || {
+                        "no receive WQE posted: RNR NAK".into()
+                    });
                 }
-            });
-            let Some((segs, ctr, srqn)) = taken else {
                 return Err(RespErr::Rnr);
             };
             if w.trace.on() {
+                let clock = w.now();
+                rcheck(&mut w.trace, clock, hca, qpn, "receive WQE", true, || {
+                    "a receive WQE is posted".into()
+                });
                 let sges = segs
                     .chunks_exact(16)
                     .filter_map(|c| DataSeg::read_from_bytes(c).ok())
@@ -637,7 +706,7 @@ pub(super) fn execute_request(
         if !pkt.payload.is_empty() && mem::write(msg.addr + msg.offset, &pkt.payload).is_err() {
             return Err(RespErr::Nak(aeth::NAK_REM_OP, ev::QP_FATAL));
         }
-        if !pkt.payload.is_empty() {
+        if w.trace.active() && !pkt.payload.is_empty() {
             let at = msg.addr + msg.offset;
             note_write(
                 w,
@@ -694,16 +763,18 @@ pub(super) fn execute_request(
                 RespErr::Silent
             });
         }
-        note_scatter(
-            w,
-            hca,
-            qpn,
-            &msg.sgl,
-            msg.offset,
-            pkt.payload.len(),
-            &pkt.payload,
-            "send data",
-        );
+        if w.trace.active() {
+            note_scatter(
+                w,
+                hca,
+                qpn,
+                &msg.sgl,
+                msg.offset,
+                pkt.payload.len(),
+                &pkt.payload,
+                "send data",
+            );
+        }
         msg.offset += pkt.payload.len() as u64;
     }
     if !last {
