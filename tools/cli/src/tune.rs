@@ -739,7 +739,7 @@ pub fn plot(rows: &[Measured]) -> String {
     .iter()
     .enumerate()
     {
-        let max = rows.iter().map(|r| get(r)).fold(0.0f64, f64::max).max(1e-9);
+        let max = rows.iter().map(get).fold(0.0f64, f64::max).max(1e-9);
         let y0 = 40.0 + row as f64 * ph;
         for (k, knob) in knobs.iter().enumerate() {
             let x0 = 10.0 + k as f64 * pw;

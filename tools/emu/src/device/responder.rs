@@ -209,6 +209,15 @@ fn trace_checks(w: &mut World, pkt: &Packet) {
         qpt::UC => "UC",
         _ => "UD",
     };
+    let sn = match st {
+        qps::RTR => "RTR",
+        qps::RTS => "RTS",
+        qps::SQD => "SQD",
+        qps::SQE => "SQE",
+        qps::ERR => "ERR",
+        qps::INIT => "INIT",
+        _ => "RESET",
+    };
     rcheck(
         &mut w.trace,
         clock,
@@ -218,7 +227,7 @@ fn trace_checks(w: &mut World, pkt: &Packet) {
         ok_type && ok_state,
         || {
             format!(
-                "transport {t:#04x} on a {tn} QP in state {st} (receiving needs RTR, RTS, SQD or SQE)"
+                "transport {t:#04x} on a {tn} QP in state {sn} (receiving needs RTR, RTS, SQD or SQE)"
             )
         },
     );
