@@ -303,29 +303,58 @@ fn err(what: &str) -> impl FnOnce(mlx5::Error) -> String + '_ {
 }
 
 /// One end: QP, its two CQs, its buffer (`[tx area | rx area]`) and MR.
-pub(crate) struct End {
-    pub(crate) qp: Qp,
-    pub(crate) scq: Cq,
-    pub(crate) rcq: Cq,
-    pub(crate) buf: Arc<DmaBuf>,
-    pub(crate) mr: mlx5::Mr,
+pub struct End {
+    /// The RC QP.
+    pub qp: Qp,
+    /// Its send CQ.
+    pub scq: Cq,
+    /// Its receive CQ.
+    pub rcq: Cq,
+    /// Its buffer.
+    pub buf: Arc<DmaBuf>,
+    /// The buffer's MR.
+    pub mr: mlx5::Mr,
 }
 
 /// Two connected RC QPs on one stepped emulated HCA (`a` sends to `b`). Field order is drop
 /// order: the QPs before the PD, the context and the emulator.
-pub(crate) struct Rig {
-    pub(crate) a: End,
-    pub(crate) b: End,
+pub struct Rig {
+    /// The requester.
+    pub a: End,
+    /// The responder.
+    pub b: End,
     _pd: Pd,
     _ctx: Context,
-    pub(crate) emu: Emulator,
+    /// The stepped emulator (link counting on).
+    pub emu: Emulator,
     /// Bytes of each end's tx and rx areas.
-    pub(crate) area: usize,
+    pub area: usize,
+}
+
+impl std::fmt::Debug for End {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("End")
+            .field("qpn", &self.qp.qpn())
+            .finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for Rig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Rig")
+            .field("a", &self.a)
+            .field("b", &self.b)
+            .field("area", &self.area)
+            .finish_non_exhaustive()
+    }
 }
 
 /// A [`Rig`] for messages of `size` bytes: QPs of `depth` WRs each way, inline up to
 /// `inline`, BlueFlame as `bf`.
-pub(crate) fn rig(size: u32, inline: u32, bf: bool, depth: u32) -> Result<Rig, String> {
+///
+/// # Errors
+/// The emulator or the driver refused a step (named).
+pub fn rig(size: u32, inline: u32, bf: bool, depth: u32) -> Result<Rig, String> {
     let emu = Emulator::new(EmuConfig {
         mode: RunMode::Stepped,
         ..EmuConfig::default()
@@ -1091,8 +1120,8 @@ pub fn command(a: &crate::cli::TraceArgs) -> Result<(), String> {
         );
     } else {
         print!(
-            "mlx5 trace {:?}: {} B, inline up to {} B, BlueFlame {}, on the emulated ConnectX (stepped)\n{}",
-            o.op,
+            "mlx5 trace {}: {} B, inline up to {} B, BlueFlame {}, on the emulated ConnectX (stepped)\n{}",
+            format!("{:?}", o.op).to_lowercase(),
             if o.op == TraceOp::Atomic { 8 } else { o.size },
             o.inline,
             if o.bf { "on" } else { "off" },

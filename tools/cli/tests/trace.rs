@@ -279,3 +279,80 @@ fn decode_packet_survives_every_opcode_and_length() {
     }
     assert!(ok > 0);
 }
+
+/// Off means off: with neither the trace nor link counting on, a SEND leaves no trace event
+/// and no link count (the device's own counters still count); on, both appear; off again,
+/// they stop.
+#[test]
+fn tracing_and_link_counting_cost_nothing_when_off() {
+    use mlx5::{RecvWr, SendFlags, SendWr, Sge, WorkCompletion};
+    let mut r = mlx5_tools::trace::rig(64, 0, true, 16).unwrap();
+    r.emu.count_link(false);
+    r.emu.trace(false);
+    let rx = [Sge {
+        addr: r.b.mr.addr() + r.area as u64,
+        length: 64,
+        lkey: r.b.mr.lkey(),
+    }];
+    let tx = [Sge {
+        addr: r.a.mr.addr(),
+        length: 64,
+        lkey: r.a.mr.lkey(),
+    }];
+    let mut one_send = |r: &mut mlx5_tools::trace::Rig| {
+        r.b.qp
+            .post_recv(&[RecvWr {
+                wr_id: 1,
+                sg_list: &rx,
+            }])
+            .unwrap();
+        r.a.qp
+            .post_send(&[SendWr::send(7, &tx, SendFlags::SIGNALED)])
+            .unwrap();
+        r.emu.run_until_idle();
+        let mut wcs = [WorkCompletion::default(); 4];
+        assert_eq!(r.a.scq.poll(&mut wcs), 1);
+        assert!(wcs[0].is_ok());
+        assert_eq!(r.b.rcq.poll(&mut wcs), 1);
+    };
+    let link = |c: &mlx5_emu::Counters| {
+        mlx5_emu::Counters::LINK_COUNTER_NAMES
+            .iter()
+            .map(|n| c.get(n).unwrap())
+            .sum::<u64>()
+    };
+    let c0 = r.emu.counters(0);
+    one_send(&mut r);
+    let c1 = r.emu.counters(0);
+    assert_eq!(link(&c1), link(&c0), "link counted while off");
+    assert_eq!(c1.wqes_executed, c0.wqes_executed + 1);
+    assert!(r.emu.take_trace().is_empty(), "trace recorded while off");
+    assert_eq!(r.emu.trace_clock(), 0);
+    r.emu.count_link(true);
+    one_send(&mut r);
+    let c2 = r.emu.counters(0);
+    assert_eq!(c2.wqe_fetches, c1.wqe_fetches + 1);
+    assert_eq!(c2.payload_reads, c1.payload_reads + 1);
+    assert_eq!(c2.payload_read_bytes, c1.payload_read_bytes + 64);
+    assert!(
+        r.emu.take_trace().is_empty(),
+        "link counting alone records no events"
+    );
+    r.emu.count_link(false);
+    r.emu.trace(true);
+    one_send(&mut r);
+    let c3 = r.emu.counters(0);
+    assert_eq!(
+        c3.wqe_fetches,
+        c2.wqe_fetches + 1,
+        "the trace counts the link too"
+    );
+    let ev = r.emu.take_trace();
+    assert!(ev.len() >= 8, "{}", ev.len());
+    assert!(ev.windows(2).all(|w| w[0].seq + 1 == w[1].seq));
+    r.emu.trace(false);
+    one_send(&mut r);
+    let c4 = r.emu.counters(0);
+    assert_eq!(link(&c4), link(&c3));
+    assert!(r.emu.take_trace().is_empty());
+}
