@@ -299,7 +299,7 @@ fn tracing_and_link_counting_cost_nothing_when_off() {
         length: 64,
         lkey: r.a.mr.lkey(),
     }];
-    let mut one_send = |r: &mut mlx5_tools::trace::Rig| {
+    let one_send = |r: &mut mlx5_tools::trace::Rig| {
         r.b.qp
             .post_recv(&[RecvWr {
                 wr_id: 1,
