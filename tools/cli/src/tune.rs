@@ -193,6 +193,9 @@ fn config(o: &TuneOpts, s: &Setting) -> TestbedConfig {
         ib_port: 1,
         gid_index: None,
         echo: false,
+        conn: crate::cli::Conn::Rc,
+        sl: 0,
+        timeout: 14,
     }
 }
 
@@ -218,6 +221,8 @@ pub fn measure(
         cq_mod: 1,
         poll: s.poll,
         warm_up: 10,
+        patience: Some(std::time::Duration::from_secs(10)),
+        rx_depth: 1,
     };
     let (a, b) = tb.sides();
     let run = bench::lat_pingpong(Op::Send, a, b, &p, "")?;
@@ -227,6 +232,7 @@ pub fn measure(
         tx_depth: s.sq_depth,
         post_list: s.post_list,
         cq_mod: s.signal_interval,
+        rx_depth: s.sq_depth,
         ..p
     };
     let (a, b) = tb.sides();
@@ -236,7 +242,9 @@ pub fn measure(
     let span = bw
         .completed_ns
         .last()
-        .map_or(0, |&l| l.saturating_sub(bw.first_post_ns))
+        .map_or(0, |&l| {
+            l.saturating_sub(bw.posted_ns.first().copied().unwrap_or(0))
+        })
         .max(1);
     let msg_rate = o.iters as f64 * 1e9 / span as f64;
     let totals = if emulated {

@@ -7,7 +7,9 @@
 //!    wakes the sleeping device) and onto an open one (the device is still scanning);
 //! 3. the CPU share of an idle threaded HCA, waking and polling device;
 //! 4. latency between two processes against the same in one process, for the waking device
-//!    (`MLX5_EMU_WAKE=fault`) and the old polling one (`MLX5_EMU_WAKE=poll`): `mlx5 lat
+//!    (`MLX5_EMU_WAKE=fault`; `fair`: the same with `MLX5_EMU_RT=0`, no real-time device
+//!    thread; `near`: the same without `MLX5_EMU_AVOID`, the device may share the ringing
+//!    thread's CPU) and the old polling one (`MLX5_EMU_WAKE=poll`): `mlx5 lat
 //!    send` p50/p99, `ibv_rc_pingpong -s 64` and `ib_send_lat` (both unmodified, under the
 //!    preload) against in-process `mlx5 pingpong --loopback` / `mlx5 lat send`, and the CPU
 //!    an idle `ibv_rc_pingpong` server burns in 4 s. Needs the `mlx5` binary next to this
@@ -60,6 +62,30 @@ fn main() {
         "application CPU time of a doorbell store: {fault:.2} us onto a protected page (fault + \
          unprotect + wake), {open:.2} us onto an open one (median of 1000 each)"
     );
+
+    let (alone, shared) = (mprotect_cost(false, 2000), mprotect_cost(true, 2000));
+    println!(
+        "mprotect of one page (a wake's unprotect, the device's re-arm): {:.2} / {:.2} us alone, \
+         {:.2} / {:.2} us with a thread of the process running on another CPU (TLB shootdown)",
+        alone.0, alone.1, shared.0, shared.1
+    );
+
+    // Where the microseconds of a two-process round trip go: how long a blocked thread
+    // takes to run after an eventfd poke (a doorbell's wake) or a loopback UDP datagram (a
+    // packet's), with every CPU held by a busy-polling fair thread, as the applications
+    // hold them; real-time (the waking device's default) against fair.
+    let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+    for line in [WakeLine::Eventfd, WakeLine::Udp] {
+        for rt in [true, false] {
+            match wake_latency(line, rt, cpus, 2000) {
+                Some((p50, p99)) => println!(
+                    "wake latency, {line:?} -> blocked {} thread, {cpus} busy pollers: p50 {p50:.1} us, p99 {p99:.1} us",
+                    if rt { "SCHED_FIFO 1" } else { "fair" }
+                ),
+                None => println!("wake latency, {line:?}, rt {rt}: not measured (no SCHED_FIFO?)"),
+            }
+        }
+    }
 
     for mode in [WakeMode::Fault, WakeMode::Poll] {
         let emu = Emulator::with_wake(
@@ -196,6 +222,188 @@ fn thread_cpu_us() -> f64 {
     ts.tv_sec as f64 * 1e6 + ts.tv_nsec as f64 / 1e3
 }
 
+/// Median wall time (microseconds) of `mprotect` on one shared page: to writable (what the
+/// fault handler does) and back to read-only (the device's re-arm), with or without a
+/// second thread of this process spinning (whose CPU must then drop the old translation).
+fn mprotect_cost(sibling: bool, rounds: usize) -> (f64, f64) {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let stop = Arc::new(AtomicBool::new(false));
+    let spinner = sibling.then(|| {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                std::hint::spin_loop();
+            }
+        })
+    });
+    // SAFETY: a fresh anonymous shared mapping of 3 pages, unmapped below.
+    let base = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            3 * 4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    let mut up = Vec::with_capacity(rounds);
+    let mut down = Vec::with_capacity(rounds);
+    if base != libc::MAP_FAILED {
+        // SAFETY: the middle page of our mapping.
+        let page = unsafe { base.cast::<u8>().add(4096) }.cast::<libc::c_void>();
+        for i in 0..rounds {
+            let t0 = Instant::now();
+            // SAFETY: `page` is one page of our own mapping.
+            unsafe { libc::mprotect(page, 4096, libc::PROT_READ) };
+            let t1 = Instant::now();
+            // SAFETY: as above.
+            unsafe { libc::mprotect(page, 4096, libc::PROT_READ | libc::PROT_WRITE) };
+            let t2 = Instant::now();
+            // SAFETY: the page is writable again; a volatile store makes it resident and
+            // its translation cached, as a doorbell page is.
+            unsafe { page.cast::<u64>().write_volatile(i as u64) };
+            down.push((t1 - t0).as_secs_f64() * 1e6);
+            up.push((t2 - t1).as_secs_f64() * 1e6);
+        }
+        // SAFETY: unmapping the mapping created above, unused after this.
+        unsafe { libc::munmap(base, 3 * 4096) };
+    }
+    stop.store(true, Ordering::Relaxed);
+    if let Some(h) = spinner {
+        let _ = h.join();
+    }
+    let med = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+    };
+    (med(&mut up), med(&mut down))
+}
+
+#[derive(Clone, Copy, Debug)]
+enum WakeLine {
+    Eventfd,
+    Udp,
+}
+
+fn mono_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime into our own timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// p50 and p99 (microseconds) of the time from a poke (an eventfd write or a loopback UDP
+/// datagram, stamped just before) to the blocked waiter running again, while `hogs` fair
+/// threads busy-poll. `rt`: the waiter is `SCHED_FIFO` 1 (None if the kernel refuses).
+fn wake_latency(line: WakeLine, rt: bool, hogs: usize, samples: usize) -> Option<(f64, f64)> {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let stop = Arc::new(AtomicBool::new(false));
+    let stamp = Arc::new(AtomicU64::new(0));
+    let seen = Arc::new(AtomicU64::new(0));
+    // SAFETY: eventfd with no pointer arguments; checked below.
+    let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK) };
+    let rx = std::net::UdpSocket::bind("127.0.0.1:0").ok()?;
+    let tx = std::net::UdpSocket::bind("127.0.0.1:0").ok()?;
+    rx.set_nonblocking(true).ok()?;
+    let to = rx.local_addr().ok()?;
+    if efd < 0 {
+        return None;
+    }
+    let fd = match line {
+        WakeLine::Eventfd => efd,
+        WakeLine::Udp => std::os::fd::AsRawFd::as_raw_fd(&rx),
+    };
+    let hog_threads: Vec<_> = (0..hogs)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+        })
+        .collect();
+    let waiter = {
+        let (stop, stamp, seen) = (stop.clone(), stamp.clone(), seen.clone());
+        std::thread::spawn(move || {
+            let param = libc::sched_param { sched_priority: 1 };
+            // SAFETY: sched_setscheduler(0 = this thread, a policy, a live sched_param).
+            if rt && unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } != 0 {
+                return None;
+            }
+            let mut lat = Vec::with_capacity(samples);
+            let mut buf = [0u8; 64];
+            while !stop.load(Ordering::Relaxed) && lat.len() < samples {
+                let mut p = libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                let ts = libc::timespec {
+                    tv_sec: 0,
+                    tv_nsec: 100_000_000,
+                };
+                // SAFETY: one live pollfd, a live timespec.
+                let r = unsafe { libc::ppoll(&mut p, 1, &ts, std::ptr::null()) };
+                let now = mono_ns();
+                if r <= 0 {
+                    continue;
+                }
+                // SAFETY: read into our own buffer of its length (eventfd: 8 bytes).
+                while unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) } > 0 {}
+                lat.push(now.saturating_sub(stamp.load(Ordering::SeqCst)) as f64 / 1e3);
+                seen.fetch_add(1, Ordering::SeqCst);
+            }
+            Some(lat)
+        })
+    };
+    for i in 0..samples as u64 {
+        // Let the waiter block again (and give up if it is gone).
+        std::thread::sleep(Duration::from_micros(300));
+        let t = Instant::now();
+        while seen.load(Ordering::SeqCst) < i && t.elapsed() < Duration::from_secs(2) {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        if waiter.is_finished() {
+            break;
+        }
+        stamp.store(mono_ns(), Ordering::SeqCst);
+        match line {
+            WakeLine::Eventfd => {
+                let one = 1u64;
+                // SAFETY: write 8 bytes from a live u64 to our eventfd.
+                unsafe { libc::write(efd, (&raw const one).cast(), 8) };
+            }
+            WakeLine::Udp => {
+                let _ = tx.send_to(&[0u8; 64], to);
+            }
+        }
+    }
+    let t = Instant::now();
+    while seen.load(Ordering::SeqCst) < samples as u64 && t.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let lat = waiter.join().ok()?;
+    for h in hog_threads {
+        let _ = h.join();
+    }
+    // SAFETY: closing the eventfd we opened, once.
+    unsafe { libc::close(efd) };
+    let mut lat = lat?;
+    if lat.is_empty() {
+        return None;
+    }
+    lat.sort_by(f64::total_cmp);
+    Some((lat[lat.len() / 2], lat[lat.len() * 99 / 100]))
+}
+
 // ---------------------------------------------------------------------------------------
 // Between processes
 
@@ -261,8 +469,17 @@ fn output(mut child: Child, limit: Duration) -> String {
 
 fn command(program: &Path, args: &[&str], mode: &str, preload: Option<&Path>) -> Command {
     let mut c = Command::new(program);
+    // "fair": the waking device without its real-time priority (MLX5_EMU_RT=0).
+    // "near": without keeping the device off the ringing thread's CPU (MLX5_EMU_AVOID=0).
+    let (wake, rt, avoid) = match mode {
+        "fair" => ("fault", "0", "1"),
+        "near" => ("fault", "1", "0"),
+        m => (m, "1", "1"),
+    };
     c.args(args)
-        .env("MLX5_EMU_WAKE", mode)
+        .env("MLX5_EMU_WAKE", wake)
+        .env("MLX5_EMU_RT", rt)
+        .env("MLX5_EMU_AVOID", avoid)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -354,7 +571,7 @@ fn processes(iters: u32) {
     let perftest = preload.is_some() && on_path("ib_send_lat");
     let n = iters.to_string();
     println!("[mode ] figure (ratios: two-process / in-process, same run)   value   target");
-    for mode in ["fault", "poll"] {
+    for mode in ["fault", "fair", "near", "poll"] {
         // The polling device is slow between processes: fewer iterations.
         let k = if mode == "poll" {
             (iters / 5).max(100).to_string()

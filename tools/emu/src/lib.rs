@@ -50,6 +50,7 @@ mod abi;
 pub mod cprog;
 mod device;
 mod fds;
+mod inspect;
 mod kernel;
 mod mem;
 mod pcap;
@@ -64,6 +65,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 pub use abi::{Errno, UverbsSurface};
+pub use inspect::{CqView, QpView};
 pub use mem::{DmaPath, dma_path, set_dma_path};
 pub use record::{WqeRecord, WqeVia};
 pub use roce::{GidEntry, GidType, LinkLayer, NDEV_IFINDEX, NDEV_NAME, ROCE_GID_TBL_LEN};
@@ -483,6 +485,10 @@ struct Shared {
     udp_fds: Vec<i32>,
     /// Threaded wake mode: the device thread's wake-up line (see [`WakeMode`]).
     wake: Option<Arc<uar::Wake>>,
+    /// The waking device thread's scheduling (`SCHED_*` above, or a real-time priority).
+    sched: std::sync::atomic::AtomicI32,
+    /// The waking device thread's kernel thread id (0 until it has started).
+    device_tid: std::sync::atomic::AtomicI32,
 }
 
 impl Shared {
@@ -695,6 +701,8 @@ impl Emulator {
             world: Mutex::new(world),
             udp_fds,
             wake: wake.clone(),
+            sched: std::sync::atomic::AtomicI32::new(SCHED_UNKNOWN),
+            device_tid: std::sync::atomic::AtomicI32::new(0),
         });
         if mode == RunMode::Threaded {
             let weak = Arc::downgrade(&shared);
@@ -755,6 +763,29 @@ impl Emulator {
             (Some(_), _) => WakeMode::Fault,
             (None, _) => WakeMode::Poll,
         }
+    }
+
+    /// How the waking device thread is scheduled ([`DeviceSched`]; `MLX5_EMU_RT`).
+    pub fn device_sched(&self) -> DeviceSched {
+        match self.shared.sched.load(std::sync::atomic::Ordering::Acquire) {
+            SCHED_UNKNOWN => DeviceSched::Unknown,
+            SCHED_FAIR => DeviceSched::Fair,
+            SCHED_DENIED => DeviceSched::FairDenied,
+            p => DeviceSched::RealTime(p),
+        }
+    }
+
+    /// The kernel thread id of the waking device thread (for `chrt`, `perf`, `/proc`), once
+    /// it has started; None in stepped mode and for the polling device.
+    pub fn device_thread_id(&self) -> Option<i32> {
+        if self.device_sched() == DeviceSched::Unknown {
+            return None;
+        }
+        Some(
+            self.shared
+                .device_tid
+                .load(std::sync::atomic::Ordering::Relaxed),
+        )
     }
 
     /// Call [`Emulator::step`] until it reports no work (bounded, so a QP retrying forever
@@ -869,6 +900,10 @@ fn device_thread(weak: Weak<Shared>) {
 /// than a fault plus a wake-up. Cut short as soon as the thread finds itself preempted.
 const DEFAULT_SPIN: Duration = Duration::from_micros(50);
 
+/// How long a real-time device thread may work after a wake-up before it continues in the
+/// fair class (see [`Sched`]).
+const RT_BURST: Duration = Duration::from_millis(2);
+
 /// While contexts exist, the device wakes at least this often to keep the core-clock page
 /// moving.
 const CLOCK_TICK: Duration = Duration::from_millis(10);
@@ -887,12 +922,26 @@ fn spin_window() -> Duration {
 fn wake_thread(weak: Weak<Shared>, wake: Arc<uar::Wake>) {
     use std::time::Instant;
     short_slice();
+    let mut sched = Sched::start();
+    if let Some(s) = weak.upgrade() {
+        // SAFETY: gettid has no arguments.
+        let tid = unsafe { libc::gettid() };
+        s.device_tid
+            .store(tid, std::sync::atomic::Ordering::Relaxed);
+        s.sched
+            .store(sched.report(), std::sync::atomic::Ordering::Release);
+    }
+    // `MLX5_EMU_AVOID=0`: leave the device thread's CPUs alone (see `Sched::place`).
+    let avoid = std::env::var("MLX5_EMU_AVOID").map_or(true, |v| v.trim() != "0");
+    let mut wqes_before: u64 = 0;
     let max_spin = spin_window();
     let mut spin = max_spin;
     let mut sleeps: u32 = 0;
     // When the device last ran out of work (None: it has work, or it just woke up).
     let mut idle_since: Option<Instant> = None;
     let mut last_iter = Instant::now();
+    // When the thread last returned from its wait.
+    let mut woke = last_iter;
     loop {
         let Some(shared) = weak.upgrade() else { return };
         let n = {
@@ -909,10 +958,18 @@ fn wake_thread(weak: Weak<Shared>, wake: Arc<uar::Wake>) {
                 // The spin found work: it pays; widen it again.
                 spin = (spin * 2 + Duration::from_micros(1)).min(max_spin);
             }
+            // Real-time only for the burst a wake-up brings: a device kept busy (a stream
+            // of doorbells) shares its CPU fairly, and never starves anyone for long.
+            if now.duration_since(woke) > RT_BURST {
+                sched.fair();
+            }
             continue;
         }
         let since = *idle_since.get_or_insert(now);
         if !preempted && now.duration_since(since) < spin {
+            // A real-time thread spins as a fair one, or it keeps an application that
+            // shares its core off the CPU for the whole window.
+            sched.fair();
             std::hint::spin_loop();
             continue;
         }
@@ -931,12 +988,17 @@ fn wake_thread(weak: Weak<Shared>, wake: Arc<uar::Wake>) {
         // after the drain, so the wait below returns at once.
         wake.drain();
         let pending = uar::protect_pages(&wake);
-        let (n, deadline, clock) = {
+        let (n, deadline, clock, expect_packet) = {
             let mut w = shared.lock_quiet();
             let n = device::step(&mut w);
             let now_ns = w.now();
             let deadline = device::next_deadline(&w).map(|t| t.saturating_sub(now_ns));
-            (n, deadline, !w.contexts.is_empty())
+            let wqes: u64 = w.hcas.iter().map(|h| h.counters.wqes_executed).sum();
+            // A request went out on the UDP fabric since the last wait: its answer, a
+            // packet, is what comes next.
+            let expect_packet = !shared.udp_fds.is_empty() && wqes != wqes_before;
+            wqes_before = wqes;
+            (n, deadline, !w.contexts.is_empty(), expect_packet)
         };
         if n > 0 {
             idle_since = None;
@@ -980,10 +1042,163 @@ fn wake_thread(weak: Weak<Shared>, wake: Arc<uar::Wake>) {
             };
             timeout = Some(timeout.map_or(tick, |t| t.min(tick)));
         }
+        // Blocking: real-time again, so that the wake-up preempts a busy-polling
+        // application at once instead of waiting for the fair scheduler.
+        sched.realtime();
+        if avoid {
+            sched.place(uar::fault_cpu(), expect_packet);
+        }
         wait(wake.fd(), &fds, timeout);
         idle_since = None;
         last_iter = Instant::now();
+        woke = last_iter;
     }
+}
+
+/// The waking device thread's scheduling class: `SCHED_FIFO` at a low priority
+/// (`MLX5_EMU_RT`, default 1; `0` or `off` = never) while it blocks and works, the fair class
+/// while it spins. A woken real-time thread preempts a fair one at once, so a doorbell's
+/// wake-up does not wait for a busy-polling application's time slice; it never spins as a
+/// real-time thread. Needs `CAP_SYS_NICE` or an `RLIMIT_RTPRIO`; without them (`EPERM`)
+/// the thread stays in the fair class, and [`Emulator::device_sched`] says so. Before each
+/// wait the thread also chooses its CPUs relative to the last doorbell fault's
+/// (`MLX5_EMU_AVOID=0`: it doesn't), see [`Sched::place`].
+struct Sched {
+    /// The real-time priority, None: fair class only.
+    prio: Option<i32>,
+    /// Whether the thread is real-time now.
+    rt: bool,
+    /// Why there is no real-time priority (for the report).
+    denied: bool,
+    /// The CPUs the thread may run on (None: unknown).
+    allowed: Option<libc::cpu_set_t>,
+    /// The last placement: the ringing thread's CPU, and whether the thread was put on it
+    /// (true) or kept off it (false).
+    placed: (i32, bool),
+}
+
+impl Sched {
+    fn start() -> Sched {
+        let prio = match std::env::var("MLX5_EMU_RT").as_deref().map(str::trim) {
+            Ok("0" | "off" | "no") => None,
+            Ok(v) => Some(v.parse::<i32>().unwrap_or(1).clamp(1, 99)),
+            Err(_) => Some(1),
+        };
+        // SAFETY: cpu_set_t is a plain bit array, all-zero is a valid (empty) set.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        // SAFETY: sched_getaffinity(0 = this thread, the size of `set`, a live `set`).
+        let got = unsafe { libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set) };
+        let allowed = (got == 0).then_some(set);
+        let mut s = Sched {
+            prio,
+            rt: false,
+            denied: false,
+            allowed,
+            placed: (-1, false),
+        };
+        if prio.is_some() && !s.set(true) {
+            s.prio = None;
+            s.denied = true;
+        }
+        s
+    }
+
+    /// The scheduling as [`Emulator::device_sched`] reports it.
+    fn report(&self) -> i32 {
+        match (self.prio, self.denied) {
+            (Some(p), _) => p,
+            (None, true) => SCHED_DENIED,
+            (None, false) => SCHED_FAIR,
+        }
+    }
+
+    fn fair(&mut self) {
+        if self.rt {
+            self.set(false);
+        }
+    }
+
+    fn realtime(&mut self) {
+        if !self.rt && self.prio.is_some() {
+            self.set(true);
+        }
+    }
+
+    /// Before a wait: where to be woken, relative to `cpu`, the CPU of the thread that rang
+    /// last. Off it (`near` false) when the next event is a doorbell: a device woken on the
+    /// ringing thread's CPU preempts that thread inside its fault handler, before its store
+    /// is retried, and its spin never sees a doorbell, so every message costs a fault and a
+    /// wake-up. On it (`near` true) when the next event is the answer to a request the device
+    /// sent to another process: that thread only polls for it, while the other CPU holds the
+    /// peer's application, which a wake-up there would stop just as it is about to answer.
+    /// One `sched_setaffinity` when the placement changes; nothing if only one CPU is allowed.
+    fn place(&mut self, cpu: i32, near: bool) {
+        let Some(allowed) = self.allowed else { return };
+        if cpu < 0 || (cpu, near) == self.placed || cpu as usize >= libc::CPU_SETSIZE as usize {
+            return;
+        }
+        let c = cpu as usize;
+        // SAFETY: `c` is below CPU_SETSIZE (checked above); `allowed` is a live cpu_set_t.
+        if !unsafe { libc::CPU_ISSET(c, &allowed) } {
+            return;
+        }
+        let mut set = allowed;
+        if near {
+            // SAFETY: cpu_set_t is a plain bit array; all-zero is the empty set.
+            set = unsafe { std::mem::zeroed() };
+            // SAFETY: `c` is below CPU_SETSIZE; `set` is a live cpu_set_t.
+            unsafe { libc::CPU_SET(c, &mut set) };
+        } else {
+            // SAFETY: `c` is below CPU_SETSIZE; `set` is a live cpu_set_t.
+            unsafe { libc::CPU_CLR(c, &mut set) };
+        }
+        // SAFETY: `set` is a live cpu_set_t.
+        if unsafe { libc::CPU_COUNT(&set) } == 0 {
+            return;
+        }
+        // SAFETY: sched_setaffinity(0 = this thread, the size of a live cpu_set_t, it).
+        if unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &raw const set) } == 0
+        {
+            self.placed = (cpu, near);
+        }
+    }
+
+    /// Switch this thread to `SCHED_FIFO` at `prio` or back to `SCHED_OTHER`.
+    fn set(&mut self, rt: bool) -> bool {
+        let (policy, prio) = match (rt, self.prio) {
+            (true, Some(p)) => (libc::SCHED_FIFO, p),
+            _ => (libc::SCHED_OTHER, 0),
+        };
+        let param = libc::sched_param {
+            sched_priority: prio,
+        };
+        // SAFETY: sched_setscheduler(0 = this thread, a policy, a live sched_param).
+        let ok = unsafe { libc::sched_setscheduler(0, policy, &raw const param) } == 0;
+        if ok {
+            self.rt = rt;
+        }
+        ok
+    }
+}
+
+/// [`Emulator::device_sched`]: the device thread has not started (or is not a waking one).
+const SCHED_UNKNOWN: i32 = -1;
+/// The device thread runs in the fair class because `MLX5_EMU_RT` said so.
+const SCHED_FAIR: i32 = 0;
+/// The device thread runs in the fair class because the kernel refused `SCHED_FIFO`.
+const SCHED_DENIED: i32 = -2;
+
+/// How the threaded device is scheduled when it wakes ([`Emulator::device_sched`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceSched {
+    /// Not known (yet): stepped mode, the polling device, or the thread has not started.
+    Unknown,
+    /// `SCHED_FIFO` at this priority while blocked or working, fair while spinning.
+    RealTime(i32),
+    /// The fair class, as `MLX5_EMU_RT=0` asks.
+    Fair,
+    /// The fair class: the kernel refused `SCHED_FIFO` (`EPERM`: no `CAP_SYS_NICE`).
+    FairDenied,
 }
 
 /// Optionally (`MLX5_EMU_SLICE_US`, off by default) ask the fair scheduler for a short time

@@ -386,6 +386,15 @@ pub(crate) fn protect_pages(wake: &Wake) -> Option<std::time::Duration> {
     left.map(std::time::Duration::from_nanos)
 }
 
+/// The CPU the last doorbell fault was taken on (-1: none yet): where the ringing thread
+/// runs, which the device thread keeps off (`lib.rs`, `Sched::avoid`).
+static FAULT_CPU: AtomicI32 = AtomicI32::new(-1);
+
+/// The CPU of the last doorbell fault in this process (-1: none yet).
+pub(crate) fn fault_cpu() -> i32 {
+    FAULT_CPU.load(Ordering::Relaxed)
+}
+
 /// The fault handler's part: if `addr` lies in a watched page, give the page its protection
 /// back, mark it open, poke its device and return true (the faulting store is retried).
 /// Async-signal-safe: atomics, `mprotect` and `write` only, no lock.
@@ -406,6 +415,8 @@ pub(crate) fn on_write_fault(addr: usize) -> bool {
         }
         s.opened.store(mono_ns(), Ordering::Relaxed);
         s.state.store(OPEN, Ordering::SeqCst);
+        // SAFETY: sched_getcpu has no arguments and takes no lock (an rseq or vDSO read).
+        FAULT_CPU.store(unsafe { libc::sched_getcpu() }, Ordering::Relaxed);
         poke_fd(s.efd.load(Ordering::Relaxed));
         return true;
     }

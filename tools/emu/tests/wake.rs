@@ -7,7 +7,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use mlx5_emu::{EmuConfig, Emulator, RunMode, WakeMode};
+use mlx5_emu::{DeviceSched, EmuConfig, Emulator, RunMode, WakeMode};
 use mlx5_hw::opcodes::SendOpcode;
 use mlx5_hw::wqe::{DataSeg, FM_CE_SE_CQ_UPDATE};
 use zerocopy::IntoBytes;
@@ -372,4 +372,76 @@ fn no_wqe_is_lost_when_two_threads_share_a_register() {
         c.doorbells,
         2 * N
     );
+}
+
+/// The scheduling policy of thread `tid` of this process (field 41 of its stat line:
+/// 0 = SCHED_OTHER, 1 = SCHED_FIFO).
+fn policy_of(tid: i32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 2..];
+    // `rest` starts at field 3.
+    rest.split_whitespace().nth(41 - 3)?.parse().ok()
+}
+
+#[test]
+fn the_waking_device_blocks_as_a_real_time_thread_and_stays_fair_when_denied() {
+    let emu = Emulator::with_wake(
+        EmuConfig {
+            mode: RunMode::Threaded,
+            ..EmuConfig::default()
+        },
+        WakeMode::Fault,
+    );
+    let mut a = Ctx::open(&emu, 0);
+    let t0 = Instant::now();
+    while emu.device_sched() == DeviceSched::Unknown {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "device never started"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let tid = emu.device_thread_id().expect("the device thread's id");
+    // Work (the device spins in the fair class after it), then idle: it blocks real-time.
+    let pd = a.alloc_pd();
+    let mut l = lane(&mut a, pd);
+    run_lane(&a, &mut l, 200, 7);
+    std::thread::sleep(Duration::from_millis(50));
+    let policy = policy_of(tid).expect("the device thread's stat");
+    let want_rt =
+        std::env::var("MLX5_EMU_RT").map_or(true, |v| !matches!(v.trim(), "0" | "off" | "no"));
+    // Whether this process may make a thread SCHED_FIFO at all (asked from a fresh thread).
+    let permitted = std::thread::spawn(|| {
+        let param = libc::sched_param { sched_priority: 1 };
+        // SAFETY: sched_setscheduler(0 = this thread, a policy, a live sched_param).
+        unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) == 0 }
+    })
+    .join()
+    .expect("probe thread");
+    match emu.device_sched() {
+        DeviceSched::RealTime(p) => {
+            assert!(want_rt && permitted && (1..=99).contains(&p));
+            assert_eq!(
+                policy,
+                libc::SCHED_FIFO as u32,
+                "idle device thread not SCHED_FIFO"
+            );
+        }
+        DeviceSched::FairDenied => {
+            assert!(
+                want_rt && !permitted,
+                "SCHED_FIFO is permitted, yet reported denied"
+            );
+            assert_eq!(policy, libc::SCHED_OTHER as u32);
+        }
+        DeviceSched::Fair => {
+            assert!(!want_rt);
+            assert_eq!(policy, libc::SCHED_OTHER as u32);
+        }
+        DeviceSched::Unknown => unreachable!(),
+    }
+    // Stepped mode has no waking thread to report.
+    let stepped = Emulator::new(EmuConfig::default());
+    assert_eq!(stepped.device_sched(), DeviceSched::Unknown);
+    assert_eq!(stepped.device_thread_id(), None);
 }
