@@ -22,8 +22,9 @@ use mlx5_ffi::mlx5::{
 };
 use mlx5_ffi::surface::UverbsSurface;
 use mlx5_ffi::uverbs::{
-    IbUverbsAsyncEventDesc, IbUverbsCompEventDesc, IbUverbsCreateCompChannel, IbUverbsGetContext,
-    IbUverbsQueryDevice, IbUverbsQueryDeviceResp, IbUverbsQueryPort, IbUverbsQueryPortResp,
+    IbUverbsAsyncEventDesc, IbUverbsCompEventDesc, IbUverbsCreateCompChannel,
+    IbUverbsExQueryDevice, IbUverbsGetContext, IbUverbsQueryDevice, IbUverbsQueryDeviceResp,
+    IbUverbsQueryPort, IbUverbsQueryPortResp,
 };
 use mlx5_hw::doorbell::UAR_SIZE;
 use zerocopy::{FromBytes, IntoBytes};
@@ -106,7 +107,9 @@ impl DeviceAttr {
 }
 
 /// Port attributes (`ibv_port_attr`), from QUERY_PORT.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+///
+/// `Debug` names the state, MTU and link layer (`state: ACTIVE (4)`) and leaves out `raw`.
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct PortAttr {
     /// `IB_PORT_*` state (4 = ACTIVE).
     pub state: u8,
@@ -127,15 +130,91 @@ impl PortAttr {
     pub fn is_roce(&self) -> bool {
         self.link_layer == mlx5_ffi::uverbs::IB_LINK_LAYER_ETHERNET
     }
+
+    /// The port state's name (`ibv_port_state_str`): `"ACTIVE"`, `"DOWN"`, ...
+    pub fn state_name(&self) -> &'static str {
+        use mlx5_ffi::uverbs as u;
+        match u32::from(self.state) {
+            u::IB_PORT_NOP => "NOP",
+            u::IB_PORT_DOWN => "DOWN",
+            u::IB_PORT_INIT => "INIT",
+            u::IB_PORT_ARMED => "ARMED",
+            u::IB_PORT_ACTIVE => "ACTIVE",
+            u::IB_PORT_ACTIVE_DEFER => "ACTIVE_DEFER",
+            _ => "unknown",
+        }
+    }
+
+    /// The link layer's name: `"InfiniBand"`, `"Ethernet"` or `"unspecified"`.
+    pub fn link_layer_name(&self) -> &'static str {
+        match self.link_layer {
+            mlx5_ffi::uverbs::IB_LINK_LAYER_INFINIBAND => "InfiniBand",
+            mlx5_ffi::uverbs::IB_LINK_LAYER_ETHERNET => "Ethernet",
+            _ => "unspecified",
+        }
+    }
 }
 
-/// One GID table entry.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+impl core::fmt::Debug for PortAttr {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        let mtu = crate::Mtu::from_code(self.active_mtu).map(crate::Mtu::bytes);
+        f.debug_struct("PortAttr")
+            .field(
+                "state",
+                &format_args!("{} ({})", self.state_name(), self.state),
+            )
+            .field(
+                "active_mtu",
+                &format_args!("{} ({})", mtu.unwrap_or(0), self.active_mtu),
+            )
+            .field("lid", &self.lid)
+            .field("gid_tbl_len", &self.gid_tbl_len)
+            .field(
+                "link_layer",
+                &format_args!("{} ({})", self.link_layer_name(), self.link_layer),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+/// One GID table entry. `Debug` prints the GID as sysfs does and names the type.
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct GidEntry {
     /// The GID (16 bytes, network order).
     pub gid: [u8; 16],
     /// `IB_UVERBS_GID_TYPE_*`: 0 IB, 1 RoCE v1, 2 RoCE v2.
     pub gid_type: u32,
+}
+
+impl GidEntry {
+    /// The type's name: `"IB"`, `"RoCE v1"`, `"RoCE v2"` or `"unknown"`.
+    pub fn type_name(&self) -> &'static str {
+        match self.gid_type {
+            IB_UVERBS_GID_TYPE_IB => "IB",
+            IB_UVERBS_GID_TYPE_ROCE_V1 => "RoCE v1",
+            IB_UVERBS_GID_TYPE_ROCE_V2 => "RoCE v2",
+            _ => "unknown",
+        }
+    }
+}
+
+impl core::fmt::Debug for GidEntry {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        let mut gid = String::with_capacity(39);
+        for (i, pair) in self.gid.chunks(2).enumerate() {
+            if i > 0 {
+                gid.push(':');
+            }
+            gid.push_str(&format!("{:02x}{:02x}", pair[0], pair[1]));
+        }
+        f.debug_struct("GidEntry")
+            .field("gid", &format_args!("{gid}"))
+            .field(
+                "gid_type",
+                &format_args!("{} ({})", self.type_name(), self.gid_type),
+            )
+            .finish()
+    }
 }
 
 /// How UARs are provided.
@@ -212,6 +291,8 @@ pub(crate) struct ContextInner {
     sysfs_dev: Mutex<Option<std::path::PathBuf>>,
     /// Live memory regions, for scatter-to-CQE copies.
     pub(crate) mrs: Arc<crate::mem::scatter::MrTable>,
+    /// `hca_core_clock` (kHz) from EX_QUERY_DEVICE, asked the first time it is needed.
+    core_clock_khz: std::sync::OnceLock<u64>,
 }
 
 impl core::fmt::Debug for ContextInner {
@@ -352,6 +433,7 @@ impl Context {
             uidx: Mutex::new(UidxState::default()),
             sysfs_dev: Mutex::new(None),
             mrs: Arc::default(),
+            core_clock_khz: std::sync::OnceLock::new(),
         };
         Ok(Self {
             inner: Arc::new(inner),
@@ -417,6 +499,45 @@ impl Context {
     /// The device attributes queried at open.
     pub fn device_attr(&self) -> &DeviceAttr {
         &self.inner.attr
+    }
+
+    /// The frequency of the HCA's free-running core clock, in kHz (`hca_core_clock` of the
+    /// extended device query, `ibv_device_attr_ex`), which CQE timestamps count. Asked once
+    /// (EX_QUERY_DEVICE), then remembered.
+    ///
+    /// # Errors
+    /// [`Error::Uverbs`] naming EX_QUERY_DEVICE if the kernel refuses the query;
+    /// [`Error::Unsupported`] if the device reports no clock (0 kHz).
+    pub fn hca_core_clock_khz(&self) -> Result<u64> {
+        if let Some(&khz) = self.inner.core_clock_khz.get() {
+            return Ok(khz);
+        }
+        let (resp, _) = uverbs::write::<cmds::ExQueryDevice>(
+            self.surface(),
+            &IbUverbsExQueryDevice::default(),
+            &(),
+        )?;
+        if resp.hca_core_clock == 0 {
+            return Err(Error::Unsupported {
+                what: "CQE timestamps in time: the device reports hca_core_clock 0 kHz",
+            });
+        }
+        Ok(*self
+            .inner
+            .core_clock_khz
+            .get_or_init(|| resp.hca_core_clock))
+    }
+
+    /// A CQE timestamp ([`WorkCompletion::timestamp`](crate::WorkCompletion::timestamp), raw
+    /// core-clock ticks) in nanoseconds: `raw * 10^6 / hca_core_clock_khz`. Differences of two
+    /// converted timestamps are durations on the device's clock; the origin is the device's
+    /// (not the Unix epoch).
+    ///
+    /// # Errors
+    /// As [`hca_core_clock_khz`](Self::hca_core_clock_khz) (only on the first call of a
+    /// context that fails it; afterwards this is arithmetic).
+    pub fn cqe_time_ns(&self, raw: u64) -> Result<u64> {
+        Ok(ticks_to_ns(raw, self.hca_core_clock_khz()?))
     }
 
     /// The mlx5 ucontext answer (bf_reg_size, tot_bfregs, cqe_version, limits...).
@@ -914,13 +1035,218 @@ pub(crate) fn next_user_handle() -> u64 {
     NEXT_USER_HANDLE.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
+/// `ticks` of a clock running at `khz` kHz, in nanoseconds (saturating at `u64::MAX`; 0 for a
+/// 0 kHz clock).
+pub fn ticks_to_ns(ticks: u64, khz: u64) -> u64 {
+    if khz == 0 {
+        return 0;
+    }
+    let ns = u128::from(ticks) * 1_000_000 / u128::from(khz);
+    u64::try_from(ns).unwrap_or(u64::MAX)
+}
+
 /// An async event (`struct ibv_async_event`): the element's user handle and `IB_EVENT_*` type.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+///
+/// `Debug` and `Display` name the event type (`QP_ACCESS_ERR`); [`kind`](Self::kind) gives it
+/// typed, [`event_type`](Self::event_type) stays the raw number.
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct AsyncEvent {
     /// User handle of the CQ/QP/SRQ (`Cq::user_handle`, `Qp::user_handle`), or the port number.
     pub element: u64,
-    /// `IB_EVENT_*` (see `mlx5_ffi::uverbs`).
+    /// `IB_EVENT_*` (see `mlx5_ffi::uverbs`), raw; [`kind`](Self::kind) names it.
     pub event_type: u32,
+}
+
+impl AsyncEvent {
+    /// The event type, typed.
+    pub fn kind(&self) -> AsyncEventKind {
+        AsyncEventKind::from_raw(self.event_type)
+    }
+}
+
+impl core::fmt::Debug for AsyncEvent {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("AsyncEvent")
+            .field("element", &self.element)
+            .field(
+                "event_type",
+                &format_args!("{} ({})", self.kind(), self.event_type),
+            )
+            .finish()
+    }
+}
+
+impl core::fmt::Display for AsyncEvent {
+    /// `QP_ACCESS_ERR on QP (user handle 7)`, `PORT_ACTIVE on port 1`.
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        let k = self.kind();
+        match k.element() {
+            "port" => write!(f, "{k} on port {}", self.element),
+            "device" => write!(f, "{k} on the device"),
+            what => write!(f, "{k} on {what} (user handle {})", self.element),
+        }
+    }
+}
+
+/// The type of an [`AsyncEvent`] (`enum ibv_event_type`, the kernel's `IB_EVENT_*`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum AsyncEventKind {
+    /// `IB_EVENT_CQ_ERR`: the CQ overran or hit an error; it is unusable.
+    CqErr,
+    /// `IB_EVENT_QP_FATAL`: the QP went to the error state for a reason not tied to a WQE.
+    QpFatal,
+    /// `IB_EVENT_QP_REQ_ERR`: invalid request on the responder side (the QP went to error).
+    QpReqErr,
+    /// `IB_EVENT_QP_ACCESS_ERR`: remote access violation on the responder side (the QP went
+    /// to error).
+    QpAccessErr,
+    /// `IB_EVENT_COMM_EST`: first packet received on a QP in RTR.
+    CommEst,
+    /// `IB_EVENT_SQ_DRAINED`: the send queue of a QP in SQD has no outstanding messages.
+    SqDrained,
+    /// `IB_EVENT_PATH_MIG`: the QP migrated to its alternate path.
+    PathMig,
+    /// `IB_EVENT_PATH_MIG_ERR`: path migration failed.
+    PathMigErr,
+    /// `IB_EVENT_DEVICE_FATAL`: the device is unusable.
+    DeviceFatal,
+    /// `IB_EVENT_PORT_ACTIVE`: the port became active.
+    PortActive,
+    /// `IB_EVENT_PORT_ERR`: the port left the active state.
+    PortErr,
+    /// `IB_EVENT_LID_CHANGE`: the port's LID changed.
+    LidChange,
+    /// `IB_EVENT_PKEY_CHANGE`: the port's P_Key table changed.
+    PkeyChange,
+    /// `IB_EVENT_SM_CHANGE`: the subnet manager changed.
+    SmChange,
+    /// `IB_EVENT_SRQ_ERR`: the SRQ hit an error.
+    SrqErr,
+    /// `IB_EVENT_SRQ_LIMIT_REACHED`: the SRQ fell below its armed limit.
+    SrqLimitReached,
+    /// `IB_EVENT_QP_LAST_WQE_REACHED`: a QP on an SRQ in error has no more WQEs to consume.
+    QpLastWqeReached,
+    /// `IB_EVENT_CLIENT_REREGISTER`: the SM asks clients to register again.
+    ClientReregister,
+    /// `IB_EVENT_GID_CHANGE`: the port's GID table changed.
+    GidChange,
+    /// `IB_EVENT_WQ_FATAL`: a work queue went to error.
+    WqFatal,
+    /// A number this driver does not know.
+    Unknown(u32),
+}
+
+/// Every known kind with its raw number, name and the element its handle names.
+const EVENT_KINDS: [(AsyncEventKind, u32, &str, &str); 20] = {
+    use AsyncEventKind as K;
+    use mlx5_ffi::uverbs as u;
+    [
+        (K::CqErr, u::IB_EVENT_CQ_ERR, "CQ_ERR", "CQ"),
+        (K::QpFatal, u::IB_EVENT_QP_FATAL, "QP_FATAL", "QP"),
+        (K::QpReqErr, u::IB_EVENT_QP_REQ_ERR, "QP_REQ_ERR", "QP"),
+        (
+            K::QpAccessErr,
+            u::IB_EVENT_QP_ACCESS_ERR,
+            "QP_ACCESS_ERR",
+            "QP",
+        ),
+        (K::CommEst, u::IB_EVENT_COMM_EST, "COMM_EST", "QP"),
+        (K::SqDrained, u::IB_EVENT_SQ_DRAINED, "SQ_DRAINED", "QP"),
+        (K::PathMig, u::IB_EVENT_PATH_MIG, "PATH_MIG", "QP"),
+        (
+            K::PathMigErr,
+            u::IB_EVENT_PATH_MIG_ERR,
+            "PATH_MIG_ERR",
+            "QP",
+        ),
+        (
+            K::DeviceFatal,
+            u::IB_EVENT_DEVICE_FATAL,
+            "DEVICE_FATAL",
+            "device",
+        ),
+        (
+            K::PortActive,
+            u::IB_EVENT_PORT_ACTIVE,
+            "PORT_ACTIVE",
+            "port",
+        ),
+        (K::PortErr, u::IB_EVENT_PORT_ERR, "PORT_ERR", "port"),
+        (K::LidChange, u::IB_EVENT_LID_CHANGE, "LID_CHANGE", "port"),
+        (
+            K::PkeyChange,
+            u::IB_EVENT_PKEY_CHANGE,
+            "PKEY_CHANGE",
+            "port",
+        ),
+        (K::SmChange, u::IB_EVENT_SM_CHANGE, "SM_CHANGE", "port"),
+        (K::SrqErr, u::IB_EVENT_SRQ_ERR, "SRQ_ERR", "SRQ"),
+        (
+            K::SrqLimitReached,
+            u::IB_EVENT_SRQ_LIMIT_REACHED,
+            "SRQ_LIMIT_REACHED",
+            "SRQ",
+        ),
+        (
+            K::QpLastWqeReached,
+            u::IB_EVENT_QP_LAST_WQE_REACHED,
+            "QP_LAST_WQE_REACHED",
+            "QP",
+        ),
+        (
+            K::ClientReregister,
+            u::IB_EVENT_CLIENT_REREGISTER,
+            "CLIENT_REREGISTER",
+            "port",
+        ),
+        (K::GidChange, u::IB_EVENT_GID_CHANGE, "GID_CHANGE", "port"),
+        (K::WqFatal, u::IB_EVENT_WQ_FATAL, "WQ_FATAL", "WQ"),
+    ]
+};
+
+impl AsyncEventKind {
+    /// The kind of raw `IB_EVENT_*` number `raw` ([`Unknown`](Self::Unknown) if none).
+    pub fn from_raw(raw: u32) -> Self {
+        EVENT_KINDS
+            .iter()
+            .find(|e| e.1 == raw)
+            .map_or(AsyncEventKind::Unknown(raw), |e| e.0)
+    }
+
+    /// The raw `IB_EVENT_*` number.
+    pub fn raw(self) -> u32 {
+        match self {
+            AsyncEventKind::Unknown(n) => n,
+            k => EVENT_KINDS
+                .iter()
+                .find(|e| e.0 == k)
+                .map_or(u32::MAX, |e| e.1),
+        }
+    }
+
+    /// The name without the `IB_EVENT_` prefix (`"QP_FATAL"`), `None` for an unknown number.
+    pub fn name(self) -> Option<&'static str> {
+        EVENT_KINDS.iter().find(|e| e.0 == self).map(|e| e.2)
+    }
+
+    /// What the event's `element` names: `"CQ"`, `"QP"`, `"SRQ"`, `"WQ"` (a user handle),
+    /// `"port"` (a port number) or `"device"`; `"element"` for an unknown number.
+    pub fn element(self) -> &'static str {
+        EVENT_KINDS
+            .iter()
+            .find(|e| e.0 == self)
+            .map_or("element", |e| e.3)
+    }
+}
+
+impl core::fmt::Display for AsyncEventKind {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self.name() {
+            Some(n) => f.write_str(n),
+            None => write!(f, "unknown event type {}", self.raw()),
+        }
+    }
 }
 
 /// A completion channel: CQs created on it signal their armed events through its fd.
@@ -959,5 +1285,97 @@ impl CompChannel {
             what: "short record",
         })?;
         Ok(Some(d.cq_handle))
+    }
+}
+
+#[cfg(test)]
+mod names_and_clock {
+    use super::*;
+
+    #[test]
+    fn every_async_event_type_prints_by_name_and_keeps_its_number() {
+        for raw in 0..=19 {
+            let k = AsyncEventKind::from_raw(raw);
+            assert_ne!(k, AsyncEventKind::Unknown(raw), "{raw}");
+            assert_eq!(k.raw(), raw);
+            assert!(k.name().is_some_and(|n| n == k.to_string()), "{k:?}");
+        }
+        let ev = AsyncEvent {
+            element: 7,
+            event_type: mlx5_ffi::uverbs::IB_EVENT_QP_ACCESS_ERR,
+        };
+        assert_eq!(ev.kind(), AsyncEventKind::QpAccessErr);
+        assert_eq!(ev.to_string(), "QP_ACCESS_ERR on QP (user handle 7)");
+        assert_eq!(
+            format!("{ev:?}"),
+            "AsyncEvent { element: 7, event_type: QP_ACCESS_ERR (3) }"
+        );
+        let port = AsyncEvent {
+            element: 1,
+            event_type: mlx5_ffi::uverbs::IB_EVENT_PORT_ACTIVE,
+        };
+        assert_eq!(port.to_string(), "PORT_ACTIVE on port 1");
+        let odd = AsyncEvent {
+            element: 3,
+            event_type: 99,
+        };
+        assert_eq!(odd.kind(), AsyncEventKind::Unknown(99));
+        assert_eq!(odd.kind().raw(), 99);
+        assert_eq!(
+            odd.to_string(),
+            "unknown event type 99 on element (user handle 3)"
+        );
+    }
+
+    #[test]
+    fn port_and_gid_print_names() {
+        let p = PortAttr {
+            state: 4,
+            active_mtu: 5,
+            lid: 3,
+            gid_tbl_len: 1,
+            link_layer: 1,
+            raw: IbUverbsQueryPortResp::default(),
+        };
+        assert_eq!(
+            format!("{p:?}"),
+            "PortAttr { state: ACTIVE (4), active_mtu: 4096 (5), lid: 3, gid_tbl_len: 1, \
+             link_layer: InfiniBand (1), .. }"
+        );
+        let odd = PortAttr {
+            state: 9,
+            active_mtu: 0,
+            link_layer: 7,
+            ..p
+        };
+        assert_eq!(
+            format!("{odd:?}"),
+            "PortAttr { state: unknown (9), active_mtu: 0 (0), lid: 3, gid_tbl_len: 1, \
+             link_layer: unspecified (7), .. }"
+        );
+        let mut gid = [0u8; 16];
+        gid[0] = 0xfe;
+        gid[1] = 0x80;
+        gid[15] = 1;
+        let g = GidEntry {
+            gid,
+            gid_type: IB_UVERBS_GID_TYPE_ROCE_V2,
+        };
+        assert_eq!(
+            format!("{g:?}"),
+            "GidEntry { gid: fe80:0000:0000:0000:0000:0000:0000:0001, gid_type: RoCE v2 (2) }"
+        );
+    }
+
+    #[test]
+    fn ticks_convert_through_the_clock_frequency() {
+        // 1 GHz: a tick is a nanosecond.
+        assert_eq!(ticks_to_ns(123_456, 1_000_000), 123_456);
+        // 156.25 MHz (ConnectX-4 Lx): 6.4 ns a tick.
+        assert_eq!(ticks_to_ns(1000, 156_250), 6400);
+        // Large tick counts do not overflow in the multiplication.
+        assert_eq!(ticks_to_ns(u64::MAX / 2, 2_000_000), u64::MAX / 4);
+        assert_eq!(ticks_to_ns(u64::MAX, 1), u64::MAX);
+        assert_eq!(ticks_to_ns(5, 0), 0);
     }
 }

@@ -1,6 +1,13 @@
-//! Discovery of real devices through sysfs (`/sys/class/infiniband_verbs`), with the ABI version
-//! checks libibverbs and libmlx5 make, and opening them.
+//! Discovery of devices through sysfs (`/sys/class/infiniband_verbs`, or the tree `SYSFS_PATH`
+//! names, as libibverbs reads it), with the ABI version checks libibverbs and libmlx5 make, and
+//! opening them.
+//!
+//! `SYSFS_PATH` is how a program reaches the emulated HCA without code changes: `mlx5 emu run
+//! -- ./myapp` preloads the emulator's front door, which writes a sysfs tree for the emulated
+//! HCAs and points `SYSFS_PATH` at it; [`devices`] then lists them and [`Device::open`] opens
+//! them through the interposed `/dev/infiniband/uverbsN`.
 
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -31,6 +38,34 @@ pub struct Device {
     pub node_guid: String,
     /// PCI vendor id from the modalias (0x15b3 for Mellanox/NVIDIA), if readable.
     pub vendor_id: Option<u32>,
+    /// The device's sysfs directory (`<sysfs root>/class/infiniband/mlx5_0`), where its
+    /// port attributes and GID tables are read.
+    pub sysfs_dir: PathBuf,
+}
+
+/// The sysfs root libibverbs uses: `SYSFS_PATH` when it is set (trailing `/` removed) and the
+/// process is not set-user-ID (real and effective user the same), else `/sys`; an empty value
+/// or one of only slashes also means `/sys`.
+pub fn sysfs_root() -> PathBuf {
+    sysfs_root_from(std::env::var_os("SYSFS_PATH").as_deref())
+}
+
+fn sysfs_root_from(env: Option<&std::ffi::OsStr>) -> PathBuf {
+    let same_user = nix::unistd::getuid() == nix::unistd::geteuid();
+    match env {
+        Some(v) if same_user => {
+            let b = v.as_encoded_bytes();
+            let end = b.iter().rposition(|&c| c != b'/').map_or(0, |i| i + 1);
+            if end == 0 {
+                // Empty or only slashes: libibverbs would look under `/class/...`, which no
+                // Linux system has; `/sys` is what such a setting can only have meant.
+                PathBuf::from("/sys")
+            } else {
+                PathBuf::from(std::ffi::OsStr::from_bytes(&b[..end]))
+            }
+        }
+        _ => PathBuf::from("/sys"),
+    }
 }
 
 fn read_trim(p: &Path) -> Option<String> {
@@ -58,11 +93,11 @@ pub fn devices_in(sysfs_root: &Path) -> Result<Vec<Device>> {
                 min: UVERBS_ABI_MIN,
                 max: UVERBS_ABI_MAX,
             },
-            None => os_err("read(/sys/class/infiniband_verbs/abi_version)", &e),
+            None => os_err("read(<sysfs>/class/infiniband_verbs/abi_version)", &e),
         });
     }
     let list = sysfs::list_uverbs_devices(sysfs_root)
-        .map_err(|e| os_err("read_dir(/sys/class/infiniband_verbs)", &e))?;
+        .map_err(|e| os_err("read_dir(<sysfs>/class/infiniband_verbs)", &e))?;
     let mut out = Vec::new();
     for u in list {
         let ibdir = sysfs_root.join("class/infiniband").join(&u.ibdev);
@@ -81,18 +116,20 @@ pub fn devices_in(sysfs_root: &Path) -> Result<Vec<Device>> {
             dev_path: u.dev_path,
             abi_version: u.abi_version,
             vendor_id,
+            sysfs_dir: ibdir,
         });
     }
     out.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(out)
 }
 
-/// List the mlx5 devices of this machine.
+/// List the mlx5 devices of this machine, under the sysfs root [`sysfs_root`] gives
+/// (`SYSFS_PATH` or `/sys`), so a program started with `mlx5 emu run` finds the emulated HCAs.
 ///
 /// # Errors
 /// As [`devices_in`].
 pub fn devices() -> Result<Vec<Device>> {
-    devices_in(Path::new("/sys"))
+    devices_in(&sysfs_root())
 }
 
 impl Device {
@@ -133,7 +170,7 @@ impl Device {
         })?;
         let surface: Arc<dyn UverbsSurface> = Arc::new(fd);
         let ctx = Context::open_with(surface, config)?;
-        ctx.set_sysfs_dir(Path::new("/sys/class/infiniband").join(&self.name));
+        ctx.set_sysfs_dir(self.sysfs_dir.clone());
         Ok(ctx)
     }
 
@@ -182,5 +219,40 @@ mod tests {
             Err(Error::AbiVersion { found: 5, .. })
         ));
         let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn sysfs_path_is_read_as_libibverbs_reads_it() {
+        use std::ffi::OsStr;
+        assert_eq!(sysfs_root_from(None), PathBuf::from("/sys"));
+        assert_eq!(
+            sysfs_root_from(Some(OsStr::new("/tmp/emu-sysfs///"))),
+            PathBuf::from("/tmp/emu-sysfs")
+        );
+        assert_eq!(
+            sysfs_root_from(Some(OsStr::new("/tmp/emu-sysfs"))),
+            PathBuf::from("/tmp/emu-sysfs")
+        );
+        assert_eq!(sysfs_root_from(Some(OsStr::new(""))), PathBuf::from("/sys"));
+        assert_eq!(
+            sysfs_root_from(Some(OsStr::new("//"))),
+            PathBuf::from("/sys")
+        );
+    }
+
+    #[test]
+    fn a_device_found_under_a_root_keeps_its_directory_there() {
+        let root = std::env::temp_dir().join(format!("mlx5-sysfs-dir-{}", std::process::id()));
+        let v = root.join("class/infiniband_verbs/uverbs0");
+        std::fs::create_dir_all(&v).unwrap();
+        std::fs::write(root.join("class/infiniband_verbs/abi_version"), "6\n").unwrap();
+        std::fs::write(v.join("ibdev"), "mlx5_3\n").unwrap();
+        std::fs::write(v.join("abi_version"), "1\n").unwrap();
+        std::fs::create_dir_all(root.join("class/infiniband/mlx5_3")).unwrap();
+        let devs = devices_in(&root).unwrap();
+        assert_eq!(devs[0].sysfs_dir, root.join("class/infiniband/mlx5_3"));
+        let _ = std::fs::remove_dir_all(&root);
+        let e = devices_in(&root).unwrap_err();
+        assert!(e.to_string().contains("ENOENT"), "{e}");
     }
 }

@@ -37,6 +37,10 @@
 //!   [`Qp::to_rts_with`] and a typed [`Mtu`].
 //! - **The two API levels** described above, and their errors: [`PostError`] on the fast path,
 //!   [`Error`] on the control path; error completions are data ([`WcStatus`], [`Syndrome`]).
+//! - **No NIC**: with the cargo feature `emulator`, `mlx5::emulator` opens contexts on the
+//!   emulated ConnectX HCA in the process (`Hca::first_or_emulated`, `open_emulated`); any
+//!   program reaches it unchanged through `mlx5 emu run`, whose `SYSFS_PATH` [`devices`]
+//!   follows.
 //! - **ABI re-exports**: [`ffi`] (the uverbs/mlx5 kernel ABI and the
 //!   [`UverbsSurface`](ffi::surface::UverbsSurface) trait a program may implement, `unsafe`)
 //!   and [`hw`] (device layouts: WQE segments, [`Cqe64`](hw::cqe::Cqe64) with its
@@ -69,27 +73,46 @@
 //! - Unsignaled send WRs can be reported as completions when a later CQE retires them
 //!   ([`QpInitAttr::report_unsignaled`]).
 //!
-//! ```no_run
+//! One RC QP connected to itself through its port sends "hello" into its own receive queue
+//! (`examples/` has complete programs: ping-pong on both API levels, RDMA WRITE with
+//! immediate, an error completion explained):
+//!
+//! ```
 //! use std::sync::Arc;
-//! use mlx5::{Access, Cq, CqInit, DmaBuf, Pd, Qp, QpInitAttr, QpType, RemoteQp, SendFlags, SendWr};
+//! use mlx5::{Access, Cq, CqInit, DmaBuf, Pd, Qp, QpInitAttr, QpType, RecvWr, RemoteQp};
+//! use mlx5::{SendFlags, SendWr, WorkCompletion};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let dev = mlx5::devices()?.into_iter().next().ok_or("no mlx5 device")?;
-//! let ctx = dev.open()?;                       // or Context::open(any UverbsSurface)
+//! // The first ConnectX that discovery finds (`mlx5::devices()`), else the emulated HCA in
+//! // this process (cargo feature `emulator`). Without the feature:
+//! // `mlx5::devices()?.first().ok_or("no mlx5 device")?.open()?`.
+//! let ctx = mlx5::emulator::Hca::first_or_emulated().open()?;
 //! let pd = Pd::new(&ctx)?;
 //! let mut cq = Cq::new(&ctx, CqInit::default(), None)?;
 //! let mut qp = Qp::new(&pd, &QpInitAttr::new(QpType::Rc, &cq, &cq))?;
 //! let buf = Arc::new(DmaBuf::new(4096)?);
 //! let mr = pd.reg_mr(&buf, Access::LOCAL_WRITE)?;
-//! let lid = ctx.query_port(1)?.lid;
+//! let port = ctx.query_port(1)?;
+//! let gid = if port.is_roce() { ctx.find_gid(1)? } else { None }; // RoCE needs a GID
+//! let me = RemoteQp { qpn: qp.qpn(), psn: 0, lid: port.lid, gid: gid.map(|g| g.1) };
 //! qp.to_init(1, Access::LOCAL_WRITE, 0)?;
-//! qp.to_rtr(&RemoteQp { qpn: qp.qpn(), psn: 0, lid, gid: None }, 3, 0)?; // loopback
-//! qp.to_rts(0, 7)?;
+//! qp.to_rtr(&me, mlx5::Mtu::M1024, gid.map_or(0, |g| g.0 as u8))?; // loopback
+//! qp.to_rts(0, 0)?; // rnr_retry 0: a SEND without a receive posted fails at once
+//! // The receive first (bytes 1024..), then the SEND of bytes 0..5.
+//! qp.post_recv(&[RecvWr { wr_id: 2, sg_list: &[mr.sge(1024, 64)] }]).map_err(|(_, e)| e)?;
 //! buf.write(0, b"hello");
 //! let sge = [mr.sge(0, 5)];
 //! qp.post_send(&[SendWr::send(1, &sge, SendFlags::SIGNALED)]).map_err(|(_, e)| e)?;
-//! let mut wcs = [mlx5::WorkCompletion::default(); 8];
-//! while cq.poll(&mut wcs) == 0 {}
+//! // Two completions: the SEND's and the receive's (bounded wait).
+//! let mut wcs = [WorkCompletion::default(); 2];
+//! let (mut n, start) = (0, std::time::Instant::now());
+//! while n < 2 && start.elapsed().as_secs() < 10 {
+//!     n += cq.poll(&mut wcs[n..]);
+//! }
+//! assert!(n == 2 && wcs.iter().all(|wc| wc.is_ok()), "{wcs:?}");
+//! let mut got = [0u8; 5];
+//! buf.read(1024, &mut got);
+//! assert_eq!(&got, b"hello");
 //! # Ok(())
 //! # }
 //! ```
@@ -107,6 +130,8 @@ pub mod ah;
 pub mod context;
 pub mod cq;
 pub mod device;
+#[cfg(feature = "emulator")]
+pub mod emulator;
 pub mod error;
 // Internals: raw memory, MMIO and ring arithmetic. Crate-private, because their functions rely on
 // invariants (offsets inside a mapping, a register's length) that only the driver establishes;
@@ -128,7 +153,8 @@ pub mod wr;
 
 pub use ah::{Ah, AhAttr, GlobalRoute};
 pub use context::{
-    AsyncEvent, CompChannel, Context, ContextConfig, DeviceAttr, GidEntry, PortAttr, UarMode,
+    AsyncEvent, AsyncEventKind, CompChannel, Context, ContextConfig, DeviceAttr, GidEntry,
+    PortAttr, UarMode,
 };
 pub use cq::{Cq, CqInit, CqeKind, RawCq, RawCqe};
 pub use device::{Device, devices};

@@ -779,9 +779,21 @@ impl Qp {
         self.cap
     }
 
-    /// The state as last set by [`modify`](Self::modify).
+    /// The state as last set through this driver ([`modify`](Self::modify) and the `to_*`
+    /// helpers): no system call, and **not** the device's view. The device moves a QP to ERR
+    /// (or SQE) on its own after an error completion or a fatal async event, and this value
+    /// does not follow; ask [`query_state`](Self::query_state) for the kernel's answer.
     pub fn state(&self) -> QpState {
         self.state
+    }
+
+    /// The state the kernel reports now (QUERY_QP): ERR or SQE after the device moved the QP
+    /// there on an error, where [`state`](Self::state) still says the last state set.
+    ///
+    /// # Errors
+    /// As [`query`](Self::query).
+    pub fn query_state(&self) -> Result<QpState> {
+        self.query().map(|(st, _)| st)
     }
 
     /// The send queue (low-level API: `start` / `finish` / `ring`).

@@ -93,6 +93,10 @@ pub trait Testbed {
     /// What the driver did, summed over both QPs (`wqes`, `doorbells` = 8-byte stores,
     /// `bf_copies`, `rings` = both kinds), as a JSON object.
     fn driver_counters(&self) -> serde_json::Value;
+    /// The emulated device's counters (None on a real device).
+    fn emu_counters(&self) -> Option<mlx5_emu::Counters> {
+        None
+    }
     /// The port is Ethernet (RoCE), and the source GID index of global paths.
     fn link(&self) -> (bool, Option<u8>) {
         (false, None)
@@ -137,6 +141,8 @@ pub fn run(cmd: Command) -> Result<(), String> {
         Command::Emu {
             cmd: crate::cli::EmuCommand::Run(r),
         } => emu_run(&r),
+        Command::Trace(a) => crate::trace::command(&a),
+        Command::Tune(a) => crate::tune::command(&a),
     }
 }
 
@@ -728,24 +734,123 @@ impl Reporter {
 /// Name of the LD_PRELOAD front door's shared object.
 pub const PRELOAD_SO: &str = "libmlx5_emu_preload.so";
 
+/// The workspace this binary was built from (its manifest), for building the preload library
+/// on first use.
+const WORKSPACE_MANIFEST: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../Cargo.toml");
+
+/// How to build the preload library next to a binary in `profile_dir` (a cargo output
+/// directory `<target>/<profile>` or `<target>/<triple>/<profile>`): the `cargo build`
+/// arguments after `build`.
+pub fn preload_build_args(profile_dir: &Path) -> Result<Vec<std::ffi::OsString>, String> {
+    let not_cargo = || {
+        format!(
+            "{} is not a cargo output directory (no CACHEDIR.TAG above it)",
+            profile_dir.display()
+        )
+    };
+    let profile = profile_dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(not_cargo)?;
+    let parent = profile_dir.parent().ok_or_else(not_cargo)?;
+    let (target_dir, triple) = if parent.join("CACHEDIR.TAG").exists() {
+        (parent, None)
+    } else {
+        let grand = parent.parent().ok_or_else(not_cargo)?;
+        if !grand.join("CACHEDIR.TAG").exists() {
+            return Err(not_cargo());
+        }
+        (grand, parent.file_name())
+    };
+    let mut args: Vec<std::ffi::OsString> = vec![
+        "build".into(),
+        "--manifest-path".into(),
+        WORKSPACE_MANIFEST.into(),
+        "-p".into(),
+        "mlx5-emu-preload".into(),
+        "--target-dir".into(),
+        target_dir.into(),
+    ];
+    match profile {
+        "debug" => {}
+        "release" => args.push("--release".into()),
+        other => args.extend(["--profile".into(), other.into()]),
+    }
+    if let Some(t) = triple {
+        args.extend(["--target".into(), t.to_owned()]);
+    }
+    Ok(args)
+}
+
+/// Build the preload library next to this binary (same workspace, target directory, profile
+/// and target), once: the first `mlx5 emu run` after `cargo run -p mlx5-tools` needs no
+/// separate build step. Cargo holds its build lock only while compiling, so this also works
+/// from a test that `cargo test` runs.
+fn build_preload(profile_dir: &Path, so: &Path) -> Result<(), String> {
+    let how = format!(
+        "build it with `cargo build -p mlx5-emu-preload` (same profile) or pass --so; {} not \
+         found",
+        so.display()
+    );
+    if !Path::new(WORKSPACE_MANIFEST).exists() {
+        return Err(format!(
+            "{how}, and the source tree this binary was built from is gone"
+        ));
+    }
+    let args = preload_build_args(profile_dir).map_err(|e| format!("{how}: {e}"))?;
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    eprintln!("mlx5 emu run: building {PRELOAD_SO} (first use; cargo build -p mlx5-emu-preload)");
+    let start = std::time::Instant::now();
+    let st = std::process::Command::new(&cargo)
+        .args(&args)
+        .status()
+        .map_err(|e| format!("{how}: running {}: {e}", cargo.to_string_lossy()))?;
+    if !st.success() {
+        return Err(format!(
+            "{how}: cargo build -p mlx5-emu-preload failed ({st})"
+        ));
+    }
+    if !so.exists() {
+        return Err(format!("{how}: cargo built it elsewhere"));
+    }
+    eprintln!(
+        "mlx5 emu run: built {} in {:.1} s",
+        so.display(),
+        start.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// The preload library `emu run` uses: `--so`, else `MLX5_EMU_PRELOAD_SO`, else the one next
+/// to this binary, built there on first use when missing.
+fn preload_so(r: &crate::cli::EmuRunArgs) -> Result<PathBuf, String> {
+    let explicit =
+        r.so.clone()
+            .or_else(|| std::env::var_os("MLX5_EMU_PRELOAD_SO").map(PathBuf::from));
+    if let Some(so) = explicit {
+        if !so.exists() {
+            return Err(format!(
+                "{} not found (from --so or MLX5_EMU_PRELOAD_SO)",
+                so.display()
+            ));
+        }
+        return Ok(so);
+    }
+    let exe = std::env::current_exe().map_err(|e| format!("cannot locate this binary: {e}"))?;
+    let dir = exe
+        .parent()
+        .ok_or("cannot locate this binary's directory")?;
+    let so = dir.join(PRELOAD_SO);
+    if !so.exists() {
+        build_preload(dir, &so)?;
+    }
+    Ok(so)
+}
+
 /// `mlx5 emu run -- PROGRAM ...`: runs the program with the preload library and the emulator
 /// settings in its environment, and exits with its status.
 fn emu_run(r: &crate::cli::EmuRunArgs) -> Result<(), String> {
-    let so = match (&r.so, std::env::var_os("MLX5_EMU_PRELOAD_SO")) {
-        (Some(p), _) => p.clone(),
-        (None, Some(p)) => PathBuf::from(p),
-        (None, None) => std::env::current_exe()
-            .ok()
-            .and_then(|e| e.parent().map(|d| d.join(PRELOAD_SO)))
-            .ok_or("cannot locate this binary's directory")?,
-    };
-    if !so.exists() {
-        return Err(format!(
-            "{} not found; build it with `cargo build -p mlx5-emu-preload` (same profile) or \
-             pass --so",
-            so.display()
-        ));
-    }
+    let so = preload_so(r)?;
     let (program, args) = r.program.split_first().ok_or("no program given")?;
     let mut cmd = std::process::Command::new(program);
     cmd.args(args)

@@ -346,14 +346,17 @@ fn value(
     Ok(())
 }
 
-/// A sample of the emulator's counters of one HCA: `hw_counters` (the mlx5 names) and `device`
-/// (every other counter the emulator keeps).
+/// A sample of the emulator's counters of one HCA: `hw_counters` (the mlx5 names), `link` (the
+/// host-device link as PCIe would carry it) and `device` (every other counter the emulator
+/// keeps).
 pub fn emu_sample(c: &Counters) -> Sample {
     let mut s = Sample::default();
     let all = parse_debug_counters(&format!("{c:?}")).unwrap_or_default();
     for (name, value) in all {
         let group = if Counters::HW_COUNTER_NAMES.contains(&name.as_str()) {
             "hw_counters"
+        } else if Counters::LINK_COUNTER_NAMES.contains(&name.as_str()) {
+            "link"
         } else {
             "device"
         };
@@ -529,6 +532,8 @@ pub fn run(
     }
     let (mut src, name) = if a.emu || no_devices {
         let pair = Box::new(crate::live::Pair::new()?);
+        // the link counters count only when asked for
+        pair.emulator().count_link(true);
         let name = pair
             .emulator()
             .hca_info(0)

@@ -700,6 +700,12 @@ fn findings_text(d: &Dump, f: &[Finding]) -> String {
     s
 }
 
+/// The findings of a dump alone: each error CQE, the record it points to, and the explanation
+/// of the cause.
+pub fn findings(d: &Dump) -> String {
+    findings_text(d, &analyze(d))
+}
+
 /// The whole report for a dump: reason, state, the ring records in sequence order (the error
 /// CQE and its WQE marked `>>`), and the findings with the explanation.
 pub fn report(d: &Dump) -> String {

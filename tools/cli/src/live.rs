@@ -6,12 +6,12 @@
 //! exist, and prints the driver's view of the QP next to the emulator's view of it.
 
 use std::fmt::Write as _;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use mlx5::{
-    Access, Context, Cq, CqInit, DmaBuf, Mr, Pd, Qp, QpCap, QpInitAttr, QpState, QpType, RecvWr,
-    RemoteQp, SendFlags, SendWr, Sge, WorkCompletion, WrOp,
+    Access, Context, Cq, CqInit, DmaBuf, Mr, Pd, Qp, QpCap, QpInitAttr, QpState, QpType,
+    RecorderConfig, RecorderDump, RecvWr, RemoteQp, SendFlags, SendWr, Sge, WorkCompletion, WrOp,
 };
 use mlx5_emu::{EmuConfig, Emulator, Fabric};
 use mlx5_hw::opcodes::CqeOpcode;
@@ -47,6 +47,8 @@ pub struct Pair {
     _ctx: Context,
     emu: Emulator,
     wr_id: u64,
+    /// Dumps of the driver's flight recorder (when on).
+    dumps: Arc<Mutex<Vec<RecorderDump>>>,
 }
 
 impl std::fmt::Debug for Pair {
@@ -63,6 +65,28 @@ impl Pair {
     /// # Errors
     /// Any verbs call failing (with its name).
     pub fn new() -> Result<Self, String> {
+        Self::build(None)
+    }
+
+    /// As [`Pair::new`], with the driver's flight recorder on for the requester QP and its
+    /// send CQ (`records` per queue); the dumps it takes on error CQEs are collected (see
+    /// [`Pair::recorder_dumps`]).
+    ///
+    /// # Errors
+    /// As [`Pair::new`].
+    pub fn recording(records: usize) -> Result<Self, String> {
+        Self::build(Some(records))
+    }
+
+    /// The dumps the driver's flight recorder took on error CQEs so far.
+    pub fn recorder_dumps(&self) -> Vec<RecorderDump> {
+        self.dumps
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    fn build(records: Option<usize>) -> Result<Self, String> {
         let emu = Emulator::new(EmuConfig {
             fabric: Fabric::InProcess,
             ..EmuConfig::default()
@@ -116,7 +140,26 @@ impl Pair {
             e.qp.to_rtr(r, mtu, 0).map_err(err("RTR"))?;
             e.qp.to_rts(0, 7).map_err(err("RTS"))?;
         }
+        let dumps: Arc<Mutex<Vec<RecorderDump>>> = Arc::default();
+        if let Some(n) = records {
+            let sink = dumps.clone();
+            let cfg = RecorderConfig {
+                records: n,
+                dir: None,
+                callback: Some(Arc::new(move |d: &RecorderDump| {
+                    sink.lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .push(d.clone());
+                })),
+            };
+            a.qp.enable_recorder(&cfg)
+                .map_err(err("flight recorder (QP)"))?;
+            a.send_cq
+                .enable_recorder(&cfg)
+                .map_err(err("flight recorder (CQ)"))?;
+        }
         Ok(Self {
+            dumps,
             ends: [a, b],
             mr,
             _buf: buf,
@@ -270,6 +313,8 @@ pub struct DemoFacts {
     pub cq_pi_ci: (u32, u32),
     /// The state as a flight-recorder dump (v1), reconstructed from the rings.
     pub dump: String,
+    /// The dump the driver's flight recorder took on the error CQE.
+    pub recorder_dump: Option<String>,
 }
 
 /// `mlx5 diag --emu`: three good SENDs, one with a bad lkey, one more (flushed); then the
@@ -279,7 +324,7 @@ pub struct DemoFacts {
 /// # Errors
 /// The setup or a completion failing other than as forced.
 pub fn diag_run() -> Result<(String, DemoFacts), String> {
-    let mut p = Pair::new()?;
+    let mut p = Pair::recording(16)?;
     let [qpn, peer] = p.qpns();
     let mut s = String::new();
     let _ = writeln!(
@@ -541,6 +586,26 @@ pub fn diag_run() -> Result<(String, DemoFacts), String> {
         let _ = writeln!(dump, "cqe {:#x} {ck} {seq} {}", c.cqn, hex(cb));
     }
 
+    // The driver's flight recorder: the dump it took when the error CQE was polled.
+    let recorder_dump = p.recorder_dumps().into_iter().next().map(|d| d.text);
+    match &recorder_dump {
+        Some(t) => match crate::diag::parse_dump(t) {
+            Ok(d) => {
+                let _ = writeln!(
+                    s,
+                    "\nthe driver's flight recorder dumped on the error CQE ({} records); mlx5 diag reads it as:",
+                    d.entries.len()
+                );
+                s.push_str(&crate::diag::findings(&d));
+            }
+            Err(e) => {
+                let _ = writeln!(s, "\nthe driver's flight recorder dump does not parse: {e}");
+            }
+        },
+        None => {
+            let _ = writeln!(s, "\nthe driver's flight recorder took no dump");
+        }
+    }
     let facts = DemoFacts {
         qpn,
         error,
@@ -552,21 +617,30 @@ pub fn diag_run() -> Result<(String, DemoFacts), String> {
         device_state: v.state,
         cq_pi_ci: (c.pi, e.send_cq.consumer_index()),
         dump,
+        recorder_dump,
     };
     Ok((s, facts))
 }
 
-/// The text of [`diag_run`]; with `save`, the reconstructed dump is written there too.
+/// The text of [`diag_run`]; with `save`, the driver's flight-recorder dump (or, without one,
+/// the dump reconstructed from the rings) is written there too.
 ///
 /// # Errors
 /// As [`diag_run`], or the file not writable.
 pub fn diag_demo(save: Option<&std::path::Path>) -> Result<String, String> {
     let (mut s, f) = diag_run()?;
     if let Some(p) = save {
-        std::fs::write(p, &f.dump).map_err(|e| format!("{}: {e}", p.display()))?;
+        let (text, what) = match &f.recorder_dump {
+            Some(t) => (t, "the driver's flight-recorder dump"),
+            None => (
+                &f.dump,
+                "a flight-recorder dump (v1) reconstructed from the rings",
+            ),
+        };
+        std::fs::write(p, text).map_err(|e| format!("{}: {e}", p.display()))?;
         let _ = writeln!(
             s,
-            "\nflight-recorder dump (v1) of this state written to {} (read it with mlx5 diag --dump)",
+            "\n{what} written to {} (read it with mlx5 diag --dump)",
             p.display()
         );
     }

@@ -208,6 +208,7 @@ fn binary_honours_sysfs_path() {
 #[test]
 fn emulator_deltas_match_the_sends_done() {
     let mut p = mlx5_tools::live::Pair::new().unwrap();
+    p.emulator().count_link(true);
     let s0 = emu_sample(&p.emulator().counters(0));
     p.sends(25, 64).unwrap();
     let s1 = emu_sample(&p.emulator().counters(0));
@@ -224,6 +225,12 @@ fn emulator_deltas_match_the_sends_done() {
     assert_eq!(get("device", "cqes_written"), 50);
     assert!(get("device", "packets_sent") >= 25);
     assert!(get("device", "doorbells") >= 1);
+    // the host-device link: one 64-byte payload read per SEND; per SEND three DMA writes of
+    // 64 bytes (the data placed, the receive CQE, the send CQE)
+    assert_eq!(get("link", "payload_reads"), 25);
+    assert_eq!(get("link", "payload_read_bytes"), 25 * 64);
+    assert_eq!(get("link", "dma_writes"), 75);
+    assert_eq!(get("link", "dma_write_bytes"), 75 * 64);
     for n in Counters::HW_COUNTER_NAMES {
         if n.contains("err") || n.contains("exceeded") || n == "out_of_buffer" {
             assert_eq!(get("hw_counters", n), 0, "{n}");
@@ -260,6 +267,7 @@ fn emulator_load_through_the_command() {
         };
         assert_eq!(row("device/wqes_executed")[2], "+40", "{o}");
         assert_eq!(row("device/cqes_written")[2], "+80", "{o}");
+        assert_eq!(row("link/payload_reads")[2], "+40", "{o}");
     }
     // the cumulative value after two intervals
     let last: Vec<&str> = outs[2]

@@ -519,6 +519,38 @@ fn live_emulator_run_shows_the_forced_error_from_both_sides() {
     );
     assert!(fi[1].is_flush());
     assert_eq!(d.entries[fi[1].wqe.unwrap()].index, 4);
+
+    // The driver's own flight recorder dumped on the error CQE; diag reads that dump and ties
+    // the error CQE to the WQE with the bad key.
+    let rd = f
+        .recorder_dump
+        .as_deref()
+        .expect("the driver's recorder took a dump");
+    let d = parse_dump(rd).unwrap_or_else(|e| panic!("{e}\n{rd}"));
+    assert!(
+        d.reason.as_deref().unwrap_or("").contains("LOC_PROT_ERR"),
+        "{rd}"
+    );
+    let fi = analyze(&d);
+    let cause = fi.iter().find(|x| !x.is_flush()).expect(rd);
+    assert_eq!(cause.syndrome, Syndrome::LOCAL_PROT);
+    assert_eq!((cause.qpn, cause.wqe_counter), (f.qpn, 3));
+    let w = &d.entries[cause
+        .wqe
+        .expect("the failing WQE is in the recorder's dump")];
+    assert_eq!(ctrl_wqe_index(&w.bytes), Some(3));
+    assert_eq!(
+        u32::from_be_bytes([w.bytes[20], w.bytes[21], w.bytes[22], w.bytes[23]]),
+        f.bad_lkey
+    );
+    assert!(
+        text.contains("the driver's flight recorder dumped on the error CQE"),
+        "{text}"
+    );
+    assert!(
+        text.contains("REQ_ERR on qp") && text.contains("points to wqe seq"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -536,7 +568,7 @@ fn live_run_saves_a_dump_that_diag_reads_back() {
     );
     assert!(
         String::from_utf8_lossy(&out.stdout)
-            .contains("flight-recorder dump (v1) of this state written to")
+            .contains("the driver's flight-recorder dump written to")
     );
     let out = mlx5().arg("diag").arg("--dump").arg(&p).output().unwrap();
     let so = String::from_utf8_lossy(&out.stdout);

@@ -1,0 +1,201 @@
+//! Every program in `examples/` runs to completion and prints what it did: the binaries
+//! `cargo test` builds next to this test (`target/<profile>/examples/`) are run on the
+//! emulator in process (no NIC here; on a machine with one they run on it), each with a
+//! time limit.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// `target/<profile>/examples/<name>`, next to this test's own `deps/` directory.
+fn example(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let profile_dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("test binary in target/<profile>/deps");
+    let path = profile_dir.join("examples").join(name);
+    let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("examples/{name}.rs"));
+    let mtime = |p: &PathBuf| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let (built, written) = (mtime(&path), mtime(&source));
+    assert!(
+        built.is_some() && built >= written,
+        "{} is {}: `cargo test` builds the examples with the tests; to run this test alone, \
+         `cargo build --release --examples && cargo test --release --test examples`",
+        path.display(),
+        if built.is_some() {
+            "older than its source"
+        } else {
+            "not built"
+        }
+    );
+    path
+}
+
+/// Run example `name` with `args` (and no real-NIC choice forced), at most `limit`; its
+/// stdout, after checking it exited 0.
+fn run(name: &str, args: &[&str], limit: Duration) -> String {
+    let mut child = Command::new(example(name))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn example");
+    let start = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("wait") {
+            break st;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("output");
+            panic!(
+                "{name} did not finish within {limit:?}; stdout:\n{}",
+                String::from_utf8_lossy(&out.stdout)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let out = child.wait_with_output().expect("output");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        status.success(),
+        "{name} failed ({status}); stdout:\n{stdout}\nstderr:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+const LIMIT: Duration = Duration::from_secs(120);
+
+#[test]
+fn rc_pingpong_round_trips() {
+    let out = run("rc_pingpong", &["300"], LIMIT);
+    assert!(out.contains("device: mlx5_"), "{out}");
+    assert!(out.contains("300 round trips of 64 bytes"), "{out}");
+    assert!(out.ends_with("rc_pingpong: ok\n"), "{out}");
+}
+
+#[test]
+fn rc_pingpong_refuses_a_bad_count() {
+    let st = Command::new(example("rc_pingpong"))
+        .arg("many")
+        .output()
+        .expect("run");
+    assert!(!st.status.success());
+    assert!(
+        String::from_utf8_lossy(&st.stderr)
+            .starts_with("rc_pingpong: ITERATIONS \"many\": invalid digit"),
+        "{st:?}"
+    );
+}
+
+#[test]
+fn rc_pingpong_lowlevel_signals_one_in_eight_on_two_threads() {
+    let out = run("rc_pingpong_lowlevel", &["4000"], LIMIT);
+    assert!(
+        out.contains("4000 messages of 32 bytes pinged and echoed"),
+        "{out}"
+    );
+    // 4000 SENDs, every 8th signaled: exactly 500 completions retire them all.
+    assert!(
+        out.contains("sender: 500 signaled completions for 4000 SENDs (1 in 8)"),
+        "{out}"
+    );
+    assert!(out.ends_with("rc_pingpong_lowlevel: ok\n"), "{out}");
+}
+
+#[test]
+fn write_imm_lands_data_and_immediates() {
+    let out = run("write_imm", &[], LIMIT);
+    for size in [1, 64, 1000, 4096, 65536] {
+        assert!(
+            out.contains(&format!("says {size} bytes, memory matches")),
+            "{size}: {out}"
+        );
+    }
+    assert!(out.contains("immediate 0xc0de0004"), "{out}");
+    assert!(out.ends_with("write_imm: ok\n"), "{out}");
+}
+
+#[test]
+fn error_completion_is_explained_and_the_state_told_truly() {
+    let out = run("error_completion", &[], LIMIT);
+    assert!(out.contains("status          REM_ACCESS_ERR (10)"), "{out}");
+    assert!(
+        out.contains("syndrome        REMOTE_ACCESS (0x13)"),
+        "{out}"
+    );
+    assert!(
+        out.contains("vendor syndrome REMOTE_ACCESS (0x88)"),
+        "{out}"
+    );
+    assert!(out.contains("opcode          RDMA_WRITE, QP 0x"), "{out}");
+    // The completion's `Display`: the status and syndromes, then the explanation lines.
+    let shown = out
+        .split("as printed with {}:\n")
+        .nth(1)
+        .expect("the completion printed with {}");
+    assert!(shown.starts_with("wr_id 1 REM_ACCESS_ERR qp 0x"), "{out}");
+    for line in ["meaning: ", "causes: ", "check: "] {
+        assert!(shown.lines().any(|l| l.starts_with(line)), "{line}: {out}");
+    }
+    for qp in ["A", "B"] {
+        assert!(
+            out.contains(&format!(
+                "QP {qp}: state() = Rts (last state set), query_state() = Err (the kernel's)"
+            )),
+            "{out}"
+        );
+    }
+    assert!(out.contains("async event: QP_ACCESS_ERR on QP"), "{out}");
+    assert!(
+        out.contains("posted after the error: WR_FLUSH_ERR"),
+        "{out}"
+    );
+    assert!(out.ends_with("error_completion: ok\n"), "{out}");
+}
+
+/// The README lists every example, and its test command is the one CI runs.
+#[test]
+fn the_readme_lists_every_example_and_ci_runs_its_test_command() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let mut names: Vec<String> = std::fs::read_dir(root.join("examples"))
+        .unwrap()
+        .filter_map(|e| {
+            let p = e.ok()?.path();
+            (p.extension()? == "rs").then(|| p.file_stem().unwrap().to_string_lossy().into_owned())
+        })
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), 4, "{names:?}");
+    for n in &names {
+        assert!(
+            readme.contains(&format!("| `{n}` |")),
+            "README misses example {n}"
+        );
+    }
+    // The two set-up commands: the main job and the test command, in that order.
+    let blocks: Vec<&str> = readme
+        .split("```sh\n")
+        .skip(1)
+        .filter_map(|b| b.split("```").next())
+        .take(2)
+        .collect();
+    assert_eq!(
+        blocks,
+        [
+            "cargo run --release -p mlx5-tools -- lat send\n",
+            "tools/test.sh\n"
+        ]
+    );
+    let ci = std::fs::read_to_string(root.join(".ci/run")).unwrap();
+    assert!(ci.lines().any(|l| l == "tools/test.sh"), "{ci}");
+    assert!(!ci.contains("cargo test --workspace"), "{ci}");
+    let script = std::fs::read_to_string(root.join("tools/test.sh")).unwrap();
+    assert!(
+        script.contains("exec cargo test --workspace --release"),
+        "{script}"
+    );
+}

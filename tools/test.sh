@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The project's test command: install what the tests need, then run every test of every crate
+# (the examples included: tests/examples.rs runs each one). Extra arguments go to cargo test.
+#
+# The tests need a C compiler and the kernel and rdma-core headers (the ABI checks compile C
+# probes), rdma-core's and perftest's programs (they run unmodified on the emulator), valgrind
+# (instruction counts) and rsvg-convert (the latency plots are rendered). On Debian or Ubuntu
+# this script installs the missing ones with apt-get (through sudo when not root).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PACKAGES=(gcc libc6-dev linux-libc-dev libibverbs-dev ibverbs-utils ibverbs-providers perftest
+          valgrind librsvg2-bin)
+
+missing=()
+if command -v dpkg-query >/dev/null 2>&1; then
+    for p in "${PACKAGES[@]}"; do
+        if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+            missing+=("$p")
+        fi
+    done
+else
+    echo "tools/test.sh: not a Debian system; make sure the equivalents of these are installed:" \
+        "${PACKAGES[*]}" >&2
+fi
+
+if [ "${#missing[@]}" -gt 0 ]; then
+    SUDO=()
+    if [ "$(id -u)" != 0 ]; then
+        if ! command -v sudo >/dev/null 2>&1; then
+            echo "tools/test.sh: missing Debian packages: ${missing[*]}" >&2
+            echo "tools/test.sh: not root and no sudo; install them, then run this again" >&2
+            exit 1
+        fi
+        SUDO=(sudo)
+    fi
+    echo "== installing Debian packages: ${missing[*]}"
+    "${SUDO[@]}" apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive "${SUDO[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+echo "== cargo test --workspace --release $*"
+exec cargo test --workspace --release "$@"
