@@ -882,6 +882,8 @@ fn wake_thread(weak: Weak<Shared>, wake: Arc<uar::Wake>) {
     // A WQE ran on a device with a UDP fabric since the last wake-up that was not a
     // timeout: the answer from another process is what comes next (see `Sched::place`).
     let mut awaiting = false;
+    // The ringing CPU at the previous wait.
+    let mut last_fault_cpu = -1;
     let max_spin = spin_window();
     let mut spin = max_spin;
     let mut sleeps: u32 = 0;
@@ -996,7 +998,14 @@ fn wake_thread(weak: Weak<Shared>, wake: Arc<uar::Wake>) {
         // application at once instead of waiting for the fair scheduler.
         sched.realtime();
         if avoid {
-            sched.place(uar::fault_cpu(), awaiting);
+            // Off a CPU only once it rang twice in a row: threads ringing from both CPUs in
+            // turn would make the device chase them (and scan each one's BlueFlame copy
+            // from the other CPU while it is being written, see `tests/wake.rs`).
+            let c = uar::fault_cpu();
+            if awaiting || c == last_fault_cpu {
+                sched.place(c, awaiting);
+            }
+            last_fault_cpu = c;
         }
         if wait(wake.fd(), &fds, timeout) {
             // A packet (the answer, or something else) or a doorbell: either way, what

@@ -39,6 +39,21 @@ fn pin(cpu: usize) {
     assert_eq!(r, 0, "pin to CPU {cpu}");
 }
 
+/// The waking device thread's id, once it has started.
+fn device_tid(emu: &Emulator) -> i32 {
+    let t0 = Instant::now();
+    loop {
+        if let Some(tid) = emu.device_thread_id() {
+            return tid;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "no waking device thread"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 /// One test at a time: each pins its thread and expects the last fault to be its own.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
@@ -84,7 +99,7 @@ fn the_device_moves_off_the_cpu_of_the_thread_that_rang() {
     bring_up(&a, &rx, 1, tx.qpn, Knobs::default());
     let buf = Buf::new(8192);
     let (_, lkey, _) = a.reg_mr(pd, buf.addr(), 8192, ALL_ACCESS).expect("mr");
-    let tid = emu.device_thread_id().expect("a waking device thread");
+    let tid = device_tid(&emu);
     for round in 0..20 {
         // Past the spin window: the page is protected again, the next store faults here.
         std::thread::sleep(Duration::from_millis(5));
@@ -160,7 +175,7 @@ fn the_device_waits_for_an_answer_on_the_ringing_cpu_and_for_a_doorbell_off_it()
     let (_, lb, _) = b.reg_mr(pdb, mb.addr(), 4096, ALL_ACCESS).expect("mr b");
     bring_up(&a, &qa, ib.lid, qb.qpn, Knobs::default());
     bring_up(&b, &qb, ia.lid, qa.qpn, Knobs::default());
-    let tid = ea.device_thread_id().expect("a waking device thread");
+    let tid = device_tid(&ea);
     let two = avoid && allowed.len() > 1;
     for round in 0..3 {
         qb.post_recv(&[(mb.addr(), 64, lb)]);
