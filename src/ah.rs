@@ -172,7 +172,7 @@ impl Ah {
 }
 
 /// The mlx5 static-rate code (AV `stat_rate_sl` bits 7:4) of an `enum ibv_rate` value
-/// (mlx5-datapath.md §1.9); 0 = no limit for MAX and rates without a code.
+/// (docs/datapath.md §1.9); 0 = no limit for MAX and rates without a code.
 pub fn static_rate_code(ibv_rate: u8) -> u8 {
     match ibv_rate {
         2 => 7,       // 2.5 Gb/s
@@ -239,7 +239,7 @@ fn random_u16() -> u16 {
 }
 
 /// Build the 48-byte address vector for `attr` as libmlx5's `mlx5_create_ah` does
-/// (mlx5-datapath.md §1.9). IB: DLID, SL (bits 3:0) and path bits, GRH bit 30 when global.
+/// (docs/datapath.md §1.9). IB: DLID, SL (bits 3:0) and path bits, GRH bit 30 when global.
 /// RoCE: SL as Ethernet priority in bits 3:1, the destination MAC, `rlid` = the UDP source
 /// port for RoCE v2 source GIDs (0 for v1), never the GRH bit (RoCE packets always carry
 /// one). `dqp_dct` has the extended-AV flag; the QPN and Q_Key are set per WR.

@@ -15,7 +15,7 @@
 //! then `wc_start()`, one 64-bit MMIO store to UAR + 0x20, `wc_flush()`.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use mlx5_ffi::mlx5::{MLX5_IB_CREATE_CQ_FLAGS_UAR_PAGE_INDEX, Mlx5IbCreateCq};
 use mlx5_ffi::uverbs::{IbUverbsCreateCq, IbUverbsDestroyCq};
@@ -34,7 +34,8 @@ use crate::mem::uar::UarReg;
 use crate::mem::{CqBuf, CqeReader, DbRec, TakenCqe};
 use crate::mmio::barrier;
 use crate::qp::rq::RqShared;
-use crate::qp::sq::{SqShared, wc_opcode_of};
+use crate::qp::sq::{REQ_WC_BY_SEND_OP, SqShared};
+use crate::recorder::{self, CqPart, CqRecorder, QpPart, QpRecorder, RecorderConfig};
 use crate::srq::SrqShared;
 use crate::uverbs;
 use crate::wr::{WcFlags, WcOpcode, WorkCompletion};
@@ -84,6 +85,8 @@ pub(crate) struct CqShared {
     generation: AtomicU64,
     events_acked: AtomicU32,
     _channel: Option<Arc<CompChannel>>,
+    /// The flight recorder, once enabled (the pollers then decode every CQE out of line).
+    rec: OnceLock<Arc<CqRecorder>>,
 }
 
 impl core::fmt::Debug for CqShared {
@@ -105,6 +108,15 @@ impl CqShared {
         u.retain(|x| !(x.qpn == user.qpn && x.uidx == user.uidx));
         u.push(user);
         self.generation.fetch_add(1, Ordering::Release);
+    }
+
+    /// This CQ's part of a flight-recorder dump, if it records.
+    pub(crate) fn recorder_part(&self) -> Option<CqPart<'_>> {
+        Some(CqPart {
+            rec: self.rec.get()?,
+            cqn: self.cqn,
+            dbrec_ci: self.dbrec.word0().load_be32(),
+        })
     }
 
     pub(crate) fn detach(&self, qpn: u32) {
@@ -132,9 +144,12 @@ impl Drop for CqShared {
 #[derive(Debug)]
 struct Pending {
     sq: Arc<SqShared>,
+    /// The WR to report next, the signaled one that follows them, its completion.
     next: u32,
     end: u32,
     last: WorkCompletion,
+    /// The WQEBB counter where WR `next` starts (`None` if its record was not found).
+    at: Option<u32>,
 }
 
 /// The QPs of a CQ as its poller sees them: a copy of the shared list, found by CQE user index
@@ -150,6 +165,12 @@ struct Users {
     /// Position of the last user found.
     last: usize,
     seen_gen: u64,
+    /// Keys are CQE user indices (CQE version 1), else QPNs.
+    by_uidx: bool,
+    /// Where the key is in a CQE: [`UIDX_AT`] or [`QPN_AT`].
+    key_at: u8,
+    /// How many times the list was copied (under the shared list's lock).
+    reloads: u64,
 }
 
 impl Users {
@@ -181,7 +202,10 @@ impl Users {
     }
 
     /// Copy the shared list and build the index (the cold path: after an attach or detach).
-    fn reload(&mut self, list: &[CqUser], by_uidx: bool, g: u64) {
+    fn reload(&mut self, list: &[CqUser], g: u64) {
+        let by_uidx = self.by_uidx;
+        self.key_at = if by_uidx { UIDX_AT } else { QPN_AT };
+        self.reloads += 1;
         self.list = list.to_vec();
         self.keys = list
             .iter()
@@ -209,11 +233,9 @@ struct Core {
     ring: CqeReader,
     shared: Arc<CqShared>,
     users: Users,
-    by_uidx: bool,
     mr_cache: MrCache,
     arm_sn: u32,
     cqe_count: u32,
-    user_reloads: u64,
 }
 
 impl Core {
@@ -230,17 +252,40 @@ impl Core {
     #[inline(never)]
     fn reload_users(&mut self, g: u64) {
         let u = self.shared.users.lock().unwrap_or_else(|p| p.into_inner());
-        self.users.reload(&u, self.by_uidx, g);
-        self.user_reloads += 1;
+        self.users.reload(&u, g);
     }
 
     fn locks_taken(&self) -> u64 {
-        self.user_reloads + self.mr_cache.misses
+        self.users.reloads + self.mr_cache.misses
     }
 
     #[inline]
     fn publish_ci(&mut self) {
-        self.ring.publish(&self.shared.dbrec);
+        self.ring.publish();
+    }
+
+    fn enable_recorder(&mut self, cfg: &RecorderConfig) -> Result<()> {
+        let size = if self.ring.wide() { 128 } else { 64 };
+        let rec = Arc::new(CqRecorder::new(
+            cfg,
+            size,
+            self.ring.geometry(),
+            self.ring.ci(),
+        ));
+        self.shared
+            .rec
+            .set(rec)
+            .map_err(|_| Error::InvalidArgument {
+                attr: "recorder",
+                reason: "the CQ already has a flight recorder",
+            })?;
+        self.ring.mark(REC_FORCE);
+        Ok(())
+    }
+
+    fn recorder_dump(&self) -> Option<String> {
+        let part = self.shared.recorder_part()?;
+        Some(recorder::dump_text("on demand", &[], &[part]))
     }
 
     fn req_notify(&mut self, solicited_only: bool) {
@@ -329,8 +374,8 @@ impl Cq {
             });
         }
         let ncqe = (init.cqe + 1).next_power_of_two();
-        let (buf, ring) = CqBuf::new(ncqe, init.cqe_size as usize)?;
         let dbrec = ctx.inner.dbrecs.alloc()?;
+        let (buf, ring) = CqBuf::new(ncqe, init.cqe_size as usize, &dbrec)?;
         let mut drv = Mlx5IbCreateCq {
             buf_addr: buf.addr(),
             db_addr: dbrec.addr(),
@@ -366,6 +411,7 @@ impl Cq {
             generation: AtomicU64::new(0),
             events_acked: AtomicU32::new(0),
             _channel: channel.cloned(),
+            rec: OnceLock::new(),
         });
         Ok(Self {
             core: Core {
@@ -373,13 +419,12 @@ impl Cq {
                 shared,
                 users: Users {
                     seen_gen: u64::MAX,
+                    by_uidx: ctx.cqe_version() == 1,
                     ..Users::default()
                 },
-                by_uidx: ctx.cqe_version() == 1,
                 mr_cache: MrCache::default(),
                 arm_sn: 0,
                 cqe_count: ncqe,
-                user_reloads: 0,
             },
             pending: None,
             _not_sync: core::marker::PhantomData,
@@ -417,6 +462,24 @@ impl Cq {
         self.core.locks_taken()
     }
 
+    /// Turn the flight recorder on for this CQ: it keeps the last `cfg.records` CQEs polled,
+    /// and an error CQE (flush errors aside) produces a dump (format in
+    /// `docs/flight-recorder.md`) with them and the WQEs of its QP if that QP records too
+    /// ([`Qp::enable_recorder`](crate::Qp::enable_recorder)), written to `cfg.dir` (or
+    /// `MLX5_RECORDER_DIR`) and handed to `cfg.callback`. Off by default; costs one
+    /// instruction per CQE while off.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming `recorder` if it is already on.
+    pub fn enable_recorder(&mut self, cfg: &RecorderConfig) -> Result<()> {
+        self.core.enable_recorder(cfg)
+    }
+
+    /// The recorder's dump now (the CQ's records only), or `None` if it is off.
+    pub fn recorder_dump(&self) -> Option<String> {
+        self.core.recorder_dump()
+    }
+
     /// Convert into the low-level poller. The bookkeeping moves with it (consumer index, arm
     /// sequence); a CQ is polled through one API at a time, so the two cannot disagree.
     ///
@@ -451,24 +514,22 @@ impl Cq {
             let Core {
                 ring,
                 users,
-                by_uidx,
                 mr_cache,
+                shared,
                 ..
             } = &mut self.core;
             let Some(t) = ring.take() else { break };
-            let cqe = t.cqe();
             if decode_into(
                 users,
-                *by_uidx,
                 &mut self.pending,
                 mr_cache,
-                &cqe,
-                Some(&t),
+                || t.cqe(),
+                Some((&t, shared)),
                 wc,
             ) {
                 n += 1;
-            }
-            if self.pending.is_some() {
+            } else if self.pending.is_some() {
+                // (Only a CQE that gives no completion starts unsignaled reports.)
                 n += self.drain_pending(&mut wcs[n..]);
             }
         }
@@ -486,14 +547,20 @@ impl Cq {
         while n < out.len() {
             if p.next != p.end {
                 let ord = p.next;
+                let (wr_id, opcode) = match p.at {
+                    Some(c) => (p.sq.wr_id_at(c as u16), p.sq.wr_op_at(c as u16)),
+                    None => (0, WcOpcode::SEND),
+                };
                 out[n] = WorkCompletion {
-                    wr_id: p.sq.wr_id(ord),
-                    opcode: p.sq.wr_op(ord),
+                    wr_id,
+                    opcode,
                     qp_num: p.sq.qpn,
                     wc_flags: WcFlags::UNSIGNALED,
                     ..WorkCompletion::default()
                 };
                 p.next = ord.wrapping_add(1);
+                p.at =
+                    p.at.and_then(|c| p.sq.find_start(p.next, c.wrapping_add(1), false));
                 p.sq.tail.store(p.next, Ordering::Release);
                 n += 1;
             } else {
@@ -585,6 +652,24 @@ impl RawCq {
         self.core.locks_taken()
     }
 
+    /// Turn the flight recorder on for this CQ: it keeps the last `cfg.records` CQEs polled,
+    /// and an error CQE (flush errors aside) produces a dump (format in
+    /// `docs/flight-recorder.md`) with them and the WQEs of its QP if that QP records too
+    /// ([`Qp::enable_recorder`](crate::Qp::enable_recorder)), written to `cfg.dir` (or
+    /// `MLX5_RECORDER_DIR`) and handed to `cfg.callback`. Off by default; costs one
+    /// instruction per CQE while off.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming `recorder` if it is already on.
+    pub fn enable_recorder(&mut self, cfg: &RecorderConfig) -> Result<()> {
+        self.core.enable_recorder(cfg)
+    }
+
+    /// The recorder's dump now (the CQ's records only), or `None` if it is off.
+    pub fn recorder_dump(&self) -> Option<String> {
+        self.core.recorder_dump()
+    }
+
     /// Arm the CQ (publishes the consumer index first); see [`Cq::req_notify`].
     pub fn req_notify(&mut self, solicited_only: bool) {
         self.core.req_notify(solicited_only);
@@ -617,19 +702,21 @@ impl Iterator for RawCq {
         let Core {
             ring,
             users,
-            by_uidx,
             mr_cache,
             shared,
-            user_reloads,
             ..
         } = &mut self.core;
-        let t = ring.take()?;
-        let cqe = t.cqe();
+        let mut t = ring.take()?;
+        // (With the flight recorder on, `op_own()` has the format bits set: every CQE takes
+        // the cold path.)
         let mut copy = WcStatus::SUCCESS;
-        if cqe.op_own & SCATTER_MASK != 0 {
-            copy = raw_scatter(shared, users, *by_uidx, user_reloads, mr_cache, t);
+        if t.op_own() & SCATTER_MASK != 0 {
+            // The entry comes back from the cold call (in registers, with the copy's status),
+            // so that the common path keeps no value live across it.
+            t = raw_scatter(shared, users, mr_cache, t);
+            copy = t.status();
         }
-        Some(RawCqe { cqe, copy })
+        Some(RawCqe { cqe: t.cqe(), copy })
     }
 }
 
@@ -637,24 +724,55 @@ impl Iterator for RawCq {
 /// payload into the WQE's scatter list; the status the copy ends with.
 #[cold]
 #[inline(never)]
-fn raw_scatter(
+fn raw_scatter<'r>(
     shared: &CqShared,
     users: &mut Users,
-    by_uidx: bool,
-    reloads: &mut u64,
     cache: &mut MrCache,
-    t: TakenCqe<'_>,
-) -> WcStatus {
-    // Read again here, so that the caller's copy can stay in registers.
-    let cqe = &t.cqe();
-    let t = &t;
+    mut t: TakenCqe<'r>,
+) -> TakenCqe<'r> {
+    let cqe = t.cqe();
+    if let Some(rec) = shared.rec.get() {
+        refresh_users(shared, users);
+        let key = if users.by_uidx {
+            cqe.user_index()
+        } else {
+            cqe.qpn()
+        };
+        record_cqe(rec, shared, users.find(key), &t);
+        if cqe.op_own & SCATTER_MASK == 0 {
+            return t;
+        }
+    }
+    let st = raw_scatter_copy(shared, users, cache, &cqe, &t);
+    t.set_status(st);
+    t
+}
+
+/// Take a fresh copy of the QP list if a QP was attached or detached (the raw poller's cold
+/// paths).
+fn refresh_users(shared: &CqShared, users: &mut Users) {
     let g = shared.generation.load(Ordering::Acquire);
     if g != users.seen_gen {
         let u = shared.users.lock().unwrap_or_else(|p| p.into_inner());
-        users.reload(&u, by_uidx, g);
-        *reloads += 1;
+        users.reload(&u, g);
     }
-    let key = if by_uidx { cqe.user_index() } else { cqe.qpn() };
+}
+
+/// The copy of [`raw_scatter`]: the status it ends with.
+#[inline(always)]
+fn raw_scatter_copy(
+    shared: &CqShared,
+    users: &mut Users,
+    cache: &mut MrCache,
+    cqe: &Cqe64,
+    t: &TakenCqe<'_>,
+) -> WcStatus {
+    refresh_users(shared, users);
+    let key = if users.by_uidx {
+        cqe.user_index()
+    } else {
+        cqe.qpn()
+    };
     let Some(user) = users.find(key) else {
         return WcStatus::GENERAL_ERR;
     };
@@ -822,9 +940,12 @@ fn decode(
 ) -> Option<WorkCompletion> {
     let mut wc = WorkCompletion::default();
     let mut cache = MrCache::default();
-    let mut users = Users::default();
-    users.reload(local, by_uidx, 0);
-    decode_into(&mut users, by_uidx, pending, &mut cache, cqe, None, &mut wc).then_some(wc)
+    let mut users = Users {
+        by_uidx,
+        ..Users::default()
+    };
+    users.reload(local, 0);
+    decode_into(&mut users, pending, &mut cache, || *cqe, None, &mut wc).then_some(wc)
 }
 
 /// Decode one CQE into the caller's work completion, doing the queue bookkeeping (retire send
@@ -837,33 +958,82 @@ fn decode(
 #[inline(always)]
 fn decode_into(
     users: &mut Users,
-    by_uidx: bool,
     pending: &mut Option<Pending>,
     cache: &mut MrCache,
-    cqe: &Cqe64,
-    at: Option<&TakenCqe<'_>>,
+    cqe: impl Fn() -> Cqe64,
+    at: Option<(&TakenCqe<'_>, &CqShared)>,
     out: &mut WorkCompletion,
 ) -> bool {
-    let key = if by_uidx { cqe.user_index() } else { cqe.qpn() };
+    // The CQE is read where each field is used (`cqe()` copies out only the words a path
+    // needs), so that no path loads, and spills, the fields of another.
+    let key = match at {
+        Some((t, _)) => t.be24_at(users.key_at),
+        None => {
+            let c = cqe();
+            if users.by_uidx {
+                c.user_index()
+            } else {
+                c.qpn()
+            }
+        }
+    };
     let Some(user) = users.find(key) else {
         return false;
     };
-    // Opcode and format bits at once: the two common kinds without scattered data.
-    let kind = cqe.op_own & OPCODE_FORMAT;
+    // Opcode and format bits at once: the two common kinds without scattered data (neither,
+    // while the flight recorder forces the format bits).
+    let op_own = at.map_or_else(|| cqe().op_own, |(t, _)| t.op_own());
+    let kind = op_own & OPCODE_FORMAT;
     if kind == REQ_IN_MEMORY {
         if let Some(sq) = &user.sq {
-            let (ord, wc) = requester_wc(user, sq, cqe);
-            return retire_send(sq, ord, pending, wc, out);
+            let c = cqe();
+            let (ord, wc) = requester_wc(user, sq, &c);
+            return retire_send(sq, ord, c.wqe_counter(), pending, wc, out);
         }
     } else if kind == RESP_SEND_IN_MEMORY && user.srq.is_none() {
         if let Some(rq) = &user.rq {
-            *out = responder_wc(user, rq.complete(cqe.wqe_counter()), cqe);
+            let c = cqe();
+            *out = responder_wc(user, rq.complete(c.wqe_counter()), &c);
             return true;
         }
     }
     match at {
-        Some(&t) => decode_other_taken(user, pending, cache, t, out),
-        None => decode_other(user, pending, cache, cqe, None, out),
+        Some((&t, shared)) => decode_other_taken(shared, user, pending, cache, t, out),
+        None => decode_other(user, pending, cache, &cqe(), None, out),
+    }
+}
+
+/// The recorder's side of a CQE of `user` taken as `t`: the WQEs it may complete first, then
+/// the CQE; a dump if it is an error.
+#[cold]
+#[inline(never)]
+fn record_cqe(rec: &CqRecorder, shared: &CqShared, user: Option<&CqUser>, t: &TakenCqe<'_>) {
+    let qrec: Option<&Arc<QpRecorder>> = user.and_then(|u| {
+        u.sq.as_ref()
+            .and_then(|s| s.rec.get())
+            .or_else(|| u.rq.as_ref().and_then(|q| q.rec.get()))
+    });
+    if let Some(q) = qrec {
+        q.before_cqe();
+    }
+    let cqe = t.cqe();
+    rec.record(t, t.first_half().as_ref(), &cqe);
+    if let Some(reason) = recorder::error_reason(shared.cqn, &cqe) {
+        let qps: Vec<QpPart<'_>> = match (qrec, user) {
+            (Some(q), Some(u)) => vec![QpPart {
+                rec: q,
+                sq: u.sq.as_deref(),
+                rq: u.rq.as_deref(),
+            }],
+            _ => Vec::new(),
+        };
+        let cq = CqPart {
+            rec,
+            cqn: shared.cqn,
+            dbrec_ci: shared.dbrec.word0().load_be32(),
+        };
+        let text = recorder::dump_text(&reason, &qps, &[cq]);
+        recorder::deliver(reason, text, rec, qrec.map(|q| &**q));
     }
 }
 
@@ -871,6 +1041,7 @@ fn decode_into(
 /// can stay in registers (its address is never taken on the common path).
 #[inline(never)]
 fn decode_other_taken(
+    shared: &CqShared,
     user: &CqUser,
     pending: &mut Option<Pending>,
     cache: &mut MrCache,
@@ -878,8 +1049,33 @@ fn decode_other_taken(
     out: &mut WorkCompletion,
 ) -> bool {
     let cqe = t.cqe();
+    if let Some(rec) = shared.rec.get() {
+        record_cqe(rec, shared, Some(user), &t);
+        // The kinds the caller's fast path decodes (the recorder sent every CQE here).
+        let kind = cqe.op_own & OPCODE_FORMAT;
+        if kind == REQ_IN_MEMORY {
+            if let Some(sq) = &user.sq {
+                let (ord, wc) = requester_wc(user, sq, &cqe);
+                return retire_send(sq, ord, cqe.wqe_counter(), pending, wc, out);
+            }
+        } else if kind == RESP_SEND_IN_MEMORY && user.srq.is_none() {
+            if let Some(rq) = &user.rq {
+                *out = responder_wc(user, rq.complete(cqe.wqe_counter()), &cqe);
+                return true;
+            }
+        }
+    }
     decode_other(user, pending, cache, &cqe, Some(&t), out)
 }
+
+/// The bits the flight recorder ORs into every taken CQE's `op_own` ([`CqeReader::mark`]):
+/// format 3 (reserved), so that no CQE matches a fast-path kind and every one reaches it.
+const REC_FORCE: u8 = 0x0C;
+
+/// Byte offset of the user index (`srqn_uidx`, low 24 bits) in a CQE.
+const UIDX_AT: u8 = core::mem::offset_of!(Cqe64, srqn_uidx) as u8;
+/// Byte offset of the QPN (`sop_drop_qpn`, low 24 bits) in a CQE.
+const QPN_AT: u8 = core::mem::offset_of!(Cqe64, sop_drop_qpn) as u8;
 
 /// `op_own` opcode (7:4) and format (3:2) bits.
 const OPCODE_FORMAT: u8 = 0xFC;
@@ -918,16 +1114,13 @@ const SCATTER_MASK: u8 = INLINE_SCATTER_32 | INLINE_SCATTER_64;
 /// The completion of a successful requester CQE and the WR ordinal it retires through.
 #[inline(always)]
 fn requester_wc(user: &CqUser, sq: &SqShared, cqe: &Cqe64) -> (u32, WorkCompletion) {
-    let ord = sq.ordinal_at(cqe.wqe_counter());
-    let sop = cqe.send_opcode();
+    let counter = cqe.wqe_counter();
+    let ord = sq.ordinal_at(counter);
+    let e = REQ_WC_BY_SEND_OP[usize::from(cqe.send_opcode().0)];
     let wc = WorkCompletion {
-        wr_id: sq.wr_id(ord),
-        opcode: wc_opcode_of(sop),
-        byte_len: match sop {
-            SendOpcode::RDMA_READ => cqe.byte_cnt(),
-            SendOpcode::ATOMIC_CS | SendOpcode::ATOMIC_FA => 8,
-            _ => 0,
-        },
+        wr_id: sq.wr_id_at(counter),
+        opcode: WcOpcode(e & 0xFF),
+        byte_len: (cqe.byte_cnt() & 0u32.wrapping_sub(e >> 16)) | ((e >> 8) & 0xFF),
         qp_num: user.qpn,
         wc_flags: solicited_flag(cqe),
         timestamp: cqe.timestamp(),
@@ -973,12 +1166,14 @@ fn solicited_flag(cqe: &Cqe64) -> WcFlags {
     }
 }
 
-/// The send-queue bookkeeping of a requester completion `wc` for WR ordinal `ord`: retire it
-/// and every earlier (unsignaled) WR, or, with `report_unsignaled`, queue those first.
+/// The send-queue bookkeeping of a requester completion `wc` for WR ordinal `ord` (whose WQE
+/// starts at WQEBB counter `counter`): retire it and every earlier (unsignaled) WR, or, with
+/// `report_unsignaled`, queue those first.
 #[inline(always)]
 fn retire_send(
     sq: &Arc<SqShared>,
     ord: u32,
+    counter: u16,
     pending: &mut Option<Pending>,
     wc: WorkCompletion,
     out: &mut WorkCompletion,
@@ -987,6 +1182,7 @@ fn retire_send(
     let skipped = ord.wrapping_sub(tail);
     if sq.report_unsignaled && skipped != 0 && skipped <= sq.wr_mask {
         *pending = Some(Pending {
+            at: sq.find_start(tail, u32::from(counter), true),
             sq: sq.clone(),
             next: tail,
             end: ord,
@@ -1029,17 +1225,18 @@ fn decode_other(
             if let Err(st) = copied {
                 wc.status = st;
             }
-            retire_send(sq, ord, pending, wc, out)
+            retire_send(sq, ord, cqe.wqe_counter(), pending, wc, out)
         }
         CqeOpcode::REQ_ERR => {
             let Some(sq) = user.sq.as_ref() else {
                 return false;
             };
-            let ord = sq.ordinal_at(cqe.wqe_counter());
+            let counter = cqe.wqe_counter();
+            let ord = sq.ordinal_at(counter);
             set_error(&mut wc, cqe);
-            wc.opcode = sq.wr_op(ord);
-            wc.wr_id = sq.wr_id(ord);
-            retire_send(sq, ord, pending, wc, out)
+            wc.opcode = sq.wr_op_at(counter);
+            wc.wr_id = sq.wr_id_at(counter);
+            retire_send(sq, ord, counter, pending, wc, out)
         }
         CqeOpcode::RESP_RDMA_WRITE_IMM
         | CqeOpcode::RESP_SEND
@@ -1126,7 +1323,7 @@ fn set_error(wc: &mut WorkCompletion, cqe: &Cqe64) {
 
 #[cfg(test)]
 mod tests {
-    //! CQE decoding against hand-built CQEs (field values from mlx5-datapath.md §6), and
+    //! CQE decoding against hand-built CQEs (field values from docs/datapath.md §4), and
     //! random CQEs that must never panic.
     use super::*;
     use mlx5_hw::cqe::op_own;

@@ -118,10 +118,12 @@ pub(crate) mod mem;
 pub(crate) mod mmio;
 pub mod pd;
 pub mod qp;
+pub mod recorder;
 #[allow(dead_code)]
 pub(crate) mod ring;
 pub mod srq;
 mod uverbs;
+mod wc_fmt;
 pub mod wr;
 
 pub use ah::{Ah, AhAttr, GlobalRoute};
@@ -137,6 +139,7 @@ pub use pd::{Access, Mr, Pd};
 pub use qp::{AnyPayload, Gather, Inline, NoPayload, PayloadKind};
 pub use qp::{BfPolicy, BfregInfo, RecvQueue, SendQueue, SqStats, WqeBuilder};
 pub use qp::{ConnectParams, Mtu, Qp, QpAttr, QpCap, QpInitAttr, QpState, QpType, RemoteQp};
+pub use recorder::{RecorderCallback, RecorderConfig, RecorderDump};
 pub use srq::Srq;
 pub use wr::{
     PostError, RecvWr, SendFlags, SendWr, Sge, Syndrome, UdDest, VendorSyndrome, WcFlags, WcOpcode,

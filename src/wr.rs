@@ -207,7 +207,7 @@ pub struct RecvWr<'a> {
 }
 
 /// Work-completion opcode (`enum ibv_wc_opcode`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct WcOpcode(pub u32);
 
 impl WcOpcode {

@@ -365,7 +365,7 @@ fn split_uses_the_core_size_table() {
             .map(|_| ()),
         Err(Errno::EOPNOTSUPP)
     );
-    // Sizes observed on the wire (rdma-core-on-emulator.md section 3).
+    // Sizes observed in the write() commands rdma-core sends (libibverbs on the emulator).
     let s = core_sizes(IB_USER_VERBS_CMD_QUERY_PORT, false).unwrap();
     assert_eq!((s.req, s.resp), (16, 40));
     let s = core_sizes(IB_USER_VERBS_EX_CMD_QUERY_DEVICE, true).unwrap();

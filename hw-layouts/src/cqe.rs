@@ -9,6 +9,7 @@
 //! through the [`ErrCqe`] view of the same 64 bytes.
 
 use crate::opcodes::{CqeOpcode, SendOpcode, Syndrome, VendorSyndrome};
+pub use crate::syndrome::{Explanation, explain};
 use crate::types::{Be16, Be32, Be64};
 use crate::wqe::QPN24;
 use core::fmt;

@@ -10,6 +10,7 @@
 //! | send and receive WQE segments      | [`wqe`]       |
 //! | completion queue entries           | [`cqe`]       |
 //! | doorbell records and UAR registers | [`doorbell`]  |
+//! | error explanations (meaning, causes, what to check) | [`syndrome`] |
 //!
 //! Rules of this crate: every layout is `#[repr(C)]` with zerocopy derives, field names are the
 //! rdma-core (`mlx5dv.h`) / PRM names, big-endian fields are [`types::Be32`] and friends, reserved
@@ -21,5 +22,6 @@
 pub mod cqe;
 pub mod doorbell;
 pub mod opcodes;
+pub mod syndrome;
 pub mod types;
 pub mod wqe;

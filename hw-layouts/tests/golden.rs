@@ -1,5 +1,5 @@
 //! Golden-bytes tests: every encoder and decoder against byte vectors written out by hand from
-//! the PRM / mlx5dv.h layout tables (docs: mlx5-datapath reference sections 1, 4, 6, 8).
+//! the PRM / mlx5dv.h layout tables (docs/datapath.md §1, §3, §4).
 //! Where a vector comes from a real device dump, the comment says so.
 
 use mlx5_hw::cqe::{

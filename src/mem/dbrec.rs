@@ -141,6 +141,14 @@ impl DbRec {
         &self.w1
     }
 
+    /// A second accessor for word 0 and the page it lives in (hold the page as long as the
+    /// accessor: it keeps the word mapped).
+    pub(crate) fn word0_with_page(&self) -> (DbWord, Arc<DmaBuf>) {
+        // SAFETY: the word lies in `page` (type invariant); the caller holds the returned
+        // `Arc` of it next to the accessor, which keeps the mapping alive as long as both.
+        (unsafe { self.w0.duplicate() }, self.page.clone())
+    }
+
     /// Zero both words.
     pub fn clear(&self) {
         self.w0.store_be32(0);

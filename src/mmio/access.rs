@@ -33,6 +33,15 @@ impl DbWord {
         Self { ptr }
     }
 
+    /// A second accessor for the same word.
+    ///
+    /// # Safety
+    /// The word must stay valid for the whole life of the returned value (as for
+    /// [`from_raw`](Self::from_raw)); the caller keeps its mapping alive.
+    pub(crate) unsafe fn duplicate(&self) -> Self {
+        Self { ptr: self.ptr }
+    }
+
     /// Store `v` as one big-endian 32-bit store (untorn).
     #[inline(always)]
     pub fn store_be32(&self, v: u32) {

@@ -806,6 +806,49 @@ impl Qp {
         (&mut self.sq, self.rq.as_mut())
     }
 
+    /// Turn the flight recorder on for this QP: it keeps the last `cfg.records` WQEs posted
+    /// on each of its queues (SRQ receives are not recorded), dumped with the CQEs of a
+    /// recording CQ ([`Cq::enable_recorder`](crate::Cq::enable_recorder)) when an error CQE
+    /// arrives there, or on demand ([`recorder_dump`](Self::recorder_dump)). Off by default and
+    /// free while off; while on, every post takes the queue's slow path once.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming `recorder` if it is already on.
+    pub fn enable_recorder(&mut self, cfg: &crate::RecorderConfig) -> Result<()> {
+        let rec = Arc::new(crate::recorder::QpRecorder::new(
+            cfg,
+            self.handle.qpn,
+            self.qp_type,
+            self.state,
+        ));
+        self.sq.attach_recorder(&rec, cfg.records)?;
+        if let Some(rq) = self.rq.as_mut() {
+            rq.attach_recorder(&rec, cfg.records);
+        }
+        Ok(())
+    }
+
+    /// The flight recorder's dump now (format in `docs/flight-recorder.md`): this QP's
+    /// records and those of its CQs that record; `None` if the QP's recorder is off.
+    pub fn recorder_dump(&self) -> Option<String> {
+        let rec = self.sq.shared().rec.get()?;
+        self.sq.record_posted();
+        if let Some(rq) = &self.rq {
+            rq.record_posted();
+        }
+        let qp = crate::recorder::QpPart {
+            rec,
+            sq: Some(self.sq.shared()),
+            rq: self.rq.as_ref().map(|r| &**r.shared()),
+        };
+        let (s, r) = (&self.handle.send_cq, &self.handle.recv_cq);
+        let mut cqs: Vec<_> = s.recorder_part().into_iter().collect();
+        if !Arc::ptr_eq(s, r) {
+            cqs.extend(r.recorder_part());
+        }
+        Some(crate::recorder::dump_text("on demand", &[qp], &cqs))
+    }
+
     /// Post a chain of send WRs; one doorbell for the chain.
     ///
     /// # Errors

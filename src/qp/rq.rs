@@ -8,8 +8,8 @@
 //! # Ordering rule
 //! WQE stores, `to_device()`, then record word 0 = `head & 0xFFFF`.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use mlx5_hw::opcodes::WcStatus;
 use mlx5_hw::wqe::DataSeg;
@@ -19,9 +19,10 @@ use crate::mem::scatter::{MrCache, MrTable};
 use crate::mem::table::RingTable;
 use crate::mem::wq::{WqReader, WqRing, WqWriter};
 use crate::mmio::barrier;
+use crate::recorder::QpRecorder;
 use crate::wr::{PostError, RecvWr, Sge};
 
-/// Geometry of a receive queue (mlx5-datapath.md §2.3).
+/// Geometry of a receive queue (docs/datapath.md §2.3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RqGeometry {
     /// WQE stride in bytes (power of two, >= 16).
@@ -165,6 +166,9 @@ pub(crate) struct RqShared {
     pub tail: AtomicU32,
     /// Where scattered receive payloads go (absent only in unit tests of the poller).
     pub scatter: Option<ScatterTarget>,
+    /// The QP's flight recorder, once enabled. Receive WQEs are recorded by the recording
+    /// poller before it records a CQE of this queue, and by dumps: posting does nothing more.
+    pub rec: OnceLock<Arc<QpRecorder>>,
 }
 
 impl RqShared {
@@ -174,6 +178,7 @@ impl RqShared {
             wr_ids: RingTable::new(wqe_cnt as usize, || AtomicU64::new(0)),
             tail: AtomicU32::new(0),
             scatter: None,
+            rec: OnceLock::new(),
         }
     }
 
@@ -322,6 +327,34 @@ impl RecvQueue {
         self.room = 0;
         self.shared.tail.store(0, Ordering::Release);
         self.ring.zero();
+        if let Some(r) = self.shared.rec.get() {
+            r.rq_reset();
+        }
+    }
+
+    /// Start recording this queue's WQEs in `rec` (at most `records`), which the send queue
+    /// attached first. Nothing changes on the posting path: a slot is rewritten only after its
+    /// WQE completed, and the recording poller records the WQEs the doorbell record
+    /// publishes before it records a CQE.
+    pub(crate) fn attach_recorder(&mut self, rec: &Arc<QpRecorder>, records: usize) {
+        if self.shared.rec.set(rec.clone()).is_err() {
+            return;
+        }
+        rec.attach_rq(
+            self.ring.reader(),
+            self.geo.stride,
+            self.geo.wqe_cnt,
+            self.head,
+            self.dbrec.clone(),
+            records,
+        );
+    }
+
+    /// Record every WQE written so far (for a dump on demand).
+    pub(crate) fn record_posted(&self) {
+        if let Some(r) = self.shared.rec.get() {
+            r.rq_posted(self.head);
+        }
     }
 
     /// The queue's hot state by value (see [`RqBatch`]).

@@ -4,15 +4,15 @@
 //! # Ownership rule
 //! WQEBBs from `cur_post` on are driver-owned as long as fewer than `max_post` WRs are
 //! outstanding (`head - tail < max_post`): every WR is accounted at the worst-case WQE size, and
-//! `max_post * wqe_size` fits the ring (mlx5-datapath.md §2.2). `tail` only moves when the CQ
+//! `max_post * wqe_size` fits the ring (docs/datapath.md §2.2). `tail` only moves when the CQ
 //! poller sees a CQE, so a full queue is refused ([`PostError::Full`]), never overwritten.
 //!
 //! # Ordering rule
 //! [`SendQueue::ring`] is the one doorbell routine: WQE stores, `to_device`, SQ record (word 1),
 //! `wc_start`, one MMIO (8-byte doorbell or BlueFlame copy), `wc_flush`, flip the BlueFlame half.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use mlx5_hw::opcodes::{SendOpcode, WcStatus};
 use mlx5_hw::wqe::{
@@ -28,6 +28,7 @@ use crate::mem::table::RingTable;
 use crate::mem::uar::{SqDoorbell, UarReg};
 use crate::mem::wq::{SqRing, WqReader, WqRing, WqWriter};
 use crate::mmio::barrier;
+use crate::recorder::QpRecorder;
 use crate::ring::RingSize;
 use crate::wr::{PostError, SendFlags, SendWr, Sge, UdDest, WcOpcode, WrOp};
 use crate::{QpState, QpType};
@@ -82,16 +83,18 @@ pub struct BfregInfo {
     pub bf_size: usize,
 }
 
-/// One entry of the send queue's bookkeeping table. The table is indexed two ways with the same
-/// mask: by WR ordinal (`wr_id`, `op`) and by WQEBB counter (`ordinal`).
-#[derive(Debug, Default)]
+/// One entry of the send queue's bookkeeping table, indexed by WQEBB counter: what a
+/// completion's `wqe_counter` finds in one step. Slots inside a longer WQE keep stale records of
+/// older WRs (lower ordinals), so a WR's start is the slot holding its ordinal
+/// ([`SqShared::find_start`], for reporting unsignaled WRs).
+#[derive(Debug)]
 pub(crate) struct SqSlot {
-    /// Work-request id of the WR with this ordinal.
+    /// Work-request id of the WR whose WQE's first WQEBB is this slot.
     wr_id: AtomicU64,
-    /// WR ordinal of the WQE whose first WQEBB is this slot.
+    /// WR ordinal of the WQE whose first WQEBB is this slot ([`NO_WR`] before any).
     ordinal: AtomicU32,
-    /// [`SendOpcode`] of the WR with this ordinal (mapped to a [`WcOpcode`] only when an
-    /// error or unsignaled completion needs it).
+    /// [`SendOpcode`] of the WR whose WQE's first WQEBB is this slot (mapped to a
+    /// [`WcOpcode`] only when an error or unsignaled completion needs it).
     op: AtomicU8,
 }
 
@@ -108,6 +111,8 @@ pub(crate) struct SqShared {
     pub qpn: u32,
     /// Where READ/atomic results scattered into a CQE go (`None`: never expected).
     pub scatter: Option<SqScatter>,
+    /// The QP's flight recorder, once enabled (then `credits` stays 0, see `refill`).
+    pub rec: OnceLock<Arc<QpRecorder>>,
 }
 
 /// The send ring as the poller reads it back for scatter-to-CQE copies (requester side: an
@@ -125,7 +130,11 @@ impl SqShared {
     pub(crate) fn new(max_post: u32, wqe_cnt: u32, report_unsignaled: bool, qpn: u32) -> Self {
         // Every WR takes at least one WQEBB, so `max_post <= wqe_cnt` for real queues; the max
         // keeps the table large enough for both indices whatever the caller passes.
-        let slots = RingTable::new(max_post.max(wqe_cnt) as usize, SqSlot::default);
+        let slots = RingTable::new(max_post.max(wqe_cnt) as usize, || SqSlot {
+            wr_id: AtomicU64::new(0),
+            ordinal: AtomicU32::new(NO_WR),
+            op: AtomicU8::new(0),
+        });
         Self {
             wr_mask: slots.len() as u32 - 1,
             slots,
@@ -133,6 +142,7 @@ impl SqShared {
             report_unsignaled,
             qpn,
             scatter: None,
+            rec: OnceLock::new(),
         }
     }
 
@@ -172,14 +182,64 @@ impl SqShared {
         record(&self.slots, ordinal, wqe_counter, wr_id, op);
     }
 
-    #[inline(always)]
-    pub(crate) fn wr_id(&self, ordinal: u32) -> u64 {
-        self.slot(ordinal).wr_id.load(Ordering::Relaxed)
+    /// Forget every record (the queue restarts at ordinal 0: QP reset), so that no stale
+    /// record can match a new ordinal.
+    fn clear_records(&self) {
+        for i in 0..=self.wr_mask {
+            self.slot(i).ordinal.store(NO_WR, Ordering::Relaxed);
+        }
     }
 
-    #[inline(always)]
+    /// The WQEBB counter where WR `ordinal` starts: the slot holding its record, searched from
+    /// counter `from` backwards (`back`, from `from - 1`) or forwards (from `from`) over at most
+    /// one table's worth. The cold paths: reporting unsignaled WRs, dumps, tests. Records of
+    /// WRs still outstanding are never overwritten, and stale records in the other slots hold
+    /// lower ordinals, so the first match is the WR's (while ordinals do not wrap 2^32 within
+    /// one ring).
+    pub(crate) fn find_start(&self, ordinal: u32, from: u32, back: bool) -> Option<u32> {
+        let mut c = from;
+        for _ in 0..=self.wr_mask {
+            if back {
+                c = c.wrapping_sub(1);
+            }
+            if self.slot(c).ordinal.load(Ordering::Relaxed) == ordinal {
+                return Some(c);
+            }
+            if !back {
+                c = c.wrapping_add(1);
+            }
+        }
+        None
+    }
+
+    /// The id of WR `ordinal`, its record found from counter 0 on (tests).
+    #[cfg(test)]
+    pub(crate) fn wr_id(&self, ordinal: u32) -> u64 {
+        self.find_start(ordinal, 0, false)
+            .map_or(0, |c| self.wr_id_at(c as u16))
+    }
+
+    /// The completion opcode of WR `ordinal`, as [`wr_id`](Self::wr_id) (tests).
+    #[cfg(test)]
     pub(crate) fn wr_op(&self, ordinal: u32) -> WcOpcode {
-        wc_opcode_of(SendOpcode(self.slot(ordinal).op.load(Ordering::Relaxed)))
+        self.find_start(ordinal, 0, false)
+            .map_or(WcOpcode::SEND, |c| self.wr_op_at(c as u16))
+    }
+
+    /// The id of the WR whose WQE starts at WQEBB counter `wqe_counter`.
+    #[inline(always)]
+    pub(crate) fn wr_id_at(&self, wqe_counter: u16) -> u64 {
+        self.slot(u32::from(wqe_counter))
+            .wr_id
+            .load(Ordering::Relaxed)
+    }
+
+    /// The completion opcode of the WR whose WQE starts at WQEBB counter `wqe_counter`.
+    #[inline(always)]
+    pub(crate) fn wr_op_at(&self, wqe_counter: u16) -> WcOpcode {
+        wc_opcode_of(SendOpcode(
+            self.slot(u32::from(wqe_counter)).op.load(Ordering::Relaxed),
+        ))
     }
 
     /// The WR ordinal of the WQE that starts at WQEBB counter `wqe_counter`.
@@ -191,7 +251,7 @@ impl SqShared {
     }
 }
 
-/// Geometry of a send queue (mlx5-datapath.md §2.2).
+/// Geometry of a send queue (docs/datapath.md §2.2).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SqGeometry {
     /// Worst-case WQE size in bytes (a multiple of 64).
@@ -208,7 +268,7 @@ pub struct SqGeometry {
 
 /// Worst-case bytes of the segments before the payload for `qp_type` (ctrl + op segments +
 /// transport), over the operations this driver posts (no UMR/LOCAL_INV/BIND_MW, so RC is 48,
-/// not libmlx5's 192; see mlx5-datapath.md §2.1).
+/// not libmlx5's 192; see docs/datapath.md §2.1).
 pub fn sq_overhead(qp_type: QpType) -> u32 {
     match qp_type {
         QpType::Rc => 16 + 16 + 16, // ctrl + raddr + atomic
@@ -457,6 +517,9 @@ impl SendQueue {
     /// allowed in RTS, SQD, SQE and ERR; refusals name `state`.
     pub(crate) fn set_state(&mut self, state: QpState) {
         self.q.state = state;
+        if let Some(r) = self.q.shared.rec.get() {
+            r.set_state(state);
+        }
         // INVARIANT: 0 credits outside the posting states; re-counted on the next post.
         self.q.credits = 0;
     }
@@ -510,12 +573,10 @@ impl SendQueue {
     /// [`Cq::poll`](crate::Cq::poll) does this itself; use one or the other per CQ.)
     #[inline]
     pub fn retire(&mut self, wqe_counter: u16) -> u64 {
-        let ord = self.q.shared.ordinal_at(wqe_counter);
-        self.q
-            .shared
-            .tail
-            .store(ord.wrapping_add(1), Ordering::Release);
-        self.q.shared.wr_id(ord)
+        let sh = &self.q.shared;
+        let ord = sh.ordinal_at(wqe_counter);
+        sh.tail.store(ord.wrapping_add(1), Ordering::Release);
+        sh.wr_id_at(wqe_counter)
     }
 
     /// Copy `out.len()` bytes of the SQ ring starting at the WQE whose first WQEBB has
@@ -545,8 +606,51 @@ impl SendQueue {
         self.q.head = 0;
         self.q.credits = 0;
         self.q.shared.tail.store(0, Ordering::Release);
+        self.q.shared.clear_records();
         self.q.pend = Pending::default();
         self.ring.ring_mut().zero();
+        if let Some(r) = self.q.shared.rec.get() {
+            r.sq_reset();
+        }
+    }
+
+    /// Start recording this queue's WQEs in `rec` (at most `records`): from now on every post
+    /// takes the credit re-count, which records the WQEs finished before it.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) naming `recorder` if one is
+    /// already recording this queue.
+    pub(crate) fn attach_recorder(
+        &mut self,
+        rec: &Arc<QpRecorder>,
+        records: usize,
+    ) -> crate::Result<()> {
+        self.q
+            .shared
+            .rec
+            .set(rec.clone())
+            .map_err(|_| crate::Error::InvalidArgument {
+                attr: "recorder",
+                reason: "the QP already has a flight recorder",
+            })?;
+        rec.attach_sq(
+            self.ring.ring().reader(),
+            self.q.size.len(),
+            self.q.cur_post,
+            self.q.head,
+            self.q.dbrec.clone(),
+            records,
+        );
+        // INVARIANT (recording): credits stay 0 between posts.
+        self.q.credits = 0;
+        Ok(())
+    }
+
+    /// Record every WQE finished so far (for a dump on demand).
+    pub(crate) fn record_posted(&self) {
+        if let Some(r) = self.q.shared.rec.get() {
+            r.sq_posted(self.q.cur_post);
+        }
     }
 
     /// Take one credit and open a WQE of `ds` units so far (ctrl plus the segments the caller
@@ -1058,9 +1162,23 @@ impl SqCore {
         match credits(self.state, self.head, &self.shared, self.cfg.geo.max_post) {
             Ok(n) => {
                 self.credits = n;
+                if self.shared.rec.get().is_some() {
+                    self.record();
+                }
                 true
             }
             Err(_) => false,
+        }
+    }
+
+    /// The recording queue's side of [`refill`](Self::refill): record the WQEs finished since
+    /// the last post and grant one credit only, so that the next post comes here again.
+    #[cold]
+    #[inline(never)]
+    fn record(&mut self) {
+        if let Some(r) = self.shared.rec.get() {
+            r.sq_posted(self.cur_post);
+            self.credits = 1;
         }
     }
 
@@ -1137,14 +1255,14 @@ impl SqConfig {
 /// Record WR `ordinal` (id, send opcode) as the WQE starting at WQEBB counter `wqe_counter`.
 #[inline(always)]
 fn record(slots: &RingTable<SqSlot>, ordinal: u32, wqe_counter: u32, wr_id: u64, op: SendOpcode) {
-    let s = slots.get(ordinal);
+    let s = slots.get(wqe_counter);
     s.wr_id.store(wr_id, Ordering::Relaxed);
+    s.ordinal.store(ordinal, Ordering::Relaxed);
     s.op.store(op.0, Ordering::Relaxed);
-    slots
-        .get(wqe_counter)
-        .ordinal
-        .store(ordinal, Ordering::Relaxed);
 }
+
+/// [`SqSlot::ordinal`] of a slot no WR has started at since the queue (re)started.
+const NO_WR: u32 = u32::MAX;
 
 /// The UD address vector of `dest` with its destination QPN and Q_Key.
 #[inline(always)]
@@ -1240,6 +1358,11 @@ impl Batch<'_> {
     fn reserve(&mut self) -> Result<(), PostError> {
         if self.credits == 0 {
             self.credits = credits(self.state, self.head, self.shared, self.cfg.geo.max_post)?;
+            if let Some(r) = self.shared.rec.get() {
+                // A recording queue: one credit at a time, each post records the last.
+                r.sq_posted(self.cur_post);
+                self.credits = 1;
+            }
         }
         Ok(())
     }
@@ -1473,7 +1596,7 @@ fn write_inline(
         }
         len
     };
-    // A zero total length produces no segment at all (mlx5-datapath.md §1.8).
+    // A zero total length produces no segment at all (docs/datapath.md §1.8).
     if len == 0 {
         return Ok(pos);
     }
@@ -1714,7 +1837,7 @@ impl<P: PayloadKind> WqeBuilder<'_, P> {
         let q = self.q;
         // An inline WR counts as inline for the BlueFlame policy even with 0 bytes (libmlx5
         // sets its `inl` flag from IBV_SEND_INLINE), but a zero total length produces no
-        // segment at all (mlx5-datapath.md §1.8).
+        // segment at all (docs/datapath.md §1.8).
         if P::INLINE && self.payload > 0 {
             let pos = self.start as usize * 64 + ds as usize * 16;
             self.w.write4(pos, inline_hdr(self.payload));
@@ -1742,7 +1865,7 @@ impl<P: PayloadKind> WqeBuilder<'_, P> {
 }
 
 /// The work-completion opcode a send opcode completes as.
-pub(crate) fn wc_opcode_of(op: SendOpcode) -> WcOpcode {
+pub(crate) const fn wc_opcode_of(op: SendOpcode) -> WcOpcode {
     match op {
         SendOpcode::RDMA_WRITE | SendOpcode::RDMA_WRITE_IMM => WcOpcode::RDMA_WRITE,
         SendOpcode::RDMA_READ => WcOpcode::RDMA_READ,
@@ -1752,11 +1875,59 @@ pub(crate) fn wc_opcode_of(op: SendOpcode) -> WcOpcode {
     }
 }
 
+/// What a requester completion of each send opcode (the CQE's byte 56) reports, one table
+/// lookup instead of a branch ladder: bits 7:0 the [`WcOpcode`] ([`wc_opcode_of`]), bits
+/// 15:8 a constant byte length (8 for atomics), bit 16 "the byte length is the CQE's byte
+/// count" (RDMA READ).
+pub(crate) static REQ_WC_BY_SEND_OP: [u32; 256] = {
+    let mut t = [0u32; 256];
+    let mut i = 0;
+    while i < 256 {
+        let op = SendOpcode(i as u8);
+        let len = match op {
+            SendOpcode::RDMA_READ => 1 << 16,
+            SendOpcode::ATOMIC_CS | SendOpcode::ATOMIC_FA => 8 << 8,
+            _ => 0,
+        };
+        t[i] = wc_opcode_of(op).0 | len;
+        i += 1;
+    }
+    t
+};
+
 #[cfg(test)]
 mod tests {
-    //! WQE bytes and doorbells against the worked examples of mlx5-datapath.md §1.13, without a
+    //! WQE bytes and doorbells against the worked examples of docs/datapath.md §1.10, without a
     //! device: the UAR page is ordinary memory we can read back.
     use super::*;
+
+    /// A WR's start is the slot holding its ordinal, never a stale record inside a longer WQE,
+    /// and a reset queue forgets the records of its previous life (a stale record of the old
+    /// WR 1 sat inside the new WR 0 and was found as the new WR 1).
+    #[test]
+    fn starts_are_found_past_stale_records_and_reset_forgets_them() {
+        let sh = SqShared::new(8, 8, true, 1);
+        for o in 0..4 {
+            sh.record(o, o, 100 + u64::from(o), SendOpcode::SEND);
+        }
+        // The queue restarts: WR 0 takes WQEBBs 0 and 1, WR 1 starts at 2.
+        sh.clear_records();
+        sh.record(0, 0, 10, SendOpcode::SEND);
+        sh.record(1, 2, 11, SendOpcode::RDMA_WRITE);
+        assert_eq!(
+            sh.find_start(1, 1, false),
+            Some(2),
+            "forward from inside WR 0"
+        );
+        assert_eq!(sh.find_start(0, 2, true), Some(0), "backward from WR 1");
+        assert_eq!(sh.wr_id_at(2), 11);
+        assert_eq!(sh.wr_op_at(2), WcOpcode::RDMA_WRITE);
+        assert_eq!(sh.find_start(3, 2, true), None, "the old WR 3 is forgotten");
+        // Records of other WRs are passed over.
+        sh.record(4, 3, 14, SendOpcode::SEND);
+        sh.record(2, 5, 12, SendOpcode::SEND);
+        assert_eq!(sh.find_start(2, 3, false), Some(5));
+    }
     use crate::mem::uar::UarPage;
     use crate::mem::{DbRecPool, DmaBuf, fake};
     use mlx5_hw::types::Be32;
@@ -1872,7 +2043,7 @@ mod tests {
         let (c, _) = ctrl_at(&r.sq, 0);
         assert_eq!(c.ds(), 1, "ctrl only, as libmlx5");
         assert_eq!(r.sq.producer(), 1);
-        // ds = 1 is never BlueFlamed (mlx5-datapath.md §3.4).
+        // ds = 1 is never BlueFlamed (docs/datapath.md §3.4).
         assert_eq!((r.sq.stats().doorbells, r.sq.stats().bf_copies), (1, 0));
         // With BlueFlame for inline WRs only, a 0-byte inline WRITE (ds 2) still counts as inline.
         r.sq.set_bf_policy(BfPolicy::InlineOnly);
@@ -2011,7 +2182,7 @@ mod tests {
 
     #[test]
     fn geometry_follows_the_reference() {
-        // UD, 1 SGE: align64(64 + 16) = 128 B, max_inline 60 (mlx5-datapath.md §2.2).
+        // UD, 1 SGE: align64(64 + 16) = 128 B, max_inline 60 (docs/datapath.md §2.2).
         let g = sq_geometry(QpType::Ud, 64, 1, 0, 1008, 1 << 15).unwrap();
         assert_eq!((g.wqe_size, g.max_inline, g.max_gs), (128, 60, 4));
         assert_eq!(g.wqe_cnt, 128);

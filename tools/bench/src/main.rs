@@ -20,7 +20,9 @@ const USAGE: &str =
   --json         print JSON instead of the table
   --calls N      timed calls per operation (default 10000)
   --cg-calls N   calls per operation under callgrind (default 1000)
-  --no-valgrind  timer figures only";
+  --no-valgrind  timer figures only
+environment:
+  MLX5_BENCH_RECORDER=N  run our side with the flight recorder on (N records per queue)";
 
 /// Command-line options.
 #[derive(Debug)]

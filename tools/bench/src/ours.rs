@@ -292,6 +292,16 @@ impl Rig {
             _buf: buf,
             _ctx: ctx,
         };
+        // The flight recorder's cost when on: `MLX5_BENCH_RECORDER=N` (records per queue).
+        if let Some(n) = std::env::var("MLX5_BENCH_RECORDER")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+        {
+            let cfg = mlx5::RecorderConfig::new(n);
+            rig.qp.enable_recorder(&cfg)?;
+            rig.scq.enable_recorder(&cfg)?;
+            rig.rcq.enable_recorder(&cfg)?;
+        }
         rig.refill_recv()?;
         Ok(rig)
     }

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::bench::{self, Op, RunParams, Side};
-use crate::cli::{AtomicType, BwOp, Command, LatOp, OnOff, PingpongArgs, PollMode, TestArgs};
+use crate::cli::{AtomicType, BwOp, Command, Conn, LatOp, OnOff, PingpongArgs, PollMode, TestArgs};
 use crate::report::{self, Endpoint, Header, LatencyBasis};
 use crate::stats::{BwStats, LatencyStats};
 
@@ -14,10 +14,14 @@ use crate::stats::{BwStats, LatencyStats};
 pub const DEFAULT_LAT_ITERS: u64 = 1000;
 /// Default iterations of a bandwidth test (perftest: 5000).
 pub const DEFAULT_BW_ITERS: u64 = 5000;
+/// perftest's default receive queue depth (`-r`).
+pub const DEFAULT_RX_DEPTH: u32 = 512;
 /// perftest's default inline sizes: RC SEND 236, WRITE 220.
 pub const DEFAULT_INLINE_SEND: u32 = 236;
 /// See [`DEFAULT_INLINE_SEND`].
 pub const DEFAULT_INLINE_WRITE: u32 = 220;
+/// perftest's default inline size of UD SENDs (the address vector takes WQE room).
+pub const DEFAULT_INLINE_SEND_UD: u32 = 188;
 
 /// What a testbed must be created with.
 #[derive(Debug, Clone)]
@@ -58,6 +62,12 @@ pub struct TestbedConfig {
     /// SENDs go out of the receive area, as ibv_rc_pingpong's single buffer (each side echoes
     /// the message it last received).
     pub echo: bool,
+    /// Transport of the QPs (RC, UC or UD).
+    pub conn: Conn,
+    /// Service level of the path.
+    pub sl: u8,
+    /// RC retransmission timeout exponent.
+    pub timeout: u8,
 }
 
 /// A connected pair of RC QPs, both ends in this process.
@@ -94,19 +104,23 @@ pub fn run(cmd: Command) -> Result<(), String> {
     match cmd {
         Command::Lat(a) => {
             let op = match (a.op, a.atomic_type) {
-                (LatOp::Send, _) => Op::Send,
-                (LatOp::Write, _) => Op::Write,
-                (LatOp::Read, _) => Op::Read,
-                (LatOp::Atomic, AtomicType::FETCH_AND_ADD) => Op::FetchAdd,
-                (LatOp::Atomic, AtomicType::CMP_AND_SWAP) => Op::CmpSwap,
+                (LatOp::Atomic, None | Some(AtomicType::FETCH_AND_ADD)) => Op::FetchAdd,
+                (LatOp::Atomic, Some(AtomicType::CMP_AND_SWAP)) => Op::CmpSwap,
+                (_, Some(_)) => return Err("-A/--atomic_type: `lat atomic` only".into()),
+                (LatOp::Send, None) => Op::Send,
+                (LatOp::Write, None) => Op::Write,
+                (LatOp::Read, None) => Op::Read,
             };
             run_test(op, true, &a)
         }
         Command::Bw(a) => {
-            let op = match a.op {
-                BwOp::Send => Op::Send,
-                BwOp::Write => Op::Write,
-                BwOp::Read => Op::Read,
+            let op = match (a.op, a.atomic_type) {
+                (BwOp::Atomic, None | Some(AtomicType::FETCH_AND_ADD)) => Op::FetchAdd,
+                (BwOp::Atomic, Some(AtomicType::CMP_AND_SWAP)) => Op::CmpSwap,
+                (_, Some(_)) => return Err("-A/--atomic_type: `bw atomic` only".into()),
+                (BwOp::Send, None) => Op::Send,
+                (BwOp::Write, None) => Op::Write,
+                (BwOp::Read, None) => Op::Read,
             };
             run_test(op, false, &a)
         }
@@ -118,6 +132,8 @@ pub fn run(cmd: Command) -> Result<(), String> {
             // Decoded with warnings: the output is complete, the status says it is suspect.
             code => std::process::exit(code),
         },
+        Command::Diag(a) => crate::diag::command(&a),
+        Command::Counters(a) => crate::counters::command(&a),
         Command::Emu {
             cmd: crate::cli::EmuCommand::Run(r),
         } => emu_run(&r),
@@ -134,7 +150,9 @@ pub fn title(op: Op, lat: bool) -> &'static str {
         (Op::CmpSwap, true) => "Atomic CMP_AND_SWAP Latency Test",
         (Op::Send, false) => "Send BW Test",
         (Op::Write, false) => "RDMA_Write BW Test",
-        (Op::Read | Op::FetchAdd | Op::CmpSwap, false) => "RDMA_Read BW Test",
+        (Op::Read, false) => "RDMA_Read BW Test",
+        (Op::FetchAdd, false) => "Atomic FETCH_AND_ADD BW Test",
+        (Op::CmpSwap, false) => "Atomic CMP_AND_SWAP BW Test",
     }
 }
 
@@ -162,14 +180,103 @@ pub fn plan<O>(op: Op, lat: bool, a: &TestArgs<O>) -> Result<Plan, String>
 where
     O: clap::ValueEnum + Clone + Send + Sync + 'static,
 {
+    a.unsupported.check()?;
     let atomic = matches!(op, Op::FetchAdd | Op::CmpSwap);
+    let conn = a.connection;
+    match (conn, op) {
+        (Conn::Rc, _) | (Conn::Uc, Op::Send | Op::Write) | (Conn::Ud, Op::Send) => {}
+        (Conn::Xrc | Conn::Dc | Conn::Srd, _) => {
+            return Err(format!(
+                "-c {}: not supported (RC, UC and UD are)",
+                conn.name()
+            ));
+        }
+        (Conn::Uc | Conn::Ud, _) => {
+            return Err(format!(
+                "-c {}: {} needs RC (perftest runs UC for SEND and WRITE, UD for SEND)",
+                conn.name(),
+                title(op, lat)
+            ));
+        }
+    }
+    let peer = a.host.is_some() || a.server;
+    if !peer && (a.port.is_some() || a.bind.is_some()) {
+        return Err("-p/--bind: the TCP exchange needs a peer (HOST or --server)".into());
+    }
+    if a.bind.is_some() && !a.server {
+        return Err("--bind: the address a server listens on; add --server".into());
+    }
+    if a.num_qps != 1 {
+        return Err(format!("-q {}: one QP per side only, for now", a.num_qps));
+    }
+    if a.ib_port == 0 {
+        return Err("-i: ports are numbered from 1".into());
+    }
+    if a.sl > 15 {
+        return Err(format!("-S {}: service levels are 0..=15", a.sl));
+    }
+    if a.qp_timeout > 31 {
+        return Err(format!(
+            "-u {}: the timeout exponent is 0..=31",
+            a.qp_timeout
+        ));
+    }
+    if !lat {
+        for (given, name) in [
+            (a.histogram.is_some(), "--histogram"),
+            (a.report_histogram, "-H/--report-histogram"),
+            (a.report_unsorted, "-U/--report-unsorted"),
+        ] {
+            if given {
+                return Err(format!(
+                    "{name}: latency tests only (a bandwidth test has no per-message latency)"
+                ));
+            }
+        }
+    } else {
+        for (given, name) in [
+            (a.no_peak, "-N/--noPeak"),
+            (a.report_gbits, "--report_gbits"),
+        ] {
+            if given {
+                return Err(format!("{name}: bandwidth tests only"));
+            }
+        }
+    }
+    if a.perform_warm_up && !lat && op == Op::Send {
+        return Err(
+            "--perform_warm_up: WRITE, READ and atomic bandwidth and latency tests (as perftest)"
+                .into(),
+        );
+    }
+    if a.outs.is_some() && !matches!(op, Op::Read | Op::FetchAdd | Op::CmpSwap) {
+        return Err("-o/--outs: READ and atomic tests only".into());
+    }
+    let max_rd_atomic = a.outs.unwrap_or(16);
+    if !(1..=16).contains(&max_rd_atomic) {
+        return Err(format!("-o {max_rd_atomic}: 1..=16 outstanding"));
+    }
+    let poll = match (a.events, a.poll) {
+        (false, p) => p,
+        (true, PollMode::Busy | PollMode::Event) => PollMode::Event,
+        (true, p) => return Err(format!("-e and --poll {p}: choose one")),
+    };
+    if a.rx_depth == Some(0) {
+        return Err("-r must be at least 1".into());
+    }
     let sizes: Vec<u64> = if atomic {
         if a.size.is_some_and(|s| s != 8) || a.all {
             return Err("atomic operations are 8 bytes: -s/-a do not apply".into());
         }
         vec![8]
     } else if a.all {
-        crate::cli::all_sizes().collect()
+        // UD: perftest runs -a up to the MTU
+        let cap = if conn == Conn::Ud {
+            u64::from(a.mtu.unwrap_or(4096))
+        } else {
+            u64::MAX
+        };
+        crate::cli::all_sizes().filter(|&s| s <= cap).collect()
     } else {
         vec![a.size.unwrap_or(if lat { 2 } else { 65536 })]
     };
@@ -192,6 +299,7 @@ where
     };
     // perftest inlines by default in latency tests only
     let default_inline = match (op, lat) {
+        (Op::Send, true) if conn == Conn::Ud => DEFAULT_INLINE_SEND_UD,
         (Op::Send, true) => DEFAULT_INLINE_SEND,
         (Op::Write, true) => DEFAULT_INLINE_WRITE,
         _ => 0,
@@ -234,6 +342,11 @@ where
     if !mtu_ok(mtu) {
         return Err(format!("-m {mtu}: one of 256, 512, 1024, 2048, 4096"));
     }
+    if conn == Conn::Ud && max_size > u64::from(mtu) {
+        return Err(format!(
+            "-c UD: a datagram is at most one MTU ({mtu} bytes): -s {max_size} is larger"
+        ));
+    }
     // Unsignaled WRs hold their send-queue slot until a later CQE retires them.
     let sq_depth = tx_depth.max(cq_mod).max(a.post_list).max(2);
     let params = RunParams {
@@ -244,31 +357,36 @@ where
         tx_depth,
         post_list: a.post_list,
         cq_mod,
-        poll: a.poll,
+        poll,
         warm_up: if a.perform_warm_up {
             (iters / 10).clamp(10, 1000)
         } else {
             0
         },
+        patience: (a.peer_timeout > 0).then(|| Duration::from_secs(a.peer_timeout)),
+        rx_depth: a.rx_depth.unwrap_or(DEFAULT_RX_DEPTH),
     };
     let testbed = TestbedConfig {
         dev: a.dev.clone(),
         force_emu: a.emu,
         max_size,
         sq_depth,
-        rq_depth: tx_depth.max(2),
+        rq_depth: a.rx_depth.unwrap_or(DEFAULT_RX_DEPTH).max(tx_depth).max(2),
         max_inline: inline_max,
         bf: a.bf.map(|b| b == OnOff::On),
-        events: a.poll == PollMode::Event,
+        events: poll == PollMode::Event,
         hugepages: a.use_hugepages,
         mtu,
-        max_rd_atomic: 16,
+        max_rd_atomic,
         cross_process: a.host.is_some() || a.server,
         pcap: a.pcap.clone(),
         cpu_cost: a.cpu_cost,
-        ib_port: 1,
+        ib_port: a.ib_port,
         gid_index: a.gid_index,
         echo: false,
+        conn,
+        sl: a.sl,
+        timeout: a.qp_timeout,
     };
     Ok(Plan {
         op,
@@ -349,6 +467,16 @@ pub struct Reporter {
     forced_emu: bool,
     json_rows: Vec<serde_json::Value>,
     lat_rows: Vec<(u64, LatencyStats)>,
+    /// Compute perftest's bandwidth peak (not with `-N` or `-D`).
+    peak: bool,
+    /// `--report_gbits`.
+    gbits: bool,
+    /// `-H` (sorted) / `-U` (unsorted): print every sample.
+    all_samples: Option<bool>,
+    /// Histogram files written.
+    written: Vec<PathBuf>,
+    /// Connection type for the header.
+    conn: &'static str,
 }
 
 impl std::fmt::Debug for Reporter {
@@ -387,6 +515,15 @@ impl Reporter {
             forced_emu: plan.testbed.force_emu,
             json_rows: Vec::new(),
             lat_rows: Vec::new(),
+            peak: !a.no_peak && plan.params.duration.is_none(),
+            gbits: a.report_gbits,
+            all_samples: if a.report_unsorted {
+                Some(false)
+            } else {
+                a.report_histogram.then_some(true)
+            },
+            written: Vec::new(),
+            conn: plan.testbed.conn.name(),
         }
     }
 
@@ -407,7 +544,7 @@ impl Reporter {
         Header {
             title: title(op, plan.lat).to_owned(),
             device,
-            connection: "RC",
+            connection: self.conn,
             tx_depth: plan.params.tx_depth,
             cq_mod: (!plan.lat).then_some(plan.params.cq_mod),
             mtu: plan.testbed.mtu,
@@ -443,10 +580,10 @@ impl Reporter {
             self.w(&format!("{line}\n"))?;
         }
         self.w(&header.render())?;
-        let th = if self.lat {
-            report::LAT_HEADER
-        } else {
-            report::BW_HEADER
+        let th = match (self.lat, self.gbits) {
+            (true, _) => report::LAT_HEADER,
+            (false, false) => report::BW_HEADER,
+            (false, true) => report::BW_HEADER_GBITS,
         };
         self.w(&format!("{th}\n"))
     }
@@ -461,6 +598,21 @@ impl Reporter {
         ))?;
         self.json_rows
             .push(report::lat_json(size, st.samples as u64, &st));
+        if let Some(sorted) = self.all_samples {
+            let mut v = samples_us.to_vec();
+            if sorted {
+                v.sort_by(f64::total_cmp);
+            }
+            let mut t = format!(
+                " #, {} of {size} B{}\n",
+                self.basis.json_tag(),
+                if sorted { ", sorted" } else { "" }
+            );
+            for (i, x) in v.iter().enumerate() {
+                t.push_str(&format!("{}, {x:.3}\n", i + 1));
+            }
+            self.w(&t)?;
+        }
         if let Some(path) = &self.histogram {
             let path = histogram_path(path, size, self.many_sizes);
             let t = format!(
@@ -470,6 +622,7 @@ impl Reporter {
             );
             let svg = crate::svg::render(&t, samples_us).ok_or("no samples for the histogram")?;
             std::fs::write(&path, svg).map_err(|e| format!("{}: {e}", path.display()))?;
+            self.written.push(path);
         }
         self.lat_rows.push((size, st));
         Ok(())
@@ -477,20 +630,15 @@ impl Reporter {
 
     /// Prints one bandwidth row.
     pub fn bw_result(&mut self, size: u64, run: &bench::BwRun) -> Result<BwStats, String> {
-        let st = BwStats::from_completions(
-            size,
-            run.first_post_ns,
-            &run.completed_ns,
-            self.cq_mod as usize,
-        )
-        .ok_or_else(|| format!("size {size}: nothing completed"))?;
+        let st = BwStats::from_completions(size, &run.posted_ns, &run.completed_ns, self.peak)
+            .ok_or_else(|| format!("size {size}: nothing completed"))?;
         self.bw_stats(&st)?;
         Ok(st)
     }
 
     /// Prints a bandwidth row computed elsewhere (the server's copy of the client's report).
     pub fn bw_stats(&mut self, st: &BwStats) -> Result<(), String> {
-        self.w(&format!("{}\n", report::bw_row(st)))?;
+        self.w(&format!("{}\n", report::bw_row_in(st, self.gbits)))?;
         self.json_rows.push(report::bw_json(st));
         Ok(())
     }
@@ -515,6 +663,19 @@ impl Reporter {
             self.w(&f)?;
         } else {
             self.w(&format!("{}\n", report::SEPARATOR))?;
+        }
+        match self.written.as_slice() {
+            [] => {}
+            [one] => self.w(&format!(" histogram written to {}\n", one.display()))?,
+            [first, .., last] => {
+                let t = format!(
+                    " {} histograms written, one per size: {} ... {}\n",
+                    self.written.len(),
+                    first.display(),
+                    last.display()
+                );
+                self.w(&t)?;
+            }
         }
         if let Some(c) = &cost {
             let t = crate::cost::to_text(c);
@@ -666,11 +827,14 @@ fn pingpong(a: &PingpongArgs) -> Result<(), String> {
     if a.ib_port == 0 {
         return Err("-i: ports are numbered from 1".into());
     }
-    if a.sl != 0 {
-        return Err(format!(
-            "-l {}: the driver's RTR transition sets service level 0 only",
-            a.sl
-        ));
+    if a.sl > 15 {
+        return Err(format!("-l {}: service levels are 0..=15", a.sl));
+    }
+    if a.loopback && (a.port.is_some() || a.bind.is_some()) {
+        return Err("-p/--bind: the TCP exchange needs a peer; drop --loopback".into());
+    }
+    if a.bind.is_some() && a.host.is_some() {
+        return Err("--bind: the address the server listens on; a client has HOST".into());
     }
     if a.loopback && (a.chk || a.chk_all) {
         return Err("-c checks a peer's messages: drop --loopback".into());
@@ -693,6 +857,9 @@ fn pingpong(a: &PingpongArgs) -> Result<(), String> {
         ib_port: a.ib_port,
         gid_index: a.gid_idx,
         echo: !a.loopback,
+        conn: Conn::Rc,
+        sl: a.sl,
+        timeout: 14,
     };
     let p = RunParams {
         size: a.size,
@@ -708,6 +875,8 @@ fn pingpong(a: &PingpongArgs) -> Result<(), String> {
             PollMode::Busy
         },
         warm_up: 0,
+        patience: (a.peer_timeout > 0).then(|| Duration::from_secs(a.peer_timeout)),
+        rx_depth: a.rx_depth,
     };
     if !a.loopback {
         return crate::remote::pingpong(a, &cfg, &p);
@@ -809,5 +978,28 @@ mod tests {
         assert!(parse(&["mlx5", "lat", "send", "-l", "2"]).is_err());
         assert!(parse(&["mlx5", "lat", "send", "-D", "0"]).is_err());
         assert!(parse(&["mlx5", "lat", "send", "-t", "0"]).is_err());
+        // perftest's -r (512), -c, -o, -S, -u reach the testbed
+        let p = parse(&["mlx5", "lat", "send"]).unwrap();
+        assert_eq!((p.testbed.rq_depth, p.params.rx_depth), (512, 512));
+        assert_eq!(
+            (p.testbed.conn, p.testbed.sl, p.testbed.timeout),
+            (Conn::Rc, 0, 14)
+        );
+        let p = parse(&[
+            "mlx5", "lat", "send", "-c", "UD", "-a", "-S", "5", "-u", "9",
+        ])
+        .unwrap();
+        assert_eq!(p.sizes.len(), 12, "UD: 2..=4096");
+        assert_eq!(p.params.inline_max, DEFAULT_INLINE_SEND_UD);
+        assert_eq!(
+            (p.testbed.conn, p.testbed.sl, p.testbed.timeout),
+            (Conn::Ud, 5, 9)
+        );
+        let p = parse(&["mlx5", "lat", "send", "-r", "64", "-e"]).unwrap();
+        assert_eq!(p.testbed.rq_depth, 64);
+        assert!(p.testbed.events && p.params.poll == PollMode::Event);
+        let p = parse(&["mlx5", "bw", "write", "-D", "1"]).unwrap();
+        assert!(p.params.duration.is_some());
+        assert!(parse(&["mlx5", "bw", "write", "-o", "4"]).is_err());
     }
 }

@@ -10,14 +10,26 @@ use std::sync::Arc;
 use std::sync::atomic::{Ordering, fence};
 
 use mlx5::{
-    Access, Backing, BfPolicy, CompChannel, Context, Cq, CqInit, DmaBuf, HugePolicy, Mr, Pd, Qp,
-    QpCap, QpInitAttr, QpState, QpType, RecvWr, RemoteQp, SendFlags, SendWr, WorkCompletion, WrOp,
+    Access, Ah, AhAttr, Backing, BfPolicy, CompChannel, ConnectParams, Context, Cq, CqInit, DmaBuf,
+    GlobalRoute, HugePolicy, Mr, Mtu, Pd, Qp, QpCap, QpInitAttr, QpState, QpType, RecvWr, RemoteQp,
+    SendFlags, SendWr, UdDest, WorkCompletion, WrOp,
 };
+
+use crate::cli::Conn;
+
+/// perftest's Q_Key of UD QPs (`DEF_QKEY`).
+pub const UD_QKEY: u32 = 0x1111_1111;
+/// Bytes a UD receive buffer holds before the payload: the GRH, present or not.
+pub const UD_GRH: usize = 40;
 use mlx5_emu::{Counters, EmuConfig, Emulator, Fabric, LinkLayer};
 
 use crate::app::{Testbed, TestbedConfig};
 use crate::bench::{BenchResult, Op, Side, Wr};
 use crate::report::Endpoint;
+
+/// The least size of each buffer area: perftest's cycle buffer (a page), over which its
+/// binaries spread the WRs of small messages in the peer's window.
+pub const PEER_CYCLE_BUFFER: usize = 4096;
 
 /// Most WRs posted with one doorbell (`-l`).
 pub const MAX_POST_LIST: u32 = 64;
@@ -143,11 +155,27 @@ struct End {
     /// SENDs go out of the rx area (ibv_rc_pingpong's single buffer: each side echoes what it
     /// last received).
     echo: bool,
+    /// Transport.
+    conn: Conn,
+    /// Service level of the path.
+    sl: u8,
+    /// RC retransmission timeout exponent.
+    timeout: u8,
+    /// UD: the protection domain (for the address handle) and, once connected, the peer's
+    /// address handle and QP number.
+    pd: Pd,
+    ud_peer: Option<(Ah, u32)>,
 }
 
 impl End {
     fn new(ctx: &Context, pd: &Pd, cfg: &TestbedConfig) -> Result<Self, String> {
-        let area = (cfg.max_size as usize).max(8).next_multiple_of(64);
+        // UD receives land after the 40-byte GRH slot
+        let grh = if cfg.conn == Conn::Ud { UD_GRH } else { 0 };
+        // at least a page: perftest's peer spreads small WRITEs, READs and atomics over a
+        // page-sized "cycle buffer" of the window it was given
+        let area = (cfg.max_size as usize + grh)
+            .max(PEER_CYCLE_BUFFER)
+            .next_multiple_of(64);
         let policy = if cfg.hugepages {
             HugePolicy::Auto
         } else {
@@ -176,7 +204,12 @@ impl End {
         };
         let send_cq = cq(cfg.sq_depth, 0)?;
         let recv_cq = cq(cfg.rq_depth, 1)?;
-        let mut init = QpInitAttr::new(QpType::Rc, &send_cq, &recv_cq);
+        let qp_type = match cfg.conn {
+            Conn::Uc => QpType::Uc,
+            Conn::Ud => QpType::Ud,
+            _ => QpType::Rc,
+        };
+        let mut init = QpInitAttr::new(qp_type, &send_cq, &recv_cq);
         init.cap = QpCap {
             max_send_wr: cfg.sq_depth,
             max_recv_wr: cfg.rq_depth,
@@ -214,6 +247,11 @@ impl End {
             // set from the opened device by the caller
             sgid_index: 0,
             echo: cfg.echo,
+            conn: cfg.conn,
+            sl: cfg.sl,
+            timeout: cfg.timeout,
+            pd: pd.clone(),
+            ud_peer: None,
         })
     }
 
@@ -303,7 +341,16 @@ impl Side for End {
         };
         let sge = [self.mr.sge(local_off, len)];
         let inline_data: [&[u8]; 1] = [&self.shadow[..len as usize]];
-        let template = SendWr::new(0, op, &sge, SendFlags::NONE);
+        let mut template = SendWr::new(0, op, &sge, SendFlags::NONE);
+        if let Some((ah, qpn)) = &self.ud_peer {
+            template = template.to(UdDest {
+                ah,
+                remote_qpn: *qpn,
+                remote_qkey: UD_QKEY,
+            });
+        } else if self.conn == Conn::Ud {
+            return Err("UD: no peer address yet".into());
+        }
         let mut chain = [template; MAX_POST_LIST as usize];
         for (slot, wr) in chain.iter_mut().zip(wrs) {
             self.wr_id += 1;
@@ -540,13 +587,34 @@ fn open_device(cfg: &TestbedConfig) -> Result<Opened, String> {
 
 impl End {
     /// INIT -> RTR -> RTS towards `remote`, whose buffer window is `window` (rx area address,
-    /// rkey).
+    /// rkey). UD: the QP needs no path; an address handle for `remote` is made instead.
     fn connect(&mut self, remote: &RemoteQp, window: (u64, u32), mtu: u8) -> Result<(), String> {
         self.init()?;
-        self.qp
-            .to_rtr(remote, mtu, self.sgid_index)
-            .map_err(err("RTR"))?;
-        self.qp.to_rts(self.psn, 7).map_err(err("RTS"))?;
+        let mtu = Mtu::from_code(mtu).unwrap_or(Mtu::M1024);
+        let p = ConnectParams::new()
+            .mtu(mtu)
+            .sl(self.sl)
+            .sgid_index(self.sgid_index)
+            .timeout(self.timeout)
+            .rnr_retry(7);
+        self.qp.to_rtr_with(remote, &p).map_err(err("RTR"))?;
+        self.qp.to_rts_with(self.psn, &p).map_err(err("RTS"))?;
+        if self.conn == Conn::Ud {
+            let attr = AhAttr {
+                dlid: remote.lid,
+                sl: self.sl,
+                port_num: self.port,
+                grh: remote.gid.map(|g| GlobalRoute {
+                    dgid: g,
+                    sgid_index: self.sgid_index,
+                    hop_limit: 64,
+                    ..GlobalRoute::default()
+                }),
+                ..AhAttr::default()
+            };
+            let ah = Ah::new(&self.pd, attr).map_err(err("CREATE_AH"))?;
+            self.ud_peer = Some((ah, remote.qpn));
+        }
         (self.remote_addr, self.remote_rkey) = window;
         Ok(())
     }
@@ -554,8 +622,15 @@ impl End {
     /// RESET -> INIT (receives may be posted from here on); nothing if already done.
     fn init(&mut self) -> Result<(), String> {
         if self.qp.state() == QpState::Reset {
-            let access = Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
-            self.qp.to_init(self.port, access, 0).map_err(err("INIT"))?;
+            let access = match self.conn {
+                Conn::Rc => Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
+                Conn::Uc => Access::REMOTE_WRITE,
+                _ => Access::LOCAL_WRITE,
+            };
+            let qkey = if self.conn == Conn::Ud { UD_QKEY } else { 0 };
+            self.qp
+                .to_init(self.port, access, qkey)
+                .map_err(err("INIT"))?;
         }
         Ok(())
     }

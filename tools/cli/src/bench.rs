@@ -83,7 +83,19 @@ pub trait Side {
 }
 
 /// Waits for at least one completion on one CQ of `side` in `mode`; returns how many came.
+/// Waits for ever: see [`wait_cq_for`].
 pub fn wait_cq<S: Side + ?Sized>(side: &mut S, recv: bool, mode: PollMode) -> BenchResult<usize> {
+    wait_cq_for(side, recv, mode, None)
+}
+
+/// As [`wait_cq`], failing when nothing completes within `patience` (a peer that vanished,
+/// a message an unreliable transport lost). The clock is read once every 1024 empty polls.
+pub fn wait_cq_for<S: Side + ?Sized>(
+    side: &mut S,
+    recv: bool,
+    mode: PollMode,
+    patience: Option<Duration>,
+) -> BenchResult<usize> {
     let poll = |s: &mut S| {
         if recv {
             s.poll_recv(16)
@@ -91,10 +103,24 @@ pub fn wait_cq<S: Side + ?Sized>(side: &mut S, recv: bool, mode: PollMode) -> Be
             s.poll_send(16)
         }
     };
+    let deadline = patience.map(|d| Instant::now() + d);
+    let mut empty = 0u32;
     loop {
         let n = poll(side)?;
         if n > 0 {
             return Ok(n);
+        }
+        empty = empty.wrapping_add(1);
+        if let Some(t) = deadline
+            && (empty % 1024 == 0 || mode != PollMode::Busy)
+            && Instant::now() > t
+        {
+            let what = if recv { "receive" } else { "send" };
+            return Err(format!(
+                "no {what} completion for {:.0} s: the peer is gone or a message was lost \
+                 (--peer_timeout)",
+                patience.unwrap_or_default().as_secs_f64()
+            ));
         }
         match mode {
             PollMode::Busy => std::hint::spin_loop(),
@@ -133,6 +159,10 @@ pub struct RunParams {
     pub poll: PollMode,
     /// Unmeasured iterations first.
     pub warm_up: u64,
+    /// Longest wait for anything from the peer (`None`: for ever).
+    pub patience: Option<Duration>,
+    /// Receives a SEND bandwidth server keeps posted (`-r`).
+    pub rx_depth: u32,
 }
 
 impl RunParams {
@@ -169,14 +199,6 @@ impl Limit {
     }
 }
 
-fn progress_done(p: &RunParams, start: Instant, done: u64) -> u64 {
-    if p.duration.is_some() {
-        start.elapsed().as_secs()
-    } else {
-        done
-    }
-}
-
 /// One side's half of a SEND/WRITE ping-pong iteration `n`: post the message (for WRITE,
 /// stamped with the iteration in its last byte) and, when it is signaled, reap its CQE.
 fn pp_send(s: &mut dyn Side, op: Op, n: u64, p: &RunParams) -> BenchResult<()> {
@@ -192,7 +214,7 @@ fn pp_send(s: &mut dyn Side, op: Op, n: u64, p: &RunParams) -> BenchResult<()> {
         inline: p.inline(op),
     }])?;
     if signaled {
-        wait_cq(s, false, p.poll)?;
+        wait_cq_for(s, false, p.poll, p.patience)?;
     }
     Ok(())
 }
@@ -202,15 +224,17 @@ fn pp_send(s: &mut dyn Side, op: Op, n: u64, p: &RunParams) -> BenchResult<()> {
 fn pp_receive(s: &mut dyn Side, op: Op, n: u64, p: &RunParams) -> BenchResult<()> {
     let size = p.size.max(1);
     if op == Op::Send {
-        wait_cq(s, true, p.poll)?;
+        wait_cq_for(s, true, p.poll, p.patience)?;
         return s.post_recv(1, size);
     }
     let last = (size - 1) as usize;
     let want = (n as u8).wrapping_add(1);
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + p.patience.unwrap_or(Duration::from_secs(5));
+    let mut spins = 0u32;
     while s.read_byte(last) != want {
         std::hint::spin_loop();
-        if Instant::now() > deadline {
+        spins = spins.wrapping_add(1);
+        if spins % 1024 == 0 && Instant::now() > deadline {
             return Err(format!(
                 "iteration {n}: the peer's RDMA WRITE never arrived"
             ));
@@ -227,9 +251,8 @@ fn pp_loop(
     mut step: impl FnMut(u64) -> BenchResult<()>,
 ) -> BenchResult<Vec<Instant>> {
     let mut stamps: Vec<Instant> = Vec::with_capacity(p.iters.min(1 << 26) as usize + 1);
-    let mut progress = Progress::new(label, p.iters);
+    let mut progress = Progress::for_run(label, p.iters, p.duration);
     let limit = Limit::new(p);
-    let start = Instant::now();
     let mut iter = 0u64;
     while iter < p.warm_up || limit.more(iter - p.warm_up) {
         if iter >= p.warm_up {
@@ -237,7 +260,7 @@ fn pp_loop(
         }
         step(iter)?;
         iter += 1;
-        progress.tick(progress_done(p, start, iter.saturating_sub(p.warm_up)));
+        progress.tick(iter.saturating_sub(p.warm_up));
     }
     stamps.push(Instant::now());
     Ok(stamps)
@@ -330,9 +353,8 @@ pub fn lat_rtt(op: Op, a: &mut dyn Side, p: &RunParams, label: &str) -> BenchRes
         p.size.max(1)
     };
     let mut stamps: Vec<Instant> = Vec::with_capacity(p.iters as usize + 1);
-    let mut progress = Progress::new(label, p.iters);
+    let mut progress = Progress::for_run(label, p.iters, p.duration);
     let limit = Limit::new(p);
-    let start = Instant::now();
     let mut iter = 0u64;
     while iter < p.warm_up || limit.more(iter - p.warm_up) {
         if iter >= p.warm_up {
@@ -344,9 +366,9 @@ pub fn lat_rtt(op: Op, a: &mut dyn Side, p: &RunParams, label: &str) -> BenchRes
             signaled: true,
             inline: false,
         }])?;
-        wait_cq(a, false, p.poll)?;
+        wait_cq_for(a, false, p.poll, p.patience)?;
         iter += 1;
-        progress.tick(progress_done(p, start, iter.saturating_sub(p.warm_up)));
+        progress.tick(iter.saturating_sub(p.warm_up));
     }
     stamps.push(Instant::now());
     Ok(LatRun {
@@ -365,11 +387,12 @@ fn deltas(stamps: &[Instant], div: f64) -> Vec<f64> {
 /// `tx_depth` receives posted and reaps `p.iters` of them.
 pub fn bw_server(s: &mut dyn Side, p: &RunParams, label: &str) -> BenchResult<u64> {
     let size = p.size.max(1);
-    s.ensure_recv(p.tx_depth.max(1), size)?;
+    s.ensure_recv(p.rx_depth.max(p.tx_depth).max(1), size)?;
     let mut progress = Progress::new(label, p.iters);
     let mut received = 0u64;
     while received < p.iters {
-        let r = wait_cq(s, true, p.poll)?;
+        let r = wait_cq_for(s, true, p.poll, p.patience)
+            .map_err(|e| format!("{e}; {received} of {} SENDs received", p.iters))?;
         received += r as u64;
         s.post_recv(r as u32, size)?;
         progress.tick(received);
@@ -377,11 +400,11 @@ pub fn bw_server(s: &mut dyn Side, p: &RunParams, label: &str) -> BenchResult<u6
     Ok(received)
 }
 
-/// Raw bandwidth data: the first post and each message's completion time, ns from `base`.
+/// Raw bandwidth data: each message's post and completion time, ns from the start.
 #[derive(Debug, Clone, Default)]
 pub struct BwRun {
-    /// Time of the first post (ns).
-    pub first_post_ns: u64,
+    /// Post time of every message (ns); the messages of one post list share it.
+    pub posted_ns: Vec<u64>,
     /// Completion time of every message (ns); with CQ moderation, the messages retired by one
     /// CQE share its time.
     pub completed_ns: Vec<u64>,
@@ -390,7 +413,8 @@ pub struct BwRun {
 /// Streams `op` from `a` to `b`: keeps up to `tx_depth` WRs outstanding, posted `post_list` at
 /// a time, one signaled every `cq_mod` (and always the last). For SEND, `b` keeps `tx_depth`
 /// receives posted and `a` never posts more SENDs than `b` has receives for. With `b` in
-/// another process (`None`), SENDs that find no receive are retried by the RC transport (RNR).
+/// another process (`None`), SENDs that find no receive are retried by the RC transport (RNR)
+/// and dropped by UC and UD (the server then reports how many arrived).
 pub fn bw_stream(
     op: Op,
     a: &mut dyn Side,
@@ -398,6 +422,20 @@ pub fn bw_stream(
     p: &RunParams,
     label: &str,
 ) -> BenchResult<BwRun> {
+    if p.warm_up > 0 {
+        // --perform_warm_up: an unmeasured run first, as perftest's WRITE/READ bandwidth
+        let w = RunParams {
+            iters: p.warm_up,
+            duration: None,
+            warm_up: 0,
+            ..*p
+        };
+        let peer: Option<&mut dyn Side> = match b {
+            Some(ref mut x) => Some(&mut **x),
+            None => None,
+        };
+        bw_stream(op, a, peer, &w, label)?;
+    }
     let size = p.size.max(1);
     let tx_depth = u64::from(p.tx_depth.max(1));
     let post_list = u64::from(p.post_list.max(1)).min(tx_depth);
@@ -419,8 +457,8 @@ pub fn bw_stream(
     let until = p.duration.map(|d| base + d);
     let (mut posted, mut completed, mut received) = (0u64, 0u64, 0u64);
     let mut completed_ns = Vec::with_capacity(p.iters.min(1 << 24) as usize);
-    let progress_total = p.duration.map_or(p.iters, |d| d.as_secs());
-    let mut progress = Progress::new(label, progress_total);
+    let mut posted_ns = Vec::with_capacity(p.iters.min(1 << 24) as usize);
+    let mut progress = Progress::for_run(label, p.iters, p.duration);
     let mut wrs = Vec::with_capacity(post_list as usize);
     while completed < total {
         // post while the send queue (and for SEND the peer's receive queue) has room
@@ -437,6 +475,10 @@ pub fn bw_stream(
                 signaled: (idx + 1) % cq_mod == 0 || idx + 1 == total,
                 inline: p.inline(op),
             }));
+            posted_ns.extend(std::iter::repeat_n(
+                base.elapsed().as_nanos() as u64,
+                n as usize,
+            ));
             a.post_send(&wrs)?;
             posted += n;
             if let Some(t) = until
@@ -456,7 +498,7 @@ pub fn bw_stream(
         }
         let sq_blocked = posted == total || posted - completed + post_list > tx_depth;
         let c = if sq_blocked && !local_send && p.poll != PollMode::Busy {
-            wait_cq(a, false, p.poll)?
+            wait_cq_for(a, false, p.poll, p.patience)?
         } else {
             a.poll_send(16)?
         };
@@ -470,11 +512,7 @@ pub fn bw_stream(
                 completed_ns.extend(std::iter::repeat_n(now, retire as usize));
             }
         }
-        progress.tick(if p.duration.is_some() {
-            base.elapsed().as_secs()
-        } else {
-            completed
-        });
+        progress.tick(completed);
     }
     if let Some(b) = b.filter(|_| local_send) {
         // the responder must have seen every SEND
@@ -487,7 +525,7 @@ pub fn bw_stream(
         }
     }
     Ok(BwRun {
-        first_post_ns: 0,
+        posted_ns,
         completed_ns,
     })
 }
@@ -618,6 +656,8 @@ mod tests {
             cq_mod: 1,
             poll: PollMode::Busy,
             warm_up: 0,
+            patience: None,
+            rx_depth: 1,
         }
     }
 

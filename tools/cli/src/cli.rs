@@ -23,12 +23,18 @@ pub enum Command {
     Info(InfoArgs),
     /// Latency test, as ib_{send,write,read,atomic}_lat.
     Lat(TestArgs<LatOp>),
-    /// Bandwidth test, as ib_{send,write,read}_bw.
+    /// Bandwidth test, as ib_{send,write,read,atomic}_bw.
     Bw(TestArgs<BwOp>),
     /// RC ping-pong, as ibv_rc_pingpong.
     Pingpong(PingpongArgs),
     /// Decode a send WQE or a CQE given as hex bytes: every field by name.
     Decode(DecodeArgs),
+    /// State of a QP and its CQs (indices, doorbell records, rings decoded, the error CQE and
+    /// its WQE explained), from a flight-recorder dump or a live emulated run.
+    Diag(DiagArgs),
+    /// Port counters and hw_counters of a device (sysfs, or the emulator's), with deltas per
+    /// interval.
+    Counters(CountersArgs),
     /// Emulator control.
     Emu {
         /// What to do with the emulator.
@@ -106,9 +112,9 @@ pub struct PingpongArgs {
     /// Both ends in this process: no peer, no TCP exchange.
     #[arg(long, conflicts_with_all = ["host", "server"])]
     pub loopback: bool,
-    /// Address the server listens on.
-    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0")]
-    pub bind: String,
+    /// Address the server listens on (default 0.0.0.0; the server only).
+    #[arg(long, value_name = "ADDR")]
+    pub bind: Option<String>,
     /// Device name (default: the first one found).
     #[arg(short = 'd', long = "ib-dev", value_name = "DEV")]
     pub dev: Option<String>,
@@ -157,12 +163,15 @@ pub struct PingpongArgs {
     /// first byte of each page).
     #[arg(long = "chk-all")]
     pub chk_all: bool,
-    /// TCP port for the address exchange.
-    #[arg(short = 'p', long, default_value_t = 18515)]
-    pub port: u16,
+    /// TCP port for the address exchange (default 18515; not with --loopback).
+    #[arg(short = 'p', long)]
+    pub port: Option<u16>,
     /// Use the emulated HCA even if a real device exists.
     #[arg(long)]
     pub emu: bool,
+    /// Fail when nothing arrives from the peer for this many seconds (0: wait for ever).
+    #[arg(long = "peer_timeout", value_name = "SECS", default_value_t = DEFAULT_PEER_TIMEOUT_S)]
+    pub peer_timeout: u64,
 }
 
 /// Latency test operations.
@@ -187,6 +196,8 @@ pub enum BwOp {
     Write,
     /// RDMA READ stream.
     Read,
+    /// Atomic stream (fetch-and-add or compare-and-swap, -A), as ib_atomic_bw.
+    Atomic,
 }
 
 /// Atomic operation of `lat atomic`.
@@ -228,10 +239,13 @@ impl FromStr for PollMode {
             "busy" => Ok(Self::Busy),
             "event" => Ok(Self::Event),
             _ => match s.strip_prefix("interval:") {
-                Some(us) => us
-                    .parse()
-                    .map(Self::Interval)
-                    .map_err(|e| format!("bad interval {us:?}: {e}")),
+                Some(us) => match us.parse::<u64>() {
+                    Ok(n) if n <= MAX_POLL_INTERVAL_US => Ok(Self::Interval(n)),
+                    Ok(n) => Err(format!(
+                        "interval {n} usec: at most {MAX_POLL_INTERVAL_US} (one second)"
+                    )),
+                    Err(e) => Err(format!("bad interval {us:?}: {e}")),
+                },
                 None => Err(format!("expected busy, event or interval:USEC, got {s:?}")),
             },
         }
@@ -298,21 +312,21 @@ pub struct TestArgs<Op: ValueEnum + Clone + Send + Sync + 'static> {
     /// Path MTU (256, 512, 1024, 2048, 4096).
     #[arg(short = 'm', long, value_name = "MTU")]
     pub mtu: Option<u32>,
-    /// Atomic operation for `lat atomic`.
-    #[arg(short = 'A', long = "atomic_type", value_enum, default_value_t = AtomicType::FETCH_AND_ADD)]
-    pub atomic_type: AtomicType,
+    /// Atomic operation of `lat atomic` and `bw atomic` (default FETCH_AND_ADD).
+    #[arg(short = 'A', long = "atomic_type", value_enum)]
+    pub atomic_type: Option<AtomicType>,
     /// Back the buffers with huge pages.
     #[arg(long = "use_hugepages")]
     pub use_hugepages: bool,
     /// Run unmeasured warm-up iterations first.
     #[arg(long = "perform_warm_up")]
     pub perform_warm_up: bool,
-    /// TCP port for the address exchange.
-    #[arg(short = 'p', long, default_value_t = 18515)]
-    pub port: u16,
-    /// Address the server listens on.
-    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0")]
-    pub bind: String,
+    /// TCP port for the address exchange (default 18515; with a peer only).
+    #[arg(short = 'p', long)]
+    pub port: Option<u16>,
+    /// Address the server listens on (default 0.0.0.0; --server only).
+    #[arg(long, value_name = "ADDR")]
+    pub bind: Option<String>,
     /// With a peer: exchange addresses (perftest's format), connect the QPs, print the header
     /// block, and stop without measuring.
     #[arg(long = "connect_only")]
@@ -326,7 +340,9 @@ pub struct TestArgs<Op: ValueEnum + Clone + Send + Sync + 'static> {
     /// Write the results as JSON to FILE, or to stdout (the table then goes to stderr).
     #[arg(long, value_name = "FILE", num_args = 0..=1)]
     pub json: Option<Option<PathBuf>>,
-    /// Write a latency histogram as SVG.
+    /// Latency tests: write the latency picture as SVG (latency by percentile beside a
+    /// histogram with log counts; markers at p50, p99, p99.9, p99.99, max). With -a one file
+    /// per size, FILE-SIZE.svg; the report names what it wrote.
     #[arg(long, value_name = "FILE.svg")]
     pub histogram: Option<PathBuf>,
     /// Source GID index (perftest's -x): the path carries a GRH and the GID goes to the peer.
@@ -347,6 +363,429 @@ pub struct TestArgs<Op: ValueEnum + Clone + Send + Sync + 'static> {
     /// Print the emulated device's counters (doorbells, BlueFlame writes, CQEs, ...) after the run.
     #[arg(long)]
     pub counters: bool,
+    /// Connection type (perftest's -c): RC (default), UC (SEND and WRITE), UD (SEND; messages
+    /// up to the path MTU). XRC, DC and SRD are refused by name.
+    #[arg(short = 'c', long = "connection", value_enum, default_value_t = Conn::Rc)]
+    pub connection: Conn,
+    /// Sleep on CQ events (perftest's -e): the same as --poll event.
+    #[arg(short = 'e', long = "events")]
+    pub events: bool,
+    /// perftest's -F (no warning about CPU frequency scaling): accepted; this tool prints no
+    /// such warning.
+    #[arg(short = 'F', long = "CPU-freq")]
+    pub cpu_freq: bool,
+    /// Latency tests: print every sample after the summary (perftest's -H), sorted.
+    #[arg(short = 'H', long = "report-histogram")]
+    pub report_histogram: bool,
+    /// Latency tests: print every sample in the order measured (implies -H).
+    #[arg(short = 'U', long = "report-unsorted")]
+    pub report_unsorted: bool,
+    /// Port of the device (1-based).
+    #[arg(
+        short = 'i',
+        long = "ib-port",
+        value_name = "PORT",
+        default_value_t = 1
+    )]
+    pub ib_port: u8,
+    /// Number of QPs (perftest's -q): only 1 is supported.
+    #[arg(short = 'q', long = "qp", value_name = "NUM_QP", default_value_t = 1)]
+    pub num_qps: u32,
+    /// Service level of the path (0..=15).
+    #[arg(short = 'S', long = "sl", value_name = "SL", default_value_t = 0)]
+    pub sl: u8,
+    /// RC retransmission timeout: 4.096 usec * 2^TIMEOUT (0..=31).
+    #[arg(
+        short = 'u',
+        long = "qp-timeout",
+        value_name = "TIMEOUT",
+        default_value_t = 14
+    )]
+    pub qp_timeout: u8,
+    /// Receive queue depth (perftest's default 512; SEND tests).
+    #[arg(short = 'r', long = "rx-depth", value_name = "DEPTH")]
+    pub rx_depth: Option<u32>,
+    /// Bandwidth tests: no peak (perftest's -N): the peak column shows 0.
+    #[arg(short = 'N', long = "noPeak")]
+    pub no_peak: bool,
+    /// Outstanding RDMA READs and atomics (perftest's -o; default 16, the device's limit).
+    #[arg(short = 'o', long = "outs", value_name = "NUM")]
+    pub outs: Option<u8>,
+    /// Bandwidth tests: report peak and average in Gbit/sec (10^9 bits) instead of MiB/sec.
+    #[arg(long = "report_gbits")]
+    pub report_gbits: bool,
+    /// With a peer: fail when nothing arrives from it for this many seconds (a server whose
+    /// client vanished, a lost message on UC/UD). 0 waits for ever.
+    #[arg(long = "peer_timeout", value_name = "SECS", default_value_t = DEFAULT_PEER_TIMEOUT_S)]
+    pub peer_timeout: u64,
+    /// perftest options this tool does not support yet: accepted by the parser only so that
+    /// they are refused by name.
+    #[command(flatten)]
+    pub unsupported: Unsupported,
+}
+
+/// perftest's TCP port of the address exchange.
+pub const DEFAULT_PORT: u16 = 18515;
+
+/// Default of `--peer_timeout` (seconds).
+pub const DEFAULT_PEER_TIMEOUT_S: u64 = 30;
+
+/// Largest `--poll interval:USEC` (one second).
+pub const MAX_POLL_INTERVAL_US: u64 = 1_000_000;
+
+/// Connection type (perftest's `-c`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Conn {
+    /// Reliable connected.
+    #[value(name = "RC")]
+    Rc,
+    /// Unreliable connected.
+    #[value(name = "UC")]
+    Uc,
+    /// Unreliable datagram.
+    #[value(name = "UD")]
+    Ud,
+    /// Extended reliable connected (refused).
+    #[value(name = "XRC")]
+    Xrc,
+    /// Dynamically connected (refused).
+    #[value(name = "DC")]
+    Dc,
+    /// Scalable reliable datagram (refused).
+    #[value(name = "SRD")]
+    Srd,
+}
+
+impl Conn {
+    /// perftest's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Rc => "RC",
+            Self::Uc => "UC",
+            Self::Ud => "UD",
+            Self::Xrc => "XRC",
+            Self::Dc => "DC",
+            Self::Srd => "SRD",
+        }
+    }
+}
+
+/// One perftest option that is not supported yet.
+#[derive(Debug, Clone, Copy)]
+pub struct Refused {
+    /// Short name, if any.
+    pub short: Option<char>,
+    /// Long name.
+    pub long: &'static str,
+    /// Takes a value.
+    pub value: bool,
+    /// Why, for the user.
+    pub why: &'static str,
+}
+
+const fn refused(
+    short: Option<char>,
+    long: &'static str,
+    value: bool,
+    why: &'static str,
+) -> Refused {
+    Refused {
+        short,
+        long,
+        value,
+        why,
+    }
+}
+
+/// perftest 4.5's options of ib_{send,write,read,atomic}_{lat,bw} that are not supported:
+/// each is parsed, then refused with its reason.
+pub const REFUSED: &[Refused] = &[
+    refused(
+        Some('b'),
+        "bidirectional",
+        false,
+        "bidirectional bandwidth is not supported yet",
+    ),
+    refused(
+        Some('C'),
+        "report-cycles",
+        false,
+        "reports are in microseconds only",
+    ),
+    refused(
+        Some('R'),
+        "rdma_cm",
+        false,
+        "connecting through rdma_cm is not supported yet (the QPs are connected over the TCP exchange)",
+    ),
+    refused(
+        Some('z'),
+        "com_rdma_cm",
+        false,
+        "exchanging addresses through rdma_cm is not supported yet",
+    ),
+    refused(
+        Some('X'),
+        "vector",
+        true,
+        "completion vectors are not supported",
+    ),
+    refused(Some('g'), "mcg", false, "multicast is not supported"),
+    refused(Some('M'), "MGID", true, "multicast is not supported"),
+    refused(
+        Some('L'),
+        "hop_limit",
+        true,
+        "raw Ethernet QPs are not supported",
+    ),
+    refused(
+        Some('T'),
+        "tos",
+        true,
+        "needs rdma_cm (-R), which is not supported yet",
+    ),
+    refused(
+        Some('W'),
+        "report-counters",
+        true,
+        "use --counters (the emulated device's counters)",
+    ),
+    refused(
+        Some('O'),
+        "dualport",
+        false,
+        "dual-port runs are not supported",
+    ),
+    refused(
+        Some('w'),
+        "limit_bw",
+        true,
+        "result verification limits are not supported",
+    ),
+    refused(
+        Some('y'),
+        "limit_msgrate",
+        true,
+        "result verification limits are not supported",
+    ),
+    refused(
+        Some('f'),
+        "margin",
+        true,
+        "margins apply to -D runs with a peer, not supported yet",
+    ),
+    refused(Some('V'), "version", false, "use `mlx5 --version`"),
+    refused(None, "out_json", false, "use --json [FILE]"),
+    refused(None, "out_json_file", true, "use --json FILE"),
+    refused(
+        None,
+        "cpu_util",
+        false,
+        "CPU utilisation is not reported; see --cpu_cost",
+    ),
+    refused(
+        None,
+        "dlid",
+        true,
+        "the destination LID always comes from the exchange",
+    ),
+    refused(
+        None,
+        "dont_xchg_versions",
+        false,
+        "the version exchange is always made",
+    ),
+    refused(
+        None,
+        "force-link",
+        true,
+        "the link layer is the port's (emulator: MLX5_EMU_LINK_LAYER)",
+    ),
+    refused(
+        None,
+        "inline_recv",
+        true,
+        "inline receive (scatter to CQE) is not supported",
+    ),
+    refused(
+        None,
+        "use-srq",
+        false,
+        "shared receive queues are not supported by this tool yet",
+    ),
+    refused(None, "ipv6", false, "the GID is chosen by -x"),
+    refused(
+        None,
+        "source_ip",
+        true,
+        "needs rdma_cm (-R), which is not supported yet",
+    ),
+    refused(
+        None,
+        "latency_gap",
+        true,
+        "a delay between posts is not supported",
+    ),
+    refused(None, "mmap", true, "buffers are allocated by the tool"),
+    refused(
+        None,
+        "mmap-offset",
+        true,
+        "buffers are allocated by the tool",
+    ),
+    refused(None, "odp", false, "on-demand paging is not supported"),
+    refused(None, "output", true, "the full report is always printed"),
+    refused(
+        None,
+        "use_old_post_send",
+        false,
+        "the driver has one post path",
+    ),
+    refused(None, "pkey_index", true, "P_Key index 0 only"),
+    refused(
+        None,
+        "retry_count",
+        true,
+        "needs rdma_cm (-R), which is not supported yet",
+    ),
+    refused(None, "tclass", true, "the traffic class is 0"),
+    refused(
+        None,
+        "recv_post_list",
+        true,
+        "receives are posted in lists of up to 64",
+    ),
+    refused(None, "mr_per_qp", false, "one QP, one MR"),
+    refused(
+        None,
+        "report-both",
+        false,
+        "bidirectional bandwidth is not supported yet",
+    ),
+    refused(
+        None,
+        "report-per-port",
+        false,
+        "dual-port runs are not supported",
+    ),
+    refused(None, "reversed", false, "the client always sends"),
+    refused(None, "run_infinitely", false, "use -D SECS"),
+    refused(
+        None,
+        "wait_destroy",
+        true,
+        "resources are destroyed at once",
+    ),
+    refused(
+        None,
+        "disable_pcie_relaxed",
+        false,
+        "relaxed ordering is not requested",
+    ),
+    refused(None, "burst_size", true, "rate limiting is not supported"),
+    refused(
+        None,
+        "typical_pkt_size",
+        true,
+        "rate limiting is not supported",
+    ),
+    refused(None, "rate_limit", true, "rate limiting is not supported"),
+    refused(None, "rate_units", true, "rate limiting is not supported"),
+    refused(
+        None,
+        "rate_limit_type",
+        true,
+        "rate limiting is not supported",
+    ),
+    refused(None, "log_dci_streams", true, "DC is not supported"),
+    refused(None, "log_active_dci_streams", true, "DC is not supported"),
+    refused(None, "aes_xts", false, "encryption is not supported"),
+    refused(None, "encrypt_on_tx", false, "encryption is not supported"),
+    refused(None, "sig_before", false, "encryption is not supported"),
+    refused(None, "aes_block_size", true, "encryption is not supported"),
+    refused(
+        None,
+        "data_enc_keys_number",
+        true,
+        "encryption is not supported",
+    ),
+    refused(None, "kek_path", true, "encryption is not supported"),
+    refused(
+        None,
+        "credentials_path",
+        true,
+        "encryption is not supported",
+    ),
+    refused(
+        None,
+        "data_enc_key_app_path",
+        true,
+        "encryption is not supported",
+    ),
+];
+
+impl Refused {
+    /// How the option is written (`-R/--rdma_cm`).
+    pub fn spelling(&self) -> String {
+        match self.short {
+            Some(c) => format!("-{c}/--{}", self.long),
+            None => format!("--{}", self.long),
+        }
+    }
+}
+
+/// The unsupported perftest options given on the command line (see [`REFUSED`]).
+#[derive(Debug, Clone, Default)]
+pub struct Unsupported(pub Vec<&'static Refused>);
+
+impl Unsupported {
+    /// The error naming the first option given, if any.
+    pub fn check(&self) -> Result<(), String> {
+        match self.0.first() {
+            None => Ok(()),
+            Some(r) => Err(format!(
+                "{}: not supported (perftest option): {}",
+                r.spelling(),
+                r.why
+            )),
+        }
+    }
+}
+
+impl clap::FromArgMatches for Unsupported {
+    fn from_arg_matches(m: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        let mut s = Self::default();
+        s.update_from_arg_matches(m)?;
+        Ok(s)
+    }
+    fn update_from_arg_matches(&mut self, m: &clap::ArgMatches) -> Result<(), clap::Error> {
+        self.0 = REFUSED
+            .iter()
+            .filter(|r| m.value_source(r.long) == Some(clap::parser::ValueSource::CommandLine))
+            .collect();
+        Ok(())
+    }
+}
+
+impl Args for Unsupported {
+    fn augment_args(mut cmd: clap::Command) -> clap::Command {
+        for r in REFUSED {
+            let mut a = clap::Arg::new(r.long).long(r.long).hide(true);
+            if let Some(c) = r.short {
+                a = a.short(c);
+            }
+            a = if r.value {
+                a.action(clap::ArgAction::Set).value_name("VALUE")
+            } else {
+                a.action(clap::ArgAction::SetTrue)
+            };
+            cmd = cmd.arg(a);
+        }
+        cmd
+    }
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        Self::augment_args(cmd)
+    }
 }
 
 /// All sizes of `-a`: 2, 4, ..., 2^23.
@@ -416,13 +855,14 @@ mod tests {
         assert_eq!(a.op, BwOp::Write);
         assert!(Cli::try_parse_from(["mlx5", "lat", "send", "--poll", "sometimes"]).is_err());
         assert!(Cli::try_parse_from(["mlx5", "lat", "send", "--server", "host"]).is_err());
-        assert!(Cli::try_parse_from(["mlx5", "bw", "atomic"]).is_err());
+        assert!(Cli::try_parse_from(["mlx5", "bw", "atomic"]).is_ok());
+        assert!(Cli::try_parse_from(["mlx5", "bw", "fetch"]).is_err());
         // perftest's spelling of the atomic type
         let cli = Cli::try_parse_from(["mlx5", "lat", "atomic", "-A", "CMP_AND_SWAP"]).unwrap();
         let Command::Lat(a) = cli.cmd else {
             panic!("not lat")
         };
-        assert_eq!(a.atomic_type, AtomicType::CMP_AND_SWAP);
+        assert_eq!(a.atomic_type, Some(AtomicType::CMP_AND_SWAP));
     }
 
     #[test]
@@ -461,7 +901,7 @@ mod tests {
         // no host: the server, with ibv_rc_pingpong's defaults
         assert_eq!(a.host, None);
         assert!(!a.loopback && !a.chk && !a.events);
-        assert_eq!((a.port, a.ib_port, a.size, a.mtu), (18515, 1, 4096, 1024));
+        assert_eq!((a.port, a.ib_port, a.size, a.mtu), (None, 1, 4096, 1024));
         assert_eq!((a.rx_depth, a.iters, a.sl, a.gid_idx), (500, 1000, 0, None));
         let a = parse(&[
             "mlx5", "pingpong", "-p", "4000", "-d", "mlx5_1", "-i", "1", "-s", "32", "-m", "2048",
@@ -472,7 +912,7 @@ mod tests {
         assert_eq!(a.dev.as_deref(), Some("mlx5_1"));
         assert_eq!(
             (a.port, a.size, a.mtu, a.rx_depth, a.iters),
-            (4000, 32, 2048, 16, 7)
+            (Some(4000), 32, 2048, 16, 7)
         );
         assert!(a.events && a.chk);
         assert_eq!(a.gid_idx, Some(0));
@@ -529,4 +969,56 @@ pub struct DecodeArgs {
     /// Machine-readable JSON on stdout.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `mlx5 diag`.
+#[derive(Debug, Args)]
+pub struct DiagArgs {
+    /// A flight-recorder dump file (format v1; `-` for stdin).
+    #[arg(long, value_name = "FILE")]
+    pub dump: Option<PathBuf>,
+    /// Live: a QP pair on the in-process emulator, a few SENDs, then a forced error; shows the
+    /// driver's and the emulator's view of the same QP.
+    #[arg(long, conflicts_with = "dump")]
+    pub emu: bool,
+    /// With --emu: also write the state as a flight-recorder dump (v1) to FILE.
+    #[arg(long, value_name = "FILE", requires = "emu")]
+    pub save: Option<PathBuf>,
+    /// With --dump: the report as JSON.
+    #[arg(long, requires = "dump")]
+    pub json: bool,
+    /// With --dump: decode only the records within N places of the error CQE and its WQE
+    /// (the last N when there is no error).
+    #[arg(long, value_name = "N", requires = "dump", conflicts_with = "json")]
+    pub around: Option<usize>,
+}
+
+/// `mlx5 counters`.
+#[derive(Debug, Args)]
+pub struct CountersArgs {
+    /// Device name (default: the first in sysfs; with --emu, the emulated mlx5_0).
+    #[arg(short = 'd', long = "ib-dev", value_name = "DEV")]
+    pub dev: Option<String>,
+    /// Seconds between samples (default 1); each sample after the first prints the deltas.
+    #[arg(short = 'i', long = "interval", value_name = "SECS")]
+    pub interval: Option<f64>,
+    /// Number of samples (default: 1 without -i, until interrupted with -i).
+    #[arg(short = 'n', long = "count", value_name = "COUNT")]
+    pub count: Option<u32>,
+    /// Port (default: every port of the device).
+    #[arg(short = 'p', long = "port", value_name = "PORT")]
+    pub port: Option<u8>,
+    /// The emulated device's own counters (an in-process emulator).
+    #[arg(long)]
+    pub emu: bool,
+    /// With --emu: traffic between samples, so the deltas show something: `send` runs
+    /// --ops SENDs (64 bytes) between two QPs of the emulated device per interval.
+    #[arg(long, value_name = "KIND", requires = "emu", value_parser = ["send"])]
+    pub load: Option<String>,
+    /// With --load: operations per interval.
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    pub ops: u32,
+    /// Print every counter, also those that are 0 and did not change.
+    #[arg(short = 'a', long)]
+    pub all: bool,
 }

@@ -1,7 +1,8 @@
 //! `--cpu_cost`: the CPU time of each driver call on the data path (post_send, poll_cq), timed
 //! with two clock reads around the call. What this project exists for is the CPU cost between
-//! the application and the wire (DESIGN.md section 7); this shows it per operation, next to the
-//! latency it produces. The clock reads' own cost is measured and reported alongside.
+//! the application and the wire (`tools/bench` counts it in instructions); this shows it per
+//! operation, next to the latency it produces. The clock reads' own cost is measured and
+//! reported alongside.
 
 use std::time::Instant;
 

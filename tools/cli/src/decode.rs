@@ -10,7 +10,7 @@
 
 use mlx5_hw::cqe::{
     CQE_FORMAT_COMPRESSED, CQE_FORMAT_NORMAL, CQE_FORMAT_SCATTER_32, CQE_FORMAT_SCATTER_64,
-    CQE_SIZE_64, CQE_SIZE_128, Cqe64, ErrCqe, desc_offset,
+    CQE_SIZE_64, CQE_SIZE_128, Cqe64, ErrCqe, Explanation, desc_offset, explain,
 };
 use mlx5_hw::opcodes::{
     CqeOpcode, OPMOD_MASKED_ATOMIC_4B, OPMOD_MASKED_ATOMIC_8B, SendOpcode, Syndrome, VendorSyndrome,
@@ -108,6 +108,9 @@ pub struct Decoded {
     pub sections: Vec<Section>,
     /// Inconsistencies found while decoding.
     pub warnings: Vec<String>,
+    /// For an error CQE: the explanation of its syndrome pair (meaning, causes, what to check),
+    /// printed after the sections as lines that begin with `meaning:`, `causes:` and `check:`.
+    pub explanation: Option<&'static Explanation>,
 }
 
 impl Decoded {
@@ -117,6 +120,7 @@ impl Decoded {
             len,
             sections: Vec::new(),
             warnings: Vec::new(),
+            explanation: None,
         }
     }
 
@@ -162,6 +166,11 @@ impl Decoded {
                 }
             }
         }
+        if let Some(x) = self.explanation {
+            for (k, t) in x.lines() {
+                s.push_str(&format!("{k}: {t}\n"));
+            }
+        }
         for w in &self.warnings {
             s.push_str(&format!("warning: {w}\n"));
         }
@@ -169,7 +178,8 @@ impl Decoded {
     }
 
     /// JSON: `{"kind", "bytes", "sections": [{"name", "offset", "fields": {name: value}}],
-    /// "warnings": [..]}`.
+    /// "warnings": [..]}`, plus `"explanation": {"meaning", "causes", "check"}` for an error CQE
+    /// whose syndrome is known.
     pub fn to_json(&self) -> Value {
         let sections: Vec<Value> = self
             .sections
@@ -183,12 +193,19 @@ impl Decoded {
                 json!({ "name": sec.name, "offset": sec.offset, "fields": fields })
             })
             .collect();
-        json!({
+        let mut v = json!({
             "kind": self.kind,
             "bytes": self.len,
             "sections": sections,
             "warnings": self.warnings,
-        })
+        });
+        if let (Some(x), Some(o)) = (self.explanation, v.as_object_mut()) {
+            o.insert(
+                "explanation".into(),
+                json!({ "meaning": x.meaning, "causes": x.causes, "check": x.check }),
+            );
+        }
+        v
     }
 }
 
@@ -720,6 +737,7 @@ pub fn decode_cqe(b: &[u8], cqe_size: Option<usize>) -> Result<Decoded, String> 
             s.hex("signature", e.signature.into(), 2);
             d.sections.push(s);
             d.sections.push(error_section(&e, doff));
+            d.explanation = explain(e.syndrome(), e.vendor_syndrome());
         }
         return Ok(d);
     }
@@ -848,11 +866,17 @@ fn error_section(e: &ErrCqe, off: usize) -> Section {
         2,
         ven.name().unwrap_or("UNKNOWN"),
     );
+    // the device's own decoding of the byte first, then this crate's one-line meaning
     s.text(
         "vendor_meaning",
-        ven.meaning()
-            .unwrap_or("unknown vendor syndrome")
-            .to_owned(),
+        mlx5_hw::syndrome::vendor_meaning(ven).map_or_else(
+            || {
+                ven.meaning()
+                    .unwrap_or("unknown vendor syndrome")
+                    .to_owned()
+            },
+            |m| m.to_string(),
+        ),
     );
     s.hex("hw_err_synd", e.hw_err_synd.into(), 2);
     s.hex("hw_synd_type", (e.hw_synd_type >> 4).into(), 1);

@@ -79,8 +79,13 @@ where
     let role = if a.server { Role::Server } else { Role::Client };
     let (op, lat) = (plan.op, plan.lat);
     let mut end = SingleEnd::open(&plan.testbed)?;
-    let mut s = tcp(role, a.host.as_deref(), &a.bind, a.port)?;
+    let bind = a.bind.as_deref().unwrap_or("0.0.0.0");
+    let port = a.port.unwrap_or(crate::cli::DEFAULT_PORT);
+    let mut s = tcp(role, a.host.as_deref(), bind, port)?;
     s.set_nodelay(true).map_err(io("TCP_NODELAY"))?;
+    // a peer that vanishes mid-exchange ends the run (--peer_timeout)
+    s.set_read_timeout(plan.params.patience)
+        .map_err(io("TCP read timeout"))?;
     let peer_mtu =
         exchange::perftest_preamble(&mut s, role, 4096, 64, end.mtu()).map_err(io("exchange"))?;
     let mtu = end.mtu().min(peer_mtu);
@@ -125,7 +130,11 @@ where
     for &size in &plan.sizes {
         // receives first, then the barrier: the peer may send as soon as it is through
         if op == Op::Send && (lat || role == Role::Server) {
-            let n = if lat { 1 } else { plan.params.tx_depth.max(1) };
+            let n = if lat {
+                1
+            } else {
+                plan.params.rx_depth.max(plan.params.tx_depth).max(1)
+            };
             end.side().ensure_recv(n, size as u32)?;
         }
         barrier(&mut s, per_size)?;
@@ -312,8 +321,16 @@ pub fn pingpong(a: &PingpongArgs, cfg: &TestbedConfig, p: &RunParams) -> Result<
         "{}",
         crate::app::pingpong_address("local", ours.lid, ours.qpn, ours.psn, &ours.gid)
     );
-    let mut s = tcp(role, a.host.as_deref(), &a.bind, a.port)?;
+    let bind = a.bind.as_deref().unwrap_or("0.0.0.0");
+    let mut s = tcp(
+        role,
+        a.host.as_deref(),
+        bind,
+        a.port.unwrap_or(crate::cli::DEFAULT_PORT),
+    )?;
     s.set_nodelay(true).map_err(io("TCP_NODELAY"))?;
+    s.set_read_timeout(p.patience)
+        .map_err(io("TCP read timeout"))?;
     let mtu = end.mtu();
     let bad = |e: exchange::ParseError| format!("peer address: {e}");
     let peer = match role {

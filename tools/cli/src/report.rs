@@ -19,6 +19,13 @@ pub const LAT_HEADER: &str = " #bytes #iterations    t_min[usec]    t_max[usec] 
 pub const BW_HEADER: &str =
     " #bytes     #iterations    BW peak[MiB/sec]    BW average[MiB/sec]   MsgRate[Mpps]";
 
+/// perftest's bandwidth table header with `--report_gbits`.
+pub const BW_HEADER_GBITS: &str =
+    " #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]";
+
+/// Gbit/s (10^9 bits) per MiB/s.
+pub const GBITS_PER_MIB: f64 = 1024.0 * 1024.0 * 8.0 / 1e9;
+
 /// Header of our extra percentile table printed after perftest's.
 pub const EXTRA_HEADER: &str =
     " #bytes #samples   p50[usec]   p99[usec]  p99.9[usec]  p99.99[usec]    max[usec]";
@@ -252,15 +259,25 @@ pub fn extra_row(bytes: u64, st: &LatencyStats) -> String {
 
 /// One row of perftest's bandwidth table.
 pub fn bw_row(st: &BwStats) -> String {
+    bw_row_in(st, false)
+}
+
+/// One bandwidth row, in Gbit/s with `gbits` (perftest's `--report_gbits`), else MiB/s.
+pub fn bw_row_in(st: &BwStats, gbits: bool) -> String {
     let labels = ["#bytes", "#iterations", "BW peak", "BW average", "MsgRate"];
+    let f = if gbits { GBITS_PER_MIB } else { 1.0 };
     let cells = [
         st.bytes.to_string(),
         st.iterations.to_string(),
-        format!("{:.2}", st.bw_peak_mib),
-        format!("{:.2}", st.bw_average_mib),
+        format!("{:.2}", st.bw_peak_mib * f),
+        format!("{:.2}", st.bw_average_mib * f),
         format!("{:.6}", st.msg_rate_mpps),
     ];
-    row_under(BW_HEADER, &labels, &cells)
+    row_under(
+        if gbits { BW_HEADER_GBITS } else { BW_HEADER },
+        &labels,
+        &cells,
+    )
 }
 
 /// The text printed after a latency table: what the figures mean.
@@ -342,7 +359,12 @@ mod tests {
     #[test]
     fn bw_row_has_five_columns() {
         let done: Vec<u64> = (1..=100).map(|i| i * 1000).collect();
-        let b = BwStats::from_completions(65536, 0, &done, 1).unwrap();
+        let posted = vec![0; done.len()];
+        let b = BwStats::from_completions(65536, &posted, &done, true).unwrap();
+        // --report_gbits: the same figures in Gbit/s under perftest's header
+        let g = bw_row_in(&b, true);
+        let col = BW_HEADER_GBITS.find("BW average").unwrap();
+        assert!(g[col..].starts_with(&format!("{:.2}", b.bw_average_mib * GBITS_PER_MIB)));
         let row = bw_row(&b);
         let cols: Vec<&str> = row.split_whitespace().collect();
         assert_eq!(cols.len(), 5, "{row}");

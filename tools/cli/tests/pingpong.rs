@@ -258,7 +258,7 @@ fn ibv_rc_pingpong_serves_ours_with_data_checks() {
 #[test]
 fn every_byte_arrives_between_ibv_rc_pingpong_and_ours() {
     // --chk-all: every byte of every message received, both directions (sizes above the
-    // 32 bytes a receive CQE can carry; see requests-emu.md for those)
+    // 32 bytes a receive CQE can carry: docs/datapath.md §4.1)
     let theirs = ["-n", "30", "-s", "5000", "-c"];
     let mine = ["-n", "30", "-s", "5000", "--chk-all"];
     let (s, c) = pair(Side::Ibv(&theirs), &[], Side::Ours(&mine), &[]);

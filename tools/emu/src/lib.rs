@@ -50,6 +50,7 @@ mod abi;
 pub mod cprog;
 mod device;
 mod fds;
+mod inspect;
 mod kernel;
 mod mem;
 mod pcap;
@@ -63,6 +64,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 pub use abi::{Errno, UverbsSurface};
+pub use inspect::{CqView, QpView};
 pub use mem::{DmaPath, dma_path, set_dma_path};
 pub use record::{WqeRecord, WqeVia};
 pub use roce::{GidEntry, GidType, LinkLayer, NDEV_IFINDEX, NDEV_NAME, ROCE_GID_TBL_LEN};

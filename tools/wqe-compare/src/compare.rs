@@ -3,7 +3,7 @@
 //! Per sending QP the two sequences must have the same number of WQEs (one per posted WR),
 //! and each pair the same WQE index, the same announcement ([`WqeVia`]: BlueFlame, doorbell,
 //! batch), the same length, and the same bytes. Each WQE is split into its fields by walking
-//! its segments (mlx5-datapath.md §1.13); a field whose bytes differ is accepted only if it
+//! its segments (docs/datapath.md §1.10); a field whose bytes differ is accepted only if it
 //! is one of these [`Allowance`]s, and each use is counted:
 //!
 //! * [`Allowance::Qpn`] -- ctrl `qpn` (bytes 4..7, top 24 bits) and the UD AV's destination
@@ -13,19 +13,21 @@
 //!   its own key of the one memory region.
 //! * [`Allowance::FetchAddCompare`] -- bytes 8..16 of the atomic segment of a FETCH_AND_ADD:
 //!   the PRM leaves them unused and libmlx5 does not write them (stale ring bytes), the `mlx5`
-//!   crate writes zero (mlx5-datapath.md §1.6).
+//!   crate writes zero (docs/datapath.md §1.6).
 //! * [`Allowance::InlinePadding`] -- the bytes after inline data up to the end of its last
-//!   16-byte unit: don't-care (§1.8); both drivers leave whatever the ring held.
+//!   16-byte unit: don't-care (docs/datapath.md §1.8); both drivers leave whatever the ring
+//!   held.
 //! * [`Allowance::SharedBfregNoBlueFlame`] -- announcement, not bytes: libmlx5 BlueFlames a
 //!   WQE where the `mlx5` crate rings the 8-byte doorbell, accepted only when the crate's QP
 //!   shares its doorbell register with other QPs. libmlx5 takes the register's spinlock and
-//!   copies (§3.3 step 4); the crate never BlueFlames a shared register, to stay lock-free.
-//!   With libmlx5's defaults (4 low-latency bfregs) a context's 5th and later QPs share.
+//!   copies (docs/datapath.md §3.4); the crate never BlueFlames a shared register, to stay
+//!   lock-free. With libmlx5's defaults (4 low-latency bfregs) a context's 5th and later QPs
+//!   share.
 //! * [`Allowance::UnusedImm`] -- ctrl bytes 12..16 of a WQE whose opcode carries neither
 //!   immediate data nor an rkey to invalidate (everything but SEND_IMM, RDMA_WRITE_IMM,
-//!   SEND_INVAL): unused (§1.2). libmlx5's `ibv_wr_*` path does not clear them (stale ring
-//!   bytes); its `ibv_post_send` path and the `mlx5` crate write zero. The tests assert
-//!   this allowance is never used for `ibv_post_send` runs.
+//!   SEND_INVAL): unused (docs/datapath.md §1.2). libmlx5's `ibv_wr_*` path does not clear
+//!   them (stale ring bytes); its `ibv_post_send` path and the `mlx5` crate write zero. The
+//!   tests assert this allowance is never used for `ibv_post_send` runs.
 //!
 //! Everything else must be equal; the first differences are reported with both WQEs decoded.
 

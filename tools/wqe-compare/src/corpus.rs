@@ -153,7 +153,7 @@ pub struct Caps {
 }
 
 impl Caps {
-    /// The send-queue geometry libmlx5 computes for these caps (mlx5-datapath.md §2.2) when
+    /// The send-queue geometry libmlx5 computes for these caps (docs/datapath.md §2.2) when
     /// the QP's operations need `overhead` bytes of header: (WQE size, WQEBBs in the ring,
     /// reported `max_inline_data`).
     pub fn geometry(&self, overhead: u32) -> (u32, u32, u32) {
@@ -228,7 +228,7 @@ pub struct Wr {
 }
 
 impl Wr {
-    /// The WQE size in 16-byte units libmlx5 builds for this WR (mlx5-datapath.md §1.13):
+    /// The WQE size in 16-byte units libmlx5 builds for this WR (docs/datapath.md §1.10):
     /// ctrl, UD address vector, raddr, atomic, then one inline segment (none for 0 bytes) or
     /// one data segment per non-empty SGE.
     pub fn ds(&self) -> u32 {
@@ -842,7 +842,7 @@ mod tests {
 
     #[test]
     fn geometry_matches_the_reference_examples() {
-        // mlx5-datapath.md §2.2: UD, 1 SGE, no inline: align64(64 + 16) = 128 B, inline 60.
+        // docs/datapath.md §2.2: UD, 1 SGE, no inline: align64(64 + 16) = 128 B, inline 60.
         let ud = Caps {
             max_send_wr: 1,
             max_send_sge: 1,
@@ -859,7 +859,7 @@ mod tests {
 
     #[test]
     fn ds_follows_the_reference_examples() {
-        // mlx5-datapath.md §1.13 worked examples.
+        // docs/datapath.md §1.10 worked examples.
         let wr = |qp, opcode, flags, sges: Vec<(u64, u32)>| Wr {
             qp,
             opcode,

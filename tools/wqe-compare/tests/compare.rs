@@ -72,7 +72,7 @@ fn run_with(
         .unwrap_or_else(|e| panic!("{}: {e}", knobs.name));
     let ours = driver::run(&corpus, &knobs).unwrap_or_else(|e| panic!("{}: {e}", knobs.name));
 
-    // Both drivers must report the geometry of mlx5-datapath.md §2.2 for the requested caps
+    // Both drivers must report the geometry of docs/datapath.md §2.2 for the requested caps
     // (so the rings, and every WQE index, line up), and must have posted every WR.
     for sel in QpSel::ALL {
         let (_, wqebbs, max_inline) = sel.geometry();

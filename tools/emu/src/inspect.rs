@@ -1,0 +1,125 @@
+//! Read-only views of the device's state of one QP or CQ, for diagnostics (`mlx5 diag --emu`):
+//! what the device knows about a queue and the doorbell records as the device reads them from
+//! host memory at this moment. Nothing here changes the device's state.
+
+use crate::{Emulator, mem};
+
+/// The device's view of one QP.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QpView {
+    /// QP number.
+    pub qpn: u32,
+    /// `ib_uverbs` QP type (2 RC, 3 UC, 4 UD).
+    pub qp_type: u8,
+    /// QP state (0 RESET, 1 INIT, 2 RTR, 3 RTS, 4 SQD, 5 SQE, 6 ERR).
+    pub state: u8,
+    /// Send queue size in WQEBBs.
+    pub sq_wqe_cnt: u32,
+    /// Receive queue size in WQEs.
+    pub rq_wqe_cnt: u32,
+    /// Free-running WQEBB counter of the next send WQE the device will execute (its consumer).
+    pub sq_head: u32,
+    /// Send producer index (16 bits) seen with the last doorbell.
+    pub sq_rung: u16,
+    /// Receive WQEs consumed by the device (free-running).
+    pub rq_head: u32,
+    /// Receive producer index (16 bits) last read from the doorbell record.
+    pub rq_pi_seen: u16,
+    /// Doorbell record word 0 (receive counter) as read now; `None` if unreadable.
+    pub dbrec_rq: Option<u32>,
+    /// Doorbell record word 1 (send counter) as read now; `None` if unreadable.
+    pub dbrec_sq: Option<u32>,
+    /// Send CQ number.
+    pub send_cq: u32,
+    /// Receive CQ number.
+    pub recv_cq: u32,
+    /// Connected remote QPN (RC/UC).
+    pub dest_qpn: u32,
+    /// Next send PSN.
+    pub sq_psn: u32,
+    /// Expected receive PSN.
+    pub rq_psn: u32,
+}
+
+/// The device's view of one CQ.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CqView {
+    /// CQ number.
+    pub cqn: u32,
+    /// Number of CQEs.
+    pub ncqe: u32,
+    /// 64 or 128.
+    pub cqe_size: u32,
+    /// CQEs written (free-running producer).
+    pub pi: u32,
+    /// Consumer index the device last read from the doorbell record.
+    pub ci_seen: u32,
+    /// Doorbell record word 0 (consumer counter, 24 bits) as read now.
+    pub dbrec_ci: Option<u32>,
+    /// Doorbell record word 1 (arm word) as read now.
+    pub dbrec_arm: Option<u32>,
+    /// The CQ overran and is in the error state.
+    pub in_error: bool,
+}
+
+impl Emulator {
+    /// The device's view of QP `qpn` on HCA `hca`, `None` if there is no such QP.
+    pub fn inspect_qp(&self, hca: usize, qpn: u32) -> Option<QpView> {
+        let w = self.shared.lock_quiet();
+        let q = w.hcas.get(hca)?.qps.get(&qpn)?;
+        Some(QpView {
+            qpn: q.qpn,
+            qp_type: q.qp_type,
+            state: q.state,
+            sq_wqe_cnt: q.sq_wqe_cnt,
+            rq_wqe_cnt: q.rq_wqe_cnt,
+            sq_head: q.sq_head,
+            sq_rung: q.sq_rung,
+            rq_head: q.rq_head,
+            rq_pi_seen: q.rq_pi_seen,
+            dbrec_rq: (q.db != 0).then(|| mem::read_be32(q.db).ok()).flatten(),
+            dbrec_sq: (q.db != 0)
+                .then(|| mem::read_be32(q.db.wrapping_add(4)).ok())
+                .flatten(),
+            send_cq: q.send_cq,
+            recv_cq: q.recv_cq,
+            dest_qpn: q.dest_qpn,
+            sq_psn: q.sq_psn,
+            rq_psn: q.rq_psn,
+        })
+    }
+
+    /// The device's view of CQ `cqn` on HCA `hca`, `None` if there is no such CQ.
+    pub fn inspect_cq(&self, hca: usize, cqn: u32) -> Option<CqView> {
+        let w = self.shared.lock_quiet();
+        let c = w.hcas.get(hca)?.cqs.get(&cqn)?;
+        Some(CqView {
+            cqn,
+            ncqe: c.ncqe,
+            cqe_size: c.cqe_size,
+            pi: c.pi,
+            ci_seen: c.ci_seen,
+            dbrec_ci: (c.db != 0).then(|| mem::read_be32(c.db).ok()).flatten(),
+            dbrec_arm: (c.db != 0)
+                .then(|| mem::read_be32(c.db.wrapping_add(4)).ok())
+                .flatten(),
+            in_error: c.in_error,
+        })
+    }
+
+    /// The CQE the device wrote (or would write) at free-running counter `k` of CQ `cqn`, read
+    /// from the ring in host memory now; `None` if there is no such CQ or the ring is not
+    /// readable.
+    pub fn read_cqe(&self, hca: usize, cqn: u32, k: u32) -> Option<Vec<u8>> {
+        let w = self.shared.lock_quiet();
+        let c = w.hcas.get(hca)?.cqs.get(&cqn)?;
+        if c.ncqe == 0 || c.buf == 0 {
+            return None;
+        }
+        let slot = u64::from(k % c.ncqe);
+        let addr = c
+            .buf
+            .checked_add(slot.checked_mul(u64::from(c.cqe_size))?)?;
+        mem::read_vec(addr, c.cqe_size as usize).ok()
+    }
+}
