@@ -93,6 +93,10 @@ pub trait Testbed {
     /// What the driver did, summed over both QPs (`wqes`, `doorbells` = 8-byte stores,
     /// `bf_copies`, `rings` = both kinds), as a JSON object.
     fn driver_counters(&self) -> serde_json::Value;
+    /// The emulated device's counters (None on a real device).
+    fn emu_counters(&self) -> Option<mlx5_emu::Counters> {
+        None
+    }
     /// The port is Ethernet (RoCE), and the source GID index of global paths.
     fn link(&self) -> (bool, Option<u8>) {
         (false, None)
@@ -137,6 +141,8 @@ pub fn run(cmd: Command) -> Result<(), String> {
         Command::Emu {
             cmd: crate::cli::EmuCommand::Run(r),
         } => emu_run(&r),
+        Command::Trace(a) => crate::trace::command(&a),
+        Command::Tune(a) => crate::tune::command(&a),
     }
 }
 

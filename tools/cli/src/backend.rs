@@ -510,6 +510,9 @@ impl Testbed for DriverTestbed {
     fn counters(&self) -> Option<serde_json::Value> {
         self.emu.as_ref().map(emu_counters_json)
     }
+    fn emu_counters(&self) -> Option<Counters> {
+        self.emu.as_ref().map(|e| e.counters(0))
+    }
     fn driver_counters(&self) -> serde_json::Value {
         driver_counters_json(&[&self.ends[0], &self.ends[1]])
     }

@@ -35,6 +35,12 @@ pub enum Command {
     /// Port counters and hw_counters of a device (sysfs, or the emulator's), with deltas per
     /// interval.
     Counters(CountersArgs),
+    /// The life of one operation stage by stage on the emulated ConnectX: work request,
+    /// checks, WQE, doorbell, DMA, packets, responder, CQEs, poll.
+    Trace(TraceArgs),
+    /// The tuning knobs (inline, SQ depth, post list, signaling, poll mode, BlueFlame, CQ
+    /// moderation) one at a time from a baseline: latency, doorbells, DMA and link traffic.
+    Tune(TuneArgs),
     /// Emulator control.
     Emu {
         /// What to do with the emulator.
@@ -969,6 +975,59 @@ pub struct DecodeArgs {
     /// Machine-readable JSON on stdout.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `mlx5 trace send|write|read|atomic`.
+#[derive(Debug, Args)]
+pub struct TraceArgs {
+    /// The operation.
+    #[arg(value_enum)]
+    pub op: crate::trace::TraceOp,
+    /// Message size in bytes (atomics: 8).
+    #[arg(short = 's', long = "size", default_value_t = 64)]
+    pub size: u32,
+    /// Messages up to this size go inline (also the QP's max_inline_data).
+    #[arg(short = 'I', long = "inline_size", default_value_t = 0)]
+    pub inline: u32,
+    /// BlueFlame (`off`: the 8-byte doorbell only).
+    #[arg(long = "bf", value_enum, default_value = "on")]
+    pub bf: OnOff,
+    /// Operations to trace, one after the other.
+    #[arg(short = 'n', long = "iters", default_value_t = 1)]
+    pub iters: u32,
+    /// JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `mlx5 tune`.
+#[derive(Debug, Args)]
+pub struct TuneArgs {
+    /// A short run (fewer messages per setting, no instruction counts).
+    #[arg(long)]
+    pub quick: bool,
+    /// Message size of the experiment.
+    #[arg(short = 's', long = "size", default_value_t = 64)]
+    pub size: u32,
+    /// Messages per setting (default: 2000, 300 with --quick).
+    #[arg(short = 'n', long = "iters")]
+    pub iters: Option<u64>,
+    /// JSON instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Write a plot of the settings (SVG).
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
+    /// Device name (default: the first one found, else the emulated one).
+    #[arg(short = 'd', long = "ib-dev", value_name = "DEV")]
+    pub dev: Option<String>,
+    /// Use the emulated HCA even if a real device exists.
+    #[arg(long)]
+    pub emu: bool,
+    /// Internal: run one setting's stream (KNOB=VALUE) for the instruction count under
+    /// callgrind.
+    #[arg(long, hide = true, value_name = "KNOB=VALUE")]
+    pub instr_one: Option<String>,
 }
 
 /// `mlx5 diag`.

@@ -18,3 +18,5 @@ pub mod remote;
 pub mod report;
 pub mod stats;
 pub mod svg;
+pub mod trace;
+pub mod tune;

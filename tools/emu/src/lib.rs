@@ -57,6 +57,7 @@ mod pcap;
 mod record;
 mod roce;
 mod state;
+pub mod trace;
 mod transport;
 mod uar;
 
@@ -358,9 +359,49 @@ pub struct Counters {
     pub req_transport_retries_exceeded: u64,
     /// hw_counter: RNR retries exceeded.
     pub req_rnr_retries_exceeded: u64,
+    /// Link (PCIe model, `trace.rs`), counted only while [`Emulator::count_link`] or
+    /// [`Emulator::trace`] is on: MMIO writes consumed (posted writes, one per 64-byte
+    /// write-combining block: doorbells, BlueFlame copies, CQ arms).
+    pub mmio_writes: u64,
+    /// Link: bytes of those MMIO writes.
+    pub mmio_bytes: u64,
+    /// Link: DMA read requests the device issued (WQE fetches, doorbell records, payload,
+    /// receive WQEs).
+    pub dma_read_requests: u64,
+    /// Link: completions that answered them.
+    pub dma_read_completions: u64,
+    /// Link: bytes read by DMA.
+    pub dma_read_bytes: u64,
+    /// Link: DMA writes (posted writes: data placed, CQEs).
+    pub dma_writes: u64,
+    /// Link: bytes written by DMA.
+    pub dma_write_bytes: u64,
+    /// Of the DMA reads: send-WQE fetches from the ring.
+    pub wqe_fetches: u64,
+    /// Bytes of those WQE fetches.
+    pub wqe_fetch_bytes: u64,
+    /// Of the DMA reads: payload reads (send gathers, READ response data, atomic operands).
+    pub payload_reads: u64,
+    /// Bytes of those payload reads.
+    pub payload_read_bytes: u64,
 }
 
 impl Counters {
+    /// The link counters (the PCIe model of `trace.rs`), by field name.
+    pub const LINK_COUNTER_NAMES: [&'static str; 11] = [
+        "mmio_writes",
+        "mmio_bytes",
+        "dma_read_requests",
+        "dma_read_completions",
+        "dma_read_bytes",
+        "dma_writes",
+        "dma_write_bytes",
+        "wqe_fetches",
+        "wqe_fetch_bytes",
+        "payload_reads",
+        "payload_read_bytes",
+    ];
+
     /// The mlx5 `hw_counters` names this emulator maintains.
     pub const HW_COUNTER_NAMES: [&'static str; 15] = [
         "out_of_sequence",
@@ -421,6 +462,17 @@ impl Counters {
             "resp_cqe_flush_error" => self.resp_cqe_flush_error,
             "req_transport_retries_exceeded" => self.req_transport_retries_exceeded,
             "req_rnr_retries_exceeded" => self.req_rnr_retries_exceeded,
+            "mmio_writes" => self.mmio_writes,
+            "mmio_bytes" => self.mmio_bytes,
+            "dma_read_requests" => self.dma_read_requests,
+            "dma_read_completions" => self.dma_read_completions,
+            "dma_read_bytes" => self.dma_read_bytes,
+            "dma_writes" => self.dma_writes,
+            "dma_write_bytes" => self.dma_write_bytes,
+            "wqe_fetches" => self.wqe_fetches,
+            "wqe_fetch_bytes" => self.wqe_fetch_bytes,
+            "payload_reads" => self.payload_reads,
+            "payload_read_bytes" => self.payload_read_bytes,
             _ => return None,
         })
     }
@@ -642,6 +694,7 @@ impl Emulator {
             rx_buf: Vec::new(),
             pcap,
             wqe_log: Default::default(),
+            trace: Default::default(),
             wake: wake.clone(),
         };
         let shared = Arc::new(Shared {

@@ -312,6 +312,8 @@ pub(crate) struct World {
     pub(crate) pcap: Option<std::io::BufWriter<std::fs::File>>,
     /// Recording of fetched send WQEs (tools/wqe-compare), off by default.
     pub(crate) wqe_log: crate::record::Recorder,
+    /// The device trace (`trace.rs`), off by default.
+    pub(crate) trace: crate::trace::Recorder,
     /// Threaded wake mode: the device's wake-up line, handed to every context's UAR region.
     pub(crate) wake: Option<std::sync::Arc<crate::uar::Wake>>,
 }

@@ -145,6 +145,7 @@ pub(super) fn post_cqe(w: &mut World, hca: usize, cqn: u32, s: &CqeSpec) -> bool
     if mem::write_last_byte_last(desc, &bytes).is_err() {
         return false;
     }
+    let index = cq.pi;
     cq.pi = cq.pi.wrapping_add(1);
     let fire = match cq.armed {
         Some(sol) => !sol || s.se || s.err.is_some(),
@@ -152,6 +153,24 @@ pub(super) fn post_cqe(w: &mut World, hca: usize, cqn: u32, s: &CqeSpec) -> bool
     };
     let counters = &mut w.hcas[hca].counters;
     counters.cqes_written += 1;
+    if w.trace.active() {
+        let cqe_len = if format == 2 { 128 } else { 64 };
+        crate::trace::dma_write(counters, entry, cqe_len);
+        if w.trace.on() {
+            w.trace.push(
+                hca,
+                now,
+                "mlx5_emu::device::completion::post_cqe",
+                crate::trace::TraceWhat::Cqe {
+                    cqn,
+                    index,
+                    addr: desc,
+                    bytes: bytes.to_vec(),
+                },
+            );
+        }
+    }
+    let counters = &mut w.hcas[hca].counters;
     if let Some((synd, _)) = s.err {
         let flush = synd == Syndrome::WR_FLUSH.0;
         match (s.opcode == CqeOpcode::REQ_ERR.0, flush) {

@@ -123,3 +123,157 @@ pub(super) fn scatter(sgl: &[(u64, u32)], data: &[u8]) -> Result<(), Syndrome> {
     }
     Ok(())
 }
+
+/// Count (link counters) and trace the DMA writes of `len` bytes placed at byte `offset` of
+/// `sgl` (one write per piece that lands in one segment); `head` are the first bytes placed.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub(super) fn note_scatter(
+    w: &mut World,
+    hca: usize,
+    qpn: u32,
+    sgl: &[(u64, u32)],
+    offset: u64,
+    len: usize,
+    head: &[u8],
+    purpose: &'static str,
+) {
+    if w.trace.active() {
+        note_scatter_on(w, hca, qpn, sgl, offset, len, head, purpose);
+    }
+}
+
+#[cold]
+#[allow(clippy::too_many_arguments)]
+fn note_scatter_on(
+    w: &mut World,
+    hca: usize,
+    qpn: u32,
+    sgl: &[(u64, u32)],
+    offset: u64,
+    len: usize,
+    head: &[u8],
+    purpose: &'static str,
+) {
+    let mut pos = 0u64;
+    let mut done = 0usize;
+    for &(a, l) in sgl {
+        let l = u64::from(l);
+        let want = offset + done as u64;
+        if done < len && want < pos + l {
+            let inner = want - pos;
+            let n = ((l - inner) as usize).min(len - done);
+            note_write_on(
+                w,
+                hca,
+                qpn,
+                a + inner,
+                n,
+                head.get(done..).unwrap_or(&[]),
+                purpose,
+            );
+            done += n;
+        }
+        pos += l;
+        if done >= len {
+            break;
+        }
+    }
+}
+
+/// Count and trace one DMA write of `len` bytes at process address `addr`.
+#[inline(always)]
+pub(super) fn note_write(
+    w: &mut World,
+    hca: usize,
+    qpn: u32,
+    addr: u64,
+    len: usize,
+    head: &[u8],
+    purpose: &'static str,
+) {
+    if w.trace.active() {
+        note_write_on(w, hca, qpn, addr, len, head, purpose);
+    }
+}
+
+#[cold]
+#[allow(clippy::too_many_arguments)]
+fn note_write_on(
+    w: &mut World,
+    hca: usize,
+    qpn: u32,
+    addr: u64,
+    len: usize,
+    head: &[u8],
+    purpose: &'static str,
+) {
+    crate::trace::dma_write(&mut w.hcas[hca].counters, addr, len as u64);
+    if w.trace.on() {
+        let now = w.now();
+        w.trace.push(
+            hca,
+            now,
+            "mlx5_emu::device::dma::scatter",
+            crate::trace::TraceWhat::DmaWrite {
+                qpn,
+                addr,
+                len: len as u32,
+                purpose,
+                head: head[..head.len().min(len).min(64)].to_vec(),
+            },
+        );
+    }
+}
+
+/// Count and trace one payload DMA read of `len` bytes at process address `addr` (virtual
+/// address `va` under `key`).
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub(super) fn note_read(
+    w: &mut World,
+    hca: usize,
+    qpn: u32,
+    addr: u64,
+    va: u64,
+    key: u32,
+    len: u32,
+    purpose: &'static str,
+) {
+    if w.trace.active() {
+        note_read_on(w, hca, qpn, addr, va, key, len, purpose);
+    }
+}
+
+#[cold]
+#[allow(clippy::too_many_arguments)]
+fn note_read_on(
+    w: &mut World,
+    hca: usize,
+    qpn: u32,
+    addr: u64,
+    va: u64,
+    key: u32,
+    len: u32,
+    purpose: &'static str,
+) {
+    let c = &mut w.hcas[hca].counters;
+    crate::trace::dma_read(c, addr, u64::from(len));
+    c.payload_reads += 1;
+    c.payload_read_bytes += u64::from(len);
+    if w.trace.on() {
+        let now = w.now();
+        w.trace.push(
+            hca,
+            now,
+            "mlx5_emu::device::dma::gather",
+            crate::trace::TraceWhat::DmaRead {
+                qpn,
+                va,
+                len,
+                key,
+                purpose,
+            },
+        );
+    }
+}

@@ -38,9 +38,16 @@ pub(super) fn exec_wqe(
     // The first WQEBB in one read; the rest (if any) after the ctrl segment is checked.
     buf.clear();
     let first_pf = pf.and_then(|p| p.get(head, 64));
-    if first_pf.is_none() && read_wqe_into(sq, cnt, head, 64, buf).is_err() {
-        fail_wqe(w, hca, qpn, idx, 0, Syndrome::LOCAL_PROT);
-        return Exec::Done(1);
+    // Ring reads made here (not covered by the prefetch), for the link counters and the
+    // trace: noted once the QP is no longer borrowed.
+    let mut first_read = false;
+    let mut rest_read = false;
+    if first_pf.is_none() {
+        if read_wqe_into(sq, cnt, head, 64, buf).is_err() {
+            fail_wqe(w, hca, qpn, idx, 0, Syndrome::LOCAL_PROT);
+            return Exec::Done(1);
+        }
+        first_read = true;
     }
     let first = first_pf.unwrap_or(&buf[..]);
     let ctrl = CtrlSeg::read_from_bytes(&first[..16]).unwrap_or_else(|_| CtrlSeg::new_zeroed());
@@ -48,6 +55,11 @@ pub(super) fn exec_wqe(
     let wqebbs = ds.div_ceil(4).max(1);
     let opcode = ctrl.opcode();
     if ds == 0 || ctrl.qpn() != qpn || ctrl.wqe_index() != idx {
+        if first_read {
+            let b = std::mem::take(buf);
+            note_fetch(w, hca, qpn, (sq, cnt), head, 64, &b);
+            *buf = b;
+        }
         fail_wqe(w, hca, qpn, idx, opcode.0, Syndrome::LOCAL_QP_OP);
         return Exec::Done(wqebbs);
     }
@@ -68,7 +80,11 @@ pub(super) fn exec_wqe(
                         buf.extend_from_slice(r);
                         Ok(())
                     }
-                    None => read_wqe_into(sq, cnt, rest, len - 64, buf),
+                    None => {
+                        let r = read_wqe_into(sq, cnt, rest, len - 64, buf);
+                        rest_read = r.is_ok();
+                        r
+                    }
                 };
                 if got.is_err() {
                     fail_wqe(w, hca, qpn, idx, opcode.0, Syndrome::LOCAL_PROT);
@@ -112,9 +128,27 @@ pub(super) fn exec_wqe(
         );
         if (wqe.fence && reads() > 0) || (is_read && reads() >= usize::from(q.max_rd_atomic.max(1)))
         {
+            note_wqe_reads(
+                w,
+                hca,
+                qpn,
+                (sq, cnt),
+                head,
+                (first_read, rest_read),
+                wqe.bytes,
+            );
             return Exec::Blocked;
         }
     }
+    note_wqe_reads(
+        w,
+        hca,
+        qpn,
+        (sq, cnt),
+        head,
+        (first_read, rest_read),
+        wqe.bytes,
+    );
     w.wqe_log.fetched(hca, qpn, idx, wqe.bytes);
     let c = &mut w.hcas[hca].counters;
     c.wqes_executed += 1;
@@ -129,10 +163,34 @@ pub(super) fn exec_wqe(
     Exec::Done(wqe.wqebbs)
 }
 
+/// Note the ring reads [`exec_wqe`] made itself: its first WQEBB (64 bytes at `head`) and
+/// the rest of the WQE (`bytes[64..]`).
+#[inline(always)]
+fn note_wqe_reads(
+    w: &mut World,
+    hca: usize,
+    qpn: u32,
+    ring: (u64, u32),
+    head: u32,
+    (first, rest): (bool, bool),
+    bytes: &[u8],
+) {
+    if w.trace.active() && (first || rest) {
+        if first {
+            note_fetch(w, hca, qpn, ring, head, 64, &bytes[..bytes.len().min(64)]);
+        }
+        if rest && bytes.len() > 64 {
+            let n = bytes.len() - 64;
+            note_fetch(w, hca, qpn, ring, head.wrapping_add(1), n, &bytes[64..]);
+        }
+    }
+}
+
 /// Decode the payload part of a WQE at byte offset `off`: inline data or data segments.
 pub(super) fn payload(
     w: &mut World,
     hca: usize,
+    qpn: u32,
     pdn: u32,
     bytes: &[u8],
     off: usize,
@@ -150,7 +208,48 @@ pub(super) fn payload(
         }
     }
     let sgl = data_segs(w, hca, pdn, rest, 0, false)?;
+    note_gather(w, hca, qpn, rest, &sgl);
     gather(&sgl)
+}
+
+/// Count (link counters) and trace the payload DMA reads of a gather: one read per data
+/// segment of `segs` (translated in `sgl`).
+#[inline(always)]
+pub(super) fn note_gather(w: &mut World, hca: usize, qpn: u32, segs: &[u8], sgl: &[(u64, u32)]) {
+    if w.trace.active() {
+        note_gather_on(w, hca, qpn, segs, sgl);
+    }
+}
+
+#[cold]
+#[allow(clippy::too_many_arguments)]
+fn note_gather_on(w: &mut World, hca: usize, qpn: u32, segs: &[u8], sgl: &[(u64, u32)]) {
+    let c = &mut w.hcas[hca].counters;
+    for &(addr, len) in sgl {
+        crate::trace::dma_read(c, addr, u64::from(len));
+        c.payload_reads += 1;
+        c.payload_read_bytes += u64::from(len);
+    }
+    if w.trace.on() {
+        let now = w.now();
+        for (chunk, &(_, len)) in segs.chunks_exact(16).zip(sgl) {
+            let Ok(d) = DataSeg::read_from_bytes(chunk) else {
+                break;
+            };
+            w.trace.push(
+                hca,
+                now,
+                "mlx5_emu::device::execute::payload",
+                crate::trace::TraceWhat::DmaRead {
+                    qpn,
+                    va: d.addr(),
+                    len,
+                    key: d.lkey(),
+                    purpose: "gather",
+                },
+            );
+        }
+    }
 }
 
 /// Validate a WQE and turn it into the request packet. Returns (packet, local scatter list
@@ -220,7 +319,7 @@ pub(super) fn build_request(
         if wqe.opcode == SendOpcode::SEND_IMM {
             p.imm = Some(wqe.imm);
         }
-        p.payload = payload(w, hca, pdn, b, 64)?;
+        p.payload = payload(w, hca, qpn, pdn, b, 64)?;
         if p.payload.len() as u32 > mtu {
             return Err(Syndrome::LOCAL_LENGTH);
         }
@@ -268,7 +367,7 @@ pub(super) fn build_request(
             if wqe.opcode == SendOpcode::SEND_INVAL {
                 p.inv_rkey = Some(u32::from_be_bytes(wqe.imm));
             }
-            p.payload = payload(w, hca, pdn, b, 16)?;
+            p.payload = payload(w, hca, qpn, pdn, b, 16)?;
             len = p.payload.len() as u32;
         }
         SendOpcode::RDMA_WRITE | SendOpcode::RDMA_WRITE_IMM => {
@@ -282,7 +381,7 @@ pub(super) fn build_request(
             if wqe.opcode == SendOpcode::RDMA_WRITE_IMM {
                 p.imm = Some(wqe.imm);
             }
-            p.payload = payload(w, hca, pdn, b, 32)?;
+            p.payload = payload(w, hca, qpn, pdn, b, 32)?;
             len = p.payload.len() as u32;
             p.reth = Some(Reth {
                 va: r.raddr(),

@@ -15,6 +15,7 @@ pub(super) enum Doorbell {
         ctx: u64,
         word: u64,
         rest: Vec<u8>,
+        pos: usize,
     },
 }
 
@@ -62,6 +63,7 @@ pub(super) fn scan_doorbells(w: &mut World) -> usize {
                         ctx,
                         word,
                         rest,
+                        pos,
                     });
                 }
                 pos += half;
@@ -77,13 +79,21 @@ pub(super) fn scan_doorbells(w: &mut World) -> usize {
                 ctx,
                 word,
                 rest,
-            } => send_doorbell(w, hca, ctx, word, &rest),
+                pos,
+            } => send_doorbell(w, hca, ctx, word, &rest, pos),
         }
     }
     n
 }
 
-pub(super) fn send_doorbell(w: &mut World, hca: usize, ctx: u64, word: u64, rest: &[u8]) {
+pub(super) fn send_doorbell(
+    w: &mut World,
+    hca: usize,
+    ctx: u64,
+    word: u64,
+    rest: &[u8],
+    pos: usize,
+) {
     // The 8 bytes are ctrl bytes 0..8 verbatim: BE32 opmod|idx|opcode, BE32 qpn|ds.
     let mut b = [0u8; 16];
     b[..8].copy_from_slice(&word.to_ne_bytes());
@@ -92,6 +102,36 @@ pub(super) fn send_doorbell(w: &mut World, hca: usize, ctx: u64, word: u64, rest
     if let Some(c) = &ctrl {
         w.wqe_log.doorbell(hca, c.qpn(), c.wqe_index(), rest);
     }
+    // The MMIO write as it crossed the link: 8 bytes, or the BlueFlame copy (whole 64-byte
+    // blocks of the WQE the doorbell word heads).
+    let is_bf = rest.iter().any(|&x| x != 0);
+    let mmio_len = match &ctrl {
+        Some(c) if is_bf => (c.ds() as usize * 16)
+            .next_multiple_of(64)
+            .max(64)
+            .min(rest.len() + 8),
+        _ => 8,
+    };
+    if w.trace.active() {
+        crate::trace::mmio(&mut w.hcas[hca].counters, mmio_len as u64);
+    }
+    if w.trace.on() {
+        let mut bytes = word.to_ne_bytes().to_vec();
+        bytes.extend_from_slice(&rest[..mmio_len - 8]);
+        let now = w.now();
+        w.trace.push(
+            hca,
+            now,
+            "mlx5_emu::device::fetch::send_doorbell",
+            crate::trace::TraceWhat::Mmio {
+                qpn: ctrl.as_ref().map_or(0, |c| c.qpn()),
+                offset: pos as u32,
+                bytes,
+                blueflame: is_bf,
+            },
+        );
+    }
+    let clock = tclock(w);
     let h = &mut w.hcas[hca];
     h.counters.doorbells += 1;
     let Some(ctrl) = ctrl else { return };
@@ -104,13 +144,30 @@ pub(super) fn send_doorbell(w: &mut World, hca: usize, ctx: u64, word: u64, rest
         return;
     };
     qp.sq_rung = (pi & WQ_PI_MASK) as u16;
+    let db = qp.db + 4;
+    if w.trace.active() {
+        crate::trace::dma_read(&mut h.counters, db, 4);
+    }
+    if w.trace.on() {
+        w.trace.push(
+            hca,
+            clock,
+            "mlx5_emu::device::fetch::send_doorbell",
+            crate::trace::TraceWhat::DbrecRead {
+                queue: "sq",
+                num: qpn,
+                addr: db,
+                value: pi,
+            },
+        );
+    }
     let bfreg = qp.bfreg;
     crate::uar::rung_shared_register(w, hca, ctx, qpn, bfreg);
     let h = &mut w.hcas[hca];
     let Some(qp) = h.qps.get_mut(&qpn) else {
         return;
     };
-    if rest.iter().any(|&x| x != 0) {
+    if is_bf {
         h.counters.bf_writes += 1;
         if stepped && qp.sq_wqe_cnt > 0 {
             let len = (ctrl.ds() as usize * 16).min(rest.len() + 8);
@@ -133,6 +190,9 @@ pub(super) fn cq_arm(w: &mut World, hca: usize, ctx: u64, word: u64) {
     let arm = u32::from_be_bytes([b[0], b[1], b[2], b[3]]);
     let cqn = u32::from_be_bytes([b[4], b[5], b[6], b[7]]) & CQ_CI_MASK;
     w.hcas[hca].counters.cq_arms += 1;
+    if w.trace.active() {
+        crate::trace::mmio(&mut w.hcas[hca].counters, 8);
+    }
     let Some(cq) = w.hcas[hca].cqs.get_mut(&cqn).filter(|c| c.ctx == ctx) else {
         return;
     };
@@ -213,6 +273,8 @@ pub(super) enum Exec {
 pub(super) struct Prefetch {
     /// WQEBB counter of the first fetched WQEBB.
     pub(super) start: u32,
+    /// The send ring it was fetched from: (process address, WQEBBs).
+    pub(super) ring: (u64, u32),
     /// The fetched WQEBBs, 64 bytes each.
     pub(super) data: Vec<u8>,
 }
@@ -240,6 +302,7 @@ impl Prefetch {
         }
         Ok(Prefetch {
             start: q.sq_head,
+            ring: (sq, cnt),
             data,
         })
     }
@@ -251,12 +314,79 @@ impl Prefetch {
     }
 }
 
+/// Count (link counters) and trace the DMA read of `len` send-ring bytes from WQEBB
+/// counter `start` of QP `qpn`'s ring at `sq` (`cnt` WQEBBs): one read per contiguous piece
+/// (two when it wraps at the ring end). `bytes` are what was read (at most `len`; for the
+/// trace).
+#[inline(always)]
+pub(super) fn note_fetch(
+    w: &mut World,
+    hca: usize,
+    qpn: u32,
+    ring: (u64, u32),
+    start: u32,
+    len: usize,
+    bytes: &[u8],
+) {
+    if w.trace.active() {
+        note_fetch_on(w, hca, qpn, ring, start, len, bytes);
+    }
+}
+
+#[cold]
+fn note_fetch_on(
+    w: &mut World,
+    hca: usize,
+    qpn: u32,
+    (sq, cnt): (u64, u32),
+    start: u32,
+    len: usize,
+    bytes: &[u8],
+) {
+    if cnt == 0 {
+        return;
+    }
+    let mut done = 0usize;
+    let mut at = start;
+    while done < len {
+        let slot = at & (cnt - 1);
+        let n = (len - done).min((cnt - slot) as usize * 64);
+        let addr = sq + u64::from(slot) * 64;
+        let c = &mut w.hcas[hca].counters;
+        crate::trace::dma_read(c, addr, n as u64);
+        c.wqe_fetches += 1;
+        c.wqe_fetch_bytes += n as u64;
+        if w.trace.on() {
+            let now = w.now();
+            w.trace.push(
+                hca,
+                now,
+                "mlx5_emu::device::fetch::run_sq",
+                crate::trace::TraceWhat::WqeFetch {
+                    qpn,
+                    wqe_index: at,
+                    addr,
+                    bytes: bytes
+                        .get(done..(done + n).min(bytes.len()))
+                        .unwrap_or(&[])
+                        .to_vec(),
+                },
+            );
+        }
+        done += n;
+        at = at.wrapping_add(n.div_ceil(64) as u32);
+    }
+}
+
 pub(super) fn run_sq(w: &mut World, hca: usize, qpn: u32) -> usize {
     let buf = std::mem::take(&mut w.wire.prefetch);
     let pf = match w.hcas[hca].qps.get(&qpn) {
         Some(q) => Prefetch::fetch(q, buf),
         None => Err(buf),
     };
+    if let Ok(p) = &pf {
+        note_fetch(w, hca, qpn, p.ring, p.start, p.data.len(), &p.data);
+    }
     let mut wqe_buf = std::mem::take(&mut w.wire.wqe);
     let more = |q: &crate::state::Qp| q.state == qps::RTS && (q.sq_head as u16) != q.sq_rung;
     let mut n = 0;

@@ -574,7 +574,27 @@ pub(super) fn retire(w: &mut World, hca: usize, qpn: u32) {
             } else if let Err(s) = scatter(&o.local, data) {
                 requester_error(w, hca, qpn, o.wqe_idx, o.opcode, s);
                 return;
+            } else {
+                let what = if o.opcode == SendOpcode::RDMA_READ.0 {
+                    "read response"
+                } else {
+                    "atomic result"
+                };
+                note_scatter(w, hca, qpn, &o.local, 0, data.len(), data, what);
             }
+        }
+        if w.trace.on() {
+            let now = w.now();
+            w.trace.push(
+                hca,
+                now,
+                "mlx5_emu::device::requester::retire",
+                crate::trace::TraceWhat::Retire {
+                    qpn,
+                    wqe_counter: o.wqe_idx,
+                    cqe: o.signaled,
+                },
+            );
         }
         if o.signaled {
             requester_ok(w, hca, qpn, o.wqe_idx, o.opcode, o.len, scatter_data);

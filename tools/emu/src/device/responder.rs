@@ -58,7 +58,9 @@ pub(super) fn fetch_recv_wqe(
     qpn: u32,
     out: &mut Vec<u8>,
 ) -> Option<(u16, u32)> {
-    let q = w.hcas[hca].qps.get_mut(&qpn)?;
+    let clock = tclock(w);
+    let h = &mut w.hcas[hca];
+    let q = h.qps.get_mut(&qpn)?;
     if let Some(srqn) = q.srq {
         let s = w.hcas[hca].srqs.get_mut(&srqn)?;
         let posted = mem::read_be32(s.db).ok()? & WQ_PI_MASK;
@@ -85,14 +87,40 @@ pub(super) fn fetch_recv_wqe(
     }
     let stride = 1u64 << q.rq_wqe_shift;
     if !rq_cached_avail(q) {
-        q.rq_pi_seen = (mem::read_be32(q.db).ok()? & WQ_PI_MASK) as u16;
-        if q.rq_pi_seen == q.rq_head as u16 {
-            return None;
+        let db = q.db;
+        let first = q.buf + u64::from(q.rq_head & (q.rq_wqe_cnt - 1)) * stride;
+        q.rq_pi_seen = (mem::read_be32(db).ok()? & WQ_PI_MASK) as u16;
+        let empty = q.rq_pi_seen == q.rq_head as u16;
+        let data = if empty {
+            None
+        } else {
+            let mut d = std::mem::take(&mut q.rq_prefetch.1);
+            if prefetch_rq(q, stride, &mut d).is_none() {
+                d.clear();
+            }
+            Some(d)
+        };
+        let (pi, n) = (q.rq_pi_seen, data.as_ref().map_or(0, |d| d.len() as u64));
+        if w.trace.active() {
+            let c = &mut h.counters;
+            crate::trace::dma_read(c, db, 4);
+            // The prefetch: one read, two when it wraps (counted as one here).
+            crate::trace::dma_read(c, first, n);
         }
-        let mut data = std::mem::take(&mut q.rq_prefetch.1);
-        if prefetch_rq(q, stride, &mut data).is_none() {
-            data.clear();
+        if w.trace.on() {
+            w.trace.push(
+                hca,
+                clock,
+                "mlx5_emu::device::responder::fetch_recv_wqe",
+                crate::trace::TraceWhat::DbrecRead {
+                    queue: "rq",
+                    num: qpn,
+                    addr: db,
+                    value: u32::from(pi),
+                },
+            );
         }
+        let data = data?;
         q.rq_prefetch = (q.rq_head, data);
     }
     let off = q.rq_head.wrapping_sub(q.rq_prefetch.0) as usize * stride as usize;
@@ -109,8 +137,129 @@ pub(super) fn fetch_recv_wqe(
     Some((ctr, 0))
 }
 
+/// The clock for trace events: the world's time when tracing is on, else 0 (not read).
+#[inline(always)]
+pub(super) fn tclock(w: &World) -> u64 {
+    if w.trace.on() { w.now() } else { 0 }
+}
+
+/// Trace one responder check (nothing when tracing is off: `detail` is not even built).
+/// Takes the recorder alone so that the caller may keep its QP borrowed.
+#[inline(always)]
+pub(super) fn rcheck(
+    t: &mut crate::trace::Recorder,
+    clock: u64,
+    hca: usize,
+    qpn: u32,
+    check: &'static str,
+    ok: bool,
+    detail: impl FnOnce() -> String,
+) {
+    if t.on() {
+        t.push(
+            hca,
+            clock,
+            "mlx5_emu::device::responder::responder",
+            crate::trace::TraceWhat::Check {
+                qpn,
+                check,
+                detail: detail(),
+                ok,
+            },
+        );
+    }
+}
+
+/// Trace the checks [`responder`] is about to make on `pkt`, in its order, with the values
+/// compared (tracing only: the responder's own decisions are made below, from the same
+/// state).
+#[cold]
+fn trace_checks(w: &mut World, pkt: &Packet) {
+    let hca = pkt.dst_hca;
+    let clock = w.now();
+    let dq = pkt.dst_qpn;
+    let Some(q) = w.hcas.get(hca).and_then(|h| h.qps.get(&dq)) else {
+        if hca < w.hcas.len() {
+            rcheck(
+                &mut w.trace,
+                clock,
+                hca,
+                dq,
+                "destination QP",
+                false,
+                || format!("BTH dest QP {dq:#08x} unknown"),
+            );
+        }
+        return;
+    };
+    rcheck(&mut w.trace, clock, hca, dq, "destination QP", true, || {
+        format!("BTH dest QP {dq:#08x} exists")
+    });
+    let qt = q.qp_type;
+    let t = pkt.transport();
+    let ok_type = match t {
+        0x00 => qt == qpt::RC,
+        0x20 => qt == qpt::UC,
+        _ => qt == qpt::UD,
+    };
+    let st = q.state;
+    let ok_state = matches!(st, qps::RTR | qps::RTS | qps::SQD | qps::SQE);
+    let tn = match qt {
+        qpt::RC => "RC",
+        qpt::UC => "UC",
+        _ => "UD",
+    };
+    let sn = match st {
+        qps::RTR => "RTR",
+        qps::RTS => "RTS",
+        qps::SQD => "SQD",
+        qps::SQE => "SQE",
+        qps::ERR => "ERR",
+        qps::INIT => "INIT",
+        _ => "RESET",
+    };
+    rcheck(
+        &mut w.trace,
+        clock,
+        hca,
+        dq,
+        "QP type and state",
+        ok_type && ok_state,
+        || {
+            format!(
+                "transport {t:#04x} on a {tn} QP in state {sn} (receiving needs RTR, RTS, SQD or SQE)"
+            )
+        },
+    );
+    if !ok_type || !ok_state {
+        return;
+    }
+    if qt == qpt::UD {
+        let (got, want) = (pkt.qkey, q.qkey);
+        rcheck(&mut w.trace, clock, hca, dq, "Q_Key", got == want, || {
+            format!("Q_Key {got:#010x}, the QP's {want:#010x}")
+        });
+        return;
+    }
+    let peer = from_peer(w, hca, q, pkt);
+    let (slid, dqp, epsn) = (pkt.slid, q.dest_qpn, q.rq_psn);
+    rcheck(&mut w.trace, clock, hca, dq, "connected peer", peer, || {
+        format!("source LID {slid} is the connected peer's (its QP {dqp:#08x})")
+    });
+    if !peer {
+        return;
+    }
+    let got = pkt.psn;
+    rcheck(&mut w.trace, clock, hca, dq, "PSN", got == epsn, || {
+        format!("PSN {got:#08x}, expected {epsn:#08x}")
+    });
+}
+
 pub(super) fn responder(w: &mut World, pkt: &mut Packet) {
     let hca = pkt.dst_hca;
+    if w.trace.on() {
+        trace_checks(w, pkt);
+    }
     let Some(q) = w.hcas.get(hca).and_then(|h| h.qps.get(&pkt.dst_qpn)) else {
         if let Some(h) = w.hcas.get_mut(hca) {
             h.counters.rx_foreign += 1;
@@ -279,8 +428,26 @@ pub(super) fn read_response(
     let r = req.reth.unwrap_or_default();
     let addr = remote_reth(w, hca, pdn, qacc, r, access::REMOTE_READ)
         .ok_or(RespErr::Nak(aeth::NAK_REM_ACCESS, ev::QP_ACCESS_ERR))?;
+    let clock = tclock(w);
+    rcheck(
+        &mut w.trace,
+        clock,
+        hca,
+        qpn,
+        "rkey and access",
+        true,
+        || {
+            format!(
+                "READ rkey {:#010x} va {:#x} len {}: inside an MR with remote read",
+                r.rkey, r.va, r.len
+            )
+        },
+    );
     let data = Payload::build(r.len as usize, |buf| mem::read(addr, buf))
         .map_err(|_| RespErr::Nak(aeth::NAK_REM_OP, ev::QP_FATAL))?;
+    if r.len > 0 {
+        note_read(w, hca, qpn, addr, r.va, r.rkey, r.len, "read response");
+    }
     // MTU-sized parts of the data (one empty response for a zero-length READ).
     let n = data.len().div_ceil(mtu).max(1);
     let responses = (0..n)
@@ -342,8 +509,43 @@ pub(super) fn execute_request(
             access::REMOTE_ATOMIC,
         )
         .ok_or(RespErr::Nak(aeth::NAK_REM_ACCESS, ev::QP_ACCESS_ERR))?;
+        let clock = tclock(w);
+        rcheck(
+            &mut w.trace,
+            clock,
+            hca,
+            qpn,
+            "rkey and access",
+            true,
+            || {
+                format!(
+                    "atomic rkey {:#010x} va {:#x} size {size}: aligned, inside an MR with remote atomic",
+                    a.rkey, a.va
+                )
+            },
+        );
         let orig = do_atomic(addr, pkt.opcode, a)
             .map_err(|_| RespErr::Nak(aeth::NAK_REM_OP, ev::QP_FATAL))?;
+        note_read(
+            w,
+            hca,
+            qpn,
+            addr,
+            a.va,
+            a.rkey,
+            u32::from(size),
+            "atomic operand",
+        );
+        let new = orig.to_ne_bytes();
+        note_write(
+            w,
+            hca,
+            qpn,
+            addr,
+            usize::from(size),
+            &new[..0],
+            "atomic result",
+        );
         let q = w.hcas[hca].qps.get_mut(&qpn).expect("responder QP exists");
         // The replay state holds the results of the last max_dest_rd_atomic atomics: as
         // many as a requester may have outstanding towards this QP.
@@ -380,7 +582,23 @@ pub(super) fn execute_request(
         (true, _) if is_write => {
             w.hcas[hca].counters.rx_write_requests += 1;
             let r = pkt.reth.unwrap_or_default();
-            let Some(addr) = remote_reth(w, hca, pdn, qacc, r, access::REMOTE_WRITE) else {
+            let found = remote_reth(w, hca, pdn, qacc, r, access::REMOTE_WRITE);
+            let clock = tclock(w);
+            rcheck(
+                &mut w.trace,
+                clock,
+                hca,
+                qpn,
+                "rkey and access",
+                found.is_some(),
+                || {
+                    format!(
+                        "WRITE rkey {:#010x} va {:#x} len {}: inside an MR with remote write",
+                        r.rkey, r.va, r.len
+                    )
+                },
+            );
+            let Some(addr) = found else {
                 // A WRITE with immediate consumes a receive WQE even when its rkey check
                 // fails: that WQE completes with a local access error.
                 if pkt.imm.is_some() {
@@ -406,8 +624,37 @@ pub(super) fn execute_request(
         }
         (true, _) => {
             let Some((segs, ctr, srqn)) = take_recv_wqe(w, hca, qpn) else {
+                if w.trace.on() {
+                    let clock = w.now();
+                    rcheck(&mut w.trace, clock, hca, qpn, "receive WQE", false, || {
+                        "no receive WQE posted: RNR NAK".into()
+                    });
+                }
                 return Err(RespErr::Rnr);
             };
+            if w.trace.on() {
+                let clock = w.now();
+                rcheck(&mut w.trace, clock, hca, qpn, "receive WQE", true, || {
+                    "a receive WQE is posted".into()
+                });
+                let sges = segs
+                    .chunks_exact(16)
+                    .filter_map(|c| DataSeg::read_from_bytes(c).ok())
+                    .take_while(|d| d.lkey() != INVALID_LKEY)
+                    .map(|d| (d.addr(), d.byte_count(), d.lkey()))
+                    .collect();
+                let now = w.now();
+                w.trace.push(
+                    hca,
+                    now,
+                    "mlx5_emu::device::responder::take_recv_wqe",
+                    crate::trace::TraceWhat::RecvWqe {
+                        qpn,
+                        wqe_counter: ctr,
+                        sges,
+                    },
+                );
+            }
             let srq_pdn = srq
                 .and_then(|s| w.hcas[hca].srqs.get(&s))
                 .map_or(pdn, |s| s.pdn);
@@ -468,6 +715,18 @@ pub(super) fn execute_request(
         if !pkt.payload.is_empty() && mem::write(msg.addr + msg.offset, &pkt.payload).is_err() {
             return Err(RespErr::Nak(aeth::NAK_REM_OP, ev::QP_FATAL));
         }
+        if w.trace.active() && !pkt.payload.is_empty() {
+            let at = msg.addr + msg.offset;
+            note_write(
+                w,
+                hca,
+                qpn,
+                at,
+                pkt.payload.len(),
+                &pkt.payload,
+                "write data",
+            );
+        }
         msg.offset += pkt.payload.len() as u64;
     } else if first && last && scatter_ok && !ud && pkt.payload.len() <= limit() {
         let cap: u64 = msg.sgl.iter().map(|s| u64::from(s.1)).sum();
@@ -512,6 +771,18 @@ pub(super) fn execute_request(
             } else {
                 RespErr::Silent
             });
+        }
+        if w.trace.active() {
+            note_scatter(
+                w,
+                hca,
+                qpn,
+                &msg.sgl,
+                msg.offset,
+                pkt.payload.len(),
+                &pkt.payload,
+                "send data",
+            );
         }
         msg.offset += pkt.payload.len() as u64;
     }

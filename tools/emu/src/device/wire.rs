@@ -53,6 +53,20 @@ pub(super) fn send_packet(w: &mut World, mut pkt: Packet) {
         w.hcas[src].counters.packets_dropped += 1;
         return;
     }
+    if w.trace.on() {
+        let (sip, dip) = (node_ip(w.hcas[src].info.lid), node_ip(pkt.dst_lid));
+        let bytes = encode(&pkt, sip, dip);
+        w.trace.push(
+            src,
+            now,
+            "mlx5_emu::device::wire::send_packet",
+            crate::trace::TraceWhat::Packet(crate::trace::WirePacket {
+                src_hca: src,
+                dst_lid: pkt.dst_lid,
+                bytes,
+            }),
+        );
+    }
     let roll = |w: &mut World, ppm: u32| ppm > 0 && (w.rand() % 1_000_000) < u64::from(ppm);
     if roll(w, f.drop_ppm) {
         w.hcas[src].counters.packets_dropped += 1;

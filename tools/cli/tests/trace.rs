@@ -1,0 +1,358 @@
+//! `mlx5 trace`: the stages in the article's order, the WQE decoded as its bytes say, the
+//! packet headers matching the QPs and PSNs, inline vs gathered payloads, BlueFlame vs the
+//! 8-byte doorbell.
+
+use mlx5_tools::trace::{Stage, TraceOp, TraceOpts, decode_packet, trace};
+
+fn opts(op: TraceOp, size: u32, inline: u32, bf: bool, n: u32) -> TraceOpts {
+    TraceOpts {
+        op,
+        size,
+        inline,
+        bf,
+        n,
+    }
+}
+
+fn names(stages: &[Stage], op: u32) -> Vec<&'static str> {
+    stages
+        .iter()
+        .filter(|s| s.op_index == op)
+        .map(|s| s.name)
+        .collect()
+}
+
+fn unhex(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+#[test]
+fn inline_send_follows_the_article() {
+    let st = trace(&opts(TraceOp::Send, 64, 64, true, 1)).unwrap();
+    assert_eq!(
+        names(&st, 0),
+        [
+            "work request",
+            "checks",
+            "WQE",
+            "doorbell record",
+            "barrier",
+            "BlueFlame copy",
+            "WQE fetch",
+            "packet",
+            "responder checks",
+            "receive WQE",
+            "data placed",
+            "CQE",
+            "ACK",
+            "requester CQE",
+            "poll",
+            "work completion",
+        ]
+    );
+    // Every stage names the function that did it; device stages carry the emulated clock.
+    for s in &st {
+        assert!(s.func.starts_with("mlx5"), "{}: {}", s.name, s.func);
+    }
+    let dev = st.iter().find(|s| s.name == "WQE fetch").unwrap();
+    assert!(dev.func.starts_with("mlx5_emu::device::"));
+    assert!(dev.clock_ns.is_some());
+    // Times never go backwards.
+    assert!(st.windows(2).all(|w| w[0].t_ns <= w[1].t_ns));
+    // The completion is a success and the responder got the data.
+    let wc = st.iter().find(|s| s.name == "work completion").unwrap();
+    assert_eq!(wc.data["status"], 0);
+    assert_eq!(wc.data["wr_id"], 0x1000);
+    let poll = st.iter().find(|s| s.name == "poll").unwrap();
+    assert!(
+        poll.lines
+            .iter()
+            .any(|l| l.contains("matches what was sent")),
+        "{:?}",
+        poll.lines
+    );
+    // The responder's checks all passed, PSN among them.
+    let chk = st.iter().find(|s| s.name == "responder checks").unwrap();
+    assert!(
+        chk.lines.iter().all(|l| l.starts_with("ok")),
+        "{:?}",
+        chk.lines
+    );
+    assert!(
+        chk.lines
+            .iter()
+            .any(|l| l.contains("PSN 0x000100, expected 0x000100"))
+    );
+}
+
+#[test]
+fn the_decoded_wqe_matches_its_bytes() {
+    let st = trace(&opts(TraceOp::Send, 40, 64, true, 1)).unwrap();
+    let w = st.iter().find(|s| s.name == "WQE").unwrap();
+    let b = unhex(w.data["bytes"].as_str().unwrap());
+    let d = &w.data["decoded"]["sections"];
+    let ctrl = &d[0]["fields"];
+    assert_eq!(d[0]["name"], "ctrl");
+    assert_eq!(ctrl["opcode"]["value"], u64::from(b[3]));
+    assert_eq!(ctrl["opcode"]["value"], 0x0a);
+    let qpn = u32::from_be_bytes([0, b[4], b[5], b[6]]);
+    assert_eq!(ctrl["qpn"], qpn);
+    let wr = st.iter().find(|s| s.name == "work request").unwrap();
+    assert_eq!(wr.data["qpn"], qpn);
+    assert_eq!(ctrl["ds"], u64::from(b[7] & 0x3f));
+    assert_eq!(b.len(), usize::from(b[7] & 0x3f) * 16);
+    // Inline segment: byte count with the inline flag, then the payload.
+    let hdr = u32::from_be_bytes([b[16], b[17], b[18], b[19]]);
+    assert_eq!(hdr, 0x8000_0000 | 40);
+    assert_eq!(d[1]["name"], "inline");
+    assert_eq!(d[1]["fields"]["byte_count"], 40);
+    assert_eq!(&b[20..26], b"ABCDEF");
+    // The doorbell record holds the producer counter after the WQE.
+    let db = st.iter().find(|s| s.name == "doorbell record").unwrap();
+    assert_eq!(db.data["value"], db.data["producer"]);
+    assert_eq!(db.data["value"], w.data["wqebbs"]);
+    // The device fetched exactly the bytes the driver wrote.
+    let f = st.iter().find(|s| s.name == "WQE fetch").unwrap();
+    assert_eq!(f.data["same"], true);
+}
+
+#[test]
+fn packet_headers_match_the_qps_and_psns() {
+    let st = trace(&opts(TraceOp::Send, 64, 0, true, 2)).unwrap();
+    for op in 0..2u32 {
+        let wr = st
+            .iter()
+            .find(|s| s.op_index == op && s.name == "work request")
+            .unwrap();
+        let p = st
+            .iter()
+            .find(|s| s.op_index == op && s.name == "packet")
+            .unwrap();
+        let bth = &p.data["headers"]["bth"];
+        assert_eq!(bth["opcode"], 0x04, "RC SEND_ONLY");
+        assert_eq!(bth["dest_qp"], wr.data["dest_qpn"]);
+        assert_eq!(bth["psn"], 0x100 + op);
+        // Decoding the raw bytes again gives the same headers.
+        let raw = unhex(p.data["bytes"].as_str().unwrap());
+        let h = decode_packet(&raw).unwrap();
+        assert_eq!(u64::from(h.opcode), bth["opcode"].as_u64().unwrap());
+        assert_eq!(h.payload_len, 64);
+        assert_eq!(raw[0], 0x04);
+        let ack = st
+            .iter()
+            .find(|s| s.op_index == op && s.name == "ACK")
+            .unwrap();
+        let abth = &ack.data["headers"]["bth"];
+        assert_eq!(abth["dest_qp"], wr.data["qpn"]);
+        assert_eq!(abth["psn"], 0x100 + op);
+        assert_eq!(ack.data["headers"]["aeth"]["syndrome"], 0);
+    }
+}
+
+#[test]
+fn inline_has_no_payload_dma_read_and_gather_has_one() {
+    let inl = trace(&opts(TraceOp::Send, 64, 64, true, 1)).unwrap();
+    assert!(!inl.iter().any(|s| s.name == "DMA read"));
+    let dma = trace(&opts(TraceOp::Send, 64, 0, true, 1)).unwrap();
+    let reads: Vec<&Stage> = dma.iter().filter(|s| s.name == "DMA read").collect();
+    assert_eq!(reads.len(), 1);
+    assert_eq!(reads[0].data["len"], 64);
+    let wr = dma.iter().find(|s| s.name == "work request").unwrap();
+    assert_eq!(reads[0].data["va"], wr.data["sge"]["addr"]);
+    assert_eq!(reads[0].data["key"], wr.data["sge"]["lkey"]);
+    assert_eq!(reads[0].data["purpose"], "gather");
+    // The DMA read comes after the WQE fetch and before the packet.
+    let pos = |n: &str| dma.iter().position(|s| s.name == n).unwrap();
+    assert!(pos("WQE fetch") < pos("DMA read") && pos("DMA read") < pos("packet"));
+}
+
+#[test]
+fn blueflame_off_rings_the_8_byte_doorbell() {
+    let st = trace(&opts(TraceOp::Send, 64, 64, false, 1)).unwrap();
+    assert!(!st.iter().any(|s| s.name == "BlueFlame copy"));
+    let d = st.iter().find(|s| s.name == "doorbell").unwrap();
+    assert_eq!(d.data["len"], 8);
+    assert_eq!(d.data["blueflame"], false);
+    // The 8 bytes are the WQE's first 8.
+    let w = st.iter().find(|s| s.name == "WQE").unwrap();
+    assert_eq!(
+        d.data["bytes"].as_str().unwrap(),
+        &w.data["bytes"].as_str().unwrap()[..16]
+    );
+    let on = trace(&opts(TraceOp::Send, 64, 64, true, 1)).unwrap();
+    assert!(!on.iter().any(|s| s.name == "doorbell"));
+    let bf = on.iter().find(|s| s.name == "BlueFlame copy").unwrap();
+    assert_eq!(
+        bf.data["len"], 128,
+        "a 96-byte WQE goes as two 64-byte blocks"
+    );
+}
+
+#[test]
+fn write_read_and_atomic_show_their_headers() {
+    let w = trace(&opts(TraceOp::Write, 32, 0, true, 1)).unwrap();
+    let p = w.iter().find(|s| s.name == "packet").unwrap();
+    assert_eq!(p.data["headers"]["bth"]["opcode"], 0x0a);
+    assert_eq!(p.data["headers"]["reth"]["dma_len"], 32);
+    assert!(!w.iter().any(|s| s.name == "receive WQE"));
+    let r = trace(&opts(TraceOp::Read, 32, 0, true, 1)).unwrap();
+    let p = r.iter().find(|s| s.name == "packet").unwrap();
+    assert_eq!(p.data["headers"]["bth"]["opcode"], 0x0c);
+    let resp = r.iter().find(|s| s.name == "READ response").unwrap();
+    assert_eq!(resp.data["headers"]["bth"]["opcode"], 0x10);
+    assert_eq!(resp.data["headers"]["payload_len"], 32);
+    assert!(r.iter().any(|s| s.name == "data placed (requester)"));
+    let a = trace(&opts(TraceOp::Atomic, 8, 0, true, 1)).unwrap();
+    let p = a.iter().find(|s| s.name == "packet").unwrap();
+    assert_eq!(p.data["headers"]["bth"]["opcode"], 0x14);
+    assert_eq!(p.data["headers"]["atomic_eth"]["swap_add"], 1);
+    let ack = a.iter().find(|s| s.name == "atomic ACK").unwrap();
+    assert_eq!(ack.data["headers"]["atomic_ack_eth"], 0);
+}
+
+#[test]
+fn bad_input_is_refused_by_name() {
+    assert!(
+        trace(&opts(TraceOp::Send, 0, 0, true, 1))
+            .unwrap_err()
+            .contains("-s 0")
+    );
+    assert!(
+        trace(&opts(TraceOp::Send, 8, 0, true, 0))
+            .unwrap_err()
+            .contains("-n 0")
+    );
+    // Inline asked beyond what the QP can take: the QP creation names the limit.
+    let e = trace(&opts(TraceOp::Send, 64, 100_000, true, 1)).unwrap_err();
+    assert!(e.contains("CREATE_QP"), "{e}");
+    assert!(
+        decode_packet(&[0x04; 10])
+            .unwrap_err()
+            .contains("too short")
+    );
+    assert!(decode_packet(&[0x0a; 20]).unwrap_err().contains("RETH"));
+}
+
+#[test]
+fn the_command_prints_text_and_json() {
+    let bin = env!("CARGO_BIN_EXE_mlx5");
+    let out = std::process::Command::new(bin)
+        .args(["trace", "send", "-s", "64", "-I", "64", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["stages"][0]["stage"], "work request");
+    assert_eq!(v["stages"][0]["function"], "mlx5::Qp::post_send");
+    let out = std::process::Command::new(bin)
+        .args(["trace", "write", "--bf", "off"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("8-byte doorbell"), "{text}");
+    assert!(text.contains("RETH"), "{text}");
+}
+
+/// Garbage never panics the header decoder: every opcode, every length up to 96 bytes.
+#[test]
+fn decode_packet_survives_every_opcode_and_length() {
+    let mut ok = 0;
+    for op in 0..=255u8 {
+        for len in 0..96usize {
+            let mut b = vec![0xA5u8; len];
+            if let Some(x) = b.first_mut() {
+                *x = op;
+            }
+            if let Ok(h) = decode_packet(&b) {
+                assert_eq!(h.opcode, op);
+                assert!(h.payload_len + 16 <= len);
+                ok += 1;
+            }
+        }
+    }
+    assert!(ok > 0);
+}
+
+/// Off means off: with neither the trace nor link counting on, a SEND leaves no trace event
+/// and no link count (the device's own counters still count); on, both appear; off again,
+/// they stop.
+#[test]
+fn tracing_and_link_counting_cost_nothing_when_off() {
+    use mlx5::{RecvWr, SendFlags, SendWr, Sge, WorkCompletion};
+    let mut r = mlx5_tools::trace::rig(64, 0, true, 16).unwrap();
+    r.emu.count_link(false);
+    r.emu.trace(false);
+    let rx = [Sge {
+        addr: r.b.mr.addr() + r.area as u64,
+        length: 64,
+        lkey: r.b.mr.lkey(),
+    }];
+    let tx = [Sge {
+        addr: r.a.mr.addr(),
+        length: 64,
+        lkey: r.a.mr.lkey(),
+    }];
+    let one_send = |r: &mut mlx5_tools::trace::Rig| {
+        r.b.qp
+            .post_recv(&[RecvWr {
+                wr_id: 1,
+                sg_list: &rx,
+            }])
+            .unwrap();
+        r.a.qp
+            .post_send(&[SendWr::send(7, &tx, SendFlags::SIGNALED)])
+            .unwrap();
+        r.emu.run_until_idle();
+        let mut wcs = [WorkCompletion::default(); 4];
+        assert_eq!(r.a.scq.poll(&mut wcs), 1);
+        assert!(wcs[0].is_ok());
+        assert_eq!(r.b.rcq.poll(&mut wcs), 1);
+    };
+    let link = |c: &mlx5_emu::Counters| {
+        mlx5_emu::Counters::LINK_COUNTER_NAMES
+            .iter()
+            .map(|n| c.get(n).unwrap())
+            .sum::<u64>()
+    };
+    let c0 = r.emu.counters(0);
+    one_send(&mut r);
+    let c1 = r.emu.counters(0);
+    assert_eq!(link(&c1), link(&c0), "link counted while off");
+    assert_eq!(c1.wqes_executed, c0.wqes_executed + 1);
+    assert!(r.emu.take_trace().is_empty(), "trace recorded while off");
+    assert_eq!(r.emu.trace_clock(), 0);
+    r.emu.count_link(true);
+    one_send(&mut r);
+    let c2 = r.emu.counters(0);
+    assert_eq!(c2.wqe_fetches, c1.wqe_fetches + 1);
+    assert_eq!(c2.payload_reads, c1.payload_reads + 1);
+    assert_eq!(c2.payload_read_bytes, c1.payload_read_bytes + 64);
+    assert!(
+        r.emu.take_trace().is_empty(),
+        "link counting alone records no events"
+    );
+    r.emu.count_link(false);
+    r.emu.trace(true);
+    one_send(&mut r);
+    let c3 = r.emu.counters(0);
+    assert_eq!(
+        c3.wqe_fetches,
+        c2.wqe_fetches + 1,
+        "the trace counts the link too"
+    );
+    let ev = r.emu.take_trace();
+    assert!(ev.len() >= 8, "{}", ev.len());
+    assert!(ev.windows(2).all(|w| w[0].seq + 1 == w[1].seq));
+    r.emu.trace(false);
+    one_send(&mut r);
+    let c4 = r.emu.counters(0);
+    assert_eq!(link(&c4), link(&c3));
+    assert!(r.emu.take_trace().is_empty());
+}
