@@ -934,6 +934,11 @@ fn wake_thread(weak: Weak<Shared>, wake: Arc<uar::Wake>) {
     // `MLX5_EMU_AVOID=0`: leave the device thread's CPUs alone (see `Sched::place`).
     let avoid = std::env::var("MLX5_EMU_AVOID").map_or(true, |v| v.trim() != "0");
     let mut wqes_before: u64 = 0;
+    // A WQE ran on a device with a UDP fabric since the last wake-up that was not a
+    // timeout: the answer from another process is what comes next (see `Sched::place`).
+    let mut awaiting = false;
+    // The ringing CPU at the previous wait.
+    let mut last_fault_cpu = -1;
     let max_spin = spin_window();
     let mut spin = max_spin;
     let mut sleeps: u32 = 0;
@@ -988,7 +993,7 @@ fn wake_thread(weak: Weak<Shared>, wake: Arc<uar::Wake>) {
         // after the drain, so the wait below returns at once.
         wake.drain();
         let pending = uar::protect_pages(&wake);
-        let (n, deadline, clock, expect_packet) = {
+        let (n, deadline, clock) = {
             let mut w = shared.lock_quiet();
             let n = device::step(&mut w);
             let now_ns = w.now();
@@ -996,9 +1001,11 @@ fn wake_thread(weak: Weak<Shared>, wake: Arc<uar::Wake>) {
             let wqes: u64 = w.hcas.iter().map(|h| h.counters.wqes_executed).sum();
             // A request went out on the UDP fabric since the last wait: its answer, a
             // packet, is what comes next.
-            let expect_packet = !shared.udp_fds.is_empty() && wqes != wqes_before;
+            if !shared.udp_fds.is_empty() && wqes != wqes_before {
+                awaiting = true;
+            }
             wqes_before = wqes;
-            (n, deadline, !w.contexts.is_empty(), expect_packet)
+            (n, deadline, !w.contexts.is_empty())
         };
         if n > 0 {
             idle_since = None;
@@ -1046,9 +1053,20 @@ fn wake_thread(weak: Weak<Shared>, wake: Arc<uar::Wake>) {
         // application at once instead of waiting for the fair scheduler.
         sched.realtime();
         if avoid {
-            sched.place(uar::fault_cpu(), expect_packet);
+            // Off a CPU only once it rang twice in a row: threads ringing from both CPUs in
+            // turn would make the device chase them (and scan each one's BlueFlame copy
+            // from the other CPU while it is being written, see `tests/wake.rs`).
+            let c = uar::fault_cpu();
+            if awaiting || c == last_fault_cpu {
+                sched.place(c, awaiting);
+            }
+            last_fault_cpu = c;
         }
-        wait(wake.fd(), &fds, timeout);
+        if wait(wake.fd(), &fds, timeout) {
+            // A packet (the answer, or something else) or a doorbell: either way, what
+            // comes next is decided again before the next wait.
+            awaiting = false;
+        }
         idle_since = None;
         last_iter = Instant::now();
         woke = last_iter;
@@ -1252,7 +1270,8 @@ fn short_slice() {
 }
 
 /// Block until `efd` or one of `fds` is readable, or `timeout` passes (`None`: forever).
-fn wait(efd: i32, fds: &[i32], timeout: Option<Duration>) {
+/// Returns whether something became readable (false: the timeout, or an interruption).
+fn wait(efd: i32, fds: &[i32], timeout: Option<Duration>) -> bool {
     let mut pfds: Vec<libc::pollfd> = std::iter::once(efd)
         .chain(fds.iter().copied())
         .map(|fd| libc::pollfd {
@@ -1271,7 +1290,7 @@ fn wait(efd: i32, fds: &[i32], timeout: Option<Duration>) {
     // SAFETY: `pfds` is a valid array of pollfd for the call and `tsp` null or a live
     // timespec; the eventfd lives in the `Wake` we hold, the sockets while any handle
     // lives (a closed fd only makes ppoll report POLLNVAL).
-    unsafe {
+    let n = unsafe {
         libc::ppoll(
             pfds.as_mut_ptr(),
             pfds.len() as libc::nfds_t,
@@ -1279,4 +1298,5 @@ fn wait(efd: i32, fds: &[i32], timeout: Option<Duration>) {
             std::ptr::null(),
         )
     };
+    n > 0
 }

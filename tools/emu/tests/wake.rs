@@ -157,14 +157,17 @@ fn no_wake_up_is_lost_between_two_threads() {
     assert_eq!(c.cqes_written - before.cqes_written, 4 * N, "CQEs");
     // A scan may take a BlueFlame half while its copy is still being written (the CPU
     // between the first and a later store of the 64 bytes, e.g. preempted); the tail then
-    // lands after the scan and that doorbell counts as an 8-byte one. Rare (0 in most runs
-    // on the 2-core machine; the grace period keeps a faulted page open for the whole copy),
-    // so the bound is tight: at most 1 in 2,000.
+    // lands after the scan: that doorbell may count as an 8-byte one, and the tail, left in
+    // the half, makes the next 8-byte doorbell there count as a BlueFlame copy. So the count
+    // can be off either way. Rare (0 in most runs on the 2-core machine; 1 too many in 1 of
+    // 8 runs at load 7-8, the session-2 code path as well as the current one; the grace
+    // period keeps a faulted page open for the whole copy), so the bound is tight: at most
+    // 1 in 2,000 either way.
     let bf = c.bf_writes - before.bf_writes;
+    let written = bf1 + bf2;
     assert!(
-        bf <= bf1 + bf2 && bf + (bf1 + bf2) / 2000 >= bf1 + bf2,
-        "BlueFlame copies: {bf} counted of {}",
-        bf1 + bf2
+        bf.abs_diff(written) <= written / 2000,
+        "BlueFlame copies: {bf} counted of {written}"
     );
     assert_eq!(c.packets_dropped, 0);
 }
@@ -406,8 +409,15 @@ fn the_waking_device_blocks_as_a_real_time_thread_and_stays_fair_when_denied() {
     let pd = a.alloc_pd();
     let mut l = lane(&mut a, pd);
     run_lane(&a, &mut l, 200, 7);
-    std::thread::sleep(Duration::from_millis(50));
-    let policy = policy_of(tid).expect("the device thread's stat");
+    // The idle thread wakes every 10 ms for the clock and spins a little (fair) after each
+    // wake-up, and on a loaded machine it may wait for a CPU while fair: sample it. FIFO
+    // seen once shows it blocks real-time; never seen in 5 s shows it does not.
+    let t0 = Instant::now();
+    let mut policy = policy_of(tid).expect("the device thread's stat");
+    while policy != libc::SCHED_FIFO as u32 && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(1));
+        policy = policy_of(tid).expect("the device thread's stat");
+    }
     let want_rt =
         std::env::var("MLX5_EMU_RT").map_or(true, |v| !matches!(v.trim(), "0" | "off" | "no"));
     // Whether this process may make a thread SCHED_FIFO at all (asked from a fresh thread).
@@ -441,7 +451,10 @@ fn the_waking_device_blocks_as_a_real_time_thread_and_stays_fair_when_denied() {
         DeviceSched::Unknown => unreachable!(),
     }
     // Stepped mode has no waking thread to report.
-    let stepped = Emulator::new(EmuConfig::default());
+    let stepped = Emulator::new(EmuConfig {
+        mode: RunMode::Stepped,
+        ..EmuConfig::default()
+    });
     assert_eq!(stepped.device_sched(), DeviceSched::Unknown);
     assert_eq!(stepped.device_thread_id(), None);
 }

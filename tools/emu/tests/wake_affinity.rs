@@ -1,13 +1,16 @@
-//! The waking device keeps off the CPU of the thread that rang it (`MLX5_EMU_AVOID`, on by
-//! default; `docs/emulator-wake.md`, *Scheduling*). In its own test binary: the CPU of the
-//! last doorbell fault is process-wide, and other tests ringing from other CPUs would move it.
+//! The waking device places itself relative to the CPU of the thread that rang it
+//! (`MLX5_EMU_AVOID`, on by default; `docs/emulator-wake.md`, *Scheduling*): off it while a
+//! doorbell comes next, on it while the answer to a request sent over the UDP fabric comes
+//! next. In its own test binary: the CPU of the last doorbell fault is process-wide, and
+//! other tests ringing from other CPUs would move it. The two tests run one after the other
+//! (a lock), as each pins its thread and rings from it.
 
 mod common;
 
 use std::time::{Duration, Instant};
 
 use common::*;
-use mlx5_emu::{EmuConfig, Emulator, RunMode, WakeMode};
+use mlx5_emu::{EmuConfig, Emulator, Fabric, RunMode, WakeMode};
 use mlx5_hw::opcodes::SendOpcode;
 use mlx5_hw::wqe::{DataSeg, FM_CE_SE_CQ_UPDATE};
 use zerocopy::IntoBytes;
@@ -36,8 +39,45 @@ fn pin(cpu: usize) {
     assert_eq!(r, 0, "pin to CPU {cpu}");
 }
 
+/// The waking device thread's id, once it has started.
+fn device_tid(emu: &Emulator) -> i32 {
+    let t0 = Instant::now();
+    loop {
+        if let Some(tid) = emu.device_thread_id() {
+            return tid;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "no waking device thread"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// One test at a time: each pins its thread and expects the last fault to be its own.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Poll `cond` on the device thread's CPUs for up to 5 s.
+fn eventually(tid: i32, what: &str, cond: impl Fn(&[usize]) -> bool) {
+    let t0 = Instant::now();
+    loop {
+        let cpus = affinity(tid);
+        if cond(&cpus) {
+            return;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "{what}: device on {cpus:?}"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 #[test]
 fn the_device_moves_off_the_cpu_of_the_thread_that_rang() {
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let avoid = std::env::var("MLX5_EMU_AVOID").map_or(true, |v| v.trim() != "0");
     let allowed = affinity(0);
     // The device thread inherits its creator's CPUs: create it first, then pin this thread.
@@ -59,7 +99,7 @@ fn the_device_moves_off_the_cpu_of_the_thread_that_rang() {
     bring_up(&a, &rx, 1, tx.qpn, Knobs::default());
     let buf = Buf::new(8192);
     let (_, lkey, _) = a.reg_mr(pd, buf.addr(), 8192, ALL_ACCESS).expect("mr");
-    let tid = emu.device_thread_id().expect("a waking device thread");
+    let tid = device_tid(&emu);
     for round in 0..20 {
         // Past the spin window: the page is protected again, the next store faults here.
         std::thread::sleep(Duration::from_millis(5));
@@ -95,5 +135,96 @@ fn the_device_moves_off_the_cpu_of_the_thread_that_rang() {
     } else {
         // One CPU (or the rule turned off): the device keeps what it was given.
         assert_eq!(device, allowed);
+    }
+}
+
+#[test]
+fn the_device_waits_for_an_answer_on_the_ringing_cpu_and_for_a_doorbell_off_it() {
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let avoid = std::env::var("MLX5_EMU_AVOID").map_or(true, |v| v.trim() != "0");
+    let allowed = affinity(0);
+    // a: a threaded device on the UDP fabric; b: a stepped one, which answers only when
+    // stepped, so a's wait for the answer can be looked at.
+    let ea = Emulator::with_wake(
+        EmuConfig {
+            mode: RunMode::Threaded,
+            fabric: Fabric::Udp,
+            ..EmuConfig::default()
+        },
+        WakeMode::Fault,
+    );
+    let eb = Emulator::new(EmuConfig {
+        mode: RunMode::Stepped,
+        fabric: Fabric::Udp,
+        ..EmuConfig::default()
+    });
+    let ringer = allowed[0];
+    pin(ringer);
+    let (ia, ib) = (ea.hca_info(0).expect("a"), eb.hca_info(0).expect("b"));
+    let mut a = Ctx::open(&ea, 0);
+    let mut b = Ctx::open(&eb, 0);
+    let (pda, pdb) = (a.alloc_pd(), b.alloc_pd());
+    let mut cqa = a.create_cq(16, 64, -1);
+    let mut cqb = b.create_cq(16, 64, -1);
+    let mut qa = a.create_qp(pda, &cqa, &cqa, RC, 16, 8, None);
+    let mut qb = b.create_qp(pdb, &cqb, &cqb, RC, 16, 8, None);
+    let (ma, mb) = (Buf::new(4096), Buf::new(4096));
+    let (_, la, _) = a.reg_mr(pda, ma.addr(), 4096, ALL_ACCESS).expect("mr a");
+    let (_, lb, _) = b.reg_mr(pdb, mb.addr(), 4096, ALL_ACCESS).expect("mr b");
+    bring_up(&a, &qa, ib.lid, qb.qpn, Knobs::default());
+    bring_up(&b, &qb, ia.lid, qa.qpn, Knobs::default());
+    let tid = device_tid(&ea);
+    let two = avoid && allowed.len() > 1;
+    for round in 0..3 {
+        qb.post_recv(&[(mb.addr(), 64, lb)]);
+        // Past the spin window: the page is protected, the store faults on `ringer`.
+        std::thread::sleep(Duration::from_millis(5));
+        let i = qa.build_send(
+            SendOpcode::SEND,
+            0,
+            FM_CE_SE_CQ_UPDATE,
+            [0; 4],
+            DataSeg::new(8, la, ma.addr()).as_bytes(),
+        );
+        qa.ring(&a, i, Ring::Doorbell);
+        if two {
+            // The request is out; b has not answered: a waits on the ringing CPU alone,
+            // also across its 10 ms clock ticks.
+            eventually(tid, "awaiting the answer", |c| c == [ringer]);
+            std::thread::sleep(Duration::from_millis(25));
+            assert_eq!(affinity(tid), [ringer], "round {round}: after a clock tick");
+        }
+        // b receives the SEND and ACKs it; a completes it.
+        let t0 = Instant::now();
+        let cqe = loop {
+            eb.run_until_idle();
+            if let Some((d, _)) = cqa.poll() {
+                break decode(&d);
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "round {round}: no CQE"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        assert_eq!(cqe.opcode, 0, "round {round}: a send completion");
+        assert!(
+            cqb.poll().is_some(),
+            "round {round}: b's receive completion"
+        );
+        if two {
+            // Nothing awaited: a waits for the next doorbell off the ringing CPU.
+            eventually(tid, "awaiting a doorbell", |c| {
+                !c.contains(&ringer) && !c.is_empty() && c.iter().all(|x| allowed.contains(x))
+            });
+        } else {
+            assert_eq!(
+                affinity(tid),
+                allowed,
+                "one CPU or placement off: untouched"
+            );
+        }
     }
 }
