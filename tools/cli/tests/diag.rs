@@ -411,15 +411,22 @@ fn mlx5() -> Command {
     Command::new(env!("CARGO_BIN_EXE_mlx5"))
 }
 
+/// A file `name` in a directory of its own (tests run in parallel: each removes only its own
+/// directory; a shared one removed by one test broke the others).
 fn scratch(name: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("mlx5-diag-test.{}", std::process::id()));
+    let d = std::env::temp_dir().join(format!("mlx5-diag-test.{}.{name}", std::process::id()));
     std::fs::create_dir_all(&d).unwrap();
     d.join(name)
 }
 
+fn remove_scratch(p: &std::path::Path) {
+    let _ = std::fs::remove_dir_all(p.parent().unwrap());
+}
+
 #[test]
 fn binary_reads_a_dump_file_and_names_bad_lines() {
-    let p = scratch("good.dump");
+    let good = scratch("good.dump");
+    let p = good.clone();
     std::fs::write(&p, sample_dump()).unwrap();
     let out = mlx5().arg("diag").arg("--dump").arg(&p).output().unwrap();
     let so = String::from_utf8_lossy(&out.stdout);
@@ -445,7 +452,8 @@ fn binary_reads_a_dump_file_and_names_bad_lines() {
     let out = mlx5().arg("diag").output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--dump FILE"));
-    let _ = std::fs::remove_dir_all(p.parent().unwrap());
+    remove_scratch(&good);
+    remove_scratch(&p);
 }
 
 #[test]
@@ -584,7 +592,7 @@ fn live_run_saves_a_dump_that_diag_reads_back() {
         "{so}"
     );
     assert!(so.lines().any(|l| l.starts_with("ERROR CQE: ") && l.contains("LOCAL_PROT(0x04) vendor_err 0x51")), "{so}");
-    let _ = std::fs::remove_file(&p);
+    remove_scratch(&p);
 }
 
 #[test]
@@ -671,7 +679,7 @@ fn json_report_carries_the_same_findings() {
     assert!(out.status.success());
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v, j);
-    let _ = std::fs::remove_file(&p);
+    remove_scratch(&p);
 }
 
 #[test]
