@@ -995,6 +995,12 @@ pub struct TraceArgs {
     /// Operations to trace, one after the other.
     #[arg(short = 'n', long = "iters", default_value_t = 1)]
     pub iters: u32,
+    /// Make the operation fail and trace its error: `bad-lkey` (the local key is no MR's:
+    /// LOCAL_PROT; the payload is gathered, not inline) or `bad-rkey` (write/read/atomic: the
+    /// responder's rkey check fails, NAK, REM_ACCESS_ERR). The work completion prints with its
+    /// explanation (`causes:`, `check:`).
+    #[arg(long, value_enum, value_name = "FAULT")]
+    pub fault: Option<crate::trace::Fault>,
     /// JSON instead of text.
     #[arg(long)]
     pub json: bool,

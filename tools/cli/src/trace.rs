@@ -37,6 +37,28 @@ pub enum TraceOp {
     Atomic,
 }
 
+/// A fault injected into the traced operation, to show the life of one that fails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Fault {
+    /// The local SGE carries a key that is no MR's: the device's gather (SEND/WRITE) or
+    /// scatter of the response (READ/atomic) is refused, the CQE is LOCAL_PROT. Forces the
+    /// payload to be gathered (an inline payload has no lkey).
+    BadLkey,
+    /// The remote key of a WRITE/READ/atomic is no MR's: the responder's rkey check fails, it
+    /// answers with a NAK and the requester's CQE is REM_ACCESS_ERR.
+    BadRkey,
+}
+
+impl Fault {
+    /// The name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Fault::BadLkey => "bad-lkey",
+            Fault::BadRkey => "bad-rkey",
+        }
+    }
+}
+
 /// What to trace.
 #[derive(Clone, Copy, Debug)]
 pub struct TraceOpts {
@@ -51,6 +73,8 @@ pub struct TraceOpts {
     pub bf: bool,
     /// Operations traced, one after the other.
     pub n: u32,
+    /// A fault to inject (`None`: the operation succeeds).
+    pub fault: Option<Fault>,
 }
 
 /// Largest message `mlx5 trace` takes.
@@ -371,6 +395,7 @@ pub fn rig(size: u32, inline: u32, bf: bool, depth: u32) -> Result<Rig, String> 
         inline,
         bf,
         n: 1,
+        fault: None,
     };
     let mut a = end(&ctx, &pd, area, &o, depth)?;
     let mut b = end(&ctx, &pd, area, &o, depth)?;
@@ -452,6 +477,24 @@ pub fn trace(o: &TraceOpts) -> Result<Vec<Stage>, String> {
     if o.n == 0 || o.n > 32 {
         return Err(format!("-n {}: trace 1..=32 operations", o.n));
     }
+    match o.fault {
+        Some(f) if o.n != 1 => {
+            return Err(format!(
+                "--fault {} with -n {}: a fault is traced on one operation (-n 1); the QP is in \
+                 the error state after it",
+                f.name(),
+                o.n
+            ));
+        }
+        Some(Fault::BadRkey) if o.op == TraceOp::Send => {
+            return Err(
+                "--fault bad-rkey with send: a SEND carries no remote key (use write, read or \
+                 atomic)"
+                    .to_owned(),
+            );
+        }
+        _ => {}
+    }
     let mut r = rig(size, o.inline, o.bf, 64)?;
     let area = r.area;
     // The payload: a recognisable pattern in a's tx area.
@@ -509,7 +552,10 @@ fn trace_one(
     i: u32,
     out: &mut Vec<Stage>,
 ) -> Result<(), String> {
-    let inline = matches!(o.op, TraceOp::Send | TraceOp::Write) && size <= o.inline;
+    // An inline payload carries no lkey: a bad-lkey fault gathers.
+    let inline = matches!(o.op, TraceOp::Send | TraceOp::Write)
+        && size <= o.inline
+        && o.fault != Some(Fault::BadLkey);
     let wr_id = 0x1000 + u64::from(i);
     let (a_qpn, b_qpn) = (a.qp.qpn(), b.qp.qpn());
     // The responder's receive for a SEND (set up before the trace of this operation).
@@ -527,7 +573,12 @@ fn trace_one(
         emu.run_until_idle();
         emu.take_trace();
     }
-    let (raddr, rkey) = (b.mr.addr() + area as u64, b.mr.rkey());
+    // A key no MR has: the index bits (above the 8-bit variant) flipped.
+    let bad = |k: u32| k ^ 0x00ff_ff00;
+    let (raddr, mut rkey) = (b.mr.addr() + area as u64, b.mr.rkey());
+    if o.fault == Some(Fault::BadRkey) {
+        rkey = bad(rkey);
+    }
     let local = Sge {
         addr: a.mr.addr()
             + if matches!(o.op, TraceOp::Read | TraceOp::Atomic) {
@@ -536,7 +587,11 @@ fn trace_one(
                 0
             },
         length: size,
-        lkey: a.mr.lkey(),
+        lkey: if o.fault == Some(Fault::BadLkey) {
+            bad(a.mr.lkey())
+        } else {
+            a.mr.lkey()
+        },
     };
     let sg = [local];
     let inl: [&[u8]; 1] = [pattern];
@@ -584,6 +639,24 @@ fn trace_one(
         lines.push(format!("remote: addr {raddr:#x} rkey {rkey:#010x}"));
     }
     lines.push(format!("QP {a_qpn:#08x} (RC) -> QP {b_qpn:#08x}"));
+    if let Some(f) = o.fault {
+        lines.push(format!(
+            "fault {}: {}",
+            f.name(),
+            match f {
+                Fault::BadLkey => format!(
+                    "lkey {:#010x} is no MR's (the MR's is {:#010x}); the payload is gathered \
+                     (an inline one carries no lkey)",
+                    local.lkey,
+                    a.mr.lkey()
+                ),
+                Fault::BadRkey => format!(
+                    "rkey {rkey:#010x} is no MR's (the remote MR's is {:#010x})",
+                    b.mr.rkey()
+                ),
+            }
+        ));
+    }
     out.push(stage(
         i,
         "work request",
@@ -724,6 +797,9 @@ fn trace_one(
     emu.run_until_idle();
     let events = emu.take_trace();
     device_stages(i, &events, a_qpn, b_qpn, wqe, ring_fn, out)?;
+    if o.fault == Some(Fault::BadLkey) {
+        local_key_check(i, &events, &local, o.op, out);
+    }
     // The poll and the work completion.
     let mut wcs = [WorkCompletion::default(); 4];
     let tp = emu.trace_clock();
@@ -756,24 +832,17 @@ fn trace_one(
         json!({"polled": n}),
     ));
     let wc = wcs[0];
-    let wc_lines = if n == 0 {
+    // The completion prints through `WorkCompletion`'s Display: an error brings its
+    // explanation (`meaning:`, `causes:`, `check:` lines).
+    let wc_lines: Vec<String> = if n == 0 {
         vec!["no work completion".to_owned()]
     } else {
-        vec![
-            format!(
-                "wr_id {:#x}  status {:?}  opcode {}  byte_len {}  qp_num {:#08x}",
-                wc.wr_id, wc.status, wc.opcode.0, wc.byte_len, wc.qp_num
-            ),
-            if wc.status.0 == 0 {
-                "success".to_owned()
-            } else {
-                format!(
-                    "error: syndrome {:#04x}, vendor syndrome {:#04x}",
-                    wc.syndrome.0, wc.vendor_err.0
-                )
-            },
-        ]
+        wc.to_string().lines().map(str::to_owned).collect()
     };
+    let explanation = (n > 0 && !wc.is_ok())
+        .then(|| mlx5_hw::cqe::explain(wc.syndrome, wc.vendor_err))
+        .flatten()
+        .map(|x| json!({"meaning": x.meaning, "causes": x.causes, "check": x.check}));
     out.push(stage(
         i,
         "work completion",
@@ -781,9 +850,61 @@ fn trace_one(
         "mlx5::Cq::poll",
         wc_lines,
         json!({"wr_id": wc.wr_id, "status": wc.status.0, "opcode": wc.opcode.0,
-               "byte_len": wc.byte_len, "qp_num": wc.qp_num, "returned": n}),
+               "byte_len": wc.byte_len, "qp_num": wc.qp_num, "returned": n,
+               "syndrome": wc.syndrome.0, "vendor_err": wc.vendor_err.0,
+               "explanation": explanation}),
     ));
     Ok(())
+}
+
+/// For a bad-lkey fault: the device's local key check, placed after the WQE fetch. The
+/// emulator refuses the WQE whose local key is no MR's before any payload DMA or packet (for a
+/// READ/atomic too: its scatter list is checked before the request goes out), and no trace
+/// event carries the check itself; the stage says what was checked and what the events show
+/// (a DMA read with the key or none, the packets, the error CQE).
+fn local_key_check(i: u32, events: &[TraceEvent], local: &Sge, op: TraceOp, out: &mut Vec<Stage>) {
+    let read = events
+        .iter()
+        .any(|e| matches!(&e.what, TraceWhat::DmaRead { key, .. } if *key == local.lkey));
+    let packets = events
+        .iter()
+        .filter(|e| matches!(e.what, TraceWhat::Packet(_)))
+        .count();
+    let what = if matches!(op, TraceOp::Read | TraceOp::Atomic) {
+        "scatter list (where the response would land)"
+    } else {
+        "gather list"
+    };
+    let lines = vec![
+        format!(
+            "FAIL lkey {:#010x} is not the key of a registered MR: the WQE's {what}, {} B at \
+             {:#x}, is refused",
+            local.lkey, local.length, local.addr
+        ),
+        format!(
+            "seen: {} DMA read with this key, {packets} packet(s) on the wire, then the error CQE",
+            if read { "a" } else { "no" }
+        ),
+    ];
+    let data = json!({"check": "lkey", "ok": false, "lkey": local.lkey, "dma_read": read,
+                      "packets": packets, "what": what});
+    let at = out
+        .iter()
+        .rposition(|s| s.op_index == i && s.name == "WQE fetch")
+        .map_or(out.len(), |k| k + 1);
+    let (t, clock) = out
+        .get(at.saturating_sub(1))
+        .map_or((0, None), |s| (s.t_ns, s.clock_ns));
+    let mut st = stage(
+        i,
+        "local key check",
+        t,
+        "mlx5_emu::device::dma::data_segs",
+        lines,
+        data,
+    );
+    st.clock_ns = clock;
+    out.insert(at, st);
 }
 
 /// Turn the device's trace events into stages (consecutive responder checks are one stage).
@@ -944,6 +1065,7 @@ fn device_stages(
                 let request = h.dest_qp == b_qpn;
                 let name = match (request, h.opcode & 0x1f) {
                     (true, _) => "packet",
+                    (false, 0x11) if h.aeth.is_some_and(|(syn, _)| syn >> 5 == 3) => "NAK",
                     (false, 0x11) => "ACK",
                     (false, 0x12) => "atomic ACK",
                     (false, _) => "READ response",
@@ -1087,6 +1209,7 @@ pub fn to_json(o: &TraceOpts, stages: &[Stage]) -> Value {
         "inline": o.inline,
         "bf": o.bf,
         "n": o.n,
+        "fault": o.fault.map(Fault::name),
         "time_basis": "t_ns: wall-clock ns since tracing began (stepped emulator, one process); clock_ns: the emulated clock",
         "stages": stages.iter().map(|st| json!({
             "op_index": st.op_index,
@@ -1111,6 +1234,7 @@ pub fn command(a: &crate::cli::TraceArgs) -> Result<(), String> {
         inline: a.inline,
         bf: a.bf != crate::cli::OnOff::Off,
         n: a.iters,
+        fault: a.fault,
     };
     let stages = trace(&o)?;
     if a.json {
@@ -1120,8 +1244,10 @@ pub fn command(a: &crate::cli::TraceArgs) -> Result<(), String> {
         );
     } else {
         print!(
-            "mlx5 trace {}: {} B, inline up to {} B, BlueFlame {}, on the emulated ConnectX (stepped)\n{}",
+            "mlx5 trace {}{}: {} B, inline up to {} B, BlueFlame {}, on the emulated ConnectX (stepped)\n{}",
             format!("{:?}", o.op).to_lowercase(),
+            o.fault
+                .map_or(String::new(), |f| format!(" --fault {}", f.name())),
             if o.op == TraceOp::Atomic { 8 } else { o.size },
             o.inline,
             if o.bf { "on" } else { "off" },

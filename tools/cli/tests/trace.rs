@@ -2,7 +2,7 @@
 //! packet headers matching the QPs and PSNs, inline vs gathered payloads, BlueFlame vs the
 //! 8-byte doorbell.
 
-use mlx5_tools::trace::{Stage, TraceOp, TraceOpts, decode_packet, trace};
+use mlx5_tools::trace::{Fault, Stage, TraceOp, TraceOpts, decode_packet, trace};
 
 fn opts(op: TraceOp, size: u32, inline: u32, bf: bool, n: u32) -> TraceOpts {
     TraceOpts {
@@ -11,6 +11,7 @@ fn opts(op: TraceOp, size: u32, inline: u32, bf: bool, n: u32) -> TraceOpts {
         inline,
         bf,
         n,
+        fault: None,
     }
 }
 
@@ -66,6 +67,14 @@ fn inline_send_follows_the_article() {
     let wc = st.iter().find(|s| s.name == "work completion").unwrap();
     assert_eq!(wc.data["status"], 0);
     assert_eq!(wc.data["wr_id"], 0x1000);
+    // Printed through `WorkCompletion`'s Display: one line, no explanation for a success.
+    assert_eq!(wc.lines.len(), 1, "{:?}", wc.lines);
+    assert!(
+        wc.lines[0].starts_with("wr_id 4096 SEND SUCCESS"),
+        "{:?}",
+        wc.lines
+    );
+    assert!(wc.data["explanation"].is_null());
     let poll = st.iter().find(|s| s.name == "poll").unwrap();
     assert!(
         poll.lines
@@ -355,4 +364,219 @@ fn tracing_and_link_counting_cost_nothing_when_off() {
     let c4 = r.emu.counters(0);
     assert_eq!(link(&c4), link(&c3));
     assert!(r.emu.take_trace().is_empty());
+}
+
+fn faulty(op: TraceOp, size: u32, inline: u32, fault: Fault) -> Vec<Stage> {
+    let mut o = opts(op, size, inline, true, 1);
+    o.fault = Some(fault);
+    trace(&o).unwrap()
+}
+
+/// The error CQE's decoded syndrome and the work completion's explanation lines.
+fn assert_error_end(st: &[Stage], syndrome: u64, wc_status: &str) {
+    let cqe = st.iter().find(|s| s.name == "requester CQE").unwrap();
+    let dec = &cqe.data["decoded"];
+    let err = dec["sections"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == "error")
+        .unwrap_or_else(|| panic!("no error section: {dec:#}"));
+    assert_eq!(err["fields"]["syndrome"]["value"], syndrome, "{dec:#}");
+    assert_eq!(dec["sections"][0]["fields"]["opcode"]["name"], "REQ_ERR");
+    let n = st.len();
+    assert_eq!(st[n - 1].name, "work completion");
+    let wc = &st[n - 1];
+    assert_eq!(wc.data["syndrome"], syndrome);
+    assert!(wc.lines[0].contains(wc_status), "{:?}", wc.lines);
+    for k in ["meaning: ", "causes: ", "check: "] {
+        assert!(
+            wc.lines
+                .iter()
+                .any(|l| l.starts_with(k) && l.len() > k.len() + 10),
+            "no {k} line: {:?}",
+            wc.lines
+        );
+    }
+    for k in ["meaning", "causes", "check"] {
+        assert!(
+            wc.data["explanation"][k]
+                .as_str()
+                .is_some_and(|t| !t.is_empty()),
+            "{:#}",
+            wc.data
+        );
+    }
+}
+
+#[test]
+fn a_bad_lkey_send_ends_in_local_prot_with_its_explanation() {
+    // Inline asked for: the fault gathers anyway (an inline payload carries no lkey).
+    let st = faulty(TraceOp::Send, 64, 64, Fault::BadLkey);
+    assert_eq!(
+        names(&st, 0),
+        [
+            "work request",
+            "checks",
+            "WQE",
+            "doorbell record",
+            "barrier",
+            "BlueFlame copy",
+            "WQE fetch",
+            "local key check",
+            "requester CQE",
+            "poll",
+            "work completion",
+        ]
+    );
+    let wr = &st[0];
+    let bad = wr.data["sge"]["lkey"].as_u64().unwrap();
+    assert_eq!(wr.data["inline"], false);
+    assert!(wr.lines.iter().any(|l| l.starts_with("fault bad-lkey")));
+    // The WQE carries the bad key; the device's check names it and saw no DMA, no packet.
+    let wqe = st.iter().find(|s| s.name == "WQE").unwrap();
+    assert!(
+        wqe.lines
+            .iter()
+            .any(|l| l.contains(&format!("{bad:#010x}"))),
+        "{:?}",
+        wqe.lines
+    );
+    let chk = st.iter().find(|s| s.name == "local key check").unwrap();
+    assert_eq!(chk.data["ok"], false);
+    assert_eq!(chk.data["lkey"], bad);
+    assert_eq!(chk.data["dma_read"], false);
+    assert_eq!(chk.data["packets"], 0);
+    assert!(chk.lines[0].starts_with("FAIL lkey"), "{:?}", chk.lines);
+    assert_error_end(&st, 0x04, "LOC_PROT_ERR");
+    // The decoded CQE names the syndrome.
+    let cqe = st.iter().find(|s| s.name == "requester CQE").unwrap();
+    assert!(
+        cqe.lines.iter().any(|l| l.contains("0x04 LOCAL_PROT")),
+        "{:?}",
+        cqe.lines
+    );
+}
+
+#[test]
+fn a_bad_rkey_write_is_naked_and_ends_in_rem_access_err() {
+    let st = faulty(TraceOp::Write, 64, 0, Fault::BadRkey);
+    let n = names(&st, 0);
+    let at = |x: &str| {
+        n.iter()
+            .position(|s| *s == x)
+            .unwrap_or_else(|| panic!("{x}: {n:?}"))
+    };
+    assert!(at("packet") < at("responder checks"));
+    assert!(at("responder checks") < at("NAK"));
+    assert!(at("NAK") < at("requester CQE"));
+    assert!(!n.contains(&"data placed"), "{n:?}");
+    let pkt = st.iter().find(|s| s.name == "packet").unwrap();
+    let rkey = pkt.data["headers"]["reth"]["rkey"].as_u64().unwrap();
+    // The responder's rkey check is the one that fails, on the rkey the packet carried.
+    let chk = st.iter().find(|s| s.name == "responder checks").unwrap();
+    let failed: Vec<_> = chk.lines.iter().filter(|l| l.starts_with("FAIL")).collect();
+    assert_eq!(failed.len(), 1, "{:?}", chk.lines);
+    assert!(failed[0].contains("rkey"), "{failed:?}");
+    assert!(failed[0].contains(&format!("{rkey:#010x}")), "{failed:?}");
+    // The NAK: AETH syndrome 0x62 (NAK, remote access error).
+    let nak = st.iter().find(|s| s.name == "NAK").unwrap();
+    assert_eq!(nak.data["headers"]["aeth"]["syndrome"], 0x62);
+    assert_error_end(&st, 0x13, "REM_ACCESS_ERR");
+    let wc = st.last().unwrap();
+    assert!(
+        wc.lines
+            .iter()
+            .any(|l| l.starts_with("causes:") && l.contains("rkey")),
+        "{:?}",
+        wc.lines
+    );
+}
+
+#[test]
+fn faults_on_read_and_atomic_end_in_errors_too() {
+    for op in [TraceOp::Read, TraceOp::Atomic] {
+        assert_error_end(&faulty(op, 64, 0, Fault::BadRkey), 0x13, "REM_ACCESS_ERR");
+        assert_error_end(&faulty(op, 64, 0, Fault::BadLkey), 0x04, "LOC_PROT_ERR");
+    }
+    assert_error_end(
+        &faulty(TraceOp::Write, 64, 0, Fault::BadLkey),
+        0x04,
+        "LOC_PROT_ERR",
+    );
+}
+
+#[test]
+fn bad_fault_requests_are_refused_by_name() {
+    let mut o = opts(TraceOp::Send, 64, 0, true, 1);
+    o.fault = Some(Fault::BadRkey);
+    let e = trace(&o).unwrap_err();
+    assert!(e.contains("bad-rkey") && e.contains("SEND"), "{e}");
+    o.fault = Some(Fault::BadLkey);
+    o.n = 2;
+    let e = trace(&o).unwrap_err();
+    assert!(e.contains("bad-lkey") && e.contains("-n 2"), "{e}");
+    let bin = env!("CARGO_BIN_EXE_mlx5");
+    let out = std::process::Command::new(bin)
+        .args(["trace", "send", "--fault", "bad-pkey"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("'bad-pkey'") && err.contains("--fault"),
+        "{err}"
+    );
+    assert!(
+        err.contains("bad-lkey") && err.contains("bad-rkey"),
+        "{err}"
+    );
+    let help = std::process::Command::new(bin)
+        .args(["trace", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(
+        help.contains("--fault") && help.contains("bad-lkey"),
+        "{help}"
+    );
+}
+
+#[test]
+fn the_fault_command_prints_the_explanation_in_text_and_json() {
+    let bin = env!("CARGO_BIN_EXE_mlx5");
+    let run = |json: bool| {
+        let mut a = vec![
+            "trace", "send", "-s", "64", "-I", "64", "--fault", "bad-lkey",
+        ];
+        if json {
+            a.push("--json");
+        }
+        let out = std::process::Command::new(bin).args(&a).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let text = run(false);
+    assert!(text.contains("--fault bad-lkey"), "{text}");
+    assert!(text.contains("syndrome        : 0x04 LOCAL_PROT"), "{text}");
+    assert!(text.contains("      causes: "), "{text}");
+    assert!(text.contains("      check: "), "{text}");
+    let v: serde_json::Value = serde_json::from_str(&run(true)).unwrap();
+    assert_eq!(v["fault"], "bad-lkey");
+    let last = v["stages"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(last["stage"], "work completion");
+    assert_eq!(last["data"]["syndrome"], 4);
+    let lines: Vec<&str> = last["lines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|l| l.as_str())
+        .collect();
+    assert!(lines.iter().any(|l| l.starts_with("causes: ")), "{lines:?}");
+    assert!(lines.iter().any(|l| l.starts_with("check: ")), "{lines:?}");
+    assert!(last["data"]["explanation"]["causes"].is_string());
 }
