@@ -12,20 +12,6 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-fn preload_so() -> PathBuf {
-    if let Some(p) = std::env::var_os("MLX5_EMU_PRELOAD_SO") {
-        return PathBuf::from(p);
-    }
-    let exe = std::env::current_exe().expect("test binary path");
-    let deps = exe.parent().expect("deps dir");
-    let name = "libmlx5_emu_preload.so";
-    [deps, deps.parent().unwrap_or(deps)]
-        .iter()
-        .map(|d| d.join(name))
-        .find(|p| p.exists())
-        .unwrap_or_else(|| panic!("{name} not found next to {}", exe.display()))
-}
-
 /// Runs the probe with `env`: (exit success, stdout, stderr).
 fn probe(env: &[(&str, &str)]) -> (bool, String, String) {
     let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/c/queue_depths.c");
@@ -38,9 +24,11 @@ fn probe(env: &[(&str, &str)]) -> (bool, String, String) {
     mlx5_emu::cprog::compile_verbs_program(&cc, &["-O1", "-Wall", "-Werror"], &src, &exe)
         .unwrap_or_else(|e| panic!("{e}"));
     let mut cmd = Command::new(&exe);
-    cmd.env("LD_PRELOAD", preload_so())
-        .env("MLX5_EMU_FABRIC", "inprocess")
-        .env_remove("SYSFS_PATH");
+    cmd.env(
+        "LD_PRELOAD",
+        mlx5_emu::cprog::preload_so().unwrap_or_else(|e| panic!("{e}")),
+    )
+    .env_remove("SYSFS_PATH");
     for (k, _) in std::env::vars() {
         if k.starts_with("MLX5_EMU_") && k != "MLX5_EMU_PRELOAD_SO" || k.starts_with("MLX_") {
             cmd.env_remove(&k);
