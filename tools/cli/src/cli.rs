@@ -1001,6 +1001,10 @@ pub struct TraceArgs {
     /// explanation (`causes:`, `check:`).
     #[arg(long, value_enum, value_name = "FAULT")]
     pub fault: Option<crate::trace::Fault>,
+    /// Trace on the emulated ConnectX even if a real mlx5 device exists (on a real device only
+    /// the host's stages are observable).
+    #[arg(long)]
+    pub emu: bool,
     /// JSON instead of text.
     #[arg(long)]
     pub json: bool,

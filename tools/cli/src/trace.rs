@@ -11,12 +11,19 @@
 //! the receive WQE, the data placed, the CQEs and the ACK. Then the poll and the work
 //! completion. Each stage carries the time since tracing began (wall clock of the emulated run;
 //! the emulated clock is in the JSON) and the function that did it.
+//!
+//! `--fault bad-lkey|bad-rkey` traces an operation that fails: the bad key in the WQE, the
+//! check that refuses it, the error CQE and the work completion with its explanation (printed
+//! by `WorkCompletion`'s Display, `src/wc_fmt.rs`, as every trace's completion is). On a real
+//! device (unless `--emu`) only the host's stages are traced, with a `device` stage saying the
+//! rest is not observable (`docs/trace-and-tune.md`).
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use mlx5::{
-    Access, BfPolicy, Context, Cq, CqInit, DmaBuf, Pd, Qp, QpCap, QpInitAttr, QpState, QpType,
-    RecvWr, RemoteQp, SendFlags, SendWr, Sge, WorkCompletion, WrOp,
+    Access, BfPolicy, ConnectParams, Context, Cq, CqInit, DmaBuf, Mtu, Pd, Qp, QpCap, QpInitAttr,
+    QpState, QpType, RecvWr, RemoteQp, SendFlags, SendWr, Sge, WorkCompletion, WrOp,
 };
 use mlx5_emu::trace::{TraceEvent, TraceWhat};
 use mlx5_emu::{EmuConfig, Emulator, RunMode};
@@ -425,6 +432,74 @@ pub fn rig(size: u32, inline: u32, bf: bool, depth: u32) -> Result<Rig, String> 
     })
 }
 
+/// Two connected RC QPs on a real device (loopback through its port 1). Field order is drop
+/// order.
+struct HwRig {
+    a: End,
+    b: End,
+    _pd: Pd,
+    _ctx: Context,
+    area: usize,
+}
+
+/// A [`HwRig`] on `dev`: as [`rig`], with the port's RoCE v2 GID on the path when the port is
+/// Ethernet.
+fn rig_hw(dev: &mlx5::Device, size: u32, inline: u32, bf: bool) -> Result<HwRig, String> {
+    let ctx = dev.open().map_err(|e| format!("{}: {e}", dev.name))?;
+    let pd = Pd::new(&ctx).map_err(err("ALLOC_PD"))?;
+    let area = (size as usize).max(8).next_multiple_of(64);
+    let o = TraceOpts {
+        op: TraceOp::Send,
+        size,
+        inline,
+        bf,
+        n: 1,
+        fault: None,
+    };
+    let mut a = end(&ctx, &pd, area, &o, 64)?;
+    let mut b = end(&ctx, &pd, area, &o, 64)?;
+    let port = ctx.query_port(1).map_err(err("QUERY_PORT 1"))?;
+    let (sgid, gid) = if port.is_roce() {
+        let (i, g) = ctx
+            .find_gid(1)
+            .map_err(err("GID table"))?
+            .ok_or("port 1 has no RoCE v2 GID")?;
+        let i = u8::try_from(i).map_err(|_| format!("GID index {i} out of range"))?;
+        (i, Some(g))
+    } else {
+        (0, None)
+    };
+    let p = ConnectParams::new()
+        .mtu(Mtu::from_code(port.active_mtu).unwrap_or(Mtu::M1024))
+        .sgid_index(sgid);
+    let remote = |e: &End, psn| RemoteQp {
+        qpn: e.qp.qpn(),
+        psn,
+        lid: port.lid,
+        gid,
+    };
+    let (ra, rb) = (remote(&a, 0x100), remote(&b, 0x200));
+    let acc = Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+    for (e, r) in [(&mut a, &rb), (&mut b, &ra)] {
+        e.qp.to_init(1, acc, 0).map_err(err("INIT"))?;
+        e.qp.to_rtr_with(r, &p).map_err(err("RTR"))?;
+    }
+    a.qp.to_rts_with(0x100, &p).map_err(err("RTS"))?;
+    b.qp.to_rts_with(0x200, &p).map_err(err("RTS"))?;
+    Ok(HwRig {
+        a,
+        b,
+        _pd: pd,
+        _ctx: ctx,
+        area,
+    })
+}
+
+/// The line a hardware trace prints in place of the device's stages.
+pub const HW_DEVICE_NOTE: &str = "the device's stages (WQE fetch, DMA reads, packets, the \
+    responder's checks, data placement, CQE writes, ACKs) are not observable on hardware: \
+    only the host's stages are shown";
+
 fn end(ctx: &Context, pd: &Pd, area: usize, o: &TraceOpts, depth: u32) -> Result<End, String> {
     let buf = Arc::new(DmaBuf::new(2 * area).map_err(err("buffer"))?);
     let mr = pd.reg_mr(&buf, Access::ALL).map_err(err("REG_MR"))?;
@@ -468,6 +543,11 @@ fn end(ctx: &Context, pd: &Pd, area: usize, o: &TraceOpts, depth: u32) -> Result
 /// # Errors
 /// A bad option (named), or a driver/emulator failure.
 pub fn trace(o: &TraceOpts) -> Result<Vec<Stage>, String> {
+    trace_on(o, None)
+}
+
+/// The options checked; the message size traced.
+fn check_opts(o: &TraceOpts) -> Result<u32, String> {
     let size = if o.op == TraceOp::Atomic { 8 } else { o.size };
     if size == 0 || size > MAX_TRACE_SIZE {
         return Err(format!(
@@ -495,22 +575,50 @@ pub fn trace(o: &TraceOpts) -> Result<Vec<Stage>, String> {
         }
         _ => {}
     }
-    let mut r = rig(size, o.inline, o.bf, 64)?;
-    let area = r.area;
+    Ok(size)
+}
+
+/// The stages of the traced operations on `dev` when given (a real device: the host's stages
+/// only), else on the stepped emulator as [`trace`].
+///
+/// # Errors
+/// As [`trace`].
+pub fn trace_on(o: &TraceOpts, dev: Option<&mlx5::Device>) -> Result<Vec<Stage>, String> {
+    let size = check_opts(o)?;
+    trace_checked(o, size, dev)
+}
+
+fn trace_checked(
+    o: &TraceOpts,
+    size: u32,
+    dev: Option<&mlx5::Device>,
+) -> Result<Vec<Stage>, String> {
     // The payload: a recognisable pattern in a's tx area.
     let pattern: Vec<u8> = (0..size).map(|i| b'A' + (i % 26) as u8).collect();
+    let start = Instant::now();
+    let mut stages = Vec::new();
+    if let Some(d) = dev {
+        let mut r = rig_hw(d, size, o.inline, o.bf)?;
+        r.a.buf.write(0, &pattern);
+        for i in 0..o.n {
+            let ends = (&mut r.a, &mut r.b);
+            trace_one(None, start, ends, o, size, r.area, &pattern, i, &mut stages)?;
+        }
+        return Ok(stages);
+    }
+    let mut r = rig(size, o.inline, o.bf, 64)?;
     r.a.buf.write(0, &pattern);
     r.emu.run_until_idle();
     r.emu.trace(true);
-    let mut stages = Vec::new();
     for i in 0..o.n {
+        let ends = (&mut r.a, &mut r.b);
         trace_one(
-            &r.emu,
-            &mut r.a,
-            &mut r.b,
+            Some(&r.emu),
+            start,
+            ends,
             o,
             size,
-            area,
+            r.area,
             &pattern,
             i,
             &mut stages,
@@ -542,9 +650,9 @@ fn stage(
 
 #[allow(clippy::too_many_arguments)]
 fn trace_one(
-    emu: &Emulator,
-    a: &mut End,
-    b: &mut End,
+    emu: Option<&Emulator>,
+    start: Instant,
+    (a, b): (&mut End, &mut End),
     o: &TraceOpts,
     size: u32,
     area: usize,
@@ -570,9 +678,18 @@ fn trace_one(
             sg_list: &sge,
         }])
         .map_err(|(_, e)| format!("post_recv: {e}"))?;
-        emu.run_until_idle();
-        emu.take_trace();
+        if let Some(emu) = emu {
+            emu.run_until_idle();
+            emu.take_trace();
+        }
     }
+    // The time since tracing began: the emulator's trace clock, or the tool's own.
+    let now = || {
+        emu.map_or_else(
+            || start.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64,
+            Emulator::trace_clock,
+        )
+    };
     // A key no MR has: the index bits (above the 8-bit variant) flipped.
     let bad = |k: u32| k ^ 0x00ff_ff00;
     let (raddr, mut rkey) = (b.mr.addr() + area as u64, b.mr.rkey());
@@ -614,7 +731,7 @@ fn trace_one(
         wr = wr.with_inline(&inl);
     }
     // 1. The work request.
-    let t0 = emu.trace_clock();
+    let t0 = now();
     let mut lines = vec![format!(
         "ibv_post_send: wr_id {wr_id:#x}, opcode {}, flags SIGNALED{}",
         match o.op {
@@ -721,9 +838,11 @@ fn trace_one(
                "max_inline": geo.max_inline, "sge_ok": sge_ok, "max_send_sge": geo.max_gs,
                "free": free, "room_ok": room_ok}),
     ));
+    let stats0 = a.qp.sq_ref().stats();
     a.qp.post_send(&[wr])
         .map_err(|(_, e)| format!("post_send refused: {e}"))?;
-    let t1 = emu.trace_clock();
+    let t1 = now();
+    let stats1 = a.qp.sq_ref().stats();
     // 3. The WQE as written.
     let after = a.qp.sq_ref().producer();
     let bbs = after.wrapping_sub(producer) as usize;
@@ -747,31 +866,51 @@ fn trace_one(
         lines,
         json!({"index": producer, "wqebbs": bbs, "bytes": hex(wqe), "decoded": dec.to_json()}),
     ));
-    // 4. The doorbell record (read from host memory, as the device reads it).
-    let view = emu
-        .sq_view(0, a_qpn)
-        .ok_or("the emulator does not know the QP")?;
+    // 4. The doorbell record (read from host memory, as the device reads it; on hardware, the
+    // value the driver writes).
     let ring_fn = if fast {
         "mlx5::qp::sq::SendQueue::fast_send"
     } else {
         "mlx5::qp::sq::SendQueue::ring"
     };
-    out.push(stage(
-        i,
-        "doorbell record",
-        t1,
-        ring_fn,
-        vec![
-            format!(
-                "SQ word at {:#x} = {:#06x} (big-endian in memory): the next free WQEBB counter {} & 0xffff",
-                view.dbrec_addr + 4,
-                view.sq_dbrec,
-                after
-            ),
-            format!("(RQ word at {:#x} = {:#06x})", view.dbrec_addr, view.rq_dbrec),
-        ],
-        json!({"addr": view.dbrec_addr + 4, "value": view.sq_dbrec, "producer": after}),
-    ));
+    let dbrec = match emu {
+        Some(emu) => {
+            let view = emu
+                .sq_view(0, a_qpn)
+                .ok_or("the emulator does not know the QP")?;
+            stage(
+                i,
+                "doorbell record",
+                t1,
+                ring_fn,
+                vec![
+                    format!(
+                        "SQ word at {:#x} = {:#06x} (big-endian in memory): the next free WQEBB counter {} & 0xffff",
+                        view.dbrec_addr + 4,
+                        view.sq_dbrec,
+                        after
+                    ),
+                    format!(
+                        "(RQ word at {:#x} = {:#06x})",
+                        view.dbrec_addr, view.rq_dbrec
+                    ),
+                ],
+                json!({"addr": view.dbrec_addr + 4, "value": view.sq_dbrec, "producer": after}),
+            )
+        }
+        None => stage(
+            i,
+            "doorbell record",
+            t1,
+            ring_fn,
+            vec![format!(
+                "SQ word written {:#06x} (big-endian in memory): the next free WQEBB counter {after} & 0xffff",
+                after & 0xffff
+            )],
+            json!({"value": after & 0xffff, "producer": after}),
+        ),
+    };
+    out.push(dbrec);
     // 5. The barriers.
     let (b_dev, b_wc) = if cfg!(target_arch = "aarch64") {
         ("dmb oshst", "dsb st")
@@ -794,20 +933,32 @@ fn trace_one(
         json!({"to_device": b_dev, "wc_start": b_wc, "wc_flush": b_wc}),
     ));
     // The device's part.
-    emu.run_until_idle();
-    let events = emu.take_trace();
-    device_stages(i, &events, a_qpn, b_qpn, wqe, ring_fn, out)?;
-    if o.fault == Some(Fault::BadLkey) {
-        local_key_check(i, &events, &local, o.op, out);
+    if let Some(emu) = emu {
+        emu.run_until_idle();
+        let events = emu.take_trace();
+        device_stages(i, &events, a_qpn, b_qpn, wqe, ring_fn, out)?;
+        if o.fault == Some(Fault::BadLkey) {
+            local_key_check(i, &events, &local, o.op, out);
+        }
+    } else {
+        out.push(hw_mmio_stage(i, t1, ring_fn, a, wqe, stats0, stats1));
+        out.push(stage(
+            i,
+            "device",
+            t1,
+            "(hardware)",
+            vec![HW_DEVICE_NOTE.to_owned()],
+            json!({"observable": false}),
+        ));
     }
-    // The poll and the work completion.
+    // The poll and the work completion (on hardware, polled until one arrives or 2 s pass).
     let mut wcs = [WorkCompletion::default(); 4];
-    let tp = emu.trace_clock();
-    let n = a.scq.poll(&mut wcs);
+    let tp = now();
+    let n = poll_until(&mut a.scq, &mut wcs, emu.is_none());
     let mut lines = vec![format!("poll_cq on the send CQ returned {n} completion(s)")];
     if o.op == TraceOp::Send {
         let mut rw = [WorkCompletion::default(); 4];
-        let rn = b.rcq.poll(&mut rw);
+        let rn = poll_until(&mut b.rcq, &mut rw, emu.is_none() && wcs[0].is_ok());
         if rn > 0 {
             let mut got = vec![0u8; size as usize];
             b.buf.read(area, &mut got);
@@ -846,7 +997,7 @@ fn trace_one(
     out.push(stage(
         i,
         "work completion",
-        emu.trace_clock(),
+        now(),
         "mlx5::Cq::poll",
         wc_lines,
         json!({"wr_id": wc.wr_id, "status": wc.status.0, "opcode": wc.opcode.0,
@@ -855,6 +1006,69 @@ fn trace_one(
                "explanation": explanation}),
     ));
     Ok(())
+}
+
+/// Poll `cq` once, or (`wait`) until a completion arrives or 2 s pass.
+fn poll_until(cq: &mut Cq, wcs: &mut [WorkCompletion], wait: bool) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let n = cq.poll(wcs);
+        if n > 0 || !wait || Instant::now() > deadline {
+            return n;
+        }
+        std::hint::spin_loop();
+    }
+}
+
+/// On hardware: the MMIO write the driver made (BlueFlame copy or 8-byte doorbell), told by
+/// its send queue's counters across the post, with the bytes it wrote (the WQE, from the
+/// ring).
+fn hw_mmio_stage(
+    i: u32,
+    t: u64,
+    ring_fn: &str,
+    a: &End,
+    wqe: &[u8],
+    s0: mlx5::SqStats,
+    s1: mlx5::SqStats,
+) -> Stage {
+    let reg = a.qp.sq_ref().bfreg();
+    let bf = s1.bf_copies > s0.bf_copies;
+    let (name, mut lines, bytes) = if bf {
+        let mut b = wqe.to_vec();
+        b.resize(wqe.len().next_multiple_of(64), 0);
+        let l = format!(
+            "BlueFlame copy of {} B to UAR page {} (BlueFlame register {}, {} B per half)",
+            b.len(),
+            reg.uar_page,
+            reg.id,
+            reg.bf_size
+        );
+        ("BlueFlame copy", vec![l], b)
+    } else {
+        let b = wqe[..wqe.len().min(8)].to_vec();
+        let l = format!(
+            "8-byte doorbell (the WQE's first 8 bytes) to UAR page {} (register {}){}",
+            reg.uar_page,
+            reg.id,
+            if s1.doorbells > s0.doorbells {
+                ""
+            } else {
+                "; the queue's counters show no doorbell for this post"
+            }
+        );
+        ("doorbell", vec![l], b)
+    };
+    lines.extend(hex_lines(&bytes));
+    stage(
+        i,
+        name,
+        t,
+        ring_fn,
+        lines,
+        json!({"uar_page": reg.uar_page, "register": reg.id, "bytes": hex(&bytes),
+               "len": bytes.len(), "blueflame": bf}),
+    )
 }
 
 /// For a bad-lkey fault: the device's local key check, placed after the WQE fetch. The
@@ -1236,15 +1450,27 @@ pub fn command(a: &crate::cli::TraceArgs) -> Result<(), String> {
         n: a.iters,
         fault: a.fault,
     };
-    let stages = trace(&o)?;
+    // A real device unless --emu (discovery failing or finding none: the emulator).
+    let dev = if a.emu {
+        None
+    } else {
+        mlx5::devices().ok().and_then(|l| l.into_iter().next())
+    };
+    let stages = trace_on(&o, dev.as_ref())?;
+    let on = dev.as_ref().map_or_else(
+        || "on the emulated ConnectX (stepped)".to_owned(),
+        |d| format!("on {} (hardware: the host's stages only)", d.name),
+    );
     if a.json {
+        let mut v = to_json(&o, &stages);
+        v["device"] = json!(dev.as_ref().map_or("emulated", |d| d.name.as_str()));
         println!(
             "{}",
-            serde_json::to_string_pretty(&to_json(&o, &stages)).map_err(|e| e.to_string())?
+            serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?
         );
     } else {
         print!(
-            "mlx5 trace {}{}: {} B, inline up to {} B, BlueFlame {}, on the emulated ConnectX (stepped)\n{}",
+            "mlx5 trace {}{}: {} B, inline up to {} B, BlueFlame {}, {on}\n{}",
             format!("{:?}", o.op).to_lowercase(),
             o.fault
                 .map_or(String::new(), |f| format!(" --fault {}", f.name())),

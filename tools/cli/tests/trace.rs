@@ -2,7 +2,9 @@
 //! packet headers matching the QPs and PSNs, inline vs gathered payloads, BlueFlame vs the
 //! 8-byte doorbell.
 
-use mlx5_tools::trace::{Fault, Stage, TraceOp, TraceOpts, decode_packet, trace};
+use mlx5_tools::trace::{
+    Fault, HW_DEVICE_NOTE, Stage, TraceOp, TraceOpts, decode_packet, trace, trace_on,
+};
 
 fn opts(op: TraceOp, size: u32, inline: u32, bf: bool, n: u32) -> TraceOpts {
     TraceOpts {
@@ -550,7 +552,7 @@ fn the_fault_command_prints_the_explanation_in_text_and_json() {
             "trace", "send", "-s", "64", "-I", "64", "--fault", "bad-lkey",
         ];
         if json {
-            a.push("--json");
+            a.extend(["--json", "--emu"]);
         }
         let out = std::process::Command::new(bin).args(&a).output().unwrap();
         assert!(
@@ -567,6 +569,7 @@ fn the_fault_command_prints_the_explanation_in_text_and_json() {
     assert!(text.contains("      check: "), "{text}");
     let v: serde_json::Value = serde_json::from_str(&run(true)).unwrap();
     assert_eq!(v["fault"], "bad-lkey");
+    assert_eq!(v["device"], "emulated");
     let last = v["stages"].as_array().unwrap().last().unwrap().clone();
     assert_eq!(last["stage"], "work completion");
     assert_eq!(last["data"]["syndrome"], 4);
@@ -579,4 +582,49 @@ fn the_fault_command_prints_the_explanation_in_text_and_json() {
     assert!(lines.iter().any(|l| l.starts_with("causes: ")), "{lines:?}");
     assert!(lines.iter().any(|l| l.starts_with("check: ")), "{lines:?}");
     assert!(last["data"]["explanation"]["causes"].is_string());
+}
+
+/// On a real ConnectX: only the host's stages, the note that the device's are not observable,
+/// and a work completion; a bad rkey still ends in REM_ACCESS_ERR with its explanation.
+#[test]
+#[ignore = "needs a ConnectX: set MLX5_TEST_DEVICE=mlx5_0"]
+fn a_real_nic_shows_the_host_stages_only() {
+    let Ok(name) = std::env::var("MLX5_TEST_DEVICE") else {
+        panic!("MLX5_TEST_DEVICE is not set");
+    };
+    let dev = mlx5::Device::by_name(&name).expect("MLX5_TEST_DEVICE names no mlx5 device");
+    for bf in [true, false] {
+        let st = trace_on(&opts(TraceOp::Send, 64, 64, bf, 1), Some(&dev)).unwrap();
+        // BlueFlame on: a copy when the device has BlueFlame registers, else the doorbell.
+        let mmio = if bf && st.iter().any(|s| s.name == "BlueFlame copy") {
+            "BlueFlame copy"
+        } else {
+            "doorbell"
+        };
+        assert_eq!(
+            names(&st, 0),
+            [
+                "work request",
+                "checks",
+                "WQE",
+                "doorbell record",
+                "barrier",
+                mmio,
+                "device",
+                "poll",
+                "work completion",
+            ]
+        );
+        let d = st.iter().find(|s| s.name == "device").unwrap();
+        assert_eq!(d.lines, [HW_DEVICE_NOTE]);
+        let wc = st.last().unwrap();
+        assert_eq!(wc.data["status"], 0, "{:?}", wc.lines);
+        assert_eq!(wc.data["wr_id"], 0x1000);
+    }
+    let mut o = opts(TraceOp::Write, 64, 0, true, 1);
+    o.fault = Some(Fault::BadRkey);
+    let st = trace_on(&o, Some(&dev)).unwrap();
+    let wc = st.last().unwrap();
+    assert_eq!(wc.data["syndrome"], 0x13, "{:?}", wc.lines);
+    assert!(wc.lines.iter().any(|l| l.starts_with("causes:")));
 }
