@@ -98,7 +98,8 @@ pub struct EmuRunArgs {
     /// One line per intercepted device call on stderr.
     #[arg(long)]
     pub trace: bool,
-    /// The preload library (default: `MLX5_EMU_PRELOAD_SO`, else next to this binary).
+    /// The preload library (default: `MLX5_EMU_PRELOAD_SO`, else next to this binary, built there
+    /// by cargo on first use).
     #[arg(long = "so", value_name = "PATH")]
     pub so: Option<PathBuf>,
     /// The program and its arguments.
