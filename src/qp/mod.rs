@@ -237,7 +237,9 @@ pub struct QpInitAttr<'a> {
     /// Every send WR generates a completion.
     pub sq_sig_all: bool,
     /// Report unsignaled send WRs as completions (flag [`WcFlags::UNSIGNALED`]) when a later
-    /// CQE retires them, so every WR id is seen exactly once.
+    /// CQE retires them, so every WR id is seen exactly once. Off by default: the reports walk
+    /// the send queue's per-WQEBB records back over the WRs being reported (a cost in
+    /// proportion to the WQEBBs retired, paid only on CQEs that retire unsignaled WRs).
     ///
     /// [`WcFlags::UNSIGNALED`]: crate::WcFlags::UNSIGNALED
     pub report_unsignaled: bool,
