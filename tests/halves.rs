@@ -61,10 +61,46 @@ fn end(rig: &dyn Rig, side: usize) -> End {
 
 #[test]
 fn send_and_receive_halves_run_on_two_threads() {
+    halves(None);
+}
+
+/// The same two threads with B's flight recorder on for its QP and both CQs: the recorder is
+/// shared by the halves (one thread records sends and send CQEs, the other receives and
+/// receive CQEs, at once), and its dump must still be exactly the last N of each kind, in
+/// order, with consecutive indices.
+#[test]
+fn the_flight_recorder_stays_exact_with_the_halves_on_two_threads() {
+    halves(Some(7));
+}
+
+/// One record line: kind, queue number, index, bytes.
+fn records(text: &str) -> Vec<(String, u32, u32, Vec<u8>)> {
+    text.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            matches!(f[0], "wqe" | "rwqe" | "cqe").then(|| {
+                let q = u32::from_str_radix(f[1].trim_start_matches("0x"), 16).unwrap();
+                let b = (0..f[4].len())
+                    .step_by(2)
+                    .map(|i| u8::from_str_radix(&f[4][i..i + 2], 16).unwrap())
+                    .collect();
+                (f[0].to_string(), q, f[2].parse().unwrap(), b)
+            })
+        })
+        .collect()
+}
+
+fn halves(recorder: Option<usize>) {
     let rig = EmuRig::threaded();
     let mut a = end(&rig, 0);
     let mut b = end(&rig, 1);
     common::connect((&mut a.qp, &a.ctx), (&mut b.qp, &b.ctx), Access::ALL, 7);
+    if let Some(n) = recorder {
+        let cfg = mlx5::RecorderConfig::new(n);
+        b.qp.enable_recorder(&cfg).unwrap();
+        b.scq.enable_recorder(&cfg).unwrap();
+        b.rcq.enable_recorder(&cfg).unwrap();
+    }
     let depth = 16u64;
     let (sq, rq) = b.qp.split();
     let rq = rq.unwrap();
@@ -172,4 +208,35 @@ fn send_and_receive_halves_run_on_two_threads() {
     });
     assert_eq!(b.qp.sq_ref().outstanding(), 0);
     assert_eq!(b.qp.rq().unwrap().outstanding(), 0);
+    let Some(n) = recorder else { return };
+    let text = b.qp.recorder_dump().expect("the recorder is on");
+    let recs = records(&text);
+    let of = |kind: &str, q: u32| -> Vec<(u32, Vec<u8>)> {
+        recs.iter()
+            .filter(|r| r.0 == kind && r.1 == q)
+            .map(|r| (r.2, r.3.clone()))
+            .collect()
+    };
+    let n32 = n as u32;
+    let last = |first: u32| (first..first + n32).collect::<Vec<u32>>();
+    // Sends: one WQEBB each, so the last n WQEs sit at counters N-n..N.
+    let wqes = of("wqe", b.qp.qpn());
+    let idx: Vec<u32> = wqes.iter().map(|w| w.0).collect();
+    assert_eq!(idx, last(N as u32 - n32), "{text}");
+    for (i, w) in &wqes {
+        assert_eq!(u16::from_be_bytes([w[1], w[2]]), *i as u16, "{text}");
+    }
+    let rwqes = of("rwqe", b.qp.qpn());
+    assert_eq!(rwqes.len(), n, "{text}");
+    assert!(rwqes.windows(2).all(|w| w[1].0 == w[0].0 + 1), "{text}");
+    // Send CQEs: the last n, each naming its WQE; receive CQEs: the last n.
+    let scqes = of("cqe", b.scq.cqn());
+    let ci: Vec<u32> = scqes.iter().map(|c| c.0).collect();
+    assert_eq!(ci, last(N as u32 - n32), "{text}");
+    for (i, c) in &scqes {
+        assert_eq!(u16::from_be_bytes([c[0x3c], c[0x3d]]), *i as u16, "{text}");
+    }
+    let rcqes = of("cqe", b.rcq.cqn());
+    let ci: Vec<u32> = rcqes.iter().map(|c| c.0).collect();
+    assert_eq!(ci, last(N as u32 - n32), "{text}");
 }
