@@ -9,8 +9,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# The independent software the emulator and the provider are judged by (UCX, Open MPI, qperf,
+# librdmacm's tools, libfabric), tshark for the captures and iproute2 for the network namespace
+# of the raw Ethernet tests.
 PACKAGES=(gcc libc6-dev linux-libc-dev libibverbs-dev ibverbs-utils ibverbs-providers perftest
-          valgrind librsvg2-bin)
+          valgrind librsvg2-bin tshark iproute2 ucx-utils libucx-dev openmpi-bin libopenmpi-dev
+          qperf libfabric-bin rdmacm-utils librdmacm-dev)
 
 missing=()
 if command -v dpkg-query >/dev/null 2>&1; then
