@@ -182,7 +182,7 @@ struct Conn {
 
 fn ps_of_sid(sid: u64) -> Option<(u16, u16)> {
     (sid >> 32 == 0 && (sid >> 24) & 0xff == 0x01 || sid >> 16 == u64::from(ps::IPOIB))
-        .then(|| (((sid >> 16) & 0xffff) as u16, (sid & 0xffff) as u16))
+        .then_some((((sid >> 16) & 0xffff) as u16, (sid & 0xffff) as u16))
 }
 
 fn sid_of(ps: u16, port: u16) -> u64 {
