@@ -47,6 +47,7 @@
 //! ```
 
 mod abi;
+mod caps;
 pub mod cprog;
 mod device;
 mod fds;

@@ -116,11 +116,8 @@ fn tick_clock(w: &World) {
         let mut b = [0u8; 8];
         b[..4].copy_from_slice(&((now >> 32) as u32).to_be_bytes());
         b[4..].copy_from_slice(&(now as u32).to_be_bytes());
-        c.uar.store(
-            c.uar_pages,
-            crate::kernel::caps::CORE_CLOCK_OFFSET as usize,
-            b,
-        );
+        c.uar
+            .store(c.uar_pages, crate::caps::CORE_CLOCK_OFFSET as usize, b);
     }
 }
 
