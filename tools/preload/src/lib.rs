@@ -46,6 +46,7 @@
 mod config;
 mod registry;
 mod sysfs;
+mod trap;
 mod user;
 mod verbs;
 
