@@ -396,6 +396,98 @@ mod tests {
         fs::remove_dir_all(&root).unwrap();
     }
 
+    /// `realpath`, as rdma-core and UCX take it.
+    fn real(p: &Path) -> std::path::PathBuf {
+        fs::canonicalize(p).unwrap()
+    }
+
+    #[test]
+    fn tree_is_laid_out_as_the_kernel_lays_it() {
+        let emu = Emulator::new(EmuConfig {
+            num_hcas: 2,
+            mode: RunMode::Stepped,
+            ..EmuConfig::default()
+        });
+        let hcas: Vec<HcaInfo> = (0..2).map(|i| emu.hca_info(i).unwrap()).collect();
+        let root = scratch("layout");
+        write_tree(&root, &hcas).unwrap();
+        let root = real(&root);
+        for (i, hca) in hcas.iter().enumerate() {
+            let pci = root.join(PCI_BUS_DIR).join(pci_name(i));
+            // The class entries are symlinks into the PCI function.
+            let class_ib = root.join("class/infiniband").join(&hca.name);
+            let class_uv = root.join(format!("class/infiniband_verbs/uverbs{i}"));
+            for (entry, inside) in [
+                (&class_ib, pci.join("infiniband").join(&hca.name)),
+                (&class_uv, pci.join(format!("infiniband_verbs/uverbs{i}"))),
+            ] {
+                assert!(
+                    fs::symlink_metadata(entry)
+                        .unwrap()
+                        .file_type()
+                        .is_symlink()
+                );
+                assert_eq!(real(entry), inside);
+                assert_eq!(real(&entry.join("device")), pci);
+            }
+            // UCX: realpath of the ibdev path holds "/infiniband/", and two levels up are
+            // the PCI function's ids, which it matches against its device table
+            // (ConnectX-5: vendor 0x15b3, device 4119).
+            let ib_real = real(&class_ib);
+            assert!(ib_real.to_string_lossy().contains("/infiniband/"));
+            let ids = ib_real.parent().unwrap().parent().unwrap();
+            assert_eq!(ids, pci);
+            let num = |f: &str| {
+                let t = read(&ids.join(f));
+                u32::from_str_radix(t.trim_start_matches("0x"), 16).unwrap()
+            };
+            assert_eq!(num("vendor"), 0x15b3);
+            assert_eq!(num("device"), hca.vendor_part_id);
+            assert_eq!(num("subsystem_vendor"), 0x15b3);
+            assert_eq!(num("subsystem_device"), 8);
+            assert_eq!(read(&ids.join("numa_node")), "-1");
+            let cpus = read(&ids.join("local_cpus"));
+            assert!(
+                cpus.split(',')
+                    .all(|w| w.len() == 8 && u32::from_str_radix(w, 16).is_ok()),
+                "{cpus}"
+            );
+            assert!(read(&ids.join("uevent")).contains(&format!("PCI_SLOT_NAME={}", pci_name(i))));
+            // UCX's hard-coded class paths resolve through the same links.
+            assert_eq!(read(&class_ib.join("device/numa_node")), "-1");
+            // libibverbs: the uverbs entry names its ibdev and the provider match.
+            assert_eq!(read(&class_uv.join("ibdev")), hca.name);
+            assert!(read(&class_uv.join("device/modalias")).starts_with("pci:v000015B3d0000"));
+            // No Ethernet port, no netdev.
+            assert!(!pci.join("net").exists());
+        }
+        assert!(!root.join("class/net").exists());
+        // The driver's own discovery (mlx5::devices) reads it.
+        let devs = mlx5::device::devices_in(&root).unwrap();
+        assert_eq!(devs.len(), 2);
+        for (i, (d, hca)) in devs.iter().zip(&hcas).enumerate() {
+            assert_eq!(
+                (d.name.as_str(), d.uverbs.as_str()),
+                (hca.name.as_str(), format!("uverbs{i}").as_str())
+            );
+            assert_eq!(d.vendor_id, Some(0x15b3));
+            assert_eq!(d.node_guid, guid_string(hca.node_guid));
+            let inside = root.join(PCI_BUS_DIR).join(pci_name(i)).join("infiniband");
+            assert_eq!(real(&d.sysfs_dir), inside.join(&hca.name));
+        }
+        fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn cpumasks_are_printed_as_the_kernel_prints_them() {
+        assert_eq!(cpumask(1), "00000001");
+        assert_eq!(cpumask(2), "00000003");
+        assert_eq!(cpumask(32), "ffffffff");
+        assert_eq!(cpumask(33), "00000001,ffffffff");
+        assert_eq!(cpumask(72), "000000ff,ffffffff,ffffffff");
+        assert_eq!(cpumask(0), "00000000");
+    }
+
     #[test]
     fn roce_port_tree_shows_ethernet_and_gid_types() {
         let emu = Emulator::new(EmuConfig {
@@ -431,6 +523,22 @@ mod tests {
         assert_eq!(
             read(&port.join("gids/3")),
             format!("0000:0000:0000:0000:0000:ffff:7f01:{:04x}", hca.lid)
+        );
+        // The port's netdev lives under the PCI function, with its class link.
+        let net = root
+            .join(PCI_BUS_DIR)
+            .join(pci_name(0))
+            .join("net")
+            .join(mlx5_emu::NDEV_NAME);
+        assert_eq!(
+            real(&root.join("class/net").join(mlx5_emu::NDEV_NAME)),
+            real(&net)
+        );
+        let ifindex: u32 = read(&net.join("ifindex")).parse().unwrap();
+        assert!(
+            table
+                .iter()
+                .any(|e| e.ndev_ifindex == ifindex && ifindex != 0)
         );
         // The whole reported table length exists for the sysfs fallback.
         assert!(port.join("gids/254").exists());
