@@ -13,6 +13,10 @@
 //! table holds the RoCE v1/v2 entries ("IB/RoCE v1" / "RoCE v2" in `gid_attrs/types/I`)
 //! for all 255 indexes the port reports, and `gid_attrs/ndevs/I` names the netdev of each
 //! valid entry.
+//!
+//! The layout is the kernel's: every object lives under its PCI function
+//! (`devices/pci0000:00/<bdf>/{infiniband/<ibdev>, infiniband_verbs/uverbsN, net/<ifname>}`)
+//! and the class directories hold relative symlinks into it (`docs/emulator-preload.md`).
 
 use std::fmt::Write as _;
 use std::fs;
