@@ -29,14 +29,12 @@ use zerocopy::IntoBytes;
 
 use crate::context::{CompChannel, Context, UarMode};
 use crate::error::{Error, Result};
+use crate::ledger::{REQ_WC_BY_SEND_OP, RqShared, SqShared, SrqShared};
 use crate::mem::scatter::MrCache;
 use crate::mem::uar::UarReg;
 use crate::mem::{CqBuf, CqeReader, DbRec, TakenCqe};
 use crate::mmio::barrier;
-use crate::qp::rq::RqShared;
-use crate::qp::sq::{REQ_WC_BY_SEND_OP, SqShared};
 use crate::recorder::{self, CqPart, CqRecorder, QpPart, QpRecorder, RecorderConfig};
-use crate::srq::SrqShared;
 use crate::uverbs;
 use crate::wr::{WcFlags, WcOpcode, WorkCompletion};
 use mlx5_ffi::cmd::cmds;
@@ -1022,8 +1020,8 @@ fn record_cqe(rec: &CqRecorder, shared: &CqShared, user: Option<&CqUser>, t: &Ta
         let qps: Vec<QpPart<'_>> = match (qrec, user) {
             (Some(q), Some(u)) => vec![QpPart {
                 rec: q,
-                sq: u.sq.as_deref(),
-                rq: u.rq.as_deref(),
+                sq: u.sq.as_deref().map(|s| s as &dyn recorder::SqRetired),
+                rq: u.rq.as_deref().map(|r| r as &dyn recorder::RqRetired),
             }],
             _ => Vec::new(),
         };
@@ -1340,8 +1338,8 @@ mod tests {
         sq.record(0, 0, 100, SendOpcode::SEND);
         sq.record(1, 1, 101, SendOpcode::RDMA_WRITE);
         sq.record(2, 3, 102, SendOpcode::RDMA_READ);
-        rq.record(0, 500);
-        rq.record(1, 501);
+        rq.set_wr_id(0, 500);
+        rq.set_wr_id(1, 501);
         let u = CqUser {
             qpn: QPN,
             uidx: UIDX,

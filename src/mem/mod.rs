@@ -30,6 +30,12 @@ use crate::error::Result;
 use crate::mmio::access::DbWord;
 use crate::mmio::barrier;
 
+/// Keep the memory behind `a` alive for the rest of the process (after a failed destroy or
+/// deregistration, when the device may still use it).
+pub(crate) fn leak<T>(a: &Arc<T>) {
+    core::mem::forget(Arc::clone(a));
+}
+
 /// A completion-queue buffer: `count` entries of `stride` bytes in a page-aligned [`DmaBuf`],
 /// every descriptor initialised to "invalid, owner 0" (`op_own = 0xF0`). Its one consumer is
 /// the [`CqeReader`] made with it.
