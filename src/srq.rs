@@ -161,7 +161,7 @@ impl Srq {
     }
 
     /// The device context the SRQ was created in.
-    pub fn context(&self) -> &crate::Context {
+    pub fn context(&self) -> &crate::context::Context {
         self.handle.pd.context()
     }
 

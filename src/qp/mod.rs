@@ -655,7 +655,7 @@ impl Qp {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] naming `recorder` if it is already on.
-    pub fn enable_recorder(&mut self, cfg: &crate::RecorderConfig) -> Result<()> {
+    pub fn enable_recorder(&mut self, cfg: &crate::recorder::RecorderConfig) -> Result<()> {
         let rec = Arc::new(crate::recorder::QpRecorder::new(
             cfg,
             self.handle.qpn,

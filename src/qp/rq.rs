@@ -39,8 +39,8 @@ pub fn rq_geometry(
     max_rq_desc_sz: u32,
     max_recv_wr_limit: u32,
     context: &'static str,
-) -> crate::Result<RqGeometry> {
-    use crate::Error;
+) -> crate::error::Result<RqGeometry> {
+    use crate::error::Error;
     let max_sge = (max_rq_desc_sz.max(16).next_power_of_two() / 16).max(1);
     let max_sge = if (max_sge * 16) > max_rq_desc_sz.max(16) {
         max_sge / 2
