@@ -80,6 +80,9 @@ pub(crate) struct CqShared {
     dbrec: DbRec,
     arm_reg: UarReg,
     users: Mutex<Vec<CqUser>>,
+    /// SRQs that receive CQEs of QPs this CQ does not know (XRC targets, DCTs), by the
+    /// CQE's `srqn_uidx` value: the SRQ number (CQE version 0) or the SRQ's user index (1).
+    srq_routes: Mutex<Vec<CqUser>>,
     generation: AtomicU64,
     events_acked: AtomicU32,
     _channel: Option<Arc<CompChannel>>,
@@ -115,6 +118,38 @@ impl CqShared {
             cqn: self.cqn,
             dbrec_ci: self.dbrec.word0().load_be32(),
         })
+    }
+
+    /// Route receive CQEs whose QP this CQ does not know (an XRC target QP, a DCT) and whose
+    /// `srqn_uidx` field is `key` (the SRQ number with CQE version 0, the SRQ's user index
+    /// with version 1) to `srq`: their wr_id comes from it, their WQE is freed in it, and the
+    /// work completion names the CQE's QPN. Replaces an earlier route of the same key.
+    #[cfg_attr(
+        not(test),
+        expect(dead_code, reason = "the seam of the XRC target and DCT receive paths")
+    )]
+    pub(crate) fn route_srq(&self, key: u32, srq: Arc<SrqShared>) {
+        let mut r = self.srq_routes.lock().unwrap_or_else(|p| p.into_inner());
+        r.retain(|x| x.uidx != key);
+        r.push(CqUser {
+            qpn: 0,
+            uidx: key,
+            sq: None,
+            rq: None,
+            srq: Some(srq),
+        });
+        self.generation.fetch_add(1, Ordering::Release);
+    }
+
+    /// Forget the route of `key` ([`route_srq`](Self::route_srq)).
+    #[cfg_attr(
+        not(test),
+        expect(dead_code, reason = "the seam of the XRC target and DCT receive paths")
+    )]
+    pub(crate) fn unroute_srq(&self, key: u32) {
+        let mut r = self.srq_routes.lock().unwrap_or_else(|p| p.into_inner());
+        r.retain(|x| x.uidx != key);
+        self.generation.fetch_add(1, Ordering::Release);
     }
 
     pub(crate) fn detach(&self, qpn: u32) {
@@ -169,6 +204,9 @@ struct Users {
     key_at: u8,
     /// How many times the list was copied (under the shared list's lock).
     reloads: u64,
+    /// The SRQ routes ([`CqShared::route_srq`]), their key in `uidx`: looked up only for a CQE
+    /// of an unknown QP.
+    srqs: Vec<CqUser>,
 }
 
 impl Users {
@@ -182,6 +220,11 @@ impl Users {
         };
         self.last = i;
         self.list.get(i)
+    }
+
+    /// The SRQ that the route of `key` names (the cold path of a CQE of an unknown QP).
+    fn find_srq(&self, key: u32) -> Option<&CqUser> {
+        self.srqs.iter().find(|u| u.uidx == key)
     }
 
     /// The position of `key` through the index (linear probing in a table at most half full).
@@ -249,8 +292,7 @@ impl Core {
     #[cold]
     #[inline(never)]
     fn reload_users(&mut self, g: u64) {
-        let u = self.shared.users.lock().unwrap_or_else(|p| p.into_inner());
-        self.users.reload(&u, g);
+        reload_users(&self.shared, &mut self.users, g);
     }
 
     fn locks_taken(&self) -> u64 {
@@ -406,6 +448,7 @@ impl Cq {
             dbrec,
             arm_reg: ctx.inner.cq_uar.cq_doorbell(),
             users: Mutex::new(Vec::new()),
+            srq_routes: Mutex::new(Vec::new()),
             generation: AtomicU64::new(0),
             events_acked: AtomicU32::new(0),
             _channel: channel.cloned(),
@@ -751,9 +794,17 @@ fn raw_scatter<'r>(
 fn refresh_users(shared: &CqShared, users: &mut Users) {
     let g = shared.generation.load(Ordering::Acquire);
     if g != users.seen_gen {
-        let u = shared.users.lock().unwrap_or_else(|p| p.into_inner());
-        users.reload(&u, g);
+        reload_users(shared, users, g);
     }
+}
+
+/// Copy the shared QP list and SRQ routes into the poller's `users` (generation `g`).
+fn reload_users(shared: &CqShared, users: &mut Users, g: u64) {
+    let u = shared.users.lock().unwrap_or_else(|p| p.into_inner());
+    users.reload(&u, g);
+    drop(u);
+    let r = shared.srq_routes.lock().unwrap_or_else(|p| p.into_inner());
+    users.srqs.clone_from(&r);
 }
 
 /// The copy of [`raw_scatter`]: the status it ends with.
@@ -771,8 +822,12 @@ fn raw_scatter_copy(
     } else {
         cqe.qpn()
     };
-    let Some(user) = users.find(key) else {
-        return WcStatus::GENERAL_ERR;
+    let user = match users.find(key) {
+        Some(u) => u,
+        None => match srq_route(users, cqe) {
+            Some(u) => u,
+            None => return WcStatus::GENERAL_ERR,
+        },
     };
     let counter = cqe.wqe_counter();
     let r = match cqe.opcode() {
@@ -920,6 +975,48 @@ impl RawCqe {
         self.cqe.imm_inval_pkey.to_bytes()
     }
 
+    /// The L3 header type of a received packet (`l4_hdr_type_etc` bits 3:2): 0 none, 1 IPv6,
+    /// 2 IPv4 (`MLX5_CQE_L3_HDR_TYPE_*`).
+    #[inline(always)]
+    pub fn l3_hdr_type(&self) -> u8 {
+        (self.cqe.l4_hdr_type_etc >> 2) & 3
+    }
+
+    /// The L4 header type of a received packet (`l4_hdr_type_etc` bits 6:4): 0 none, 1 TCP,
+    /// 2 UDP, 3 TCP with an empty ACK, 4 TCP with ACK and data.
+    #[inline(always)]
+    pub fn l4_hdr_type(&self) -> u8 {
+        (self.cqe.l4_hdr_type_etc >> 4) & 7
+    }
+
+    /// Whether the device found the L3 (IPv4 header) checksum good (`hds_ip_ext` bit 1,
+    /// `MLX5_CQE_L3_OK`).
+    #[inline(always)]
+    pub fn l3_ok(&self) -> bool {
+        self.cqe.hds_ip_ext & 2 != 0
+    }
+
+    /// Whether the device found the L4 (TCP/UDP) checksum good (`hds_ip_ext` bit 2,
+    /// `MLX5_CQE_L4_OK`).
+    #[inline(always)]
+    pub fn l4_ok(&self) -> bool {
+        self.cqe.hds_ip_ext & 4 != 0
+    }
+
+    /// The VLAN tag control information the device stripped from the frame, if it stripped
+    /// one (`l4_hdr_type_etc` bit 0; the TCI is `vlan_info`).
+    #[inline(always)]
+    pub fn vlan_tci(&self) -> Option<u16> {
+        (self.cqe.l4_hdr_type_etc & 1 != 0).then(|| self.cqe.vlan_info.get())
+    }
+
+    /// The raw completion timestamp, in device clock ticks (the free-running counter the
+    /// device writes into every CQE; not converted to wall-clock time).
+    #[inline(always)]
+    pub fn timestamp(&self) -> u64 {
+        self.cqe.timestamp()
+    }
+
     /// The whole CQE, for fields without an accessor here (decode with [`mlx5_hw::cqe`]).
     /// With scattered payload of format 1 its first 32 bytes are payload.
     #[inline(always)]
@@ -976,7 +1073,7 @@ fn decode_into(
         }
     };
     let Some(user) = users.find(key) else {
-        return false;
+        return route_to_srq(users, cache, cqe(), at, out);
     };
     // Opcode and format bits at once: the two common kinds without scattered data (neither,
     // while the flight recorder forces the format bits).
@@ -998,6 +1095,53 @@ fn decode_into(
     match at {
         Some((&t, shared)) => decode_other_taken(shared, user, pending, cache, t, out),
         None => decode_other(user, pending, cache, &cqe(), None, out),
+    }
+}
+
+/// A CQE of a QP this CQ does not know: a receive routed to an SRQ by its `srqn_uidx`
+/// ([`CqShared::route_srq`]) becomes that SRQ's completion, naming the CQE's QPN; anything
+/// else gives none (returns false, `*out` untouched).
+#[cold]
+#[inline(never)]
+fn route_to_srq(
+    users: &Users,
+    cache: &mut MrCache,
+    cqe: Cqe64,
+    at: Option<(&TakenCqe<'_>, &CqShared)>,
+    out: &mut WorkCompletion,
+) -> bool {
+    let Some(user) = srq_route(users, &cqe) else {
+        if let Some((t, shared)) = at
+            && let Some(rec) = shared.rec.get()
+        {
+            record_cqe(rec, shared, None, t);
+        }
+        return false;
+    };
+    if let Some((t, shared)) = at
+        && let Some(rec) = shared.rec.get()
+    {
+        record_cqe(rec, shared, Some(user), t);
+    }
+    // Receives never start unsignaled reports: no pending state is needed.
+    let mut none = None;
+    let cqe = at.map_or(cqe, |(t, _)| t.cqe());
+    let got = decode_other(user, &mut none, cache, &cqe, at.map(|(t, _)| t), out);
+    if got {
+        out.qp_num = cqe.qpn();
+    }
+    got
+}
+
+/// The SRQ route of a receive CQE (by its `srqn_uidx`), if it is one and has one.
+fn srq_route<'u>(users: &'u Users, cqe: &Cqe64) -> Option<&'u CqUser> {
+    match cqe.opcode() {
+        CqeOpcode::RESP_RDMA_WRITE_IMM
+        | CqeOpcode::RESP_SEND
+        | CqeOpcode::RESP_SEND_IMM
+        | CqeOpcode::RESP_SEND_INV
+        | CqeOpcode::RESP_ERR => users.find_srq(cqe.user_index()),
+        _ => None,
     }
 }
 
@@ -1515,5 +1659,135 @@ mod tests {
             let mut pending = None;
             let _ = decode(&local, x % 3 != 0, &mut pending, &c);
         }
+    }
+
+    #[test]
+    fn raw_cqe_exposes_the_packet_fields() {
+        let mut c = cqe(CqeOpcode::RESP_SEND, 0, 0);
+        let plain = RawCqe {
+            cqe: c,
+            copy: WcStatus::SUCCESS,
+        };
+        assert_eq!((plain.l3_hdr_type(), plain.l4_hdr_type()), (0, 0));
+        assert_eq!(
+            (plain.l3_ok(), plain.l4_ok(), plain.vlan_tci()),
+            (false, false, None)
+        );
+        // IPv4 (2) + UDP (2), both checksums good, VLAN 0x0123 stripped.
+        c.l4_hdr_type_etc = 2 << 4 | 2 << 2 | 1;
+        c.hds_ip_ext = 0b110;
+        c.vlan_info = Be16::new(0x0123);
+        let r = RawCqe {
+            cqe: c,
+            copy: WcStatus::SUCCESS,
+        };
+        assert_eq!((r.l3_hdr_type(), r.l4_hdr_type()), (2, 2));
+        assert_eq!(
+            (r.l3_ok(), r.l4_ok(), r.vlan_tci()),
+            (true, true, Some(0x0123))
+        );
+        assert_eq!(r.timestamp(), 0x1122_3344);
+        // Only the L3 bit: the L4 one stays clear; IPv6 + TCP with ACK and data.
+        c.hds_ip_ext = 0b010;
+        c.l4_hdr_type_etc = 4 << 4 | 1 << 2;
+        let r = RawCqe {
+            cqe: c,
+            copy: WcStatus::SUCCESS,
+        };
+        assert_eq!((r.l3_ok(), r.l4_ok(), r.vlan_tci()), (true, false, None));
+        assert_eq!((r.l3_hdr_type(), r.l4_hdr_type()), (1, 4));
+    }
+
+    /// A receive CQE of a QP the CQ does not know (an XRC target QP, a DCT) goes to the SRQ
+    /// routed by the CQE's `srqn_uidx`; without a route, or for a requester CQE, nothing.
+    #[test]
+    fn unknown_qp_receives_are_routed_to_an_srq_by_its_number() {
+        use crate::ledger::ScatterTarget;
+        use crate::mem::DmaBuf;
+        use crate::mem::wq::WqRing;
+        const SRQN: u32 = 0x42;
+        const TGT_QPN: u32 = 0x99;
+        let ring = WqRing::new(Arc::new(DmaBuf::new(4096).unwrap()), 0, 1024);
+        let target = ScatterTarget::new(ring.reader(), 64, 16, 3, 1, Arc::default());
+        let srq = Arc::new(SrqShared::new(16, target));
+        srq.set_wr_id(5, 0x5555);
+        let (local, _, _) = users(false);
+        let mut users = Users {
+            by_uidx: false,
+            ..Users::default()
+        };
+        users.reload(&local, 0);
+        let mut recv = cqe(CqeOpcode::RESP_SEND, 0, 5);
+        recv.sop_drop_qpn = Be32::new(TGT_QPN);
+        recv.srqn_uidx = Be32::new(SRQN);
+        recv.byte_cnt = Be32::new(12);
+        let mut cache = MrCache::default();
+        let mut wc = WorkCompletion::default();
+        let mut pending = None;
+        assert!(
+            !decode_into(&mut users, &mut pending, &mut cache, || recv, None, &mut wc),
+            "no route yet"
+        );
+        users.srqs = vec![CqUser {
+            qpn: 0,
+            uidx: SRQN,
+            sq: None,
+            rq: None,
+            srq: Some(srq.clone()),
+        }];
+        assert!(decode_into(
+            &mut users,
+            &mut pending,
+            &mut cache,
+            || recv,
+            None,
+            &mut wc
+        ));
+        assert_eq!(
+            (wc.wr_id, wc.opcode, wc.byte_len, wc.qp_num, wc.status),
+            (0x5555, WcOpcode::RECV, 12, TGT_QPN, WcStatus::SUCCESS)
+        );
+        assert!(srq.take_freed(5), "the SRQ WQE is freed");
+        // Another SRQ number, or a requester CQE of an unknown QP: no completion.
+        let mut other = recv;
+        other.srqn_uidx = Be32::new(SRQN + 1);
+        let mut req = recv;
+        req.op_own = op_own(CqeOpcode::REQ, 0, false, 0);
+        for c in [other, req] {
+            let mut wc = WorkCompletion::default();
+            assert!(!decode_into(
+                &mut users,
+                &mut pending,
+                &mut cache,
+                || c,
+                None,
+                &mut wc
+            ));
+            assert_eq!(wc.wr_id, 0);
+        }
+        assert!(!srq.take_freed(5));
+    }
+
+    #[test]
+    fn srq_routes_reach_the_poller_and_can_be_removed() {
+        use crate::ledger::ScatterTarget;
+        use crate::mem::DmaBuf;
+        use crate::mem::wq::WqRing;
+        let ctx = crate::emulator::Hca::first_or_emulated().open().unwrap();
+        let mut cq = Cq::new(&ctx, CqInit::default(), None).unwrap();
+        let ring = WqRing::new(Arc::new(DmaBuf::new(4096).unwrap()), 0, 1024);
+        let target = ScatterTarget::new(ring.reader(), 64, 16, 3, 1, Arc::default());
+        let srq = Arc::new(SrqShared::new(16, target));
+        cq.shared().route_srq(0x42, srq.clone());
+        cq.shared().route_srq(0x43, srq.clone());
+        cq.shared().route_srq(0x42, srq);
+        cq.core.refresh();
+        let keys: Vec<u32> = cq.core.users.srqs.iter().map(|u| u.uidx).collect();
+        assert_eq!(keys, [0x43, 0x42], "a route replaces the one of its key");
+        cq.shared().unroute_srq(0x43);
+        cq.core.refresh();
+        assert!(cq.core.users.find_srq(0x43).is_none());
+        assert!(cq.core.users.find_srq(0x42).is_some());
+        assert_eq!(cq.poll(&mut [WorkCompletion::default(); 4]), 0);
     }
 }

@@ -380,6 +380,9 @@ impl QpRecorder {
             QpType::Rc => "RC",
             QpType::Uc => "UC",
             QpType::Ud => "UD",
+            QpType::XrcSend => "XRC_SEND",
+            QpType::Dci => "DCI",
+            QpType::RawPacket => "RAW_PACKET",
         };
         let st = match r.state {
             QpState::Reset => "RESET",

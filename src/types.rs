@@ -14,6 +14,15 @@ pub enum QpType {
     Uc,
     /// Unreliable datagram.
     Ud,
+    /// XRC initiator (`IBV_QPT_XRC_SEND`): RC whose every WQE names the remote XRC SRQ in a
+    /// 16-byte segment right after the control segment.
+    XrcSend,
+    /// DC initiator (mlx5 DCI, a driver QP type): RC semantics, every WQE carries the target's
+    /// 48-byte address vector (DCT number and access key) after the control segment.
+    Dci,
+    /// Raw Ethernet (`IBV_QPT_RAW_PACKET`): every WQE carries a 32-byte Ethernet segment with
+    /// the packet's first bytes inline after the control segment.
+    RawPacket,
 }
 
 impl QpType {
@@ -22,7 +31,16 @@ impl QpType {
             QpType::Rc => qp_type::RC,
             QpType::Uc => qp_type::UC,
             QpType::Ud => qp_type::UD,
+            QpType::XrcSend => qp_type::XRC_INI,
+            QpType::Dci => qp_type::DRIVER,
+            QpType::RawPacket => qp_type::RAW_PACKET,
         }
+    }
+
+    /// RC or UC: no transport segment between the control segment and the operation's own
+    /// (the WQEs of the plain send paths).
+    pub(crate) const fn is_plain_connected(self) -> bool {
+        matches!(self, QpType::Rc | QpType::Uc)
     }
 
     pub(crate) fn limit_context(self) -> &'static str {
@@ -30,6 +48,9 @@ impl QpType {
             QpType::Rc => "for RC",
             QpType::Uc => "for UC",
             QpType::Ud => "for UD",
+            QpType::XrcSend => "for XRC_SEND",
+            QpType::Dci => "for DCI",
+            QpType::RawPacket => "for RAW_PACKET",
         }
     }
 }
@@ -40,6 +61,9 @@ impl core::fmt::Display for QpType {
             QpType::Rc => "RC",
             QpType::Uc => "UC",
             QpType::Ud => "UD",
+            QpType::XrcSend => "XRC_SEND",
+            QpType::Dci => "DCI",
+            QpType::RawPacket => "RAW_PACKET",
         })
     }
 }

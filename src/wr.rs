@@ -324,6 +324,14 @@ pub enum PostError {
     BadAtomicSge,
     /// A UD destination whose address handle belongs to another device context.
     ForeignAh,
+    /// Transport segments (XRC, DC address, Ethernet) that are not whole 16-byte units or
+    /// exceed what the QP type reserves between the control segment and the payload.
+    BadSegments {
+        /// Bytes of segments given.
+        len: usize,
+        /// Bytes the QP type reserves past the control segment.
+        reserved: u32,
+    },
 }
 
 impl core::fmt::Display for PostError {
@@ -346,6 +354,11 @@ impl core::fmt::Display for PostError {
             }
             PostError::BadAtomicSge => write!(f, "atomics need one SGE of at least 8 bytes"),
             PostError::ForeignAh => write!(f, "address handle of another device context"),
+            PostError::BadSegments { len, reserved } => write!(
+                f,
+                "{len} bytes of segments: not whole 16-byte units within the {reserved} bytes \
+                 this QP type reserves after the control segment"
+            ),
         }
     }
 }

@@ -358,10 +358,20 @@ impl Qp {
     /// more inline data than asked, as libmlx5).
     ///
     /// # Errors
-    /// [`Error::ContextMismatch`] if a CQ or the SRQ belongs to another context than `pd`;
+    /// [`Error::Unsupported`] for the QP types whose creation is not implemented yet (XRC_SEND,
+    /// DCI, RAW_PACKET); [`Error::ContextMismatch`] if a CQ or the SRQ belongs to another context than `pd`;
     /// [`Error::Limit`] naming the attribute, value and limit; [`Error::Uverbs`] naming
     /// CREATE_QP.
     pub fn new(pd: &Pd, init: &QpInitAttr<'_>) -> Result<Self> {
+        let what = match init.qp_type {
+            QpType::Rc | QpType::Uc | QpType::Ud => None,
+            QpType::XrcSend => Some("creating an XRC_SEND QP (not yet implemented)"),
+            QpType::Dci => Some("creating a DCI QP (not yet implemented)"),
+            QpType::RawPacket => Some("creating a RAW_PACKET QP (not yet implemented)"),
+        };
+        if let Some(what) = what {
+            return Err(Error::Unsupported { what });
+        }
         let ctx = pd.context().clone();
         ctx.check_same("send_cq", &init.send_cq.shared().ctx, "pd")?;
         ctx.check_same("recv_cq", &init.recv_cq.shared().ctx, "pd")?;
@@ -1142,11 +1152,15 @@ fn qp_dest(a: &AhAttr) -> IbUverbsQpDest {
 /// `ib_modify_qp_is_ok`), for the three transports this driver has.
 fn transition(t: QpType, from: QpState, to: QpState) -> Option<(u32, u32)> {
     use QpState::*;
+    if !matches!(t, QpType::Rc | QpType::Uc | QpType::Ud) {
+        // XRC_SEND, DCI and RAW_PACKET QPs cannot be created yet (`Qp::new`): no rows.
+        return None;
+    }
     // Per transport: (UD, UC, RC).
     let by = |ud: u32, uc: u32, rc: u32| match t {
         QpType::Ud => ud,
         QpType::Uc => uc,
-        QpType::Rc => rc,
+        _ => rc,
     };
     let init_attrs = by(
         IB_QP_PKEY_INDEX | IB_QP_PORT | IB_QP_QKEY,

@@ -12,6 +12,7 @@ use crate::mem::wq::WqWriter;
 use crate::types::QpType;
 use crate::wr::{PostError, SendFlags, Sge, UdDest};
 
+use super::geometry::segments_reserved;
 use super::*;
 
 /// The first 8 bytes of a control segment as one native word: `opmod_idx_opcode` (opmod 0)
@@ -330,14 +331,68 @@ impl SendQueue {
         self.q.cur_post as usize * 64 + unit as usize * 16
     }
 
-    /// Refuse an operation of a connected QP on UD (and vice versa for `connected == false`).
+    /// Refuse a plain connected operation (`connected`) on anything but RC or UC, and a UD
+    /// operation (`!connected`) on anything but UD: the other types need their transport
+    /// segment ([`begin_with_segments`](Self::begin_with_segments)).
     #[inline(always)]
     pub(super) fn need_connected(&self, connected: bool, err: PostError) -> Result<(), PostError> {
-        if (self.q.cfg.qp_type != QpType::Ud) == connected {
-            Ok(())
+        let t = self.q.cfg.qp_type;
+        let ok = if connected {
+            t.is_plain_connected()
         } else {
-            Err(err)
+            t == QpType::Ud
+        };
+        if ok { Ok(()) } else { Err(err) }
+    }
+
+    /// Open a WQE of `opcode` whose segments between the control segment and the payload the
+    /// caller supplies: `segs`, whole 16-byte units in the order the device reads them (an XRC
+    /// SRQ-number segment, a DC address vector, an Ethernet segment with its inline headers,
+    /// then any remote-address or atomic segment), is written right after the control segment
+    /// (wrapping at the ring end like every segment); the payload follows through the builder.
+    /// The one WQE writer for the transports whose segments the operation starts above do not
+    /// write. `flags` and `imm` as in [`send_imm`](Self::send_imm).
+    ///
+    /// The bound keeps every WQE inside its reservation: `segs` is at most what
+    /// [`sq_overhead`](super::sq_overhead) reserved past the control segment for this QP type,
+    /// and the payload is bounded by `max_send_sge` / `max_inline_data`, computed from the
+    /// same overhead. Which opcode suits which QP type is the caller's (crate-internal) concern:
+    /// a wrong one is the device's error completion, never a stray store.
+    ///
+    /// # Errors
+    /// [`PostError::BadSegments`] if `segs.len()` is not a multiple of 16 or exceeds the
+    /// reservation (nothing written); otherwise as [`send`](Self::send) for state and room.
+    #[inline(always)]
+    #[cfg_attr(
+        not(test),
+        expect(
+            dead_code,
+            reason = "the seam of the XRC, DC and RAW_PACKET send paths"
+        )
+    )]
+    pub(crate) fn begin_with_segments(
+        &mut self,
+        opcode: SendOpcode,
+        flags: SendFlags,
+        imm: [u8; 4],
+        segs: &[u8],
+    ) -> Result<WqeBuilder<'_, AnyPayload>, PostError> {
+        let reserved = segments_reserved(self.q.cfg.qp_type);
+        if segs.len() % 16 != 0 || segs.len() > reserved as usize {
+            return Err(PostError::BadSegments {
+                len: segs.len(),
+                reserved,
+            });
         }
+        let pos = self.seg_pos(1);
+        // `segs.len() <= reserved < 2^10`: no overflow.
+        let b = self.begin(opcode, flags, imm, 1 + (segs.len() / 16) as u32)?;
+        for (i, unit) in segs.chunks_exact(16).enumerate() {
+            let (lo, hi) = unit.split_at(8);
+            let word = |h: &[u8]| u64::from_ne_bytes(h.try_into().unwrap_or([0; 8]));
+            b.w.store16(pos + i * 16, word(lo), word(hi));
+        }
+        Ok(b)
     }
 
     /// Start a SEND (low-level API) on an RC or UC QP. Segments follow

@@ -20,15 +20,28 @@ pub struct SqGeometry {
     pub max_inline: u32,
 }
 
-/// Worst-case bytes of the segments before the payload for `qp_type` (ctrl + op segments +
-/// transport), over the operations this driver posts (no UMR/LOCAL_INV/BIND_MW, so RC is 48,
-/// not libmlx5's 192; see docs/datapath.md §2.1).
-pub fn sq_overhead(qp_type: QpType) -> u32 {
+/// Worst-case bytes of the segments before the payload for `qp_type` (ctrl + transport + op
+/// segments), over the operations this driver posts (no UMR/LOCAL_INV/BIND_MW, so RC is 48,
+/// not libmlx5's 192; see docs/datapath.md §2.1). The transport segment comes first after the
+/// control segment: XRC's 16-byte SRQ-number segment, DC's 48-byte address vector, RAW_PACKET's
+/// 32-byte Ethernet segment with the minimum 18 inline header bytes (libmlx5 adds the same
+/// 16 / 48 / 32 to its overhead).
+pub const fn sq_overhead(qp_type: QpType) -> u32 {
     match qp_type {
-        QpType::Rc => 16 + 16 + 16, // ctrl + raddr + atomic
-        QpType::Uc => 16 + 16,      // ctrl + raddr
-        QpType::Ud => 16 + 48,      // ctrl + AV
+        QpType::Rc => 16 + 16 + 16,           // ctrl + raddr + atomic
+        QpType::Uc => 16 + 16,                // ctrl + raddr
+        QpType::Ud => 16 + 48,                // ctrl + AV
+        QpType::XrcSend => 16 + 16 + 16 + 16, // ctrl + XRC + raddr + atomic
+        QpType::Dci => 16 + 48 + 16 + 16,     // ctrl + AV + raddr + atomic
+        QpType::RawPacket => 16 + 32,         // ctrl + Ethernet (18 B inline headers)
     }
+}
+
+/// Bytes a WQE of `qp_type` may carry between its control segment and its payload (transport
+/// and operation segments): what [`sq_overhead`] reserved past the control segment, the bound
+/// of [`SendQueue::begin_with_segments`](super::SendQueue::begin_with_segments).
+pub(crate) const fn segments_reserved(qp_type: QpType) -> u32 {
+    sq_overhead(qp_type) - 16
 }
 
 /// Compute the SQ geometry for the requested caps, or the first limit violated.

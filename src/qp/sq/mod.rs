@@ -20,6 +20,8 @@ mod geometry;
 mod post;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_segments;
 
 pub use builder::{AnyPayload, Gather, Inline, NoPayload, PayloadKind, WqeBuilder};
 pub(crate) use doorbell::Bfreg;

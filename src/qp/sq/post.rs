@@ -123,7 +123,7 @@ impl Batch<'_> {
             WrOp::SendImm { imm } => imm,
             _ => return self.build_general(wr),
         };
-        if cfg.qp_type == QpType::Ud {
+        if !cfg.qp_type.is_plain_connected() {
             return self.build_general(wr);
         }
         if wr.ud.is_some() {
@@ -193,6 +193,11 @@ impl Batch<'_> {
 #[inline(never)]
 pub(super) fn plan_general(cfg: &SqConfig, wr: &SendWr<'_>) -> Result<Plan, PostError> {
     let qp_type = cfg.qp_type;
+    if !matches!(qp_type, QpType::Rc | QpType::Uc | QpType::Ud) {
+        // A verbs-shaped WR has no field yet for the transport segment these need (XRC SRQ
+        // number, DC address, Ethernet headers): refused until their transports add it.
+        return Err(PostError::BadOpcode);
+    }
     let (opcode, imm) = match (wr.op, qp_type) {
         (WrOp::Send, _) => (SendOpcode::SEND, [0; 4]),
         (WrOp::SendImm { imm }, _) => (SendOpcode::SEND_IMM, imm),
@@ -417,7 +422,7 @@ impl SendQueue {
         let q = &mut self.q;
         // INVARIANT (capacity rule): a credit means the slots from the producer on are ours;
         // `credits` is 0 outside the posting states.
-        if q.cfg.qp_type == QpType::Ud || q.credits == 0 {
+        if !q.cfg.qp_type.is_plain_connected() || q.credits == 0 {
             return false;
         }
         let start = q.cur_post;
@@ -547,7 +552,7 @@ impl SendQueue {
             WrOp::SendImm { imm } => (SendOpcode::SEND_IMM, imm),
             _ => return None,
         };
-        if self.q.cfg.qp_type == QpType::Ud || wr.ud.is_some() {
+        if !self.q.cfg.qp_type.is_plain_connected() || wr.ud.is_some() {
             return None;
         }
         Some(self.post_one_send(wr, op, imm))

@@ -23,14 +23,20 @@ use mlx5_hw::types::Be32;
 use mlx5_hw::wqe::{CtrlSeg, DataSeg};
 use zerocopy::FromBytes;
 
-struct Rig {
-    sq: SendQueue,
+pub(super) struct Rig {
+    pub(super) sq: SendQueue,
     fake: Arc<fake::FakeSurface>,
     dbrec: Arc<DbRec>,
     _page: Arc<UarPage>,
 }
 
-fn rig(qp_type: QpType, max_send_wr: u32, sge: u32, inline: u32, policy: BfPolicy) -> Rig {
+pub(super) fn rig(
+    qp_type: QpType,
+    max_send_wr: u32,
+    sge: u32,
+    inline: u32,
+    policy: BfPolicy,
+) -> Rig {
     let geo = sq_geometry(qp_type, max_send_wr, sge, inline, 1008, 1 << 15).unwrap();
     let (fake, surface) = fake::surface();
     let page = UarPage::map(&surface, 0, 4096, 0, true).unwrap();
@@ -60,13 +66,13 @@ fn rig(qp_type: QpType, max_send_wr: u32, sge: u32, inline: u32, policy: BfPolic
     }
 }
 
-fn ctrl_at(sq: &SendQueue, counter: u32) -> (CtrlSeg, [u8; 256]) {
+pub(super) fn ctrl_at(sq: &SendQueue, counter: u32) -> (CtrlSeg, [u8; 256]) {
     let mut w = [0u8; 256];
     sq.wqe_bytes(counter, &mut w);
     (CtrlSeg::read_from_bytes(&w[..16]).unwrap(), w)
 }
 
-fn sge(n: u64) -> Sge {
+pub(super) fn sge(n: u64) -> Sge {
     Sge {
         addr: 0x1000 * n,
         length: 100,
