@@ -60,6 +60,10 @@ impl Default for CqInit {
     }
 }
 
+/// The [`CqUser::qpn`] of an SRQ route ([`CqShared::route_srq`]): no QP number (they are 24
+/// bits), so no detach matches it; its completions name the CQE's QPN.
+const ROUTED: u32 = u32::MAX;
+
 /// One QP (or SRQ) whose completions land in a CQ.
 #[derive(Clone, Debug)]
 pub(crate) struct CqUser {
@@ -80,9 +84,6 @@ pub(crate) struct CqShared {
     dbrec: DbRec,
     arm_reg: UarReg,
     users: Mutex<Vec<CqUser>>,
-    /// SRQs that receive CQEs of QPs this CQ does not know (XRC targets, DCTs), by the
-    /// CQE's `srqn_uidx` value: the SRQ number (CQE version 0) or the SRQ's user index (1).
-    srq_routes: Mutex<Vec<CqUser>>,
     generation: AtomicU64,
     events_acked: AtomicU32,
     _channel: Option<Arc<CompChannel>>,
@@ -120,25 +121,37 @@ impl CqShared {
         })
     }
 
-    /// Route receive CQEs whose QP this CQ does not know (an XRC target QP, a DCT) and whose
-    /// `srqn_uidx` field is `key` (the SRQ number with CQE version 0, the SRQ's user index
-    /// with version 1) to `srq`: their wr_id comes from it, their WQE is freed in it, and the
-    /// work completion names the CQE's QPN. Replaces an earlier route of the same key.
+    /// Route the receive CQEs that name `key` as their user index to `srq`: CQEs of QPs this
+    /// CQ does not know (an XRC target QP of another process, a DCT), which with CQE version 1
+    /// carry the SRQ's user index in `srqn_uidx`. Their wr_id comes from the SRQ, their WQE is
+    /// freed in it, and the work completion names the CQE's QPN. A route is an entry of the
+    /// table the poller already looks every CQE up in, so it costs the other CQEs nothing.
+    /// Replaces an earlier route of `key`.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] on a context with CQE version 0, whose CQEs are looked up by QPN
+    /// (attach the target QP itself there).
     #[cfg_attr(
         not(test),
         expect(dead_code, reason = "the seam of the XRC target and DCT receive paths")
     )]
-    pub(crate) fn route_srq(&self, key: u32, srq: Arc<SrqShared>) {
-        let mut r = self.srq_routes.lock().unwrap_or_else(|p| p.into_inner());
-        r.retain(|x| x.uidx != key);
-        r.push(CqUser {
-            qpn: 0,
+    pub(crate) fn route_srq(&self, key: u32, srq: Arc<SrqShared>) -> Result<()> {
+        if self.ctx.cqe_version() != 1 {
+            return Err(Error::Unsupported {
+                what: "SRQ routes of a CQ need CQE version 1 (CQEs found by user index)",
+            });
+        }
+        let mut u = self.users.lock().unwrap_or_else(|p| p.into_inner());
+        u.retain(|x| !(x.qpn == ROUTED && x.uidx == key));
+        u.push(CqUser {
+            qpn: ROUTED,
             uidx: key,
             sq: None,
             rq: None,
             srq: Some(srq),
         });
         self.generation.fetch_add(1, Ordering::Release);
+        Ok(())
     }
 
     /// Forget the route of `key` ([`route_srq`](Self::route_srq)).
@@ -147,8 +160,8 @@ impl CqShared {
         expect(dead_code, reason = "the seam of the XRC target and DCT receive paths")
     )]
     pub(crate) fn unroute_srq(&self, key: u32) {
-        let mut r = self.srq_routes.lock().unwrap_or_else(|p| p.into_inner());
-        r.retain(|x| x.uidx != key);
+        let mut u = self.users.lock().unwrap_or_else(|p| p.into_inner());
+        u.retain(|x| !(x.qpn == ROUTED && x.uidx == key));
         self.generation.fetch_add(1, Ordering::Release);
     }
 
@@ -204,9 +217,6 @@ struct Users {
     key_at: u8,
     /// How many times the list was copied (under the shared list's lock).
     reloads: u64,
-    /// The SRQ routes ([`CqShared::route_srq`]), their key in `uidx`: looked up only for a CQE
-    /// of an unknown QP.
-    srqs: Vec<CqUser>,
 }
 
 impl Users {
@@ -220,11 +230,6 @@ impl Users {
         };
         self.last = i;
         self.list.get(i)
-    }
-
-    /// The SRQ that the route of `key` names (the cold path of a CQE of an unknown QP).
-    fn find_srq(&self, key: u32) -> Option<&CqUser> {
-        self.srqs.iter().find(|u| u.uidx == key)
     }
 
     /// The position of `key` through the index (linear probing in a table at most half full).
@@ -292,7 +297,8 @@ impl Core {
     #[cold]
     #[inline(never)]
     fn reload_users(&mut self, g: u64) {
-        reload_users(&self.shared, &mut self.users, g);
+        let u = self.shared.users.lock().unwrap_or_else(|p| p.into_inner());
+        self.users.reload(&u, g);
     }
 
     fn locks_taken(&self) -> u64 {
@@ -448,7 +454,6 @@ impl Cq {
             dbrec,
             arm_reg: ctx.inner.cq_uar.cq_doorbell(),
             users: Mutex::new(Vec::new()),
-            srq_routes: Mutex::new(Vec::new()),
             generation: AtomicU64::new(0),
             events_acked: AtomicU32::new(0),
             _channel: channel.cloned(),
@@ -794,17 +799,9 @@ fn raw_scatter<'r>(
 fn refresh_users(shared: &CqShared, users: &mut Users) {
     let g = shared.generation.load(Ordering::Acquire);
     if g != users.seen_gen {
-        reload_users(shared, users, g);
+        let u = shared.users.lock().unwrap_or_else(|p| p.into_inner());
+        users.reload(&u, g);
     }
-}
-
-/// Copy the shared QP list and SRQ routes into the poller's `users` (generation `g`).
-fn reload_users(shared: &CqShared, users: &mut Users, g: u64) {
-    let u = shared.users.lock().unwrap_or_else(|p| p.into_inner());
-    users.reload(&u, g);
-    drop(u);
-    let r = shared.srq_routes.lock().unwrap_or_else(|p| p.into_inner());
-    users.srqs.clone_from(&r);
 }
 
 /// The copy of [`raw_scatter`]: the status it ends with.
@@ -822,12 +819,8 @@ fn raw_scatter_copy(
     } else {
         cqe.qpn()
     };
-    let user = match users.find(key) {
-        Some(u) => u,
-        None => match srq_route(users, cqe) {
-            Some(u) => u,
-            None => return WcStatus::GENERAL_ERR,
-        },
+    let Some(user) = users.find(key) else {
+        return WcStatus::GENERAL_ERR;
     };
     let counter = cqe.wqe_counter();
     let r = match cqe.opcode() {
@@ -1073,7 +1066,7 @@ fn decode_into(
         }
     };
     let Some(user) = users.find(key) else {
-        return route_to_srq(users, cache, cqe(), at, out);
+        return false;
     };
     // Opcode and format bits at once: the two common kinds without scattered data (neither,
     // while the flight recorder forces the format bits).
@@ -1095,53 +1088,6 @@ fn decode_into(
     match at {
         Some((&t, shared)) => decode_other_taken(shared, user, pending, cache, t, out),
         None => decode_other(user, pending, cache, &cqe(), None, out),
-    }
-}
-
-/// A CQE of a QP this CQ does not know: a receive routed to an SRQ by its `srqn_uidx`
-/// ([`CqShared::route_srq`]) becomes that SRQ's completion, naming the CQE's QPN; anything
-/// else gives none (returns false, `*out` untouched).
-#[cold]
-#[inline(never)]
-fn route_to_srq(
-    users: &Users,
-    cache: &mut MrCache,
-    cqe: Cqe64,
-    at: Option<(&TakenCqe<'_>, &CqShared)>,
-    out: &mut WorkCompletion,
-) -> bool {
-    let Some(user) = srq_route(users, &cqe) else {
-        if let Some((t, shared)) = at
-            && let Some(rec) = shared.rec.get()
-        {
-            record_cqe(rec, shared, None, t);
-        }
-        return false;
-    };
-    if let Some((t, shared)) = at
-        && let Some(rec) = shared.rec.get()
-    {
-        record_cqe(rec, shared, Some(user), t);
-    }
-    // Receives never start unsignaled reports: no pending state is needed.
-    let mut none = None;
-    let cqe = at.map_or(cqe, |(t, _)| t.cqe());
-    let got = decode_other(user, &mut none, cache, &cqe, at.map(|(t, _)| t), out);
-    if got {
-        out.qp_num = cqe.qpn();
-    }
-    got
-}
-
-/// The SRQ route of a receive CQE (by its `srqn_uidx`), if it is one and has one.
-fn srq_route<'u>(users: &'u Users, cqe: &Cqe64) -> Option<&'u CqUser> {
-    match cqe.opcode() {
-        CqeOpcode::RESP_RDMA_WRITE_IMM
-        | CqeOpcode::RESP_SEND
-        | CqeOpcode::RESP_SEND_IMM
-        | CqeOpcode::RESP_SEND_INV
-        | CqeOpcode::RESP_ERR => users.find_srq(cqe.user_index()),
-        _ => None,
     }
 }
 
@@ -1406,6 +1352,9 @@ fn decode_other(
                 wc.wr_id = wr_id;
                 set_error(&mut wc, cqe);
                 wc.opcode = WcOpcode::RECV;
+                if user.qpn == ROUTED {
+                    wc.qp_num = cqe.qpn();
+                }
                 *out = wc;
                 return true;
             }
@@ -1441,6 +1390,9 @@ fn decode_other(
                     wc.pkey_index = 0;
                 }
                 _ => {}
+            }
+            if user.qpn == ROUTED {
+                wc.qp_num = cqe.qpn();
             }
             *out = wc;
             true
@@ -1660,7 +1612,6 @@ mod tests {
             let _ = decode(&local, x % 3 != 0, &mut pending, &c);
         }
     }
-
     #[test]
     fn raw_cqe_exposes_the_packet_fields() {
         let mut c = cqe(CqeOpcode::RESP_SEND, 0, 0);
@@ -1699,71 +1650,55 @@ mod tests {
     }
 
     /// A receive CQE of a QP the CQ does not know (an XRC target QP, a DCT) goes to the SRQ
-    /// routed by the CQE's `srqn_uidx`; without a route, or for a requester CQE, nothing.
+    /// routed by the CQE's user index; without a route, or for a requester CQE, nothing.
     #[test]
-    fn unknown_qp_receives_are_routed_to_an_srq_by_its_number() {
+    fn unknown_qp_receives_are_routed_to_an_srq() {
         use crate::ledger::ScatterTarget;
         use crate::mem::DmaBuf;
         use crate::mem::wq::WqRing;
-        const SRQN: u32 = 0x42;
+        const SRQ_UIDX: u32 = 0x42;
         const TGT_QPN: u32 = 0x99;
         let ring = WqRing::new(Arc::new(DmaBuf::new(4096).unwrap()), 0, 1024);
         let target = ScatterTarget::new(ring.reader(), 64, 16, 3, 1, Arc::default());
         let srq = Arc::new(SrqShared::new(16, target));
         srq.set_wr_id(5, 0x5555);
-        let (local, _, _) = users(false);
-        let mut users = Users {
-            by_uidx: false,
-            ..Users::default()
-        };
-        users.reload(&local, 0);
+        let (mut local, _, _) = users(false);
         let mut recv = cqe(CqeOpcode::RESP_SEND, 0, 5);
         recv.sop_drop_qpn = Be32::new(TGT_QPN);
-        recv.srqn_uidx = Be32::new(SRQN);
+        recv.srqn_uidx = Be32::new(SRQ_UIDX);
         recv.byte_cnt = Be32::new(12);
-        let mut cache = MrCache::default();
-        let mut wc = WorkCompletion::default();
         let mut pending = None;
         assert!(
-            !decode_into(&mut users, &mut pending, &mut cache, || recv, None, &mut wc),
+            decode(&local, true, &mut pending, &recv).is_none(),
             "no route yet"
         );
-        users.srqs = vec![CqUser {
-            qpn: 0,
-            uidx: SRQN,
+        local.push(CqUser {
+            qpn: ROUTED,
+            uidx: SRQ_UIDX,
             sq: None,
             rq: None,
             srq: Some(srq.clone()),
-        }];
-        assert!(decode_into(
-            &mut users,
-            &mut pending,
-            &mut cache,
-            || recv,
-            None,
-            &mut wc
-        ));
+        });
+        let wc = decode(&local, true, &mut pending, &recv).unwrap();
         assert_eq!(
             (wc.wr_id, wc.opcode, wc.byte_len, wc.qp_num, wc.status),
             (0x5555, WcOpcode::RECV, 12, TGT_QPN, WcStatus::SUCCESS)
         );
         assert!(srq.take_freed(5), "the SRQ WQE is freed");
-        // Another SRQ number, or a requester CQE of an unknown QP: no completion.
+        // An error CQE of the routed SRQ names the CQE's QPN too.
+        let mut err = recv;
+        err.op_own = op_own(CqeOpcode::RESP_ERR, 0, false, 0);
+        let wc = decode(&local, true, &mut pending, &err).unwrap();
+        assert_eq!((wc.wr_id, wc.qp_num), (0x5555, TGT_QPN));
+        assert_ne!(wc.status, WcStatus::SUCCESS);
+        assert!(srq.take_freed(5));
+        // Another user index, or a requester CQE for the route: no completion.
         let mut other = recv;
-        other.srqn_uidx = Be32::new(SRQN + 1);
+        other.srqn_uidx = Be32::new(SRQ_UIDX + 1);
         let mut req = recv;
         req.op_own = op_own(CqeOpcode::REQ, 0, false, 0);
         for c in [other, req] {
-            let mut wc = WorkCompletion::default();
-            assert!(!decode_into(
-                &mut users,
-                &mut pending,
-                &mut cache,
-                || c,
-                None,
-                &mut wc
-            ));
-            assert_eq!(wc.wr_id, 0);
+            assert!(decode(&local, true, &mut pending, &c).is_none());
         }
         assert!(!srq.take_freed(5));
     }
@@ -1778,16 +1713,23 @@ mod tests {
         let ring = WqRing::new(Arc::new(DmaBuf::new(4096).unwrap()), 0, 1024);
         let target = ScatterTarget::new(ring.reader(), 64, 16, 3, 1, Arc::default());
         let srq = Arc::new(SrqShared::new(16, target));
-        cq.shared().route_srq(0x42, srq.clone());
-        cq.shared().route_srq(0x43, srq.clone());
-        cq.shared().route_srq(0x42, srq);
+        assert_eq!(ctx.cqe_version(), 1);
+        cq.shared().route_srq(0x42, srq.clone()).unwrap();
+        cq.shared().route_srq(0x43, srq.clone()).unwrap();
+        cq.shared().route_srq(0x42, srq).unwrap();
         cq.core.refresh();
-        let keys: Vec<u32> = cq.core.users.srqs.iter().map(|u| u.uidx).collect();
-        assert_eq!(keys, [0x43, 0x42], "a route replaces the one of its key");
+        let keys: Vec<(u32, u32)> = cq.core.users.list.iter().map(|u| (u.qpn, u.uidx)).collect();
+        assert_eq!(
+            keys,
+            [(ROUTED, 0x43), (ROUTED, 0x42)],
+            "a route replaces its key's"
+        );
         cq.shared().unroute_srq(0x43);
+        // A detach of any QP number leaves the routes alone.
+        cq.shared().detach(0x43);
         cq.core.refresh();
-        assert!(cq.core.users.find_srq(0x43).is_none());
-        assert!(cq.core.users.find_srq(0x42).is_some());
+        assert!(cq.core.users.find(0x43).is_none());
+        assert!(cq.core.users.find(0x42).is_some_and(|u| u.srq.is_some()));
         assert_eq!(cq.poll(&mut [WorkCompletion::default(); 4]), 0);
     }
 }
