@@ -109,7 +109,7 @@ mod tests {
         let boxed: Vec<Box<dyn std::error::Error>> = vec![
             e.into(),
             emu.open(7).unwrap_err().into(),
-            crate::PostError::BadOpcode.into(),
+            crate::wr::PostError::BadOpcode.into(),
         ];
         assert!(boxed[1].to_string().contains("ENODEV"), "{}", boxed[1]);
     }

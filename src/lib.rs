@@ -134,6 +134,7 @@ pub mod device;
 #[cfg(feature = "emulator")]
 pub mod emulator;
 pub mod error;
+mod ledger;
 // Internals: raw memory, MMIO and ring arithmetic. Crate-private, because their functions rely on
 // invariants (offsets inside a mapping, a register's length) that only the driver establishes;
 // the user-facing memory types are re-exported below. Items that only tests or other halves of
@@ -148,6 +149,7 @@ pub mod recorder;
 #[allow(dead_code)]
 pub(crate) mod ring;
 pub mod srq;
+mod types;
 mod uverbs;
 mod wc_fmt;
 pub mod wr;
