@@ -514,7 +514,11 @@ mod live {
     }
 
     fn install() -> bool {
-        if !shim::config().syscall_trap {
+        // Under valgrind the client's system calls are made by valgrind's own code (not at
+        // the gadget), and valgrind unmaps single pages of its own: a filter would trap them.
+        let valgrind = std::env::var_os("VALGRIND_LAUNCHER").is_some()
+            || std::env::var("LD_PRELOAD").is_ok_and(|p| p.contains("vgpreload"));
+        if !shim::config().syscall_trap || valgrind {
             return false;
         }
         let mut lim = libc::rlimit {
