@@ -48,7 +48,7 @@ mod pd_mr;
 mod qp;
 mod srq;
 
-pub(crate) use context::gid_at;
+use crate::state::gid_at;
 
 const EINVAL: Errno = Errno(libc::EINVAL);
 const ENOSPC: Errno = Errno(libc::ENOSPC);
