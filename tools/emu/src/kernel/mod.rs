@@ -9,6 +9,8 @@
 //! - `srq`: CREATE/MODIFY/QUERY/DESTROY_SRQ
 //! - `events`: CREATE_COMP_CHANNEL and event channels
 //! - `methods`: the ioctl object methods, mapped onto the same handlers
+//! - `ucma`: the rdma_cm file (`/dev/infiniband/rdma_cm`) and the CM (`ucma_mad`: its
+//!   messages; `ucma_ports`: the host's port space)
 //!
 //! Every request and response is one of the header-checked structs of `mlx5-ffi`, decoded
 //! and encoded through its command table ([`mlx5_ffi::cmd::cmds`]); nothing here reads a
@@ -47,6 +49,9 @@ mod methods;
 mod pd_mr;
 mod qp;
 mod srq;
+pub(crate) mod ucma;
+mod ucma_mad;
+mod ucma_ports;
 
 use crate::state::gid_at;
 
