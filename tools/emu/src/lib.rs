@@ -530,6 +530,8 @@ impl Drop for Shared {
 pub(crate) struct Owner {
     wake: Option<Arc<uar::Wake>>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The world, to see that no handle but the device thread's momentary one is left.
+    world: Weak<Shared>,
 }
 
 impl Drop for Owner {
@@ -542,10 +544,20 @@ impl Drop for Owner {
             .get_mut()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .take();
-        if let Some(h) = handle {
-            if h.thread().id() != std::thread::current().id() {
+        let Some(h) = handle else { return };
+        if h.thread().id() == std::thread::current().id() {
+            return;
+        }
+        // Every user handle has let the world go before its `Owner` (field order), so what
+        // can still hold it is the device thread, for one step: wait for that (bounded), then
+        // join. A holder that is not a user handle (none should exist) would keep the thread
+        // running: it is then left to end when that holder goes, rather than waited for.
+        for _ in 0..2000 {
+            if self.world.strong_count() == 0 {
                 let _ = h.join();
+                return;
             }
+            std::thread::sleep(Duration::from_micros(50));
         }
     }
 }
@@ -742,6 +754,7 @@ impl Emulator {
         let owner = Arc::new(Owner {
             wake: wake.clone(),
             thread: Mutex::new(None),
+            world: Arc::downgrade(&shared),
         });
         if mode == RunMode::Threaded {
             let weak = Arc::downgrade(&shared);
