@@ -151,7 +151,12 @@ impl EventChannel {
     /// As the kernel's CREATE_ID.
     pub fn create_id(&self, space: PortSpace) -> Result<CmId<'_>> {
         let body = RdmaUcmCreateId {
-            uid: 1,
+            // The uid comes back in every event of the id (and of a listener's connection
+            // requests): it tells UD events, whose parameters are UD ones, from RC events.
+            uid: match space {
+                PortSpace::Tcp => UID_RC,
+                PortSpace::Udp => UID_UD,
+            },
             ps: match space {
                 PortSpace::Tcp => ps::TCP,
                 PortSpace::Udp => ps::UDP,
@@ -284,12 +289,12 @@ pub fn event_name(kind: u32) -> &'static str {
     }
 }
 
+/// The uids this module gives ids (see [`EventChannel::create_id`]).
+const UID_RC: u64 = 1;
+const UID_UD: u64 = 2;
+
 fn decode_event(e: &RdmaUcmEventResp) -> CmEvent {
-    let ud = matches!(
-        e.event,
-        event::ESTABLISHED | event::MULTICAST_JOIN | event::UNREACHABLE
-    ) && e.ud().qkey != 0;
-    if ud {
+    if e.uid == UID_UD {
         let u = e.ud();
         let a = u.ah_attr;
         return CmEvent {
@@ -729,7 +734,10 @@ impl ConnRequest<'_> {
     pub fn accept(&self, qp: &mut Qp, param: &ConnParam<'_>) -> Result<()> {
         self.id.qp_to_rts(qp)?;
         let body = RdmaUcmAccept {
-            uid: 1,
+            uid: match self.id.space {
+                PortSpace::Tcp => UID_RC,
+                PortSpace::Udp => UID_UD,
+            },
             conn_param: param.to_kern(qp.qpn())?,
             id: self.id.id,
             ..Default::default()

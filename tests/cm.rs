@@ -265,3 +265,43 @@ fn example_rping_client_against_unmodified_rping_server() {
 fn example_rping_server_against_unmodified_rping_client() {
     interop(true, port(11));
 }
+
+#[test]
+fn a_ud_peer_is_resolved_through_sidr() {
+    let (hb, ip_b) = udp_hca();
+    let port = port(2);
+    let at = SocketAddr::new(IpAddr::from(ip_b), port);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let passive = std::thread::spawn(move || {
+        let ctx = hb.open().unwrap();
+        let pd = Pd::new(&ctx).unwrap();
+        let cq = Cq::new(&ctx, CqInit::default(), None).unwrap();
+        let mut qp = Qp::new(&pd, &QpInitAttr::new(QpType::Ud, &cq, &cq)).unwrap();
+        let chan = EventChannel::open(&hb).unwrap();
+        let id = chan.create_id(PortSpace::Udp).unwrap();
+        id.bind(at).unwrap();
+        id.listen(4).unwrap();
+        tx.send(qp.qpn()).unwrap();
+        let req = id.get_request(Duration::from_secs(20)).unwrap();
+        assert_eq!(&req.event.private_data[..3], b"who");
+        req.accept(&mut qp, &ConnParam::default()).unwrap();
+        // Keep the id until the peer has its answer.
+        std::thread::sleep(Duration::from_millis(300));
+    });
+    let qpn_b = rx.recv().unwrap();
+    let (ha, _) = udp_hca();
+    let ctx = ha.open().unwrap();
+    let pd = Pd::new(&ctx).unwrap();
+    let cq = Cq::new(&ctx, CqInit::default(), None).unwrap();
+    let mut qp = Qp::new(&pd, &QpInitAttr::new(QpType::Ud, &cq, &cq)).unwrap();
+    let chan = EventChannel::open(&ha).unwrap();
+    let id = chan.create_id(PortSpace::Udp).unwrap();
+    let peer = id.connect_ud(at, &mut qp, b"who").unwrap();
+    assert_eq!(peer.qpn, qpn_b);
+    assert_eq!(peer.qkey, mlx5::ffi::ucma::RDMA_UDP_QKEY);
+    assert_eq!(peer.ah.port_num, 1);
+    passive.join().unwrap();
+    // A TCP-space id cannot do SIDR.
+    let tcp = chan.create_id(PortSpace::Tcp).unwrap();
+    assert!(tcp.connect_ud(at, &mut qp, b"").is_err());
+}

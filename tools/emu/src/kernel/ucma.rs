@@ -197,6 +197,13 @@ impl Cm {
 
     /// A fresh number (communication ids, PSNs, ephemeral ports).
     fn rand(&mut self) -> u32 {
+        if self.seq == 0 {
+            // Different in every process, as a real CM's communication ids are.
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos());
+            self.seq = (std::process::id().rotate_left(16) ^ t) | 1;
+        }
         let mut x = self.seq ^ 0x9E37_79B9;
         x ^= x << 13;
         x ^= x >> 17;
@@ -1279,6 +1286,16 @@ fn has_listener(w: &World, hca: usize, ps: u16, port: u16) -> bool {
     find_listener(w, hca, ps, port).is_some()
 }
 
+/// Whether an id of this process is bound to (`ps`, `port`) without listening (yet).
+fn bound_here(w: &World, ps: u16, port: u16) -> bool {
+    w.cm.ids.values().any(|i| {
+        i.st == St::Bound
+            && i.ps == ps
+            && i.claim.is_some()
+            && i.src.is_some_and(|s| s.port() == port)
+    })
+}
+
 fn find_listener(w: &World, hca: usize, ps: u16, port: u16) -> Option<u32> {
     w.cm.ids
         .iter()
@@ -1758,6 +1775,11 @@ fn handle(w: &mut World, hca: usize, from: u16, msg: CmMsg) -> bool {
             let Some(listener) = find_listener(w, hca, ps, port)
                 .filter(|l| w.cm.ids[l].qp_type != mlx5_ffi::uverbs::qp_type::UD)
             else {
+                if bound_here(w, ps, port) {
+                    // Bound but not listening yet: on a real host LISTEN follows BIND long
+                    // before a REQ can arrive; here the REQ is dropped and comes again.
+                    return true;
+                }
                 rej(w, rej::INVALID_SERVICE_ID);
                 return true;
             };
