@@ -143,11 +143,12 @@ pub fn pair(
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let port = free_port().to_string();
+    let dev = device();
     let cmd = |side: Side| {
         let mut c = Command::new(program);
         c.envs(preload_env(side))
             .envs(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())))
-            .args(["-d", "mlx5_0", port_flag, &port])
+            .args(["-d", &dev, port_flag, &port])
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
