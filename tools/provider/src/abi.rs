@@ -678,7 +678,7 @@ pub struct verbs_mr {
 }
 
 /// `struct verbs_qp`: the `ibv_qp_ex` (whose first member is the `ibv_qp`), then
-/// `comp_mask` (bit 0 `VERBS_QP_EX`: `ibv_qp_to_qp_ex` hands out `qp_ex`), then the XRC domain.
+/// `comp_mask` (bit 1 `VERBS_QP_EX`: `ibv_qp_to_qp_ex` hands out `qp_ex`), then the XRC domain.
 #[repr(C)]
 pub struct verbs_qp {
     pub qp_ex: ibv_qp_ex,
@@ -686,7 +686,7 @@ pub struct verbs_qp {
     pub xrcd: *mut c_void,
 }
 
-pub const VERBS_QP_EX: u32 = 1;
+pub const VERBS_QP_EX: u32 = 1 << 1;
 
 /// `struct verbs_context_ops` of ABI 34 as rdma-core v44 has it: 76 pointers, sorted by name.
 /// Only the slots the provider serves are named; the rest stay null, which `verbs_set_ops`

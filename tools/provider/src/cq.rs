@@ -1,7 +1,7 @@
 //! Completion queues: `ibv_create_cq` (with a completion channel), arming, events, destroy.
 
 use core::cell::UnsafeCell;
-use core::ffi::{c_int, c_void};
+use core::ffi::c_int;
 use core::mem::MaybeUninit;
 use std::os::fd::FromRawFd;
 use std::sync::Arc;
@@ -17,6 +17,8 @@ pub struct ProvCq {
     pub cq: ibv_cq_ex,
     pub lock: Lock,
     pub inner: UnsafeCell<mlx5::Cq>,
+    /// The completion `start_poll`/`next_poll` stand on (under the lock until `end_poll`).
+    pub cur: UnsafeCell<mlx5::WorkCompletion>,
 }
 
 /// # Safety
@@ -32,7 +34,157 @@ unsafe extern "C" fn create_cq(
     channel: *mut ibv_comp_channel,
     comp_vector: c_int,
 ) -> *mut ibv_cq {
-    guard("create_cq", || {
+    guard("create_cq", || make(c, cqe, channel, comp_vector).cast())
+}
+
+/// The `ibv_wc_flags` fields `create_cq_ex` serves (`read_*` functions).
+const SERVED_WC_FLAGS: u64 = 0xff; // BYTE_LEN IMM QP_NUM SRC_QP SLID SL DLID_PATH_BITS COMPLETION_TIMESTAMP
+
+unsafe extern "C" fn create_cq_ex(
+    c: *mut ibv_context,
+    attr: *mut ibv_cq_init_attr_ex,
+) -> *mut ibv_cq_ex {
+    guard("create_cq_ex", || {
+        // SAFETY: the caller's live attribute struct; `c` is ours.
+        let (a, s) = unsafe { (&*attr, state(c)) };
+        if a.wc_flags & !SERVED_WC_FLAGS != 0 || a.comp_mask != 0 {
+            if s.log {
+                eprintln!(
+                    "libmlx5rs: {}: create_cq_ex: wc_flags {:#x} / comp_mask {:#x} not served \
+                     (wc_flags {SERVED_WC_FLAGS:#x}, no comp_mask)",
+                    s.name, a.wc_flags, a.comp_mask
+                );
+            }
+            set_errno(libc::EOPNOTSUPP);
+            return core::ptr::null_mut();
+        }
+        let cq = make(c, a.cqe as c_int, a.channel, a.comp_vector as c_int);
+        if cq.is_null() {
+            return cq.cast();
+        }
+        // SAFETY: the CQ just made; nothing else sees it yet.
+        let x = unsafe { &mut (*cq).cq };
+        x.start_poll = Some(start_poll);
+        x.next_poll = Some(next_poll);
+        x.end_poll = Some(end_poll);
+        x.read_opcode = Some(read_opcode);
+        x.read_vendor_err = Some(read_vendor_err);
+        x.read_byte_len = Some(read_byte_len);
+        x.read_imm_data = Some(read_imm_data);
+        x.read_qp_num = Some(read_qp_num);
+        x.read_src_qp = Some(read_src_qp);
+        x.read_wc_flags = Some(read_wc_flags);
+        x.read_slid = Some(read_slid);
+        x.read_sl = Some(read_sl);
+        x.read_dlid_path_bits = Some(read_dlid_path_bits);
+        x.read_completion_ts = Some(read_completion_ts);
+        x
+    })
+}
+
+/// The current completion of an extended poll.
+///
+/// # Safety
+/// `x` is a CQ of ours between `start_poll` (returning 0) and `end_poll`.
+#[inline(always)]
+unsafe fn cur<'a>(x: *mut ibv_cq_ex) -> &'a mlx5::WorkCompletion {
+    // SAFETY: per the contract (the lock is held by start_poll).
+    unsafe { &*(*x.cast::<ProvCq>()).cur.get() }
+}
+
+/// Poll one completion into `cur`; ENOENT if none.
+#[inline(always)]
+unsafe fn step(x: *mut ibv_cq_ex) -> c_int {
+    // SAFETY: our CQ, under its lock.
+    let p = unsafe { &*x.cast::<ProvCq>() };
+    // SAFETY: under the lock.
+    let (inner, cur) = unsafe { (&mut *p.inner.get(), &mut *p.cur.get()) };
+    if inner.poll(core::slice::from_mut(cur)) == 0 {
+        return libc::ENOENT;
+    }
+    // SAFETY: `x` is live; libibverbs' inline readers take these two from the struct.
+    unsafe {
+        (*x).status = cur.status.0;
+        (*x).wr_id = cur.wr_id;
+    }
+    0
+}
+
+unsafe extern "C" fn start_poll(x: *mut ibv_cq_ex, _attr: *mut ibv_poll_cq_attr) -> c_int {
+    // SAFETY: our CQ.
+    let p = unsafe { &*x.cast::<ProvCq>() };
+    p.lock.lock_raw();
+    // SAFETY: under the lock just taken.
+    let r = unsafe { step(x) };
+    if r != 0 {
+        // No completion: the application does not call end_poll.
+        p.lock.unlock();
+    }
+    r
+}
+
+unsafe extern "C" fn next_poll(x: *mut ibv_cq_ex) -> c_int {
+    // SAFETY: between start_poll and end_poll.
+    unsafe { step(x) }
+}
+
+unsafe extern "C" fn end_poll(x: *mut ibv_cq_ex) {
+    // SAFETY: our CQ, whose lock start_poll took.
+    unsafe { (*x.cast::<ProvCq>()).lock.unlock() };
+}
+
+unsafe extern "C" fn read_opcode(x: *mut ibv_cq_ex) -> u32 {
+    // SAFETY: between start_poll and end_poll.
+    unsafe { cur(x) }.opcode.0
+}
+unsafe extern "C" fn read_vendor_err(x: *mut ibv_cq_ex) -> u32 {
+    // SAFETY: between start_poll and end_poll.
+    u32::from(unsafe { cur(x) }.vendor_err.0)
+}
+unsafe extern "C" fn read_byte_len(x: *mut ibv_cq_ex) -> u32 {
+    // SAFETY: between start_poll and end_poll.
+    unsafe { cur(x) }.byte_len
+}
+unsafe extern "C" fn read_imm_data(x: *mut ibv_cq_ex) -> u32 {
+    // SAFETY: between start_poll and end_poll.
+    crate::fast::to_ibv_wc(unsafe { cur(x) }).imm_data
+}
+unsafe extern "C" fn read_qp_num(x: *mut ibv_cq_ex) -> u32 {
+    // SAFETY: between start_poll and end_poll.
+    unsafe { cur(x) }.qp_num
+}
+unsafe extern "C" fn read_src_qp(x: *mut ibv_cq_ex) -> u32 {
+    // SAFETY: between start_poll and end_poll.
+    unsafe { cur(x) }.src_qp
+}
+unsafe extern "C" fn read_wc_flags(x: *mut ibv_cq_ex) -> u32 {
+    // SAFETY: between start_poll and end_poll.
+    unsafe { cur(x) }.wc_flags.0 & 0x7f
+}
+unsafe extern "C" fn read_slid(x: *mut ibv_cq_ex) -> u32 {
+    // SAFETY: between start_poll and end_poll.
+    u32::from(unsafe { cur(x) }.slid)
+}
+unsafe extern "C" fn read_sl(x: *mut ibv_cq_ex) -> u8 {
+    // SAFETY: between start_poll and end_poll.
+    unsafe { cur(x) }.sl
+}
+unsafe extern "C" fn read_dlid_path_bits(x: *mut ibv_cq_ex) -> u8 {
+    // SAFETY: between start_poll and end_poll.
+    unsafe { cur(x) }.dlid_path_bits
+}
+unsafe extern "C" fn read_completion_ts(x: *mut ibv_cq_ex) -> u64 {
+    // SAFETY: between start_poll and end_poll. Raw HCA clock ticks, as libmlx5 reports.
+    unsafe { cur(x) }.timestamp
+}
+
+fn make(
+    c: *mut ibv_context,
+    cqe: c_int,
+    channel: *mut ibv_comp_channel,
+    comp_vector: c_int,
+) -> *mut ProvCq {
+    {
         // SAFETY: `c` is ours.
         let s = unsafe { state(c) };
         if cqe <= 0 || comp_vector < 0 {
@@ -73,6 +225,7 @@ unsafe extern "C" fn create_cq(
                     (*ptr).cq.cq.cqe = cap as c_int;
                     (&raw mut (*ptr).lock).write(Lock::new(s.single_threaded));
                     (&raw mut (*ptr).inner).write(UnsafeCell::new(inner));
+                    (&raw mut (*ptr).cur).write(UnsafeCell::new(mlx5::WorkCompletion::default()));
                 }
                 Box::into_raw(b).cast()
             }
@@ -81,7 +234,7 @@ unsafe extern "C" fn create_cq(
                 core::ptr::null_mut()
             }
         }
-    })
+    }
 }
 
 unsafe extern "C" fn destroy_cq(cq: *mut ibv_cq) -> c_int {
@@ -129,5 +282,10 @@ pub fn fill_ops(s: &mut [Fp; VERBS_CONTEXT_OPS_SLOTS]) {
         unsafe extern "C" fn(*mut ibv_cq, c_int) -> c_int
     );
     op!(s, "cq_event", cq_event, unsafe extern "C" fn(*mut ibv_cq));
-    let _ = core::ptr::null::<c_void>();
+    op!(
+        s,
+        "create_cq_ex",
+        create_cq_ex,
+        unsafe extern "C" fn(*mut ibv_context, *mut ibv_cq_init_attr_ex) -> *mut ibv_cq_ex
+    );
 }

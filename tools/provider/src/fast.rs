@@ -19,8 +19,9 @@ use crate::objects::{ProvAh, ProvSrq};
 use crate::qp::{ProvQp, qp_of};
 
 pub const IBV_QP_INIT_ATTR_SEND_OPS_FLAGS: u32 = 1 << 6;
-/// The `send_ops_flags` served by the `ibv_wr_*` functions (none yet: see docs/provider.md).
-pub const SERVED_SEND_OPS: u64 = 0;
+/// The `send_ops_flags` served by the `ibv_wr_*` functions: RDMA_WRITE(_WITH_IMM), SEND,
+/// SEND_WITH_IMM, RDMA_READ, ATOMIC_CMP_AND_SWP, ATOMIC_FETCH_AND_ADD, SEND_WITH_INV.
+pub const SERVED_SEND_OPS: u64 = 0x7f | (1 << 9);
 
 /// A spinlock, or nothing under `MLX5_SINGLE_THREADED=1`.
 #[derive(Debug)]
@@ -52,6 +53,20 @@ impl Lock {
             }
         }
         Guard(self)
+    }
+}
+
+impl Lock {
+    /// Take the lock until [`unlock`](Self::unlock) (`ibv_wr_start` .. `ibv_wr_complete`).
+    #[inline(always)]
+    pub fn lock_raw(&self) {
+        core::mem::forget(self.lock());
+    }
+
+    /// Release a lock taken by [`lock_raw`](Self::lock_raw).
+    #[inline(always)]
+    pub fn unlock(&self) {
+        drop(Guard(self));
     }
 }
 
@@ -104,37 +119,179 @@ unsafe fn sges<'a>(list: *const ibv_sge, n: c_int) -> &'a [ibv_sge] {
     }
 }
 
+/// What a WR carries: the C SGEs (gathered, or inline when `inline`), the SGEs copied by
+/// `ibv_wr_set_sge*`, or inline bytes copied by `ibv_wr_set_inline_data*`.
+#[derive(Clone, Copy)]
+pub enum Payload<'a> {
+    Ibv(&'a [ibv_sge], bool),
+    Sges(&'a [Sge]),
+    Bytes(&'a [u8]),
+}
+
+/// One WR's operation, decoded.
+#[derive(Clone, Copy, Debug)]
+pub enum Op {
+    Send,
+    SendImm([u8; 4]),
+    SendInv(u32),
+    Write {
+        raddr: u64,
+        rkey: u32,
+        imm: Option<[u8; 4]>,
+    },
+    Read {
+        raddr: u64,
+        rkey: u32,
+    },
+    Atomic {
+        raddr: u64,
+        rkey: u32,
+        swap_add: u64,
+        compare: Option<u64>,
+    },
+}
+
 /// Finish a WQE whose payload may be gathered or inline.
 #[inline(always)]
 fn payload(
     b: mlx5::WqeBuilder<'_, mlx5::AnyPayload>,
     wr_id: u64,
-    list: &[ibv_sge],
-    inline: bool,
+    p: Payload<'_>,
 ) -> Result<(), PostError> {
-    let Some((first, rest)) = list.split_first() else {
-        b.finish(wr_id);
-        return Ok(());
-    };
-    if inline {
-        // SAFETY: inline data is read from the application's buffers, as the verbs contract
-        // of IBV_SEND_INLINE lets the provider do during the call.
-        let bytes = |s: &ibv_sge| unsafe {
-            core::slice::from_raw_parts(s.addr as usize as *const u8, s.length as usize)
-        };
-        let mut b = b.inline(bytes(first))?;
-        for s in rest {
-            b = b.inline(bytes(s))?;
+    match p {
+        Payload::Ibv(list, inline) => {
+            let Some((first, rest)) = list.split_first() else {
+                b.finish(wr_id);
+                return Ok(());
+            };
+            if inline {
+                // SAFETY: inline data is read from the application's buffers, as the verbs
+                // contract of IBV_SEND_INLINE lets the provider do during the call.
+                let bytes = |s: &ibv_sge| unsafe {
+                    core::slice::from_raw_parts(s.addr as usize as *const u8, s.length as usize)
+                };
+                let mut b = b.inline(bytes(first))?;
+                for s in rest {
+                    b = b.inline(bytes(s))?;
+                }
+                b.finish(wr_id);
+            } else {
+                let mut b = b.sge(&sge(first))?;
+                for s in rest {
+                    b = b.sge(&sge(s))?;
+                }
+                b.finish(wr_id);
+            }
         }
-        b.finish(wr_id);
-    } else {
-        let mut b = b.sge(&sge(first))?;
-        for s in rest {
-            b = b.sge(&sge(s))?;
+        Payload::Sges(list) => {
+            let Some((first, rest)) = list.split_first() else {
+                b.finish(wr_id);
+                return Ok(());
+            };
+            let mut b = b.sge(first)?;
+            for s in rest {
+                b = b.sge(s)?;
+            }
+            b.finish(wr_id);
         }
-        b.finish(wr_id);
+        Payload::Bytes(d) => {
+            if d.is_empty() {
+                b.finish(wr_id);
+            } else {
+                b.inline(d)?.finish(wr_id);
+            }
+        }
     }
     Ok(())
+}
+
+/// The first gathered SGE of a payload (READ's destination, an atomic's result).
+#[inline(always)]
+fn gather(p: Payload<'_>) -> Result<&[Sge], Result<Sge, PostError>> {
+    match p {
+        Payload::Sges(l) => Ok(l),
+        Payload::Ibv(l, false) => Err(l.first().map(sge).ok_or(PostError::BadAtomicSge)),
+        _ => Err(Err(PostError::BadOpcode)),
+    }
+}
+
+/// One decoded WR into the send queue (no doorbell).
+#[inline(always)]
+pub fn build(
+    q: &ProvQp,
+    sq: &mut mlx5::SendQueue,
+    op: Op,
+    flags: SendFlags,
+    wr_id: u64,
+    ud: Option<(*mut ibv_ah, u32, u32)>,
+    p: Payload<'_>,
+) -> Result<(), PostError> {
+    if q.qp_type == mlx5::QpType::Ud {
+        let Some((ah, remote_qpn, remote_qkey)) = ud.filter(|u| !u.0.is_null()) else {
+            return Err(PostError::BadDestination);
+        };
+        // SAFETY: an AH of ours (the application's, of this context).
+        let ah = unsafe { &(*ah.cast::<ProvAh>()).inner };
+        let dest = mlx5::UdDest {
+            ah,
+            remote_qpn,
+            remote_qkey,
+        };
+        let imm = match op {
+            Op::Send => None,
+            Op::SendImm(i) => Some(i),
+            _ => return Err(PostError::BadOpcode),
+        };
+        return payload(sq.send_ud(flags, &dest, imm)?, wr_id, p);
+    }
+    match op {
+        Op::Send => payload(sq.send(flags)?, wr_id, p),
+        Op::SendImm(imm) => payload(sq.send_imm(flags, imm)?, wr_id, p),
+        Op::SendInv(rkey) => payload(sq.send_inv(flags, rkey)?, wr_id, p),
+        Op::Write { raddr, rkey, imm } => payload(sq.write(flags, raddr, rkey, imm)?, wr_id, p),
+        Op::Read { raddr, rkey } => {
+            let b = sq.read(flags, raddr, rkey)?;
+            match gather(p) {
+                Ok(list) => {
+                    let Some((first, rest)) = list.split_first() else {
+                        return Err(PostError::TooManySges { n: 0, max: 0 });
+                    };
+                    let mut b = b.sge(first)?;
+                    for s in rest {
+                        b = b.sge(s)?;
+                    }
+                    b.finish(wr_id);
+                }
+                Err(Ok(_)) => {
+                    let Payload::Ibv(list, _) = p else {
+                        return Err(PostError::BadOpcode);
+                    };
+                    let (first, rest) = list.split_first().ok_or(PostError::BadAtomicSge)?;
+                    let mut b = b.sge(&sge(first))?;
+                    for s in rest {
+                        b = b.sge(&sge(s))?;
+                    }
+                    b.finish(wr_id);
+                }
+                Err(Err(e)) => return Err(e),
+            }
+            Ok(())
+        }
+        Op::Atomic {
+            raddr,
+            rkey,
+            swap_add,
+            compare,
+        } => {
+            let result = match gather(p) {
+                Ok(l) => *l.first().ok_or(PostError::BadAtomicSge)?,
+                Err(r) => r?,
+            };
+            sq.atomic(flags, raddr, rkey, swap_add, compare, &result)?
+                .finish(wr_id);
+            Ok(())
+        }
+    }
 }
 
 /// One C send WR into the send queue.
@@ -145,80 +302,46 @@ fn post_one(q: &ProvQp, sq: &mut mlx5::SendQueue, wr: &ibv_send_wr) -> Result<()
     // SAFETY: the verbs contract: `sg_list` has `num_sge` entries.
     let list = unsafe { sges(wr.sg_list, wr.num_sge) };
     let imm = wr.imm_data.to_ne_bytes();
-    if q.qp_type == mlx5::QpType::Ud {
-        // SAFETY: the `ud` member is the live one for UD QPs.
-        let ud = unsafe { wr.wr.ud };
-        if ud.ah.is_null() {
-            return Err(PostError::BadDestination);
-        }
-        // SAFETY: an AH of ours (the application's, of this context).
-        let ah = unsafe { &(*ud.ah.cast::<ProvAh>()).inner };
-        let dest = mlx5::UdDest {
-            ah,
-            remote_qpn: ud.remote_qpn,
-            remote_qkey: ud.remote_qkey,
-        };
-        let imm = match wr.opcode {
-            IBV_WR_SEND => None,
-            IBV_WR_SEND_WITH_IMM => Some(imm),
-            _ => return Err(PostError::BadOpcode),
-        };
-        let b = sq.send_ud(flags, &dest, imm)?;
-        return payload(b, wr.wr_id, list, inline);
-    }
-    match wr.opcode {
-        IBV_WR_SEND => payload(sq.send(flags)?, wr.wr_id, list, inline),
-        IBV_WR_SEND_WITH_IMM => payload(sq.send_imm(flags, imm)?, wr.wr_id, list, inline),
-        IBV_WR_SEND_WITH_INV => payload(sq.send_inv(flags, wr.imm_data)?, wr.wr_id, list, inline),
+    let op = match wr.opcode {
+        IBV_WR_SEND => Op::Send,
+        IBV_WR_SEND_WITH_IMM => Op::SendImm(imm),
+        IBV_WR_SEND_WITH_INV => Op::SendInv(wr.imm_data),
         IBV_WR_RDMA_WRITE | IBV_WR_RDMA_WRITE_WITH_IMM => {
             // SAFETY: the `rdma` member is the live one for these opcodes.
             let r = unsafe { wr.wr.rdma };
-            let imm = (wr.opcode == IBV_WR_RDMA_WRITE_WITH_IMM).then_some(imm);
-            payload(
-                sq.write(flags, r.remote_addr, r.rkey, imm)?,
-                wr.wr_id,
-                list,
-                inline,
-            )
+            Op::Write {
+                raddr: r.remote_addr,
+                rkey: r.rkey,
+                imm: (wr.opcode == IBV_WR_RDMA_WRITE_WITH_IMM).then_some(imm),
+            }
         }
         IBV_WR_RDMA_READ => {
             // SAFETY: the `rdma` member is the live one for READ.
             let r = unsafe { wr.wr.rdma };
-            let b = sq.read(flags, r.remote_addr, r.rkey)?;
-            let Some((first, rest)) = list.split_first() else {
-                return Err(PostError::TooManySges { n: 0, max: 0 });
-            };
-            let mut b = b.sge(&sge(first))?;
-            for s in rest {
-                b = b.sge(&sge(s))?;
+            Op::Read {
+                raddr: r.remote_addr,
+                rkey: r.rkey,
             }
-            b.finish(wr.wr_id);
-            Ok(())
         }
         IBV_WR_ATOMIC_CMP_AND_SWP | IBV_WR_ATOMIC_FETCH_AND_ADD => {
             // SAFETY: the `atomic` member is the live one for atomics.
             let a = unsafe { wr.wr.atomic };
-            let Some(result) = list.first() else {
-                return Err(PostError::BadAtomicSge);
-            };
-            let (swap_add, compare) = if wr.opcode == IBV_WR_ATOMIC_CMP_AND_SWP {
-                (a.swap, Some(a.compare_add))
-            } else {
-                (a.compare_add, None)
-            };
-            let b = sq.atomic(
-                flags,
-                a.remote_addr,
-                a.rkey,
-                swap_add,
-                compare,
-                &sge(result),
-            )?;
-            b.finish(wr.wr_id);
-            Ok(())
+            let cas = wr.opcode == IBV_WR_ATOMIC_CMP_AND_SWP;
+            Op::Atomic {
+                raddr: a.remote_addr,
+                rkey: a.rkey,
+                swap_add: if cas { a.swap } else { a.compare_add },
+                compare: cas.then_some(a.compare_add),
+            }
         }
-        _ => Err(PostError::BadOpcode),
-    }
+        _ => return Err(PostError::BadOpcode),
+    };
+    let ud = (q.qp_type == mlx5::QpType::Ud).then(|| {
+        // SAFETY: the `ud` member is the live one for UD QPs.
+        let u = unsafe { wr.wr.ud };
+        (u.ah, u.remote_qpn, u.remote_qkey)
+    });
+    build(q, sq, op, flags, wr.wr_id, ud, Payload::Ibv(list, inline))
 }
 
 unsafe extern "C" fn post_send(
@@ -377,7 +500,26 @@ unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_in
 /// # Safety
 /// `q` is a QP of ours, not yet handed out.
 pub unsafe fn install_wr_ops(q: *mut ProvQp) {
-    // SAFETY: per the contract.
+    use crate::wr::*;
+    // SAFETY: per the contract, nothing else sees the QP yet.
+    let x = unsafe { &mut (*q).vqp.qp_ex };
+    x.wr_send = Some(wr_send);
+    x.wr_send_imm = Some(wr_send_imm);
+    x.wr_send_inv = Some(wr_send_inv);
+    x.wr_rdma_write = Some(wr_rdma_write);
+    x.wr_rdma_write_imm = Some(wr_rdma_write_imm);
+    x.wr_rdma_read = Some(wr_rdma_read);
+    x.wr_atomic_cmp_swp = Some(wr_atomic_cmp_swp);
+    x.wr_atomic_fetch_add = Some(wr_atomic_fetch_add);
+    x.wr_set_ud_addr = Some(wr_set_ud_addr);
+    x.wr_set_sge = Some(wr_set_sge);
+    x.wr_set_sge_list = Some(wr_set_sge_list);
+    x.wr_set_inline_data = Some(wr_set_inline_data);
+    x.wr_set_inline_data_list = Some(wr_set_inline_data_list);
+    x.wr_start = Some(wr_start);
+    x.wr_complete = Some(wr_complete);
+    x.wr_abort = Some(wr_abort);
+    // SAFETY: as above.
     unsafe { (*q).vqp.comp_mask |= VERBS_QP_EX };
 }
 

@@ -32,6 +32,7 @@ mod objects;
 mod private;
 mod qp;
 pub mod surface;
+mod wr;
 
 pub use config::{Choice, choice_for};
 

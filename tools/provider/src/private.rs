@@ -32,16 +32,36 @@ pub struct Private {
     pub uninit_context: UninitFn,
 }
 
-fn vsym(name: &CStr) -> *mut c_void {
-    // SAFETY: both strings are NUL-terminated and outlive the call; RTLD_NEXT searches the
-    // objects loaded after this one (libibverbs), never our own unversioned definition.
+/// The loaded libibverbs by name, when it is not in the global scope (a program that
+/// `dlopen`s it with `RTLD_LOCAL` through a plugin, as UCX does). `RTLD_NOLOAD`: never loads.
+fn local_handle() -> *mut c_void {
+    // SAFETY: a NUL-terminated name; RTLD_NOLOAD only returns an already loaded object.
     unsafe {
-        libc::dlvsym(
-            libc::RTLD_NEXT,
-            name.as_ptr(),
-            c"IBVERBS_PRIVATE_34".as_ptr(),
+        libc::dlopen(
+            c"libibverbs.so.1".as_ptr(),
+            libc::RTLD_NOW | libc::RTLD_NOLOAD,
         )
     }
+}
+
+fn vsym(name: &CStr) -> *mut c_void {
+    let ver = c"IBVERBS_PRIVATE_34".as_ptr();
+    // SAFETY: both strings are NUL-terminated and outlive the call; RTLD_NEXT searches the
+    // objects loaded after this one (libibverbs), never our own unversioned definition.
+    let p = unsafe { libc::dlvsym(libc::RTLD_NEXT, name.as_ptr(), ver) };
+    if !p.is_null() {
+        return p;
+    }
+    let h = local_handle();
+    if h.is_null() {
+        return p;
+    }
+    // SAFETY: `h` is a live handle of the loaded libibverbs (which stays loaded: the program
+    // loaded it); the strings are NUL-terminated.
+    let p = unsafe { libc::dlvsym(h, name.as_ptr(), ver) };
+    // SAFETY: drops only the reference RTLD_NOLOAD took.
+    unsafe { libc::dlclose(h) };
+    p
 }
 
 /// libibverbs' own `verbs_register_driver_34`, if the loaded libibverbs has ABI 34.
@@ -55,7 +75,15 @@ pub fn real_register() -> Option<RegisterFn> {
 /// Whether a libibverbs is in the process at all.
 pub fn libibverbs_loaded() -> bool {
     // SAFETY: a NUL-terminated name; the result is only compared with null.
-    !unsafe { libc::dlsym(libc::RTLD_NEXT, c"ibv_get_device_list".as_ptr()) }.is_null()
+    if !unsafe { libc::dlsym(libc::RTLD_NEXT, c"ibv_get_device_list".as_ptr()) }.is_null() {
+        return true;
+    }
+    let h = local_handle();
+    if !h.is_null() {
+        // SAFETY: drops only the reference RTLD_NOLOAD took.
+        unsafe { libc::dlclose(h) };
+    }
+    !h.is_null()
 }
 
 /// The private calls, or `None` (refused, with the reason printed once).

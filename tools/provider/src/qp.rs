@@ -24,6 +24,8 @@ pub struct ProvQp {
     pub qp_type: mlx5::QpType,
     pub srq: *mut ProvSrq,
     pub inner: UnsafeCell<mlx5::Qp>,
+    /// The `ibv_wr_*` WR being built (under the send lock).
+    pub pending: UnsafeCell<crate::wr::Pending>,
 }
 
 /// # Safety
@@ -157,6 +159,9 @@ fn create(
         (&raw mut (*ptr).qp_type).write(t);
         (&raw mut (*ptr).srq).write(psrq);
         (&raw mut (*ptr).inner).write(UnsafeCell::new(inner));
+        (&raw mut (*ptr).pending).write(UnsafeCell::new(crate::wr::Pending::new(
+            real.max_inline_data as usize,
+        )));
     }
     Box::into_raw(b).cast()
 }

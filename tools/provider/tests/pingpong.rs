@@ -73,3 +73,15 @@ fn ibv_srq_pingpong_with_events_in_all_pairings() {
         "20480 bytes in",
     );
 }
+
+#[test]
+fn ibv_rc_pingpong_with_completion_timestamps_in_all_pairings() {
+    // -t: ibv_create_cq_ex with IBV_WC_EX_WITH_COMPLETION_TIMESTAMP, polled with
+    // ibv_start_poll/ibv_next_poll/ibv_end_poll and the read_* functions. (-t with -e fails
+    // with libmlx5 on both sides too: "poll CQ failed 2".)
+    all_pairings(
+        "ibv_rc_pingpong",
+        &["-n", "20", "-s", "1024", "-t"],
+        "40960 bytes in",
+    );
+}

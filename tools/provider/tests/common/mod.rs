@@ -43,20 +43,36 @@ pub fn lib_dir() -> PathBuf {
     dir.to_path_buf()
 }
 
+/// The real ConnectX the twin tests run on (`MLX5_TEST_DEVICE`), if any.
+pub fn real_device() -> Option<String> {
+    std::env::var("MLX5_TEST_DEVICE")
+        .ok()
+        .filter(|d| !d.is_empty())
+}
+
+/// The device the programs open: the real one, else the emulated `mlx5_0`.
+pub fn device() -> String {
+    real_device().unwrap_or_else(|| "mlx5_0".into())
+}
+
+/// The environment of one side: the emulator's front door (unless on a real NIC), then ours,
+/// with the provider choice and the log line on.
 pub fn preload_env(side: Side) -> Vec<(String, String)> {
     let d = lib_dir();
     let (emu, ours) = (d.join("libmlx5_emu_preload.so"), d.join("libmlx5rs.so"));
-    assert!(
-        emu.exists(),
-        "{} missing (cargo builds it for these tests)",
-        emu.display()
-    );
     assert!(ours.exists(), "{} missing", ours.display());
+    let preload = if real_device().is_some() {
+        ours.display().to_string()
+    } else {
+        assert!(
+            emu.exists(),
+            "{} missing (cargo builds it for these tests)",
+            emu.display()
+        );
+        format!("{}:{}", emu.display(), ours.display())
+    };
     vec![
-        (
-            "LD_PRELOAD".into(),
-            format!("{}:{}", emu.display(), ours.display()),
-        ),
+        ("LD_PRELOAD".into(), preload),
         ("MLX5RS_PROVIDER".into(), side.name().into()),
         ("MLX5RS_LOG".into(), "1".into()),
     ]
@@ -122,10 +138,8 @@ fn listening(port: u16) -> bool {
 
 /// The number of `libmlx5rs: opened` lines: one per context ours served.
 pub fn opened(stderr: &str) -> usize {
-    stderr
-        .lines()
-        .filter(|l| l.contains("libmlx5rs: opened mlx5_0"))
-        .count()
+    let want = format!("libmlx5rs: opened {}", device());
+    stderr.lines().filter(|l| l.contains(&want)).count()
 }
 
 /// Run `program` as server (`server`'s provider) and client (`client`'s) over the emulator's
@@ -143,11 +157,12 @@ pub fn pair(
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let port = free_port().to_string();
+    let dev = device();
     let cmd = |side: Side| {
         let mut c = Command::new(program);
         c.envs(preload_env(side))
             .envs(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())))
-            .args(["-d", "mlx5_0", port_flag, &port])
+            .args(["-d", &dev, port_flag, &port])
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
