@@ -188,7 +188,8 @@ pub(super) fn device_attr(w: &World, ctx: u64) -> IbUverbsQueryDeviceResp {
             | IB_UVERBS_DEVICE_PORT_ACTIVE_EVENT
             | IB_UVERBS_DEVICE_SYS_IMAGE_GUID
             | IB_UVERBS_DEVICE_RC_RNR_NAK_GEN
-            | IB_UVERBS_DEVICE_MEM_MGT_EXTENSIONS) as u32,
+            | IB_UVERBS_DEVICE_MEM_MGT_EXTENSIONS
+            | super::flow::raw_device_caps(h.info.is_roce())) as u32,
         max_sge: caps::MAX_SGE,
         max_sge_rd: caps::MAX_SGE,
         max_cq: 1 << 24,
