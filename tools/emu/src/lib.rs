@@ -66,7 +66,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 pub use abi::{Errno, UverbsSurface};
-pub use eth::tap::TapConfig;
+pub use eth::tap::{NEIGH_NODES, NS_HOST_IP, TapConfig, in_netns, net_down, net_up, ns_hca_ip};
 pub use inspect::{CqView, QpView};
 pub use mem::{DmaPath, dma_path, set_dma_path};
 pub use record::{WqeRecord, WqeVia};

@@ -137,3 +137,143 @@ impl Tap {
         self.fd.as_raw_fd()
     }
 }
+
+/// `CAP_NET_ADMIN` (capability number 12).
+const CAP_NET_ADMIN: u32 = 12;
+
+/// The addresses of the namespace set up by [`net_up`]: the namespace's own host is
+/// `10.77.255.1/16` on the TAP; the emulated HCA of fabric node N is `10.77.0.N` with its
+/// MAC (`HcaInfo::mac`), entered as a permanent neighbour for nodes 1..=[`NEIGH_NODES`],
+/// because the emulated port answers no ARP. Multicast (224.0.0.0/4) is routed to the TAP.
+pub const NS_HOST_IP: [u8; 4] = [10, 77, 255, 1];
+
+/// The namespace address of the emulated HCA of fabric node `node` (1..=254).
+pub fn ns_hca_ip(node: u16) -> [u8; 4] {
+    [10, 77, (node >> 8) as u8, node as u8]
+}
+
+/// Nodes whose HCA gets a permanent neighbour entry in the namespace.
+pub const NEIGH_NODES: u16 = 8;
+
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = std::process::Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("cannot run `ip` (package iproute2): {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "`ip {}` failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+fn check_names(netns: &str, ifname: &str) -> Result<(), String> {
+    let ok = |s: &str, max: usize| {
+        !s.is_empty()
+            && s.len() < max
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    };
+    if !ok(netns, 64) {
+        return Err(format!(
+            "network namespace name {netns:?} is not a valid name"
+        ));
+    }
+    if !ok(ifname, libc::IFNAMSIZ) {
+        return Err(format!("interface name {ifname:?} is not a valid name"));
+    }
+    Ok(())
+}
+
+/// Create network namespace `netns` with a persistent TAP `ifname` in it, addressed and
+/// routed as [`NS_HOST_IP`] says, for an emulator started with
+/// [`crate::EmuConfig::tap`] to attach to. Refused by name without `CAP_NET_ADMIN`.
+/// Nothing is connected to any other namespace: the traffic stays inside.
+pub fn net_up(netns: &str, ifname: &str) -> Result<(), String> {
+    check_names(netns, ifname)?;
+    if !crate::kernel::has_cap(CAP_NET_ADMIN) {
+        return Err(format!(
+            "creating network namespace {netns} needs CAP_NET_ADMIN, which this process lacks"
+        ));
+    }
+    if !std::path::Path::new(&format!("/run/netns/{netns}")).exists() {
+        ip(&["netns", "add", netns])?;
+    }
+    let r = (|| {
+        ip(&["-n", netns, "link", "set", "lo", "up"])?;
+        ip(&["-n", netns, "tuntap", "add", "dev", ifname, "mode", "tap"])?;
+        let host = format!(
+            "{}.{}.{}.{}/16",
+            NS_HOST_IP[0], NS_HOST_IP[1], NS_HOST_IP[2], NS_HOST_IP[3]
+        );
+        ip(&["-n", netns, "addr", "add", &host, "dev", ifname])?;
+        ip(&["-n", netns, "link", "set", ifname, "up"])?;
+        ip(&["-n", netns, "route", "add", "224.0.0.0/4", "dev", ifname])?;
+        for node in 1..=NEIGH_NODES {
+            let m = crate::roce::mac_of_guid(crate::BASE_GUID + u64::from(node));
+            let mac = m
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<Vec<_>>()
+                .join(":");
+            let a = ns_hca_ip(node);
+            let addr = format!("{}.{}.{}.{}", a[0], a[1], a[2], a[3]);
+            ip(&[
+                "-n",
+                netns,
+                "neigh",
+                "replace",
+                &addr,
+                "lladdr",
+                &mac,
+                "dev",
+                ifname,
+                "nud",
+                "permanent",
+            ])?;
+        }
+        Ok(())
+    })();
+    if r.is_err() {
+        let _ = ip(&["netns", "del", netns]);
+    }
+    r
+}
+
+/// Remove network namespace `netns` and everything in it (the TAP included). Refused by
+/// name without `CAP_NET_ADMIN`.
+pub fn net_down(netns: &str) -> Result<(), String> {
+    check_names(netns, "x")?;
+    if !crate::kernel::has_cap(CAP_NET_ADMIN) {
+        return Err(format!(
+            "removing network namespace {netns} needs CAP_NET_ADMIN, which this process lacks"
+        ));
+    }
+    ip(&["netns", "del", netns])
+}
+
+/// Run `f` on a thread inside network namespace `netns` (for sockets of the namespace's
+/// own host: they stay in the namespace they were made in).
+pub fn in_netns<T: Send + 'static>(
+    netns: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, String> {
+    let target = std::fs::File::open(format!("/run/netns/{netns}"))
+        .map_err(|e| format!("network namespace {netns}: {e}"))?;
+    std::thread::spawn(move || {
+        // SAFETY: setns on a namespace file we hold open; it affects only this thread.
+        if unsafe { libc::setns(target.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+            return Err(format!(
+                "cannot enter network namespace: {} (needs CAP_NET_ADMIN)",
+                std::io::Error::last_os_error()
+            ));
+        }
+        Ok(f())
+    })
+    .join()
+    .map_err(|_| "the namespace thread panicked".to_owned())?
+}

@@ -50,6 +50,7 @@ mod qp;
 mod srq;
 
 pub(crate) use context::gid_at;
+pub(crate) use flow::has_cap;
 
 const EINVAL: Errno = Errno(libc::EINVAL);
 const ENOSPC: Errno = Errno(libc::ENOSPC);
