@@ -283,8 +283,18 @@ pub(super) fn close(w: &mut World, hca: usize, ctx: u64) {
 /// steering (mlx5_ib sets both on an Ethernet port whose HCA has them).
 pub(super) fn raw_device_caps(ethernet: bool) -> u64 {
     use mlx5_ffi::uverbs::{IB_UVERBS_DEVICE_MANAGED_FLOW_STEERING, IB_UVERBS_DEVICE_RAW_IP_CSUM};
-    if ethernet {
+    if ethernet && crate::caps::FEATURES.raw_packet {
         IB_UVERBS_DEVICE_RAW_IP_CSUM | IB_UVERBS_DEVICE_MANAGED_FLOW_STEERING
+    } else {
+        0
+    }
+}
+
+/// Extended QUERY_DEVICE `raw_packet_caps` on an Ethernet port: IP checksum offload for raw
+/// QPs (no CVLAN stripping, no FCS scatter, no delay drop).
+pub(super) fn raw_packet_caps(ethernet: bool) -> u32 {
+    if ethernet && crate::caps::FEATURES.raw_packet {
+        mlx5_ffi::uverbs::IB_UVERBS_RAW_PACKET_CAP_IP_CSUM
     } else {
         0
     }

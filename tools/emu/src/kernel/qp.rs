@@ -87,10 +87,11 @@ pub(super) fn create_qp(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> {
     }
     let qp_type = c.qp_type;
     let raw = qp_type == qpt::RAW_PACKET;
+    if !caps::qp_type_supported(qp_type) {
+        return Err(EOPNOTSUPP);
+    }
     if raw {
         super::flow::check_raw_qp(w, ctx)?;
-    } else if ![qpt::RC, qpt::UC, qpt::UD].contains(&qp_type) {
-        return Err(EOPNOTSUPP);
     }
     let pdn = pd_of(w, ctx, c.pd_handle)?;
     let send_cq = cq_of(w, ctx, c.send_cq_handle)?;
