@@ -133,6 +133,7 @@ pub mod device;
 #[cfg(feature = "emulator")]
 pub mod emulator;
 pub mod error;
+pub mod flow;
 // Internals: raw memory, MMIO and ring arithmetic. Crate-private, because their functions rely on
 // invariants (offsets inside a mapping, a register's length) that only the driver establishes;
 // the user-facing memory types are re-exported below. Items that only tests or other halves of

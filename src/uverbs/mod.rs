@@ -19,6 +19,9 @@ use zerocopy::{FromBytes, IntoBytes};
 
 use crate::error::{Error, Result};
 
+mod flow;
+pub(crate) use flow::{create_flow, destroy_flow};
+
 /// A response buffer the kernel writes into through the address embedded in a command.
 /// 8-byte aligned; zero-filled before each use. Its address goes into a command only
 /// inside this module ([`write`], [`Ioctl::ptr_out`]).
