@@ -127,6 +127,7 @@
 compile_error!("mlx5 supports Linux on x86_64 and aarch64 only (64-bit single-store doorbells)");
 
 pub mod ah;
+pub mod cm;
 pub mod context;
 pub mod cq;
 pub mod device;
@@ -155,7 +156,7 @@ pub mod wr;
 pub use ah::{Ah, AhAttr, GlobalRoute};
 pub use context::{
     AsyncEvent, AsyncEventKind, CompChannel, Context, ContextConfig, DeviceAttr, GidEntry,
-    PortAttr, UarMode,
+    PortAttr, UarMode, with_user_handle,
 };
 pub use cq::{Cq, CqInit, CqeKind, RawCq, RawCqe};
 pub use device::{Device, devices};

@@ -21,6 +21,7 @@ use crate::error::{Error, Result};
 
 mod flow;
 pub(crate) use flow::{create_flow, destroy_flow};
+pub(crate) mod ucma;
 
 /// A response buffer the kernel writes into through the address embedded in a command.
 /// 8-byte aligned; zero-filled before each use. Its address goes into a command only

@@ -227,3 +227,118 @@ fn rdma_server_and_rdma_client_use_synchronous_ids() {
     assert!(s.contains("rdma_server: end 0"), "{s}");
     assert!(c.contains("rdma_client: end 0"), "{c}");
 }
+
+/// Wait until a TCP socket listens on `port` (from `/proc/net/tcp{,6}`).
+fn wait_tcp_listen(port: u16, server: &mut Child) {
+    let needle = format!(":{port:04X} ");
+    let start = Instant::now();
+    loop {
+        let listening = ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
+            std::fs::read_to_string(f).is_ok_and(|t| {
+                t.lines().any(|l| {
+                    let cols: Vec<&str> = l.split_whitespace().collect();
+                    cols.len() > 3 && format!("{} ", cols[1]).ends_with(&needle) && cols[3] == "0A"
+                })
+            })
+        });
+        if listening {
+            return;
+        }
+        if let Some(st) = server.try_wait().unwrap() {
+            panic!("the server exited ({st}) before listening on {port}");
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "nothing listens on {port}"
+        );
+        sleep(Duration::from_millis(10));
+    }
+}
+
+/// qperf's server runs until killed: the client must finish; the server must still be
+/// alive then (it served the test without failing).
+fn qperf(test: &str, port: u16) -> String {
+    available("qperf");
+    let space = PortSpace::new(test);
+    let p = port.to_string();
+    let mut s = tool("qperf", &["-lp", &p], &space.0)
+        .spawn()
+        .expect("spawn qperf");
+    wait_tcp_listen(port, &mut s);
+    let c = tool(
+        "qperf",
+        &["-lp", &p, "127.0.0.1", "-t", "1", "-cm1", test],
+        &space.0,
+    )
+    .spawn()
+    .expect("spawn qperf client");
+    let (crc, cout) = finish(c, Duration::from_secs(30));
+    let alive = s.try_wait().unwrap().is_none();
+    let (_, sout) = finish(s, Duration::ZERO);
+    assert_eq!(crc, Some(0), "qperf {test}:\n{cout}\nserver:\n{sout}");
+    assert!(alive, "the qperf server died:\n{sout}");
+    cout
+}
+
+#[test]
+fn qperf_rc_lat_over_rdma_cm() {
+    let out = qperf("rc_lat", 19871);
+    let us: f64 = out
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("latency  =  "))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no latency in:\n{out}"));
+    assert!(us > 0.0, "{out}");
+}
+
+#[test]
+fn qperf_rc_bw_over_rdma_cm() {
+    let out = qperf("rc_bw", 19872);
+    assert!(
+        out.lines().any(|l| l.trim().starts_with("bw  =  ")),
+        "no bandwidth in:\n{out}"
+    );
+}
+
+/// libfabric's verbs provider: `FI_EP_MSG` connects through rdma_cm, `FI_EP_DGRAM`
+/// resolves its peer through it (its event queue is an rdma_cm event channel).
+fn fi_pingpong(ep: &str, port: u16) {
+    available("fi_pingpong");
+    let space = PortSpace::new(&format!("fi-{ep}"));
+    let p = port.to_string();
+    let args = ["-p", "verbs", "-e", ep, "-I", "10", "-S", "64"];
+    let mut sargs = args.to_vec();
+    sargs.extend(["-B", &p]);
+    let mut s = tool("fi_pingpong", &sargs, &space.0)
+        .spawn()
+        .expect("spawn server");
+    wait_tcp_listen(port, &mut s);
+    let mut cargs = args.to_vec();
+    cargs.extend(["-P", &p, "127.0.0.1"]);
+    let c = tool("fi_pingpong", &cargs, &space.0)
+        .spawn()
+        .expect("spawn client");
+    let (crc, cout) = finish(c, Duration::from_secs(30));
+    let (src, sout) = finish(s, Duration::from_secs(10));
+    assert_eq!(crc, Some(0), "client:\n{cout}\nserver:\n{sout}");
+    assert_eq!(src, Some(0), "server:\n{sout}\nclient:\n{cout}");
+    for out in [&cout, &sout] {
+        // bytes #sent #ack: 10 sent, all 10 acknowledged.
+        assert!(
+            out.lines()
+                .any(|l| l.split_whitespace().take(3).eq(["64", "10", "=10"])),
+            "{out}"
+        );
+    }
+}
+
+#[test]
+fn fi_pingpong_verbs_msg_endpoints() {
+    fi_pingpong("msg", 17411);
+}
+
+#[test]
+fn fi_pingpong_verbs_dgram_endpoints() {
+    fi_pingpong("dgram", 17412);
+}
