@@ -134,6 +134,7 @@ pub mod device;
 #[cfg(feature = "emulator")]
 pub mod emulator;
 pub mod error;
+pub mod flow;
 mod ledger;
 // Internals: raw memory, MMIO and ring arithmetic. Crate-private, because their functions rely on
 // invariants (offsets inside a mapping, a register's length) that only the driver establishes;

@@ -225,6 +225,8 @@ pub const fn core_sizes(command: u32, extended: bool) -> Option<CoreSizes> {
             IB_USER_VERBS_EX_CMD_CREATE_CQ => sizes::<ExCreateCq>(),
             IB_USER_VERBS_EX_CMD_CREATE_QP => sizes::<ExCreateQp>(),
             IB_USER_VERBS_EX_CMD_MODIFY_QP => sizes::<ExModifyQp>(),
+            crate::flow::IB_USER_VERBS_EX_CMD_CREATE_FLOW => sizes::<crate::flow::ExCreateFlow>(),
+            crate::flow::IB_USER_VERBS_EX_CMD_DESTROY_FLOW => sizes::<crate::flow::ExDestroyFlow>(),
             _ => None,
         };
     }

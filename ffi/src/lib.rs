@@ -17,6 +17,7 @@
 //! installed kernel headers.
 
 pub mod cmd;
+pub mod flow;
 pub mod ioctl;
 pub mod mlx5;
 pub mod surface;

@@ -598,6 +598,11 @@ impl Qp {
         })
     }
 
+    /// The context and uverbs handle of the QP, for the flow rules steering to it (`flow.rs`).
+    pub(crate) fn flow_target(&self) -> (&Context, u32) {
+        (&self.handle.ctx, self.handle.handle)
+    }
+
     /// QP number.
     pub fn qpn(&self) -> u32 {
         self.handle.qpn

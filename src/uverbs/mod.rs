@@ -19,6 +19,8 @@ use zerocopy::{FromBytes, IntoBytes};
 
 use crate::error::{Error, Result};
 
+mod flow;
+pub(crate) use flow::{create_flow, destroy_flow};
 pub(crate) mod ucma;
 
 /// A response buffer the kernel writes into through the address embedded in a command.

@@ -141,6 +141,9 @@ pub fn run(cmd: Command) -> Result<(), String> {
         Command::Emu {
             cmd: crate::cli::EmuCommand::Run(r),
         } => emu_run(&r),
+        Command::Emu {
+            cmd: crate::cli::EmuCommand::Net(n),
+        } => crate::net::command(&n),
         Command::Trace(a) => crate::trace::command(&a),
         Command::Tune(a) => crate::tune::command(&a),
     }

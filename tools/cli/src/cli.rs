@@ -77,6 +77,10 @@ pub enum EmuCommand {
     /// Run an unmodified rdma-core program (ibv_devinfo, ibv_rc_pingpong, ib_send_lat, ...) on
     /// the emulated ConnectX, through the LD_PRELOAD front door (`libmlx5_emu_preload.so`).
     Run(EmuRunArgs),
+    /// Attach the emulated Ethernet port to a Linux interface: `up` creates a network
+    /// namespace with a TAP interface in it, `down` removes them (needs CAP_NET_ADMIN;
+    /// docs/raw-ethernet.md). Programs then run with `MLX5_EMU_TAP=<netns>/<ifname>`.
+    Net(crate::net::NetArgs),
 }
 
 /// `mlx5 emu run [OPTIONS] -- PROGRAM [ARGS...]`.

@@ -13,6 +13,7 @@ pub mod devinfo;
 pub mod diag;
 pub mod exchange;
 pub mod live;
+pub mod net;
 pub mod progress;
 pub mod remote;
 pub mod report;

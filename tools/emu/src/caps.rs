@@ -37,7 +37,7 @@ pub(crate) struct Features {
 pub(crate) const FEATURES: Features = Features {
     xrc: false,
     dc: false,
-    raw_packet: false,
+    raw_packet: true,
     ext_atomics: true,
     timestamps: true,
 };

@@ -50,6 +50,7 @@ mod abi;
 mod caps;
 pub mod cprog;
 mod device;
+mod eth;
 mod fds;
 mod inspect;
 mod kernel;
@@ -66,6 +67,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 pub use abi::{Errno, UverbsSurface};
+pub use eth::tap::{NEIGH_NODES, NS_HOST_IP, TapConfig, in_netns, net_down, net_up, ns_hca_ip};
 pub use inspect::{CqView, QpView};
 pub use kernel::ucma::{RdmaCmFile, RdmaCmOpen};
 pub use mem::{DmaPath, dma_path, set_dma_path};
@@ -197,6 +199,9 @@ pub struct EmuConfig {
     /// entries (link-local and IPv4-mapped, see [`HcaInfo::gid_table`]), CREATE_AH returns
     /// the destination MAC, connected QPs need a GRH, and the device routes by GID.
     pub link_layer: LinkLayer,
+    /// Attach HCA 0's port (Ethernet) to a TAP interface inside a network namespace
+    /// (`docs/raw-ethernet.md`); None: not attached.
+    pub tap: Option<TapConfig>,
 }
 
 /// GUID of node 0; node (LID) n has GUID `BASE_GUID + n`.
@@ -217,6 +222,7 @@ impl Default for EmuConfig {
             pcap: None,
             dyn_uar: false,
             link_layer: LinkLayer::InfiniBand,
+            tap: None,
         }
     }
 }
@@ -386,6 +392,16 @@ pub struct Counters {
     pub payload_reads: u64,
     /// Bytes of those payload reads.
     pub payload_read_bytes: u64,
+    /// Raw Ethernet: frames RAW_PACKET QPs sent.
+    pub raw_tx_frames: u64,
+    /// Raw Ethernet: frames placed into a RAW_PACKET QP's receive queue.
+    pub raw_rx_frames: u64,
+    /// Raw Ethernet: frames no steering rule matched (discarded).
+    pub rx_steer_missed: u64,
+    /// Raw Ethernet: frames a drop rule took.
+    pub rx_steer_dropped: u64,
+    /// Raw Ethernet: frames the port refused as malformed (runts, oversize).
+    pub rx_raw_bad_frames: u64,
 }
 
 impl Counters {
@@ -475,6 +491,11 @@ impl Counters {
             "wqe_fetch_bytes" => self.wqe_fetch_bytes,
             "payload_reads" => self.payload_reads,
             "payload_read_bytes" => self.payload_read_bytes,
+            "raw_tx_frames" => self.raw_tx_frames,
+            "raw_rx_frames" => self.raw_rx_frames,
+            "rx_steer_missed" => self.rx_steer_missed,
+            "rx_steer_dropped" => self.rx_steer_dropped,
+            "rx_raw_bad_frames" => self.rx_raw_bad_frames,
             _ => return None,
         })
     }
@@ -709,13 +730,32 @@ impl Emulator {
                     ahs: Default::default(),
                     next_id: (u32::from(lid) << 16 | 1) & 0xff_ffff,
                     next_key: (u32::from(lid) << 12 | 1) & 0xff_ffff,
+                    eth: eth::Port {
+                        sock: sock.as_ref().and_then(|_| eth::bind_raw(lid)),
+                        ..Default::default()
+                    },
                     sock,
                 }
             })
             .collect::<Vec<_>>();
+        let mut hcas = hcas;
+        if let (Some(t), Some(h)) = (&cfg.tap, hcas.first_mut()) {
+            match eth::tap::Tap::open_in(&t.netns, &t.ifname) {
+                Ok(tap) => h.eth.tap = Some(tap),
+                Err(e) => eprintln!("mlx5-emu: no TAP attachment: {e}"),
+            }
+        }
         let udp_fds: Vec<i32> = hcas
             .iter()
             .filter_map(|h| h.sock.as_ref().map(std::os::fd::AsRawFd::as_raw_fd))
+            .chain(
+                hcas.iter()
+                    .filter_map(|h| h.eth.sock.as_ref().map(std::os::fd::AsRawFd::as_raw_fd)),
+            )
+            .chain(
+                hcas.iter()
+                    .filter_map(|h| h.eth.tap.as_ref().map(eth::tap::Tap::raw_fd)),
+            )
             .collect();
         let pcap = cfg.pcap.as_deref().and_then(pcap::open);
         let mode = cfg.mode;

@@ -21,6 +21,8 @@ pub(crate) enum Obj {
     Ah(u32),
     /// A dynamic UAR, by page id.
     Uar(u32),
+    /// A flow steering rule, by flow number (`eth::Rule::id`).
+    Flow(u32),
 }
 
 impl Obj {
@@ -33,7 +35,8 @@ impl Obj {
             | Obj::Qp(n)
             | Obj::Srq(n)
             | Obj::Ah(n)
-            | Obj::Uar(n) => n,
+            | Obj::Uar(n)
+            | Obj::Flow(n) => n,
         }
     }
 }
@@ -225,6 +228,8 @@ pub(crate) struct Qp {
     pub(crate) sq_sig_all: bool,
     pub(crate) buf: u64,
     pub(crate) db: u64,
+    /// Address of the SQ ring: after the RQ in `buf`, or (RAW_PACKET) its own buffer.
+    pub(crate) sq_base: u64,
     pub(crate) sq_wqe_cnt: u32,
     pub(crate) rq_wqe_cnt: u32,
     pub(crate) rq_wqe_shift: u32,
@@ -287,6 +292,8 @@ pub(crate) struct Hca {
     pub(crate) next_key: u32,
     /// UDP fabric: the bound RoCEv2 socket of this HCA (127.1.0.<lid>:4791), non-blocking.
     pub(crate) sock: Option<std::net::UdpSocket>,
+    /// The Ethernet port: steering table, raw-frame socket, TAP attachment (`eth`).
+    pub(crate) eth: crate::eth::Port,
 }
 
 /// Everything, behind the emulator's one lock.

@@ -344,7 +344,7 @@ impl Emulator {
         let q = w.hcas.get(hca)?.qps.get(&qpn)?;
         let rd = |a: u64| crate::mem::read_be32(a).unwrap_or(0);
         Some(SqView {
-            sq_addr: q.buf + ((q.rq_wqe_cnt as u64) << q.rq_wqe_shift),
+            sq_addr: q.sq_base,
             sq_wqebbs: q.sq_wqe_cnt,
             dbrec_addr: q.db,
             rq_dbrec: rd(q.db),

@@ -142,6 +142,7 @@ impl Config {
         emu.corrupt_ppm = ppm(corrupt);
         let flag = |name: &str| get(name).is_some_and(|v| !matches!(v.trim(), "" | "0"));
         emu.dyn_uar = flag("MLX5_EMU_DYN_UAR");
+        emu.tap = mlx5_emu::TapConfig::from_env();
         let cfg = Config {
             emu,
             trace: flag("MLX5_EMU_TRACE"),

@@ -43,6 +43,8 @@ pub(super) struct CqeSpec {
     pub(super) err: Option<(u8, u8)>,
     /// Data scattered into the CQE (format 1 or 2).
     pub(super) scatter: Option<Vec<u8>>,
+    /// Raw Ethernet receive: (`hds_ip_ext`, `l4_hdr_type_etc`, `vlan_info`) (`raw.rs`).
+    pub(super) raw: Option<(u8, u8, u16)>,
 }
 
 /// Write one CQE into CQ `cqn` of `hca` as hardware does; raises the completion event if
@@ -129,6 +131,9 @@ pub(super) fn post_cqe(w: &mut World, hca: usize, cqn: u32, s: &CqeSpec) -> bool
         c.imm_inval_pkey = Be32::from_bytes(s.imm);
         c.byte_cnt = Be32::new(s.byte_cnt);
         c.timestamp = Be64::new(now);
+        if let Some((ext, l4_l3, vlan)) = s.raw {
+            (c.hds_ip_ext, c.l4_hdr_type_etc, c.vlan_info) = (ext, l4_l3, Be16::new(vlan));
+        }
         c.sop_drop_qpn = Be32::new((u32::from(s.send_op) << 24) | (s.qpn & 0xff_ffff));
         c.wqe_counter = Be16::new(s.wqe_counter);
         // Format 1 (32 bytes scattered into the CQE): the payload owns bytes 0..32, so the
@@ -333,7 +338,7 @@ pub(super) fn flush_qp(w: &mut World, hca: usize, qpn: u32) -> usize {
         if (q.sq_head as u16) == q.sq_rung || q.sq_wqe_cnt == 0 {
             break;
         }
-        let sq = q.buf + ((q.rq_wqe_cnt as u64) << q.rq_wqe_shift);
+        let sq = q.sq_base;
         let head = q.sq_head;
         let (bbs, opc) = match read_wqe(sq, q.sq_wqe_cnt, head, 16)
             .ok()

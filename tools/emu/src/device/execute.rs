@@ -26,7 +26,7 @@ pub(super) fn exec_wqe(
     buf: &mut Vec<u8>,
 ) -> Exec {
     let q = &w.hcas[hca].qps[&qpn];
-    let sq = q.buf + ((q.rq_wqe_cnt as u64) << q.rq_wqe_shift);
+    let sq = q.sq_base;
     let (cnt, head) = (q.sq_wqe_cnt, q.sq_head);
     let idx = head as u16;
     if q.rc.req.halted {
@@ -152,6 +152,10 @@ pub(super) fn exec_wqe(
     w.wqe_log.fetched(hca, qpn, idx, wqe.bytes);
     let c = &mut w.hcas[hca].counters;
     c.wqes_executed += 1;
+    if qt == qpt::RAW_PACKET {
+        exec_raw(w, hca, qpn, &wqe);
+        return Exec::Done(wqe.wqebbs);
+    }
     match build_request(w, hca, qpn, &wqe) {
         Ok((pkt, local, len)) => {
             post_request(w, hca, qpn, &wqe, pkt, local, len);

@@ -171,12 +171,7 @@ pub(super) fn send_doorbell(
         h.counters.bf_writes += 1;
         if stepped && qp.sq_wqe_cnt > 0 {
             let len = (ctrl.ds() as usize * 16).min(rest.len() + 8);
-            let ring = read_wqe(
-                qp.buf + ((qp.rq_wqe_cnt as u64) << qp.rq_wqe_shift),
-                qp.sq_wqe_cnt,
-                ctrl.wqe_index() as u32,
-                len,
-            );
+            let ring = read_wqe(qp.sq_base, qp.sq_wqe_cnt, ctrl.wqe_index() as u32, len);
             let same = ring.is_ok_and(|r| len <= 8 || r[8..len] == rest[..len - 8]);
             if !same {
                 h.counters.bf_mismatches += 1;
@@ -291,7 +286,7 @@ impl Prefetch {
         if cnt == 0 || n == 0 {
             return Err(data);
         }
-        let sq = q.buf + ((q.rq_wqe_cnt as u64) << q.rq_wqe_shift);
+        let sq = q.sq_base;
         let first = q.sq_head & (cnt - 1);
         let till_end = (cnt - first).min(n);
         data.clear();

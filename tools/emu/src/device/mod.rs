@@ -22,6 +22,7 @@ mod completion;
 mod dma;
 mod execute;
 mod fetch;
+mod raw;
 mod requester;
 mod responder;
 mod timers;
@@ -50,6 +51,7 @@ use completion::*;
 use dma::*;
 use execute::*;
 use fetch::*;
+use raw::*;
 use requester::*;
 use responder::*;
 use timers::*;
@@ -85,6 +87,8 @@ pub(crate) fn step(w: &mut World) -> usize {
     // wire: datagrams from other processes join the in-process delivery queue first, so an
     // answer that arrived while this thread was not running is seen before any timer.
     work += receive_udp(w);
+    // raw Ethernet frames from other processes and from a TAP interface (raw.rs).
+    work += receive_external(w);
     // fetch: doorbells and CQ arms written to the UAR pages since the last step.
     work += scan_doorbells(w);
     // fetch -> execute -> requester (-> wire): every rung send queue, WQE by WQE (a QP in

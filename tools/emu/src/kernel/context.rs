@@ -193,7 +193,8 @@ pub(super) fn device_attr(w: &World, ctx: u64) -> IbUverbsQueryDeviceResp {
             | IB_UVERBS_DEVICE_PORT_ACTIVE_EVENT
             | IB_UVERBS_DEVICE_SYS_IMAGE_GUID
             | IB_UVERBS_DEVICE_RC_RNR_NAK_GEN
-            | IB_UVERBS_DEVICE_MEM_MGT_EXTENSIONS) as u32,
+            | IB_UVERBS_DEVICE_MEM_MGT_EXTENSIONS
+            | super::flow::raw_device_caps(h.info.is_roce())) as u32,
         max_sge: caps::MAX_SGE,
         max_sge_rd: caps::MAX_SGE,
         max_cq: 1 << 24,
@@ -257,6 +258,7 @@ pub(super) fn query_device(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno
         } else {
             0
         },
+        raw_packet_caps: super::flow::raw_packet_caps(w.hcas[hca_of(w, ctx)].info.is_roce()),
         ..Default::default()
     };
     // mlx5_ib_query_device_resp: every optional capability (TSO, RSS, CQE compression,

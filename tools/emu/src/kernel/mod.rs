@@ -45,6 +45,7 @@ mod ah;
 mod context;
 mod cq;
 mod events;
+mod flow;
 mod methods;
 mod pd_mr;
 mod qp;
@@ -54,6 +55,7 @@ mod ucma_mad;
 mod ucma_ports;
 
 use crate::state::gid_at;
+pub(crate) use flow::has_cap;
 
 const EINVAL: Errno = Errno(libc::EINVAL);
 const ENOSPC: Errno = Errno(libc::ENOSPC);
@@ -156,6 +158,8 @@ const WRITE_COMMANDS: &[Method] = &[
     extended::<cmds::ExCreateCq>(min_resp!(IbUverbsExCreateCqResp), cq::create_cq),
     extended::<cmds::ExCreateQp>(min_resp!(IbUverbsExCreateQpResp), qp::create_qp),
     extended::<cmds::ExModifyQp>(0, qp::modify_qp),
+    extended::<mlx5_ffi::flow::ExCreateFlow>(8, flow::create_flow),
+    extended::<mlx5_ffi::flow::ExDestroyFlow>(0, flow::destroy_flow),
 ];
 
 fn method(command: u32) -> Option<Method> {
@@ -310,7 +314,7 @@ impl EmuFile {
         if out_len < m.resp {
             return Err(ENOSPC);
         }
-        if ex && !tail_is_zero(&core, EX_CORE_MAX) {
+        if ex && !tail_is_zero(&core, EX_CORE_MAX) && !flow::is_flow_command(command) {
             return Err(EOPNOTSUPP);
         }
         core.resize(core.len().max(m.req), 0);
@@ -360,7 +364,7 @@ unsafe impl UverbsSurface for EmuFile {
             if cmd.response != 0 && cmd.core_out_len < m.resp {
                 return Err(ENOSPC);
             }
-            if !tail_is_zero(cmd.core_in, EX_CORE_MAX) {
+            if !tail_is_zero(cmd.core_in, EX_CORE_MAX) && !flow::is_flow_command(command) {
                 return Err(EOPNOTSUPP);
             }
             Req {
@@ -539,6 +543,7 @@ fn close_context(w: &mut World, ctx: u64) {
     let Some(c) = w.contexts.remove(&ctx) else {
         return;
     };
+    flow::close(w, c.hca, ctx);
     let h = &mut w.hcas[c.hca];
     h.qps.retain(|_, q| q.ctx != ctx);
     h.srqs.retain(|_, s| s.ctx != ctx);

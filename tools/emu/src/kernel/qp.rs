@@ -86,8 +86,12 @@ pub(super) fn create_qp(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> {
         }
     }
     let qp_type = c.qp_type;
+    let raw = qp_type == qpt::RAW_PACKET;
     if !caps::qp_type_supported(qp_type) {
         return Err(EOPNOTSUPP);
+    }
+    if raw {
+        super::flow::check_raw_qp(w, ctx)?;
     }
     let pdn = pd_of(w, ctx, c.pd_handle)?;
     let send_cq = cq_of(w, ctx, c.send_cq_handle)?;
@@ -168,8 +172,18 @@ pub(super) fn create_qp(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> {
     } else {
         u64::from(rq_cnt) << rq_shift
     };
-    let bytes = rq_bytes + u64::from(sq_cnt) * 64;
+    // RAW_PACKET: the SQ has its own buffer (`sq_buf_addr`), pinned on its own.
+    let sq_bytes = u64::from(sq_cnt) * 64;
+    let bytes = rq_bytes + if raw { 0 } else { sq_bytes };
     pin_queue(d.buf_addr, bytes, d.db_addr, 8, 4)?;
+    if raw && sq_cnt != 0 {
+        pin_queue(d.sq_buf_addr, sq_bytes, d.db_addr, 8, 4)?;
+    }
+    let sq_base = if raw {
+        d.sq_buf_addr
+    } else {
+        d.buf_addr + rq_bytes
+    };
     let hca = hca_of(w, ctx);
     // bfreg choice, static scheme: dedicated low-latency bfregs from the top first, then the
     // least used medium one, else bfreg 0 (doorbell only).
@@ -244,6 +258,7 @@ pub(super) fn create_qp(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> {
             sq_sig_all,
             buf: d.buf_addr,
             db: d.db_addr,
+            sq_base,
             sq_wqe_cnt: sq_cnt,
             rq_wqe_cnt: rq_cnt,
             rq_wqe_shift: rq_shift,
@@ -290,6 +305,9 @@ pub(super) fn create_qp(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> {
 /// masks for `cur -> next` on a QP of type `t`, or None if the transition is invalid.
 pub(crate) fn transition(cur: u8, next: u8, t: u8) -> Option<(u32, u32)> {
     use qp_attr::*;
+    if t == qpt::RAW_PACKET {
+        return super::flow::raw_transition(cur, next);
+    }
     let by = |ud: u32, uc: u32, rc: u32| match t {
         qpt::UD => ud,
         qpt::UC => uc,
@@ -620,6 +638,7 @@ pub(super) fn destroy_qp(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> 
     let handle = r.core::<cmds::DestroyQp>().qp_handle;
     let qpn = qp_of(w, ctx, handle)?;
     let hca = hca_of(w, ctx);
+    super::flow::check_qp_unused(w, hca, qpn)?;
     let q = &w.hcas[hca].qps[&qpn];
     r.respond(&IbUverbsDestroyQpResp {
         events_reported: q.events_reported,
