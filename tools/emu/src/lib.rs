@@ -60,6 +60,7 @@ mod state;
 pub mod trace;
 mod transport;
 mod uar;
+mod xrc_dc;
 
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
@@ -664,6 +665,7 @@ impl Emulator {
                     next_id: (u32::from(lid) << 16 | 1) & 0xff_ffff,
                     next_key: (u32::from(lid) << 12 | 1) & 0xff_ffff,
                     sock,
+                    hpc: Default::default(),
                 }
             })
             .collect::<Vec<_>>();

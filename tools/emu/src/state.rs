@@ -21,6 +21,8 @@ pub(crate) enum Obj {
     Ah(u32),
     /// A dynamic UAR, by page id.
     Uar(u32),
+    /// An XRC domain, by number (`xrc_dc.rs`).
+    Xrcd(u32),
 }
 
 impl Obj {
@@ -33,7 +35,8 @@ impl Obj {
             | Obj::Qp(n)
             | Obj::Srq(n)
             | Obj::Ah(n)
-            | Obj::Uar(n) => n,
+            | Obj::Uar(n)
+            | Obj::Xrcd(n) => n,
         }
     }
 }
@@ -211,7 +214,7 @@ impl<T: Copy + Default, const N: usize> std::ops::Deref for InlineVec<T, N> {
 pub(crate) type Sgl = InlineVec<(u64, u32), 4>;
 
 /// A queue pair.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(crate) struct Qp {
     pub(crate) ctx: u64,
     pub(crate) qpn: u32,
@@ -270,6 +273,8 @@ pub(crate) struct Qp {
     /// SQD entered with `en_sqd_async_notify`: raise SQ_DRAINED when the SQ is idle.
     pub(crate) sqd_notify: bool,
     pub(crate) events_reported: u32,
+    /// XRC and DC (`xrc_dc.rs`): what kind of HPC transport this RC-engine QP is.
+    pub(crate) hpc: crate::xrc_dc::QpExt,
 }
 
 /// One emulated HCA.
@@ -287,6 +292,8 @@ pub(crate) struct Hca {
     pub(crate) next_key: u32,
     /// UDP fabric: the bound RoCEv2 socket of this HCA (127.1.0.<lid>:4791), non-blocking.
     pub(crate) sock: Option<std::net::UdpSocket>,
+    /// XRC domains, XRC SRQs, DC counters (`xrc_dc.rs`).
+    pub(crate) hpc: crate::xrc_dc::HcaExt,
 }
 
 /// Everything, behind the emulator's one lock.

@@ -188,7 +188,8 @@ pub(super) fn device_attr(w: &World, ctx: u64) -> IbUverbsQueryDeviceResp {
             | IB_UVERBS_DEVICE_PORT_ACTIVE_EVENT
             | IB_UVERBS_DEVICE_SYS_IMAGE_GUID
             | IB_UVERBS_DEVICE_RC_RNR_NAK_GEN
-            | IB_UVERBS_DEVICE_MEM_MGT_EXTENSIONS) as u32,
+            | IB_UVERBS_DEVICE_MEM_MGT_EXTENSIONS
+            | super::xrc::DEVICE_CAPS) as u32,
         max_sge: caps::MAX_SGE,
         max_sge_rd: caps::MAX_SGE,
         max_cq: 1 << 24,
@@ -243,10 +244,11 @@ pub(super) fn query_device(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno
         ..Default::default()
     };
     // mlx5_ib_query_device_resp: every optional capability (TSO, RSS, CQE compression,
-    // packet pacing, multi-packet WQEs, SW parsing, striding RQ, tunnel offloads, DCI
-    // streams) zero: not supported.
+    // packet pacing, multi-packet WQEs, SW parsing, striding RQ, tunnel offloads) zero: not
+    // supported; DCI streams as kernel/dc.rs offers them.
     let d = Mlx5IbQueryDeviceResp {
         response_length: Req::len_for(r.drv_out_len, size_of::<Mlx5IbQueryDeviceResp>()),
+        dci_streams_caps: super::dc::DCI_STREAMS_CAPS,
         ..Default::default()
     };
     r.respond(&o)?;

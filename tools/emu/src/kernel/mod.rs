@@ -8,6 +8,8 @@
 //! - `qp`: CREATE/MODIFY/QUERY/DESTROY_QP and the transition table
 //! - `srq`: CREATE/MODIFY/QUERY/DESTROY_SRQ
 //! - `events`: CREATE_COMP_CHANNEL and event channels
+//! - `xrc`: OPEN/CLOSE_XRCD, CREATE_XSRQ, OPEN_QP, XRC initiator and target QPs
+//! - `dc`: DC initiators and targets (CREATE_QP of `IB_QPT_DRIVER`, a DCT's modify)
 //! - `methods`: the ioctl object methods, mapped onto the same handlers
 //!
 //! Every request and response is one of the header-checked structs of `mlx5-ffi`, decoded
@@ -42,11 +44,13 @@ use crate::{Flavour, Shared, mem};
 mod ah;
 mod context;
 mod cq;
+mod dc;
 mod events;
 mod methods;
 mod pd_mr;
 mod qp;
 mod srq;
+mod xrc;
 
 pub(crate) use context::gid_at;
 
@@ -162,6 +166,10 @@ const WRITE_COMMANDS: &[Method] = &[
     legacy::<cmds::ModifySrq>(true, srq::modify_srq),
     legacy::<cmds::QuerySrq>(false, srq::query_srq),
     legacy::<cmds::DestroySrq>(false, srq::destroy_srq),
+    legacy::<cmds::OpenXrcd>(true, xrc::open_xrcd),
+    legacy::<cmds::CloseXrcd>(false, xrc::close_xrcd),
+    legacy::<cmds::CreateXsrq>(true, xrc::create_xsrq),
+    legacy::<cmds::OpenQp>(true, xrc::open_qp),
     extended::<cmds::ExQueryDevice>(min_resp!(IbUverbsExQueryDeviceResp), context::query_device),
     extended::<cmds::ExCreateCq>(min_resp!(IbUverbsExCreateCqResp), cq::create_cq),
     extended::<cmds::ExCreateQp>(min_resp!(IbUverbsExCreateQpResp), qp::create_qp),
@@ -543,6 +551,7 @@ impl Drop for EmuFile {
 
 /// Tear down a context and everything it owns.
 fn close_context(w: &mut World, ctx: u64) {
+    xrc::close_context(w, ctx);
     let Some(c) = w.contexts.remove(&ctx) else {
         return;
     };
