@@ -540,6 +540,27 @@ impl Context {
         Ok(ticks_to_ns(raw, self.hca_core_clock_khz()?))
     }
 
+    /// The extended device query (EX_QUERY_DEVICE) with the mlx5 driver answer, as
+    /// `ibv_query_device_ex` needs it (a libibverbs provider fills `ibv_device_attr_ex` from
+    /// it). Asked every call.
+    ///
+    /// # Errors
+    /// [`Error::Uverbs`] naming EX_QUERY_DEVICE if the kernel refuses the query.
+    pub fn query_device_ex(
+        &self,
+    ) -> Result<(
+        mlx5_ffi::uverbs::IbUverbsExQueryDeviceResp,
+        mlx5_ffi::mlx5::Mlx5IbQueryDeviceResp,
+    )> {
+        uverbs::write::<cmds::ExQueryDevice>(self.surface(), &IbUverbsExQueryDevice::default(), &())
+    }
+
+    /// The context's async-event descriptor (from GET_CONTEXT), owned by the context: read
+    /// by [`get_async_event`](Self::get_async_event); a provider hands libibverbs a duplicate.
+    pub fn async_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.inner.async_fd.as_fd()
+    }
+
     /// The mlx5 ucontext answer (bf_reg_size, tot_bfregs, cqe_version, limits...).
     pub fn ucontext(&self) -> &Mlx5IbAllocUcontextResp {
         &self.inner.ucx
@@ -1032,7 +1053,29 @@ fn next_context_id() -> u64 {
 }
 
 pub(crate) fn next_user_handle() -> u64 {
+    if let Some(h) = CHOSEN_USER_HANDLE.with(std::cell::Cell::take) {
+        return h;
+    }
     NEXT_USER_HANDLE.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+std::thread_local! {
+    /// The `user_handle` the next CQ/QP/SRQ created on this thread gets ([`with_user_handle`]).
+    static CHOSEN_USER_HANDLE: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
+}
+
+/// Run `create` (which creates one CQ, QP or SRQ) with the kernel object's `user_handle`
+/// chosen by the caller: the value completion and async events report back
+/// ([`CompChannel::get_event`], [`AsyncEvent::element`]). A libibverbs provider passes the
+/// address of its `struct ibv_cq`/`ibv_qp`/`ibv_srq`, which is what libibverbs'
+/// `ibv_get_cq_event` and `ibv_get_async_event` take the handle for. The choice applies to
+/// the first object `create` makes on this thread and is forgotten when `create` returns.
+/// Control path only: the data path never reads the handle.
+pub fn with_user_handle<R>(handle: u64, create: impl FnOnce() -> R) -> R {
+    CHOSEN_USER_HANDLE.with(|c| c.set(Some(handle)));
+    let r = create();
+    CHOSEN_USER_HANDLE.with(|c| c.set(None));
+    r
 }
 
 /// `ticks` of a clock running at `khz` kHz, in nanoseconds (saturating at `u64::MAX`; 0 for a
@@ -1257,6 +1300,18 @@ pub struct CompChannel {
 }
 
 impl CompChannel {
+    /// A channel over a completion-channel descriptor created on this context's command fd
+    /// by someone else (libibverbs' `ibv_create_comp_channel` in a provider). CQs created on
+    /// it name `fd` in CREATE_CQ. The channel owns `fd` and closes it on drop: a caller that
+    /// does not own the descriptor keeps a clone of the channel alive for as long as the
+    /// descriptor's owner does (a provider leaks one; see `tools/provider`).
+    pub fn from_fd(ctx: &Context, fd: OwnedFd) -> CompChannel {
+        CompChannel {
+            fd,
+            ctx: ctx.clone(),
+        }
+    }
+
     /// The context the channel belongs to.
     pub fn context(&self) -> &Context {
         &self.ctx

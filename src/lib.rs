@@ -154,7 +154,7 @@ pub mod wr;
 pub use ah::{Ah, AhAttr, GlobalRoute};
 pub use context::{
     AsyncEvent, AsyncEventKind, CompChannel, Context, ContextConfig, DeviceAttr, GidEntry,
-    PortAttr, UarMode,
+    PortAttr, UarMode, with_user_handle,
 };
 pub use cq::{Cq, CqInit, CqeKind, RawCq, RawCqe};
 pub use device::{Device, devices};

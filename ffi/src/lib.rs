@@ -11,6 +11,7 @@
 //! - [`surface`]: [`surface::UverbsSurface`] (an `unsafe trait`: the contract the driver's
 //!   safety rests on), [`surface::Errno`], [`surface::UverbsFd`]
 //! - [`sysfs`]: discovery of real uverbs devices
+//! - [`ucma`]: `<rdma/rdma_user_cm.h>` (the rdma_cm write() commands and events)
 //! - [`xrc_dc`]: XRC domains, `OPEN_QP`, the XRCD ioctl ids and mlx5's DC constants
 //!
 //! `tests/header_check.rs` proves every struct size, field offset and constant against the
@@ -21,5 +22,6 @@ pub mod ioctl;
 pub mod mlx5;
 pub mod surface;
 pub mod sysfs;
+pub mod ucma;
 pub mod uverbs;
 pub mod xrc_dc;

@@ -742,6 +742,15 @@ const WORKSPACE_MANIFEST: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../Car
 /// directory `<target>/<profile>` or `<target>/<triple>/<profile>`): the `cargo build`
 /// arguments after `build`.
 pub fn preload_build_args(profile_dir: &Path) -> Result<Vec<std::ffi::OsString>, String> {
+    build_args(profile_dir, "mlx5-emu-preload")
+}
+
+/// Name of the provider library `emu run --provider ours` preloads.
+pub const PROVIDER_SO: &str = "libmlx5rs.so";
+
+/// The `cargo build` arguments that build workspace package `package` next to a binary in
+/// `profile_dir` (as [`preload_build_args`]).
+pub fn build_args(profile_dir: &Path, package: &str) -> Result<Vec<std::ffi::OsString>, String> {
     let not_cargo = || {
         format!(
             "{} is not a cargo output directory (no CACHEDIR.TAG above it)",
@@ -767,7 +776,7 @@ pub fn preload_build_args(profile_dir: &Path) -> Result<Vec<std::ffi::OsString>,
         "--manifest-path".into(),
         WORKSPACE_MANIFEST.into(),
         "-p".into(),
-        "mlx5-emu-preload".into(),
+        package.into(),
         "--target-dir".into(),
         target_dir.into(),
     ];
@@ -787,9 +796,17 @@ pub fn preload_build_args(profile_dir: &Path) -> Result<Vec<std::ffi::OsString>,
 /// separate build step. Cargo holds its build lock only while compiling, so this also works
 /// from a test that `cargo test` runs.
 fn build_preload(profile_dir: &Path, so: &Path) -> Result<(), String> {
+    build_next_to(profile_dir, so, "mlx5-emu-preload", "or pass --so")
+}
+
+/// Build workspace package `package` (a cdylib whose product is `so`) next to this binary.
+fn build_next_to(profile_dir: &Path, so: &Path, package: &str, or: &str) -> Result<(), String> {
+    let name = so
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let how = format!(
-        "build it with `cargo build -p mlx5-emu-preload` (same profile) or pass --so; {} not \
-         found",
+        "build it with `cargo build -p {package}` (same profile) {or}; {} not found",
         so.display()
     );
     if !Path::new(WORKSPACE_MANIFEST).exists() {
@@ -797,18 +814,16 @@ fn build_preload(profile_dir: &Path, so: &Path) -> Result<(), String> {
             "{how}, and the source tree this binary was built from is gone"
         ));
     }
-    let args = preload_build_args(profile_dir).map_err(|e| format!("{how}: {e}"))?;
+    let args = build_args(profile_dir, package).map_err(|e| format!("{how}: {e}"))?;
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    eprintln!("mlx5 emu run: building {PRELOAD_SO} (first use; cargo build -p mlx5-emu-preload)");
+    eprintln!("mlx5 emu run: building {name} (first use; cargo build -p {package})");
     let start = std::time::Instant::now();
     let st = std::process::Command::new(&cargo)
         .args(&args)
         .status()
         .map_err(|e| format!("{how}: running {}: {e}", cargo.to_string_lossy()))?;
     if !st.success() {
-        return Err(format!(
-            "{how}: cargo build -p mlx5-emu-preload failed ({st})"
-        ));
+        return Err(format!("{how}: cargo build -p {package} failed ({st})"));
     }
     if !so.exists() {
         return Err(format!("{how}: cargo built it elsewhere"));
@@ -847,14 +862,45 @@ fn preload_so(r: &crate::cli::EmuRunArgs) -> Result<PathBuf, String> {
     Ok(so)
 }
 
+/// The directory libraries are built next to: this binary's.
+fn preload_dir(_r: &crate::cli::EmuRunArgs) -> Result<PathBuf, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot locate this binary: {e}"))?;
+    exe.parent()
+        .map(Path::to_path_buf)
+        .ok_or_else(|| "cannot locate this binary's directory".to_owned())
+}
+
+/// The provider library for `--provider ours`: `MLX5RS_SO`, else next to this binary (built
+/// there on first use).
+fn provider_so(dir: &Path) -> Result<PathBuf, String> {
+    if let Some(so) = std::env::var_os("MLX5RS_SO").map(PathBuf::from) {
+        return if so.exists() {
+            Ok(so)
+        } else {
+            Err(format!("{} not found (from MLX5RS_SO)", so.display()))
+        };
+    }
+    let so = dir.join(PROVIDER_SO);
+    if !so.exists() {
+        build_next_to(dir, &so, "mlx5-provider", "or set MLX5RS_SO")?;
+    }
+    Ok(so)
+}
+
 /// `mlx5 emu run -- PROGRAM ...`: runs the program with the preload library and the emulator
 /// settings in its environment, and exits with its status.
 fn emu_run(r: &crate::cli::EmuRunArgs) -> Result<(), String> {
     let so = preload_so(r)?;
     let (program, args) = r.program.split_first().ok_or("no program given")?;
     let mut cmd = std::process::Command::new(program);
+    let mut preload = so.into_os_string();
+    if r.provider == "ours" {
+        preload.push(":");
+        preload.push(provider_so(&preload_dir(r)?)?);
+        cmd.env("MLX5RS_PROVIDER", "ours");
+    }
     cmd.args(args)
-        .env("LD_PRELOAD", &so)
+        .env("LD_PRELOAD", &preload)
         .env("MLX5_EMU_HCAS", r.hcas.to_string())
         .env("MLX5_EMU_FABRIC", &r.fabric);
     if let Some(n) = r.node {

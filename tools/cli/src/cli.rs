@@ -102,6 +102,11 @@ pub struct EmuRunArgs {
     /// by cargo on first use).
     #[arg(long = "so", value_name = "PATH")]
     pub so: Option<PathBuf>,
+    /// Which libibverbs provider serves the program's devices: `libmlx5` (rdma-core's) or
+    /// `ours` (this driver as a provider, `libmlx5rs.so`, preloaded after the emulator's front
+    /// door and built next to this binary on first use; docs/provider.md).
+    #[arg(long, default_value = "libmlx5", value_parser = ["libmlx5", "ours"])]
+    pub provider: String,
     /// The program and its arguments.
     #[arg(required = true, last = true, value_name = "PROGRAM")]
     pub program: Vec<String>,

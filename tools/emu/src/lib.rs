@@ -47,6 +47,7 @@
 //! ```
 
 mod abi;
+mod caps;
 pub mod cprog;
 mod device;
 mod fds;
@@ -67,6 +68,7 @@ use std::time::Duration;
 
 pub use abi::{Errno, UverbsSurface};
 pub use inspect::{CqView, QpView};
+pub use kernel::ucma::{RdmaCmFile, RdmaCmOpen};
 pub use mem::{DmaPath, dma_path, set_dma_path};
 pub use record::{WqeRecord, WqeVia};
 pub use roce::{GidEntry, GidType, LinkLayer, NDEV_IFINDEX, NDEV_NAME, ROCE_GID_TBL_LEN};
@@ -698,6 +700,7 @@ impl Emulator {
             wqe_log: Default::default(),
             trace: Default::default(),
             wake: wake.clone(),
+            cm: Default::default(),
         };
         let shared = Arc::new(Shared {
             world: Mutex::new(world),

@@ -323,6 +323,8 @@ pub(crate) struct World {
     pub(crate) trace: crate::trace::Recorder,
     /// Threaded wake mode: the device's wake-up line, handed to every context's UAR region.
     pub(crate) wake: Option<std::sync::Arc<crate::uar::Wake>>,
+    /// The rdma_cm ids, event channels and connections (`kernel/ucma.rs`).
+    pub(crate) cm: crate::kernel::ucma::Cm,
 }
 
 impl World {

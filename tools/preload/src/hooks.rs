@@ -64,6 +64,8 @@ macro_rules! open_hooks {
             if let Some(hca) = unsafe { shim::device_of_path($path) } {
                 return shim::open_device(hca, $flags);
             }
+            // SAFETY: as above.
+            if let Some(fd) = unsafe { crate::ucma::open($path, $flags) } { return fd; }
             // SAFETY: the caller's arguments, forwarded unchanged.
             forward!(real::$real(), |f| unsafe { f($($dirfd,)? $path, $flags $(, $mode)?) })
         }
@@ -202,6 +204,8 @@ unsafe fn stat_path(
 unsafe fn stat_fd(fd: c_int, buf: *mut libc::stat, call: impl FnOnce() -> c_int) -> c_int {
     let rc = call();
     if rc == 0 {
+        // SAFETY: the stat call succeeded, so `buf` holds a filled struct.
+        unsafe { crate::ucma::patch_fstat(fd, buf) };
         if let Some(file) = REGISTRY.fd(fd) {
             // SAFETY: the stat call succeeded, so `buf` holds a filled struct.
             unsafe { shim::patch_stat(buf, file.hca) };
@@ -349,6 +353,9 @@ pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, count: size_t) -> 
     if let Some(file) = REGISTRY.fd(fd) {
         return shim::device_write(fd, &file, buf, count);
     }
+    if let Some(n) = crate::ucma::write(fd, buf, count) {
+        return n;
+    }
     // SAFETY: the caller's arguments, forwarded unchanged.
     forward!(real::write(), |f| unsafe { f(fd, buf, count) })
 }
@@ -420,8 +427,10 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     // Dropped after the registry lock is released (dropping may close the emulator's own
     // descriptors, which comes back here).
     let released = REGISTRY.remove_fd(fd);
+    let rdma_cm = crate::ucma::take(fd);
     // SAFETY: the caller's argument, forwarded unchanged.
     let rc = forward!(real::close(), |f| unsafe { f(fd) });
+    shim::guard((), || drop(rdma_cm));
     if let Some(file) = released {
         shim::closed(fd, file, rc);
     }

@@ -55,6 +55,8 @@ mod hooks;
 mod real;
 #[cfg(not(test))]
 mod shim;
+#[cfg(not(test))]
+mod ucma;
 
 /// Library constructor: runs when the dynamic loader maps the shim, before `main`.
 #[cfg(not(test))]

@@ -84,7 +84,7 @@ pub(crate) fn config() -> &'static Config {
 }
 
 /// The emulator (started together with the sysfs tree, whose identity it fixes).
-fn emulator() -> &'static Emulator {
+pub(crate) fn emulator() -> &'static Emulator {
     ensure_started();
     EMULATOR.get_or_init(new_emulator)
 }
@@ -498,6 +498,7 @@ fn write_tree() {
     remove_stale_trees(tree);
     let res = std::fs::create_dir(&tree.root)
         .and_then(|()| sysfs::write_tree(&tree.root, &hcas))
+        .and_then(|()| crate::ucma::write_sysfs(&tree.root))
         .and_then(|()| match config().keep_sysfs {
             true => std::fs::write(tree.root.join(KEEP_MARKER), "MLX5_EMU_KEEP_SYSFS\n"),
             false => Ok(()),

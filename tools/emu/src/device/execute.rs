@@ -191,7 +191,45 @@ fn note_wqe_reads(
     }
 }
 
-/// Decode the payload part of a WQE at byte offset `off`: inline data or data segments.
+/// One segment of a send WQE's payload part: inline data (its bytes, at `start..end` of the
+/// WQE) or a data pointer.
+#[derive(Clone, Copy)]
+enum Seg {
+    Inline { start: usize, end: usize },
+    Pointer(DataSeg),
+}
+
+/// Walk the payload segments of `rest` (the WQE from the first payload segment to its last
+/// byte, `ds * 16` in all), in order, as the device's gather engine does: a segment whose
+/// first word has the inline bit set is an inline data segment of that many bytes, padded
+/// to 16 (it may span WQEBBs, and the ring's end: `rest` is joined across it); any other
+/// 16 bytes are a data pointer segment. The PRM allows them mixed, in any order (UCX sends
+/// its active-message header inline and the payload by pointer). Inline data running past
+/// the WQE's `ds` is a local length error.
+fn walk_segs(rest: &[u8], mut f: impl FnMut(Seg) -> Result<(), Syndrome>) -> Result<(), Syndrome> {
+    let mut at = 0;
+    while at < rest.len() {
+        let chunk = rest.get(at..at + 16).ok_or(Syndrome::LOCAL_LENGTH)?;
+        let hdr = u32::from_be_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
+        if hdr & INLINE_SEG_FLAG != 0 {
+            let len = (hdr & !INLINE_SEG_FLAG) as usize;
+            let (start, end) = (at + 4, at + 4 + len);
+            if end > rest.len() {
+                return Err(Syndrome::LOCAL_LENGTH);
+            }
+            f(Seg::Inline { start, end })?;
+            at = (end + 15) & !15;
+        } else {
+            let d = DataSeg::read_from_bytes(chunk).map_err(|_| Syndrome::LOCAL_QP_OP)?;
+            f(Seg::Pointer(d))?;
+            at += 16;
+        }
+    }
+    Ok(())
+}
+
+/// Decode the payload part of a WQE at byte offset `off`: any sequence of inline data and
+/// data pointer segments (see [`walk_segs`]), gathered in order into one payload.
 pub(super) fn payload(
     w: &mut World,
     hca: usize,
@@ -201,20 +239,72 @@ pub(super) fn payload(
     off: usize,
 ) -> Result<Payload, Syndrome> {
     let rest = bytes.get(off..).unwrap_or(&[]);
-    if rest.len() >= 4 {
-        let hdr = u32::from_be_bytes([rest[0], rest[1], rest[2], rest[3]]);
-        if hdr & INLINE_SEG_FLAG != 0 {
-            let len = (hdr & !INLINE_SEG_FLAG) as usize;
-            w.hcas[hca].counters.inline_wqes += 1;
-            return rest
-                .get(4..4 + len)
-                .map(Payload::from_slice)
-                .ok_or(Syndrome::LOCAL_LENGTH);
+    // Pass 1: validate and translate; the pointers' process addresses in order.
+    let mut sgl = Sgl::default();
+    let mut total: u64 = 0;
+    let mut inline = false;
+    let mut mixed = false;
+    walk_segs(rest, |s| {
+        match s {
+            Seg::Inline { start, end } => {
+                inline = true;
+                total += (end - start) as u64;
+            }
+            Seg::Pointer(d) => {
+                let len = d.byte_count();
+                // A byte count of 0 is 2 GiB (PRM: the field's full range).
+                let len = if len == 0 { 0x8000_0000 } else { len };
+                let addr = translate(w, hca, d.lkey(), pdn, d.addr(), u64::from(len), 0)
+                    .ok_or(Syndrome::LOCAL_PROT)?;
+                sgl.push((addr, len));
+                total += u64::from(len);
+            }
         }
+        mixed |= inline && !sgl.is_empty();
+        if total > 0x8000_0000 {
+            return Err(Syndrome::LOCAL_LENGTH);
+        }
+        Ok(())
+    })?;
+    if inline {
+        w.hcas[hca].counters.inline_wqes += 1;
     }
-    let sgl = data_segs(w, hca, pdn, rest, 0, false)?;
-    note_gather(w, hca, qpn, rest, &sgl);
-    gather(&sgl)
+    if !inline {
+        note_gather(w, hca, qpn, rest, &sgl);
+        return gather(&sgl);
+    }
+    if mixed && w.trace.active() {
+        // The pointer segments alone, for the per-segment trace (cold: tracing only).
+        let mut segs = Vec::new();
+        let _ = walk_segs(rest, |s| {
+            if let Seg::Pointer(d) = s {
+                segs.extend_from_slice(d.as_bytes());
+            }
+            Ok(())
+        });
+        note_gather(w, hca, qpn, &segs, &sgl);
+    }
+    // Pass 2: copy, in segment order.
+    Payload::build(total as usize, |buf| {
+        let mut off = 0;
+        let mut next = sgl.iter();
+        walk_segs(rest, |s| {
+            let part: usize = match s {
+                Seg::Inline { start, end } => {
+                    buf[off..off + (end - start)].copy_from_slice(&rest[start..end]);
+                    end - start
+                }
+                Seg::Pointer(_) => {
+                    let &(a, l) = next.next().ok_or(Syndrome::LOCAL_QP_OP)?;
+                    let l = l as usize;
+                    mem::read(a, &mut buf[off..off + l]).map_err(|_| Syndrome::LOCAL_PROT)?;
+                    l
+                }
+            };
+            off += part;
+            Ok(())
+        })
+    })
 }
 
 /// Count (link counters) and trace the payload DMA reads of a gather: one read per data

@@ -62,6 +62,8 @@ use xrc::*;
 pub(crate) use requester::ReqState;
 pub(crate) use responder::RespState;
 pub(crate) use timers::{TimerState, next_deadline};
+/// The CM's MADs leave through the same wire (`kernel/ucma.rs`).
+pub(crate) use wire::send_packet as send_gsi;
 pub(crate) use wire::{Outgoing, Wire};
 
 /// Transport state of one QP, each part owned by its stage. The retry counters are the
@@ -96,6 +98,8 @@ pub(crate) fn step(w: &mut World) -> usize {
     work += deliver_wire(w);
     // timers: ACK timeouts and RNR back-off -> retransmission (requester).
     work += run_timers(w);
+    // the CM (kernel/ucma.rs): its retransmissions and timeouts.
+    work += crate::kernel::ucma::tick(w);
     // wire: datagrams due for other processes.
     work += flush_udp(w);
     if work == 0 && w.cfg.mode == RunMode::Stepped {
@@ -116,11 +120,8 @@ fn tick_clock(w: &World) {
         let mut b = [0u8; 8];
         b[..4].copy_from_slice(&((now >> 32) as u32).to_be_bytes());
         b[4..].copy_from_slice(&(now as u32).to_be_bytes());
-        c.uar.store(
-            c.uar_pages,
-            crate::kernel::caps::CORE_CLOCK_OFFSET as usize,
-            b,
-        );
+        c.uar
+            .store(c.uar_pages, crate::caps::CORE_CLOCK_OFFSET as usize, b);
     }
 }
 

@@ -153,6 +153,10 @@ pub(crate) fn next_deadline(w: &World) -> Option<u64> {
         .flat_map(|q| [q.rc.timer.deadline, q.rc.timer.rnr_wait_until])
         .flatten()
         .min();
+    let timers = match (timers, crate::kernel::ucma::next_deadline(w)) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
     match (wire, timers) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),

@@ -39,7 +39,7 @@ pub(crate) struct Outgoing {
 
 /// Put a packet on the fabric (in process, or UDP when the destination LID is not one of
 /// ours), applying fault injection and pcap capture.
-pub(super) fn send_packet(w: &mut World, mut pkt: Packet) {
+pub(crate) fn send_packet(w: &mut World, mut pkt: Packet) {
     dc::mark_connect(w, &mut pkt);
     let now = w.now();
     let f = w.cfg.fault;
@@ -255,7 +255,10 @@ pub(super) fn deliver_wire(w: &mut World) -> usize {
         let Some((_, mut pkt)) = taken else {
             break;
         };
-        if pkt.is_request() {
+        if pkt.dst_qpn == 1 && pkt.transport() == 0x60 {
+            // QP1 (GSI): the CM's MADs go to the emulated kernel's CM.
+            crate::kernel::ucma::gsi_receive(w, &pkt);
+        } else if pkt.is_request() {
             hpc_responder(w, &mut pkt);
         } else {
             requester_response(w, &pkt);

@@ -16,8 +16,9 @@ use mlx5_ffi::uverbs::{
     IB_UVERBS_DEVICE_BAD_QKEY_CNTR, IB_UVERBS_DEVICE_CHANGE_PHY_PORT,
     IB_UVERBS_DEVICE_MEM_MGT_EXTENSIONS, IB_UVERBS_DEVICE_PORT_ACTIVE_EVENT,
     IB_UVERBS_DEVICE_RC_RNR_NAK_GEN, IB_UVERBS_DEVICE_RESIZE_MAX_WR,
-    IB_UVERBS_DEVICE_SYS_IMAGE_GUID, IbUverbsAsyncEventDesc, IbUverbsExQueryDeviceResp,
-    IbUverbsGetContextResp, IbUverbsQueryDeviceResp, IbUverbsQueryPortResp, mtu, port_state,
+    IB_UVERBS_DEVICE_SYS_IMAGE_GUID, IB_UVERBS_DEVICE_XRC, IbUverbsAsyncEventDesc,
+    IbUverbsExQueryDeviceResp, IbUverbsGetContextResp, IbUverbsQueryDeviceResp,
+    IbUverbsQueryPortResp, mtu, port_state,
 };
 use zerocopy::IntoBytes;
 
@@ -179,17 +180,20 @@ pub(super) fn device_attr(w: &World, ctx: u64) -> IbUverbsQueryDeviceResp {
         hw_ver: 0,
         max_qp: 1 << caps::LOG_MAX_QP,
         max_qp_wr: caps::MAX_QP_WR,
-        // What the emulator implements: no memory windows (MEM_WINDOW*), no XRC, no
-        // checksum offloads, no flow steering, no automatic path migration.
-        device_cap_flags: (IB_UVERBS_DEVICE_RESIZE_MAX_WR
+        // What the emulator implements (`crate::caps`): no memory windows (MEM_WINDOW*), no
+        // checksum offloads, no automatic path migration; XRC as the features say.
+        device_cap_flags: (if caps::FEATURES.xrc {
+            IB_UVERBS_DEVICE_XRC
+        } else {
+            0
+        } | IB_UVERBS_DEVICE_RESIZE_MAX_WR
             | IB_UVERBS_DEVICE_BAD_PKEY_CNTR
             | IB_UVERBS_DEVICE_BAD_QKEY_CNTR
             | IB_UVERBS_DEVICE_CHANGE_PHY_PORT
             | IB_UVERBS_DEVICE_PORT_ACTIVE_EVENT
             | IB_UVERBS_DEVICE_SYS_IMAGE_GUID
             | IB_UVERBS_DEVICE_RC_RNR_NAK_GEN
-            | IB_UVERBS_DEVICE_MEM_MGT_EXTENSIONS
-            | super::xrc::DEVICE_CAPS) as u32,
+            | IB_UVERBS_DEVICE_MEM_MGT_EXTENSIONS) as u32,
         max_sge: caps::MAX_SGE,
         max_sge_rd: caps::MAX_SGE,
         max_cq: 1 << 24,
@@ -207,7 +211,11 @@ pub(super) fn device_attr(w: &World, ctx: u64) -> IbUverbsQueryDeviceResp {
         // Memory windows are not implemented: 0, as the capability flags say.
         max_mw: 0,
         max_raw_ipv6_qp: 0,
-        max_raw_ethy_qp: 0,
+        max_raw_ethy_qp: if caps::FEATURES.raw_packet {
+            1 << caps::LOG_MAX_QP
+        } else {
+            0
+        },
         max_mcast_grp: 1 << 21,
         max_mcast_qp_attach: 1 << 16,
         max_total_mcast_qp_attach: 1 << 21,
@@ -239,8 +247,16 @@ pub(super) fn query_device(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno
         base,
         comp_mask: 0,
         response_length: Req::len_for(r.out_len, size_of::<IbUverbsExQueryDeviceResp>()),
-        timestamp_mask: (1 << 48) - 1,
-        hca_core_clock: caps::CLOCK_KHZ,
+        timestamp_mask: if caps::FEATURES.timestamps {
+            (1 << caps::TIMESTAMP_BITS) - 1
+        } else {
+            0
+        },
+        hca_core_clock: if caps::FEATURES.timestamps {
+            caps::CLOCK_KHZ
+        } else {
+            0
+        },
         ..Default::default()
     };
     // mlx5_ib_query_device_resp: every optional capability (TSO, RSS, CQE compression,
@@ -248,7 +264,11 @@ pub(super) fn query_device(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno
     // supported; DCI streams as kernel/dc.rs offers them.
     let d = Mlx5IbQueryDeviceResp {
         response_length: Req::len_for(r.drv_out_len, size_of::<Mlx5IbQueryDeviceResp>()),
-        dci_streams_caps: super::dc::DCI_STREAMS_CAPS,
+        dci_streams_caps: if caps::FEATURES.dc {
+            super::dc::DCI_STREAMS_CAPS
+        } else {
+            Default::default()
+        },
         ..Default::default()
     };
     r.respond(&o)?;
@@ -261,7 +281,7 @@ pub(super) fn query_port(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> 
     }
     let h = &w.hcas[hca_of(w, ctx)];
     let mut o = IbUverbsQueryPortResp {
-        max_msg_sz: 1 << 30,
+        max_msg_sz: 1 << caps::LOG_MAX_MSG,
         gid_tbl_len: h.info.gid_tbl_len(),
         pkey_tbl_len: 1,
         state: port_state::ACTIVE,

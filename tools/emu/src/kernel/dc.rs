@@ -19,8 +19,8 @@ use mlx5_ffi::uverbs::{
 use mlx5_ffi::xrc_dc::IBV_QPT_DRIVER;
 
 use super::{
-    EINVAL, Req, bump, cq_of, cq_use, hca_of, new_handle, next_handle, next_id, pd_of, pd_use,
-    srq_of,
+    EINVAL, Req, bump, caps, cq_of, cq_use, hca_of, new_handle, next_handle, next_id, pd_of,
+    pd_use, srq_of,
 };
 use crate::abi::Errno;
 use crate::state::{Obj, Qp, World, qps, qpt};
@@ -52,7 +52,8 @@ pub(super) fn create_qp_dc(
     c: &mut IbUverbsExCreateQp,
     kind: QpKind,
 ) -> Result<Option<QpKind>, Errno> {
-    if c.qp_type != IBV_QPT_DRIVER {
+    if c.qp_type != IBV_QPT_DRIVER || !caps::FEATURES.dc {
+        // Without the feature the common path refuses the driver type (EOPNOTSUPP).
         return Ok(Some(kind));
     }
     let d = r.drv::<cmds::CreateQp>()?;

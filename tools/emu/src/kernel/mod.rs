@@ -11,6 +11,8 @@
 //! - `xrc`: OPEN/CLOSE_XRCD, CREATE_XSRQ, OPEN_QP, XRC initiator and target QPs
 //! - `dc`: DC initiators and targets (CREATE_QP of `IB_QPT_DRIVER`, a DCT's modify)
 //! - `methods`: the ioctl object methods, mapped onto the same handlers
+//! - `ucma`: the rdma_cm file (`/dev/infiniband/rdma_cm`) and the CM (`ucma_mad`: its
+//!   messages; `ucma_ports`: the host's port space)
 //!
 //! Every request and response is one of the header-checked structs of `mlx5-ffi`, decoded
 //! and encoded through its command table ([`mlx5_ffi::cmd::cmds`]); nothing here reads a
@@ -50,6 +52,9 @@ mod methods;
 mod pd_mr;
 mod qp;
 mod srq;
+pub(crate) mod ucma;
+mod ucma_mad;
+mod ucma_ports;
 mod xrc;
 
 pub(crate) use context::gid_at;
@@ -76,23 +81,8 @@ const FLAG_EXTENDED: u32 = IB_USER_VERBS_CMD_FLAG_EXTENDED;
 /// EOPNOTSUPP, as `uverbs_request_finish` answers.
 const EX_CORE_MAX: usize = 128;
 
-/// Device limits reported by QUERY_DEVICE and enforced at create time (the emulated HCA's
-/// numbers, not ABI constants).
-pub(crate) mod caps {
-    pub(crate) const MAX_QP_WR: u32 = 1 << 15;
-    pub(crate) const MAX_SGE: u32 = 30;
-    pub(crate) const MAX_CQE: u32 = (1 << 22) - 1;
-    pub(crate) const MAX_SRQ_WR: u32 = (1 << 15) - 1;
-    pub(crate) const MAX_SRQ_SGE: u32 = 31;
-    pub(crate) const MAX_RD_ATOM: u32 = 16;
-    pub(crate) const MAX_INLINE: u32 = 512;
-    pub(crate) const MAX_SQ_DESC: u32 = 512;
-    pub(crate) const MAX_RQ_DESC: u32 = 512;
-    pub(crate) const LOG_MAX_QP: u32 = 18;
-    pub(crate) const MAX_BFREGS: u32 = 512;
-    pub(crate) const CORE_CLOCK_OFFSET: u64 = 0x10;
-    pub(crate) const CLOCK_KHZ: u64 = 1_000_000;
-}
+/// The emulated HCA's limits and features (`crate::caps`, below kernel and device).
+pub(crate) use crate::caps;
 
 // ---------------------------------------------------------------------------------------
 // The write commands the emulated kernel implements (the dispatch table)

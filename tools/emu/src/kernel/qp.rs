@@ -94,7 +94,7 @@ pub(super) fn create_qp(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> {
         return Ok(());
     };
     let qp_type = c.qp_type;
-    if ![qpt::RC, qpt::UC, qpt::UD].contains(&qp_type) {
+    if !caps::qp_type_supported(qp_type) {
         return Err(EOPNOTSUPP);
     }
     let pdn = pd_of(w, ctx, c.pd_handle)?;

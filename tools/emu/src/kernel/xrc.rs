@@ -13,7 +13,7 @@ use mlx5_ffi::xrc_dc::{IbUverbsCloseXrcd, IbUverbsOpenXrcdResp};
 use zerocopy::IntoBytes;
 
 use super::{
-    EBUSY, EINVAL, EOPNOTSUPP, Req, cq_of, cq_use, handle_of, hca_of, lookup, new_handle,
+    EBUSY, EINVAL, EOPNOTSUPP, Req, caps, cq_of, cq_use, handle_of, hca_of, lookup, new_handle,
     next_handle, next_id, remove_handle,
 };
 use crate::abi::Errno;
@@ -48,6 +48,10 @@ fn inode_of(fd: i32) -> Result<(u64, u64), Errno> {
 /// there is none yet), refused with `O_EXCL` when it exists (EINVAL).
 pub(super) fn open_xrcd(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> {
     let c = r.core::<cmds::OpenXrcd>();
+    if !caps::FEATURES.xrc {
+        // mlx5_ib_alloc_xrcd on an HCA without the XRC capability.
+        return Err(EOPNOTSUPP);
+    }
     let hca = hca_of(w, ctx);
     let inode = if c.fd as i32 == -1 {
         None
@@ -141,6 +145,7 @@ pub(super) fn create_xsrq(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno>
     let c = r.core::<cmds::CreateXsrq>();
     let xrc = match c.srq_type {
         SRQT_BASIC => None,
+        SRQT_XRC if !caps::FEATURES.xrc => return Err(EOPNOTSUPP),
         SRQT_XRC => Some((xrcd_of(w, ctx, c.xrcd_handle)?, cq_of(w, ctx, c.cq_handle)?)),
         SRQT_TM => return Err(EOPNOTSUPP),
         _ => return Err(EINVAL),
@@ -207,6 +212,8 @@ pub(super) fn create_qp_xrc(
     c: &mut IbUverbsExCreateQp,
 ) -> Result<Option<QpKind>, Errno> {
     match c.qp_type {
+        // Without the feature: the common path refuses the type (EOPNOTSUPP).
+        qpt::XRC_INI | qpt::XRC_TGT if !caps::FEATURES.xrc => Ok(Some(QpKind::Plain)),
         qpt::XRC_INI => {
             c.recv_cq_handle = c.send_cq_handle;
             c.is_srq = 0;
@@ -410,6 +417,3 @@ pub(super) fn modify_qp_mask(t: u8, mask: u32) -> u32 {
         _ => mask,
     }
 }
-
-/// The device capability XRC adds to QUERY_DEVICE (`IB_DEVICE_XRC`).
-pub(super) const DEVICE_CAPS: u64 = mlx5_ffi::uverbs::IB_UVERBS_DEVICE_XRC;
