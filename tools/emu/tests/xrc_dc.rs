@@ -433,6 +433,29 @@ fn an_xrc_target_receives_through_the_srq_the_packet_names_and_naks_a_bad_one() 
 }
 
 #[test]
+fn an_xrc_initiator_answers_no_request() {
+    // An RC QP on the target's HCA connected to an XRC initiator: its SEND finds no receive
+    // side there (no ACK, no NAK) and ends in a transport-retry error.
+    let mut r = xrc_rig(stepped(2), 1, 16, 256, Knobs::default());
+    let lid_a = r.emu.hca_info(0).unwrap().lid;
+    let pd = r.b.alloc_pd();
+    let mut cq = r.b.create_cq(16, 64, -1);
+    let mut q = r.b.create_qp(pd, &cq, &cq, RC, 16, 4, None);
+    bring_up(&r.b, &q, lid_a, r.inis[0].qpn, Knobs::default());
+    let i = q.build_send(SendOpcode::SEND, 0, FM_CE_SE_CQ_UPDATE, [0; 4], &[]);
+    q.ring(&r.b, i, Ring::Doorbell);
+    r.emu.run_until_idle();
+    let got = drain(&mut cq);
+    assert_eq!(
+        got.iter()
+            .map(|c| (c.opcode, c.syndrome))
+            .collect::<Vec<_>>(),
+        [(CQE_REQ_ERR, SYND_RETRY_EXC)]
+    );
+    assert!(drain(&mut r.cqa).is_empty());
+}
+
+#[test]
 fn an_xrc_srq_of_another_domain_is_refused() {
     let mut r = xrc_rig(stepped(2), 1, 16, 256, Knobs::default());
     // A second domain with its own XRC SRQ on the target's HCA.

@@ -73,6 +73,11 @@ pub(super) fn hpc_responder(w: &mut World, pkt: &mut Packet) {
     match kind {
         Some(QpKind::XrcTgt { xrcdn }) => xrc_target(w, pkt, xrcdn),
         Some(QpKind::Dct { key }) => super::dc::dct_responder(w, pkt, key),
+        Some(QpKind::XrcIni | QpKind::Dci) => {
+            // Initiators have no receive side: a request for one is nobody's.
+            w.hcas[hca].counters.rx_foreign += 1;
+            w.hcas[hca].counters.packets_dropped += 1;
+        }
         Some(_) if pkt.hpc.is_some() => {
             // An XRC or DC request for a QP that is neither: not its transport.
             w.hcas[hca].counters.packets_dropped += 1;
