@@ -149,7 +149,7 @@ impl Ah {
     }
 
     /// The device context the AH was created in.
-    pub fn context(&self) -> &crate::Context {
+    pub fn context(&self) -> &crate::context::Context {
         self.pd.context()
     }
 

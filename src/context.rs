@@ -157,7 +157,7 @@ impl PortAttr {
 
 impl core::fmt::Debug for PortAttr {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        let mtu = crate::Mtu::from_code(self.active_mtu).map(crate::Mtu::bytes);
+        let mtu = crate::types::Mtu::from_code(self.active_mtu).map(crate::types::Mtu::bytes);
         f.debug_struct("PortAttr")
             .field(
                 "state",

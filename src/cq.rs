@@ -29,14 +29,12 @@ use zerocopy::IntoBytes;
 
 use crate::context::{CompChannel, Context, UarMode};
 use crate::error::{Error, Result};
+use crate::ledger::{REQ_WC_BY_SEND_OP, RqShared, SqShared, SrqShared};
 use crate::mem::scatter::MrCache;
 use crate::mem::uar::UarReg;
 use crate::mem::{CqBuf, CqeReader, DbRec, TakenCqe};
 use crate::mmio::barrier;
-use crate::qp::rq::RqShared;
-use crate::qp::sq::{REQ_WC_BY_SEND_OP, SqShared};
 use crate::recorder::{self, CqPart, CqRecorder, QpPart, QpRecorder, RecorderConfig};
-use crate::srq::SrqShared;
 use crate::uverbs;
 use crate::wr::{WcFlags, WcOpcode, WorkCompletion};
 use mlx5_ffi::cmd::cmds;
@@ -61,6 +59,10 @@ impl Default for CqInit {
         }
     }
 }
+
+/// The [`CqUser::qpn`] of an SRQ route ([`CqShared::route_srq`]): no QP number (they are 24
+/// bits), so no detach matches it; its completions name the CQE's QPN.
+const ROUTED: u32 = u32::MAX;
 
 /// One QP (or SRQ) whose completions land in a CQ.
 #[derive(Clone, Debug)]
@@ -117,6 +119,50 @@ impl CqShared {
             cqn: self.cqn,
             dbrec_ci: self.dbrec.word0().load_be32(),
         })
+    }
+
+    /// Route the receive CQEs that name `key` as their user index to `srq`: CQEs of QPs this
+    /// CQ does not know (an XRC target QP of another process, a DCT), which with CQE version 1
+    /// carry the SRQ's user index in `srqn_uidx`. Their wr_id comes from the SRQ, their WQE is
+    /// freed in it, and the work completion names the CQE's QPN. A route is an entry of the
+    /// table the poller already looks every CQE up in, so it costs the other CQEs nothing.
+    /// Replaces an earlier route of `key`.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] on a context with CQE version 0, whose CQEs are looked up by QPN
+    /// (attach the target QP itself there).
+    #[cfg_attr(
+        not(test),
+        expect(dead_code, reason = "the seam of the XRC target and DCT receive paths")
+    )]
+    pub(crate) fn route_srq(&self, key: u32, srq: Arc<SrqShared>) -> Result<()> {
+        if self.ctx.cqe_version() != 1 {
+            return Err(Error::Unsupported {
+                what: "SRQ routes of a CQ need CQE version 1 (CQEs found by user index)",
+            });
+        }
+        let mut u = self.users.lock().unwrap_or_else(|p| p.into_inner());
+        u.retain(|x| !(x.qpn == ROUTED && x.uidx == key));
+        u.push(CqUser {
+            qpn: ROUTED,
+            uidx: key,
+            sq: None,
+            rq: None,
+            srq: Some(srq),
+        });
+        self.generation.fetch_add(1, Ordering::Release);
+        Ok(())
+    }
+
+    /// Forget the route of `key` ([`route_srq`](Self::route_srq)).
+    #[cfg_attr(
+        not(test),
+        expect(dead_code, reason = "the seam of the XRC target and DCT receive paths")
+    )]
+    pub(crate) fn unroute_srq(&self, key: u32) {
+        let mut u = self.users.lock().unwrap_or_else(|p| p.into_inner());
+        u.retain(|x| !(x.qpn == ROUTED && x.uidx == key));
+        self.generation.fetch_add(1, Ordering::Release);
     }
 
     pub(crate) fn detach(&self, qpn: u32) {
@@ -922,6 +968,48 @@ impl RawCqe {
         self.cqe.imm_inval_pkey.to_bytes()
     }
 
+    /// The L3 header type of a received packet (`l4_hdr_type_etc` bits 3:2): 0 none, 1 IPv6,
+    /// 2 IPv4 (`MLX5_CQE_L3_HDR_TYPE_*`).
+    #[inline(always)]
+    pub fn l3_hdr_type(&self) -> u8 {
+        (self.cqe.l4_hdr_type_etc >> 2) & 3
+    }
+
+    /// The L4 header type of a received packet (`l4_hdr_type_etc` bits 6:4): 0 none, 1 TCP,
+    /// 2 UDP, 3 TCP with an empty ACK, 4 TCP with ACK and data.
+    #[inline(always)]
+    pub fn l4_hdr_type(&self) -> u8 {
+        (self.cqe.l4_hdr_type_etc >> 4) & 7
+    }
+
+    /// Whether the device found the L3 (IPv4 header) checksum good (`hds_ip_ext` bit 1,
+    /// `MLX5_CQE_L3_OK`).
+    #[inline(always)]
+    pub fn l3_ok(&self) -> bool {
+        self.cqe.hds_ip_ext & 2 != 0
+    }
+
+    /// Whether the device found the L4 (TCP/UDP) checksum good (`hds_ip_ext` bit 2,
+    /// `MLX5_CQE_L4_OK`).
+    #[inline(always)]
+    pub fn l4_ok(&self) -> bool {
+        self.cqe.hds_ip_ext & 4 != 0
+    }
+
+    /// The VLAN tag control information the device stripped from the frame, if it stripped
+    /// one (`l4_hdr_type_etc` bit 0; the TCI is `vlan_info`).
+    #[inline(always)]
+    pub fn vlan_tci(&self) -> Option<u16> {
+        (self.cqe.l4_hdr_type_etc & 1 != 0).then(|| self.cqe.vlan_info.get())
+    }
+
+    /// The raw completion timestamp, in device clock ticks (the free-running counter the
+    /// device writes into every CQE; not converted to wall-clock time).
+    #[inline(always)]
+    pub fn timestamp(&self) -> u64 {
+        self.cqe.timestamp()
+    }
+
     /// The whole CQE, for fields without an accessor here (decode with [`mlx5_hw::cqe`]).
     /// With scattered payload of format 1 its first 32 bytes are payload.
     #[inline(always)]
@@ -1022,8 +1110,8 @@ fn record_cqe(rec: &CqRecorder, shared: &CqShared, user: Option<&CqUser>, t: &Ta
         let qps: Vec<QpPart<'_>> = match (qrec, user) {
             (Some(q), Some(u)) => vec![QpPart {
                 rec: q,
-                sq: u.sq.as_deref(),
-                rq: u.rq.as_deref(),
+                sq: u.sq.as_deref().map(|s| s as &dyn recorder::SqRetired),
+                rq: u.rq.as_deref().map(|r| r as &dyn recorder::RqRetired),
             }],
             _ => Vec::new(),
         };
@@ -1264,6 +1352,9 @@ fn decode_other(
                 wc.wr_id = wr_id;
                 set_error(&mut wc, cqe);
                 wc.opcode = WcOpcode::RECV;
+                if user.qpn == ROUTED {
+                    wc.qp_num = cqe.qpn();
+                }
                 *out = wc;
                 return true;
             }
@@ -1299,6 +1390,9 @@ fn decode_other(
                     wc.pkey_index = 0;
                 }
                 _ => {}
+            }
+            if user.qpn == ROUTED {
+                wc.qp_num = cqe.qpn();
             }
             *out = wc;
             true
@@ -1340,8 +1434,8 @@ mod tests {
         sq.record(0, 0, 100, SendOpcode::SEND);
         sq.record(1, 1, 101, SendOpcode::RDMA_WRITE);
         sq.record(2, 3, 102, SendOpcode::RDMA_READ);
-        rq.record(0, 500);
-        rq.record(1, 501);
+        rq.set_wr_id(0, 500);
+        rq.set_wr_id(1, 501);
         let u = CqUser {
             qpn: QPN,
             uidx: UIDX,
@@ -1517,5 +1611,125 @@ mod tests {
             let mut pending = None;
             let _ = decode(&local, x % 3 != 0, &mut pending, &c);
         }
+    }
+    #[test]
+    fn raw_cqe_exposes_the_packet_fields() {
+        let mut c = cqe(CqeOpcode::RESP_SEND, 0, 0);
+        let plain = RawCqe {
+            cqe: c,
+            copy: WcStatus::SUCCESS,
+        };
+        assert_eq!((plain.l3_hdr_type(), plain.l4_hdr_type()), (0, 0));
+        assert_eq!(
+            (plain.l3_ok(), plain.l4_ok(), plain.vlan_tci()),
+            (false, false, None)
+        );
+        // IPv4 (2) + UDP (2), both checksums good, VLAN 0x0123 stripped.
+        c.l4_hdr_type_etc = 2 << 4 | 2 << 2 | 1;
+        c.hds_ip_ext = 0b110;
+        c.vlan_info = Be16::new(0x0123);
+        let r = RawCqe {
+            cqe: c,
+            copy: WcStatus::SUCCESS,
+        };
+        assert_eq!((r.l3_hdr_type(), r.l4_hdr_type()), (2, 2));
+        assert_eq!(
+            (r.l3_ok(), r.l4_ok(), r.vlan_tci()),
+            (true, true, Some(0x0123))
+        );
+        assert_eq!(r.timestamp(), 0x1122_3344);
+        // Only the L3 bit: the L4 one stays clear; IPv6 + TCP with ACK and data.
+        c.hds_ip_ext = 0b010;
+        c.l4_hdr_type_etc = 4 << 4 | 1 << 2;
+        let r = RawCqe {
+            cqe: c,
+            copy: WcStatus::SUCCESS,
+        };
+        assert_eq!((r.l3_ok(), r.l4_ok(), r.vlan_tci()), (true, false, None));
+        assert_eq!((r.l3_hdr_type(), r.l4_hdr_type()), (1, 4));
+    }
+
+    /// A receive CQE of a QP the CQ does not know (an XRC target QP, a DCT) goes to the SRQ
+    /// routed by the CQE's user index; without a route, or for a requester CQE, nothing.
+    #[test]
+    fn unknown_qp_receives_are_routed_to_an_srq() {
+        use crate::ledger::ScatterTarget;
+        use crate::mem::DmaBuf;
+        use crate::mem::wq::WqRing;
+        const SRQ_UIDX: u32 = 0x42;
+        const TGT_QPN: u32 = 0x99;
+        let ring = WqRing::new(Arc::new(DmaBuf::new(4096).unwrap()), 0, 1024);
+        let target = ScatterTarget::new(ring.reader(), 64, 16, 3, 1, Arc::default());
+        let srq = Arc::new(SrqShared::new(16, target));
+        srq.set_wr_id(5, 0x5555);
+        let (mut local, _, _) = users(false);
+        let mut recv = cqe(CqeOpcode::RESP_SEND, 0, 5);
+        recv.sop_drop_qpn = Be32::new(TGT_QPN);
+        recv.srqn_uidx = Be32::new(SRQ_UIDX);
+        recv.byte_cnt = Be32::new(12);
+        let mut pending = None;
+        assert!(
+            decode(&local, true, &mut pending, &recv).is_none(),
+            "no route yet"
+        );
+        local.push(CqUser {
+            qpn: ROUTED,
+            uidx: SRQ_UIDX,
+            sq: None,
+            rq: None,
+            srq: Some(srq.clone()),
+        });
+        let wc = decode(&local, true, &mut pending, &recv).unwrap();
+        assert_eq!(
+            (wc.wr_id, wc.opcode, wc.byte_len, wc.qp_num, wc.status),
+            (0x5555, WcOpcode::RECV, 12, TGT_QPN, WcStatus::SUCCESS)
+        );
+        assert!(srq.take_freed(5), "the SRQ WQE is freed");
+        // An error CQE of the routed SRQ names the CQE's QPN too.
+        let mut err = recv;
+        err.op_own = op_own(CqeOpcode::RESP_ERR, 0, false, 0);
+        let wc = decode(&local, true, &mut pending, &err).unwrap();
+        assert_eq!((wc.wr_id, wc.qp_num), (0x5555, TGT_QPN));
+        assert_ne!(wc.status, WcStatus::SUCCESS);
+        assert!(srq.take_freed(5));
+        // Another user index, or a requester CQE for the route: no completion.
+        let mut other = recv;
+        other.srqn_uidx = Be32::new(SRQ_UIDX + 1);
+        let mut req = recv;
+        req.op_own = op_own(CqeOpcode::REQ, 0, false, 0);
+        for c in [other, req] {
+            assert!(decode(&local, true, &mut pending, &c).is_none());
+        }
+        assert!(!srq.take_freed(5));
+    }
+
+    #[test]
+    fn srq_routes_reach_the_poller_and_can_be_removed() {
+        use crate::ledger::ScatterTarget;
+        use crate::mem::DmaBuf;
+        use crate::mem::wq::WqRing;
+        let ctx = crate::emulator::Hca::first_or_emulated().open().unwrap();
+        let mut cq = Cq::new(&ctx, CqInit::default(), None).unwrap();
+        let ring = WqRing::new(Arc::new(DmaBuf::new(4096).unwrap()), 0, 1024);
+        let target = ScatterTarget::new(ring.reader(), 64, 16, 3, 1, Arc::default());
+        let srq = Arc::new(SrqShared::new(16, target));
+        assert_eq!(ctx.cqe_version(), 1);
+        cq.shared().route_srq(0x42, srq.clone()).unwrap();
+        cq.shared().route_srq(0x43, srq.clone()).unwrap();
+        cq.shared().route_srq(0x42, srq).unwrap();
+        cq.core.refresh();
+        let keys: Vec<(u32, u32)> = cq.core.users.list.iter().map(|u| (u.qpn, u.uidx)).collect();
+        assert_eq!(
+            keys,
+            [(ROUTED, 0x43), (ROUTED, 0x42)],
+            "a route replaces its key's"
+        );
+        cq.shared().unroute_srq(0x43);
+        // A detach of any QP number leaves the routes alone.
+        cq.shared().detach(0x43);
+        cq.core.refresh();
+        assert!(cq.core.users.find(0x43).is_none());
+        assert!(cq.core.users.find(0x42).is_some_and(|u| u.srq.is_some()));
+        assert_eq!(cq.poll(&mut [WorkCompletion::default(); 4]), 0);
     }
 }

@@ -26,7 +26,7 @@ use crate::context::Context;
 use crate::device::{Device, devices};
 use crate::error::{Error, Result};
 
-pub use mlx5_emu::{EmuConfig, Emulator, Errno, LinkLayer, RunMode};
+pub use mlx5_emu::{EmuConfig, Emulator, Errno, Fabric, LinkLayer, RunMode};
 
 /// Where contexts are opened: a real device or an in-process emulator.
 #[derive(Debug, Clone)]
@@ -109,7 +109,7 @@ mod tests {
         let boxed: Vec<Box<dyn std::error::Error>> = vec![
             e.into(),
             emu.open(7).unwrap_err().into(),
-            crate::PostError::BadOpcode.into(),
+            crate::wr::PostError::BadOpcode.into(),
         ];
         assert!(boxed[1].to_string().contains("ENODEV"), "{}", boxed[1]);
     }

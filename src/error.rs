@@ -55,21 +55,21 @@ pub enum Error {
     /// without INIT, SQE→RTS on RC, ...); detected before any syscall.
     QpTransition {
         /// The QP's transport.
-        qp_type: crate::QpType,
+        qp_type: crate::types::QpType,
         /// The state the QP is in (as last set through this driver).
-        from: crate::QpState,
+        from: crate::types::QpState,
         /// The state asked for.
-        to: crate::QpState,
+        to: crate::types::QpState,
     },
     /// An attribute the transition requires is missing from the mask, or one it does not take
     /// is in it (the kernel's required/optional masks); detected before any syscall.
     QpAttribute {
         /// The QP's transport.
-        qp_type: crate::QpType,
+        qp_type: crate::types::QpType,
         /// The state the QP is in.
-        from: crate::QpState,
+        from: crate::types::QpState,
         /// The state asked for (the same one when only attributes are modified).
-        to: crate::QpState,
+        to: crate::types::QpState,
         /// The attribute, named as the [`QpAttr`](crate::QpAttr) field.
         attr: &'static str,
         /// `true`: required but missing; `false`: present but not allowed.

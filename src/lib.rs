@@ -127,12 +127,14 @@
 compile_error!("mlx5 supports Linux on x86_64 and aarch64 only (64-bit single-store doorbells)");
 
 pub mod ah;
+pub mod cm;
 pub mod context;
 pub mod cq;
 pub mod device;
 #[cfg(feature = "emulator")]
 pub mod emulator;
 pub mod error;
+mod ledger;
 // Internals: raw memory, MMIO and ring arithmetic. Crate-private, because their functions rely on
 // invariants (offsets inside a mapping, a register's length) that only the driver establishes;
 // the user-facing memory types are re-exported below. Items that only tests or other halves of
@@ -147,6 +149,7 @@ pub mod recorder;
 #[allow(dead_code)]
 pub(crate) mod ring;
 pub mod srq;
+mod types;
 mod uverbs;
 mod wc_fmt;
 pub mod wr;

@@ -8,8 +8,8 @@ use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::mem::DmaBuf;
 use crate::mem::dma_buf::UserMemory;
+use crate::types::Sge;
 use crate::uverbs;
-use crate::wr::Sge;
 use mlx5_ffi::cmd::cmds;
 
 #[derive(Debug)]
@@ -53,7 +53,7 @@ impl Access {
     pub const ALL: Self = Self(1 | 2 | 4 | 8);
 }
 
-crate::wr::bit_set!(Access);
+crate::types::bit_set!(Access);
 
 impl Pd {
     /// Allocate a protection domain.
@@ -227,7 +227,7 @@ impl Drop for Mr {
             // it. A buffer of ours is kept for the rest of the process; caller memory is the
             // caller's (`UserMemory`'s contract covers the region's registration).
             if let MrMemory::Buf(b) = &self._mem {
-                crate::qp::leak(b);
+                crate::mem::leak(b);
             }
         }
     }

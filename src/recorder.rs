@@ -34,9 +34,7 @@ use zerocopy::IntoBytes;
 
 use crate::mem::wq::WqReader;
 use crate::mem::{DbRec, TakenCqe};
-use crate::qp::rq::RqShared;
-use crate::qp::sq::SqShared;
-use crate::qp::{QpState, QpType};
+use crate::types::{QpState, QpType};
 
 /// What a dump handed to a [`RecorderConfig::callback`] carries.
 #[derive(Clone, Debug)]
@@ -371,8 +369,8 @@ impl QpRecorder {
     /// records publish. `sq`/`rq` give the pollers' side (retired counts).
     fn report(
         &self,
-        sq: Option<&SqShared>,
-        rq: Option<&RqShared>,
+        sq: Option<&dyn SqRetired>,
+        rq: Option<&dyn RqRetired>,
         out: &mut String,
         lines: &mut Vec<(u64, String)>,
     ) {
@@ -382,6 +380,9 @@ impl QpRecorder {
             QpType::Rc => "RC",
             QpType::Uc => "UC",
             QpType::Ud => "UD",
+            QpType::XrcSend => "XRC_SEND",
+            QpType::Dci => "DCI",
+            QpType::RawPacket => "RAW_PACKET",
         };
         let st = match r.state {
             QpState::Reset => "RESET",
@@ -398,11 +399,11 @@ impl QpRecorder {
             sq_cnt = s.wqe_cnt;
             sq_pi = s.next;
             sq_db = s.dbrec.word1().load_be32();
-            let tail = sq.map_or(s.ords, |q| q.tail.load(Ordering::Acquire));
+            let tail = sq.map_or(s.ords, |q| q.retired());
             outstanding = s.ords.wrapping_sub(tail);
             // The WQEBB counter of the oldest outstanding WR, or the producer if none.
             sq_ci = match sq {
-                Some(q) if outstanding != 0 => q.find_start(tail, s.next, true).unwrap_or(s.next),
+                Some(q) if outstanding != 0 => q.start_before(tail, s.next).unwrap_or(s.next),
                 _ => s.next,
             };
             for rec in &s.records.items {
@@ -422,7 +423,7 @@ impl QpRecorder {
             rq_cnt = q.wqe_cnt;
             rq_pi = q.next;
             rq_db = q.dbrec.word0().load_be32();
-            rq_ci = rq.map_or(q.next, |x| x.tail.load(Ordering::Acquire));
+            rq_ci = rq.map_or(q.next, |x| x.retired());
             for rec in &q.records.items {
                 lines.push((
                     rec.seq,
@@ -524,8 +525,23 @@ impl CqRecorder {
 /// One QP's part of a dump.
 pub(crate) struct QpPart<'a> {
     pub rec: &'a QpRecorder,
-    pub sq: Option<&'a SqShared>,
-    pub rq: Option<&'a RqShared>,
+    pub sq: Option<&'a dyn SqRetired>,
+    pub rq: Option<&'a dyn RqRetired>,
+}
+
+/// What a dump reads of a send queue's completion side. The ledger implements it: the recorder
+/// sits below the ledger (which holds each queue's recorder), so it names no ledger type.
+pub(crate) trait SqRetired {
+    /// WRs retired by completions so far (free-running).
+    fn retired(&self) -> u32;
+    /// The WQEBB counter where WR `ordinal` starts, searched backwards from counter `from`.
+    fn start_before(&self, ordinal: u32, from: u32) -> Option<u32>;
+}
+
+/// What a dump reads of a receive queue's completion side (see [`SqRetired`]).
+pub(crate) trait RqRetired {
+    /// Receives retired by completions so far (free-running).
+    fn retired(&self) -> u32;
 }
 
 /// One CQ's part of a dump.

@@ -10,7 +10,6 @@
 //! WQE stores, `to_device()`, then record word 0 = posted counter.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use mlx5_ffi::mlx5::Mlx5IbCreateSrq;
 use mlx5_ffi::uverbs::{IbUverbsCreateSrq, IbUverbsDestroySrq};
@@ -18,47 +17,13 @@ use mlx5_hw::wqe::SrqNextSeg;
 use zerocopy::IntoBytes;
 
 use crate::error::{Error, Result};
+use crate::ledger::{ScatterTarget, SrqShared, publish_recv, write_scatter};
 use crate::mem::wq::WqRing;
 use crate::mem::{DbRec, DmaBuf};
 use crate::pd::Pd;
-use crate::qp::rq::{ScatterTarget, publish_recv, write_scatter};
 use crate::uverbs;
 use crate::wr::{PostError, RecvWr};
 use mlx5_ffi::cmd::cmds;
-use mlx5_hw::opcodes::WcStatus;
-
-#[derive(Debug)]
-pub(crate) struct SrqShared {
-    wr_ids: Box<[AtomicU64]>,
-    freed: Box<[AtomicBool]>,
-    /// Where scattered receive payloads go.
-    pub(crate) scatter: ScatterTarget,
-}
-
-impl SrqShared {
-    /// Copy a payload the device scattered into the CQE of SRQ WQE `index` into that WQE's
-    /// scatter list (before [`complete`](Self::complete) frees it).
-    ///
-    /// # Errors
-    /// As [`MrTable::copy_to_segs`](crate::mem::scatter::MrTable::copy_to_segs).
-    pub(crate) fn copy_scattered(
-        &self,
-        index: u16,
-        data: &[u8],
-        cache: &mut crate::mem::scatter::MrCache,
-    ) -> Result<(), WcStatus> {
-        let i = usize::from(index) % self.wr_ids.len();
-        self.scatter.copy(i as u32, data, cache)
-    }
-
-    /// A receive CQE for SRQ WQE `index`: its wr_id; the WQE becomes free.
-    pub(crate) fn complete(&self, index: u16) -> u64 {
-        let i = usize::from(index) % self.wr_ids.len();
-        let id = self.wr_ids[i].load(Ordering::Relaxed);
-        self.freed[i].store(true, Ordering::Release);
-        id
-    }
-}
 
 #[derive(Debug)]
 pub(crate) struct SrqHandle {
@@ -85,8 +50,8 @@ impl Drop for SrqHandle {
         };
         if !self.pd.inner.ctx.destroy::<cmds::DestroySrq>(&cmd) {
             // The SRQ may live on in the kernel: the device may still use its ring and record.
-            crate::qp::leak(&self._buf);
-            crate::qp::leak(&self._dbrec);
+            crate::mem::leak(&self._buf);
+            crate::mem::leak(&self._dbrec);
         }
     }
 }
@@ -159,10 +124,9 @@ impl Srq {
             srq_limit: 0,
         };
         let (core, m) = uverbs::write::<cmds::CreateSrq>(ctx.surface(), &cmd, &drv)?;
-        let shared = Arc::new(SrqShared {
-            wr_ids: (0..n).map(|_| AtomicU64::new(0)).collect(),
-            freed: (0..n).map(|_| AtomicBool::new(false)).collect(),
-            scatter: ScatterTarget::new(
+        let shared = Arc::new(SrqShared::new(
+            n,
+            ScatterTarget::new(
                 ring.reader(),
                 stride,
                 16,
@@ -170,7 +134,7 @@ impl Srq {
                 pd.inner.handle,
                 ctx.inner.mrs.clone(),
             ),
-        });
+        ));
         Ok(Self {
             handle: Arc::new(SrqHandle {
                 pd: pd.clone(),
@@ -197,7 +161,7 @@ impl Srq {
     }
 
     /// The device context the SRQ was created in.
-    pub fn context(&self) -> &crate::Context {
+    pub fn context(&self) -> &crate::context::Context {
         self.handle.pd.context()
     }
 
@@ -214,7 +178,7 @@ impl Srq {
 
     fn reclaim(&mut self) {
         for i in 0..self.n {
-            if self.shared.freed[i as usize].swap(false, Ordering::Acquire) {
+            if self.shared.take_freed(i) {
                 let t = self.tail;
                 self.ring.write(
                     (t * self.stride) as usize,
@@ -259,7 +223,7 @@ impl Srq {
             let idx = self.head;
             let base = (idx * self.stride) as usize + 16;
             write_scatter(self.ring.writer(), base, wr.sg_list, self.max_gs);
-            self.shared.wr_ids[idx as usize].store(wr.wr_id, Ordering::Relaxed);
+            self.shared.set_wr_id(idx, wr.wr_id);
             self.head = self.next_of(idx);
             self.counter = self.counter.wrapping_add(1);
             posted += 1;

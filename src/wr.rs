@@ -4,37 +4,10 @@
 pub use mlx5_hw::opcodes::{Syndrome, VendorSyndrome, WcStatus};
 
 use crate::ah::Ah;
+use crate::types::QpState;
 
-/// A scatter/gather element (`struct ibv_sge`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Sge {
-    /// Start address (in a registered memory region).
-    pub addr: u64,
-    /// Length in bytes. Zero-length SGEs are skipped (a data segment of 0 means 2 GiB).
-    pub length: u32,
-    /// Local key of the memory region.
-    pub lkey: u32,
-}
-
-/// Implements `contains` and `|` for a `pub struct $name(pub u32)` bit set.
-macro_rules! bit_set {
-    ($name:ident) => {
-        impl $name {
-            /// Whether every bit of `other` is set.
-            pub const fn contains(self, other: Self) -> bool {
-                self.0 & other.0 == other.0
-            }
-        }
-
-        impl core::ops::BitOr for $name {
-            type Output = Self;
-            fn bitor(self, rhs: Self) -> Self {
-                Self(self.0 | rhs.0)
-            }
-        }
-    };
-}
-pub(crate) use bit_set;
+pub use crate::types::Sge;
+pub(crate) use crate::types::bit_set;
 
 /// Send work-request flags (`enum ibv_send_flags`), as a bit set.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -341,7 +314,7 @@ pub enum PostError {
     /// The QP is not in a state that allows posting (send: RTS/SQD/SQE/ERR; receive: INIT+).
     BadState {
         /// The current state.
-        state: crate::QpState,
+        state: QpState,
     },
     /// The operation is not valid on this QP type (e.g. RDMA READ on UC, anything but SEND on UD).
     BadOpcode,
@@ -351,6 +324,14 @@ pub enum PostError {
     BadAtomicSge,
     /// A UD destination whose address handle belongs to another device context.
     ForeignAh,
+    /// Transport segments (XRC, DC address, Ethernet) that are not whole 16-byte units or
+    /// exceed what the QP type reserves between the control segment and the payload.
+    BadSegments {
+        /// Bytes of segments given.
+        len: usize,
+        /// Bytes the QP type reserves past the control segment.
+        reserved: u32,
+    },
 }
 
 impl core::fmt::Display for PostError {
@@ -373,6 +354,11 @@ impl core::fmt::Display for PostError {
             }
             PostError::BadAtomicSge => write!(f, "atomics need one SGE of at least 8 bytes"),
             PostError::ForeignAh => write!(f, "address handle of another device context"),
+            PostError::BadSegments { len, reserved } => write!(
+                f,
+                "{len} bytes of segments: not whole 16-byte units within the {reserved} bytes \
+                 this QP type reserves after the control segment"
+            ),
         }
     }
 }

@@ -30,6 +30,12 @@ use crate::error::Result;
 use crate::mmio::access::DbWord;
 use crate::mmio::barrier;
 
+/// Keep the memory behind `a` alive for the rest of the process (after a failed destroy or
+/// deregistration, when the device may still use it).
+pub(crate) fn leak<T>(a: &Arc<T>) {
+    core::mem::forget(Arc::clone(a));
+}
+
 /// A completion-queue buffer: `count` entries of `stride` bytes in a page-aligned [`DmaBuf`],
 /// every descriptor initialised to "invalid, owner 0" (`op_own = 0xF0`). Its one consumer is
 /// the [`CqeReader`] made with it.
@@ -50,11 +56,11 @@ impl CqBuf {
     ///
     /// # Errors
     /// [`Error::Os`](crate::Error::Os) if the memory cannot be mapped;
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) if `count` is not a power of
+    /// [`Error::InvalidArgument`](crate::error::Error::InvalidArgument) if `count` is not a power of
     /// two of at most 2^24 or `stride` is not 64 or 128.
     pub(crate) fn new(count: u32, stride: usize, rec: &DbRec) -> Result<(Self, CqeReader)> {
         if !count.is_power_of_two() || count > 1 << 24 || (stride != 64 && stride != 128) {
-            return Err(crate::Error::InvalidArgument {
+            return Err(crate::error::Error::InvalidArgument {
                 attr: "cqe",
                 reason: "a CQ ring is a power of two of at most 2^24 entries of 64 or 128 bytes",
             });

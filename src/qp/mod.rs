@@ -12,12 +12,13 @@ pub use sq::{
     SqStats, WqeBuilder, sq_geometry, sq_overhead,
 };
 
+pub use crate::types::{Mtu, QpState, QpType};
+
 use std::sync::Arc;
 
 use mlx5_ffi::mlx5::{MLX5_QP_FLAG_SCATTER_CQE, MLX5_QP_FLAG_UAR_PAGE_INDEX, Mlx5IbCreateQp};
 use mlx5_ffi::uverbs::{
-    IB_MTU_256, IB_MTU_512, IB_MTU_1024, IB_MTU_2048, IB_MTU_4096, IB_QP_ACCESS_FLAGS,
-    IB_QP_ALT_PATH, IB_QP_AV, IB_QP_CAP, IB_QP_CUR_STATE, IB_QP_DEST_QPN,
+    IB_QP_ACCESS_FLAGS, IB_QP_ALT_PATH, IB_QP_AV, IB_QP_CAP, IB_QP_CUR_STATE, IB_QP_DEST_QPN,
     IB_QP_EN_SQD_ASYNC_NOTIFY, IB_QP_MAX_DEST_RD_ATOMIC, IB_QP_MAX_QP_RD_ATOMIC,
     IB_QP_MIN_RNR_TIMER, IB_QP_PATH_MIG_STATE, IB_QP_PATH_MTU, IB_QP_PKEY_INDEX, IB_QP_PORT,
     IB_QP_QKEY, IB_QP_RATE_LIMIT, IB_QP_RETRY_CNT, IB_QP_RNR_RETRY, IB_QP_RQ_PSN, IB_QP_SQ_PSN,
@@ -29,182 +30,14 @@ use crate::ah::{AhAttr, GlobalRoute};
 use crate::context::{Context, UarMode};
 use crate::cq::{Cq, CqShared, CqUser};
 use crate::error::{Error, Result};
-use crate::mem::DmaBuf;
 use crate::mem::wq::WqRing;
+use crate::mem::{DmaBuf, leak};
 use crate::pd::{Access, Pd};
 use crate::srq::{Srq, SrqHandle};
 use crate::uverbs;
 use crate::wr::{PostError, RecvWr, SendWr};
 use mlx5_ffi::cmd::cmds;
-use mlx5_ffi::uverbs::{qp_state, qp_type};
 use sq::Bfreg;
-
-/// QP transport type.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum QpType {
-    /// Reliable connected.
-    Rc,
-    /// Unreliable connected.
-    Uc,
-    /// Unreliable datagram.
-    Ud,
-}
-
-impl QpType {
-    fn ib_value(self) -> u8 {
-        match self {
-            QpType::Rc => qp_type::RC,
-            QpType::Uc => qp_type::UC,
-            QpType::Ud => qp_type::UD,
-        }
-    }
-
-    pub(crate) fn limit_context(self) -> &'static str {
-        match self {
-            QpType::Rc => "for RC",
-            QpType::Uc => "for UC",
-            QpType::Ud => "for UD",
-        }
-    }
-}
-
-impl core::fmt::Display for QpType {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.write_str(match self {
-            QpType::Rc => "RC",
-            QpType::Uc => "UC",
-            QpType::Ud => "UD",
-        })
-    }
-}
-
-/// QP state (`enum ibv_qp_state`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum QpState {
-    /// Reset.
-    Reset,
-    /// Initialized: receives may be posted.
-    Init,
-    /// Ready to receive.
-    Rtr,
-    /// Ready to send.
-    Rts,
-    /// Send queue drain.
-    Sqd,
-    /// Send queue error.
-    Sqe,
-    /// Error: everything outstanding is flushed.
-    Err,
-}
-
-impl QpState {
-    fn to_u8(self) -> u8 {
-        match self {
-            QpState::Reset => qp_state::RESET,
-            QpState::Init => qp_state::INIT,
-            QpState::Rtr => qp_state::RTR,
-            QpState::Rts => qp_state::RTS,
-            QpState::Sqd => qp_state::SQD,
-            QpState::Sqe => qp_state::SQE,
-            QpState::Err => qp_state::ERR,
-        }
-    }
-
-    fn from_u8(v: u8) -> Option<Self> {
-        Some(match v {
-            qp_state::RESET => QpState::Reset,
-            qp_state::INIT => QpState::Init,
-            qp_state::RTR => QpState::Rtr,
-            qp_state::RTS => QpState::Rts,
-            qp_state::SQD => QpState::Sqd,
-            qp_state::SQE => QpState::Sqe,
-            qp_state::ERR => QpState::Err,
-            _ => return None,
-        })
-    }
-}
-
-impl core::fmt::Display for QpState {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.write_str(match self {
-            QpState::Reset => "RESET",
-            QpState::Init => "INIT",
-            QpState::Rtr => "RTR",
-            QpState::Rts => "RTS",
-            QpState::Sqd => "SQD",
-            QpState::Sqe => "SQE",
-            QpState::Err => "ERR",
-        })
-    }
-}
-
-/// Path MTU (`enum ibv_mtu`): the largest payload of one packet on the path. The verbs ABI
-/// carries it as a code (`IB_MTU_256` = 1 ... `IB_MTU_4096` = 5), never as a byte count.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Mtu {
-    /// 256 bytes.
-    M256,
-    /// 512 bytes.
-    M512,
-    /// 1024 bytes.
-    M1024,
-    /// 2048 bytes.
-    M2048,
-    /// 4096 bytes.
-    M4096,
-}
-
-impl Mtu {
-    /// The `IB_MTU_*` code the kernel takes (1..=5).
-    pub const fn code(self) -> u8 {
-        (match self {
-            Mtu::M256 => IB_MTU_256,
-            Mtu::M512 => IB_MTU_512,
-            Mtu::M1024 => IB_MTU_1024,
-            Mtu::M2048 => IB_MTU_2048,
-            Mtu::M4096 => IB_MTU_4096,
-        }) as u8
-    }
-
-    /// The MTU of an `IB_MTU_*` code (as in [`PortAttr::active_mtu`](crate::PortAttr)), if
-    /// valid.
-    pub const fn from_code(code: u8) -> Option<Self> {
-        Some(match code as u32 {
-            IB_MTU_256 => Mtu::M256,
-            IB_MTU_512 => Mtu::M512,
-            IB_MTU_1024 => Mtu::M1024,
-            IB_MTU_2048 => Mtu::M2048,
-            IB_MTU_4096 => Mtu::M4096,
-            _ => return None,
-        })
-    }
-
-    /// The MTU in bytes.
-    pub const fn bytes(self) -> u32 {
-        256 << (self.code() - 1)
-    }
-
-    /// The MTU of exactly `bytes` (256, 512, 1024, 2048 or 4096), if it is one.
-    pub const fn from_bytes(bytes: u32) -> Option<Self> {
-        Some(match bytes {
-            256 => Mtu::M256,
-            512 => Mtu::M512,
-            1024 => Mtu::M1024,
-            2048 => Mtu::M2048,
-            4096 => Mtu::M4096,
-            _ => return None,
-        })
-    }
-}
-
-/// From an `IB_MTU_*` code; the error is the refused code. (A byte count such as
-/// `4096u16 as u8` is 0 and refused.)
-impl TryFrom<u8> for Mtu {
-    type Error = u8;
-    fn try_from(code: u8) -> core::result::Result<Self, u8> {
-        Mtu::from_code(code).ok_or(code)
-    }
-}
 
 /// QP capabilities (`struct ibv_qp_cap`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -506,12 +339,6 @@ impl Drop for QpHandle {
     }
 }
 
-/// Keep the memory behind `a` alive for the rest of the process (after a failed destroy or
-/// deregistration, when the device may still use it).
-pub(crate) fn leak<T>(a: &Arc<T>) {
-    std::mem::forget(Arc::clone(a));
-}
-
 /// A queue pair. Posting and modifying take `&mut self`; `Send`, not `Sync`.
 /// Destroyed on drop, before the CQs, SRQ and PD it holds.
 #[derive(Debug)]
@@ -531,10 +358,20 @@ impl Qp {
     /// more inline data than asked, as libmlx5).
     ///
     /// # Errors
-    /// [`Error::ContextMismatch`] if a CQ or the SRQ belongs to another context than `pd`;
+    /// [`Error::Unsupported`] for the QP types whose creation is not implemented yet (XRC_SEND,
+    /// DCI, RAW_PACKET); [`Error::ContextMismatch`] if a CQ or the SRQ belongs to another context than `pd`;
     /// [`Error::Limit`] naming the attribute, value and limit; [`Error::Uverbs`] naming
     /// CREATE_QP.
     pub fn new(pd: &Pd, init: &QpInitAttr<'_>) -> Result<Self> {
+        let what = match init.qp_type {
+            QpType::Rc | QpType::Uc | QpType::Ud => None,
+            QpType::XrcSend => Some("creating an XRC_SEND QP (not yet implemented)"),
+            QpType::Dci => Some("creating a DCI QP (not yet implemented)"),
+            QpType::RawPacket => Some("creating a RAW_PACKET QP (not yet implemented)"),
+        };
+        if let Some(what) = what {
+            return Err(Error::Unsupported { what });
+        }
         let ctx = pd.context().clone();
         ctx.check_same("send_cq", &init.send_cq.shared().ctx, "pd")?;
         ctx.check_same("recv_cq", &init.recv_cq.shared().ctx, "pd")?;
@@ -828,7 +665,7 @@ impl Qp {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] naming `recorder` if it is already on.
-    pub fn enable_recorder(&mut self, cfg: &crate::RecorderConfig) -> Result<()> {
+    pub fn enable_recorder(&mut self, cfg: &crate::recorder::RecorderConfig) -> Result<()> {
         let rec = Arc::new(crate::recorder::QpRecorder::new(
             cfg,
             self.handle.qpn,
@@ -852,8 +689,11 @@ impl Qp {
         }
         let qp = crate::recorder::QpPart {
             rec,
-            sq: Some(self.sq.shared()),
-            rq: self.rq.as_ref().map(|r| &**r.shared()),
+            sq: Some(&**self.sq.shared()),
+            rq: self
+                .rq
+                .as_ref()
+                .map(|r| &**r.shared() as &dyn crate::recorder::RqRetired),
         };
         let (s, r) = (&self.handle.send_cq, &self.handle.recv_cq);
         let mut cqs: Vec<_> = s.recorder_part().into_iter().collect();
@@ -1312,11 +1152,15 @@ fn qp_dest(a: &AhAttr) -> IbUverbsQpDest {
 /// `ib_modify_qp_is_ok`), for the three transports this driver has.
 fn transition(t: QpType, from: QpState, to: QpState) -> Option<(u32, u32)> {
     use QpState::*;
+    if !matches!(t, QpType::Rc | QpType::Uc | QpType::Ud) {
+        // XRC_SEND, DCI and RAW_PACKET QPs cannot be created yet (`Qp::new`): no rows.
+        return None;
+    }
     // Per transport: (UD, UC, RC).
     let by = |ud: u32, uc: u32, rc: u32| match t {
         QpType::Ud => ud,
         QpType::Uc => uc,
-        QpType::Rc => rc,
+        _ => rc,
     };
     let init_attrs = by(
         IB_QP_PKEY_INDEX | IB_QP_PORT | IB_QP_QKEY,

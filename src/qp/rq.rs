@@ -8,17 +8,13 @@
 //! # Ordering rule
 //! WQE stores, `to_device()`, then record word 0 = `head & 0xFFFF`.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
-use mlx5_hw::opcodes::WcStatus;
-use mlx5_hw::wqe::DataSeg;
-
+use crate::ledger::{RqShared, ScatterTarget, publish_recv, write_scatter};
 use crate::mem::DbRec;
-use crate::mem::scatter::{MrCache, MrTable};
-use crate::mem::table::RingTable;
-use crate::mem::wq::{WqReader, WqRing, WqWriter};
-use crate::mmio::barrier;
+use crate::mem::scatter::MrTable;
+use crate::mem::wq::{WqRing, WqWriter};
 use crate::recorder::QpRecorder;
 use crate::wr::{PostError, RecvWr, Sge};
 
@@ -43,8 +39,8 @@ pub fn rq_geometry(
     max_rq_desc_sz: u32,
     max_recv_wr_limit: u32,
     context: &'static str,
-) -> crate::Result<RqGeometry> {
-    use crate::Error;
+) -> crate::error::Result<RqGeometry> {
+    use crate::error::Error;
     let max_sge = (max_rq_desc_sz.max(16).next_power_of_two() / 16).max(1);
     let max_sge = if (max_sge * 16) > max_rq_desc_sz.max(16) {
         max_sge / 2
@@ -69,134 +65,6 @@ pub fn rq_geometry(
         wqe_cnt,
         max_gs: stride / 16,
     })
-}
-
-/// Write the data segments of one receive WQE at byte `base` of the ring: one per non-empty
-/// SGE (a 0-byte data segment would mean 2 GiB), then the invalid-lkey terminator if fewer than
-/// `max_gs` were used. Shared by RQs and SRQs (whose WQEs start with a 16-byte next segment, so
-/// `base` is past it). The caller has checked `sg_list.len() <= max_gs`; each segment is two
-/// 8-byte stores (no `memcpy`).
-#[inline(always)]
-pub(crate) fn write_scatter(ring: WqWriter<'_>, base: usize, sg_list: &[Sge], max_gs: u32) {
-    let mut at = base;
-    for s in sg_list {
-        if s.length != 0 {
-            ring.write_segs::<16>(
-                at,
-                &zerocopy::transmute!(DataSeg::new(s.length, s.lkey, s.addr)),
-            );
-            at += 16;
-        }
-    }
-    if at - base < max_gs as usize * 16 {
-        ring.write_segs::<16>(at, &zerocopy::transmute!(DataSeg::terminator()));
-    }
-}
-
-/// Publish receive WQEs to the device: WQE stores before the record, then record word 0 =
-/// the low 16 bits of `counter` (RQ producer count or SRQ posted counter). No MMIO.
-#[inline(always)]
-pub(crate) fn publish_recv(dbrec: &DbRec, counter: u32) {
-    barrier::to_device();
-    dbrec.word0().store_be32(counter & 0xFFFF);
-}
-
-/// Where the poller copies a payload that the device scattered into a receive CQE: the data
-/// segments of the receive WQE it consumed (RQ or SRQ), read back from the ring.
-#[derive(Debug)]
-pub(crate) struct ScatterTarget {
-    ring: WqReader,
-    /// log2 of the WQE stride.
-    log_stride: u32,
-    /// Byte offset of the first data segment in a WQE (16 on SRQs: past the next segment).
-    first: usize,
-    max_gs: u32,
-    /// Kernel handle of the protection domain the WQEs' lkeys must belong to.
-    pd: u32,
-    mrs: Arc<MrTable>,
-}
-
-impl ScatterTarget {
-    /// The data segments of WQEs with `stride` bytes (a power of two) in `ring`, the first at
-    /// byte `first` of each, at most `max_gs` of them.
-    pub(crate) fn new(
-        ring: WqReader,
-        stride: u32,
-        first: usize,
-        max_gs: u32,
-        pd: u32,
-        mrs: Arc<MrTable>,
-    ) -> Self {
-        Self {
-            ring,
-            log_stride: stride.trailing_zeros(),
-            first,
-            max_gs,
-            pd,
-            mrs,
-        }
-    }
-
-    /// Copy `data` into the scatter list of WQE `index` (taken modulo the ring), finding the
-    /// regions through the poller's last-hit `cache` (no lock unless it misses). Call before
-    /// the WQE is retired (the poster may reuse it from then on).
-    ///
-    /// # Errors
-    /// As [`MrTable::copy_to_segs_cached`].
-    #[inline]
-    pub(crate) fn copy(
-        &self,
-        index: u32,
-        data: &[u8],
-        cache: &mut MrCache,
-    ) -> Result<(), WcStatus> {
-        let base = ((index as usize) << self.log_stride) + self.first;
-        let segs = (0..self.max_gs as usize)
-            .map(|k| -> DataSeg { zerocopy::transmute!(self.ring.seg16(base + k * 16)) });
-        self.mrs.copy_to_segs_cached(cache, self.pd, data, segs)
-    }
-}
-
-/// State shared between a receive queue and the completion poller.
-#[derive(Debug)]
-pub(crate) struct RqShared {
-    /// The wr_id of every RQ slot, indexed by the WQE counter.
-    wr_ids: RingTable<AtomicU64>,
-    /// Receives retired by completions (free-running); written only by the poller.
-    pub tail: AtomicU32,
-    /// Where scattered receive payloads go (absent only in unit tests of the poller).
-    pub scatter: Option<ScatterTarget>,
-    /// The QP's flight recorder, once enabled. Receive WQEs are recorded by the recording
-    /// poller before it records a CQE of this queue, and by dumps: posting does nothing more.
-    pub rec: OnceLock<Arc<QpRecorder>>,
-}
-
-impl RqShared {
-    /// Tables for a ring of `wqe_cnt` (a power of two) receive WQEs.
-    pub(crate) fn new(wqe_cnt: u32) -> Self {
-        Self {
-            wr_ids: RingTable::new(wqe_cnt as usize, || AtomicU64::new(0)),
-            tail: AtomicU32::new(0),
-            scatter: None,
-            rec: OnceLock::new(),
-        }
-    }
-
-    /// Record the wr_id of the receive WQE with counter `counter`.
-    #[cfg(test)]
-    pub(crate) fn record(&self, counter: u32, wr_id: u64) {
-        self.wr_ids.get(counter).store(wr_id, Ordering::Relaxed);
-    }
-
-    /// A receive CQE for RQ WQE counter `counter` arrived: its wr_id; retire it.
-    #[inline(always)]
-    pub(crate) fn complete(&self, counter: u16) -> u64 {
-        let id = self.wr_ids.get(u32::from(counter)).load(Ordering::Relaxed);
-        // The poller is the only writer of `tail` (ownership rule): no read-modify-write.
-        let t = self.tail.load(Ordering::Relaxed);
-        self.tail.store(t.wrapping_add(1), Ordering::Release);
-        id
-    }
 }
 
 /// The receive queue of a QP. Posting takes `&mut self`.
@@ -260,7 +128,7 @@ impl RqBatch<'_> {
             sg_list,
             self.max_gs,
         );
-        self.shared.wr_ids.get(head).store(wr_id, Ordering::Relaxed);
+        self.shared.set_wr_id(head, wr_id);
         self.head = head.wrapping_add(1);
         self.room -= 1;
         Ok(())
@@ -382,7 +250,7 @@ impl RecvQueue {
     #[cold]
     fn not_ready() -> PostError {
         PostError::BadState {
-            state: crate::QpState::Reset,
+            state: crate::types::QpState::Reset,
         }
     }
 

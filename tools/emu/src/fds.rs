@@ -23,6 +23,23 @@ pub(crate) struct EventChannel {
     /// Whether the user end was given to the user (ASYNC_EVENT alloc hands it out once).
     pub(crate) handed_out: bool,
     record_size: usize,
+    /// (device, inode) of the socket: the user's descriptor still names this channel only
+    /// while `fstat` of it says so (a closed and reused number names another file).
+    ident: (u64, u64),
+}
+
+/// (device, inode) of an open descriptor, None if it is not open.
+fn ident_of(fd: RawFd) -> Option<(u64, u64)> {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::zeroed();
+    // SAFETY: fstat writes one `struct stat` into the buffer we pass; any fd number is
+    // accepted (EBADF for a closed one).
+    let rc = unsafe { libc::fstat(fd, st.as_mut_ptr()) };
+    if rc != 0 {
+        return None;
+    }
+    // SAFETY: fstat succeeded and filled the (zero-initialised) struct.
+    let st = unsafe { st.assume_init() };
+    Some((st.st_dev, st.st_ino))
 }
 
 impl EventChannel {
@@ -56,6 +73,7 @@ impl EventChannel {
         }
         // SAFETY: `dup` is a fresh descriptor owned by nobody else.
         let peer_dup = unsafe { OwnedFd::from_raw_fd(dup) };
+        let ident = ident_of(dup).unwrap_or((u64::MAX, u64::MAX));
         Ok(Self {
             kernel_end,
             peer_dup,
@@ -63,6 +81,7 @@ impl EventChannel {
             handed_out: false,
             written: 0,
             record_size,
+            ident,
         })
     }
 
@@ -84,6 +103,12 @@ impl EventChannel {
         } else {
             false
         }
+    }
+
+    /// Whether the user's descriptor no longer names this channel: closed (as
+    /// `ibv_destroy_comp_channel` does), or its number reused for another file.
+    pub(crate) fn user_closed(&self) -> bool {
+        ident_of(self.user_fd) != Some(self.ident)
     }
 
     /// Records written but not yet read by the user.

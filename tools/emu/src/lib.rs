@@ -521,6 +521,48 @@ impl Drop for Shared {
     }
 }
 
+/// What every user handle (an [`Emulator`] clone, an opened surface) holds besides the
+/// world, and the device thread never does: when the last one goes, the device thread is
+/// told and joined. (The thread looks at the world through a `Weak`, and may hold it for a
+/// moment; the world's last handle can therefore drop on it, which cannot join itself. This
+/// one is dropped only by users, after their handle on the world: the thread's next look
+/// fails, and it returns.)
+#[derive(Debug)]
+pub(crate) struct Owner {
+    wake: Option<Arc<uar::Wake>>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The world, to see that no handle but the device thread's momentary one is left.
+    world: Weak<Shared>,
+}
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        if let Some(w) = &self.wake {
+            w.poke();
+        }
+        let handle = self
+            .thread
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        let Some(h) = handle else { return };
+        if h.thread().id() == std::thread::current().id() {
+            return;
+        }
+        // Every user handle has let the world go before its `Owner` (field order), so what
+        // can still hold it is the device thread, for one step: wait for that (bounded), then
+        // join. A holder that is not a user handle (none should exist) would keep the thread
+        // running: it is then left to end when that holder goes, rather than waited for.
+        for _ in 0..2000 {
+            if self.world.strong_count() == 0 {
+                let _ = h.join();
+                return;
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+}
+
 /// The world locked by a kernel command; dropping it wakes the device thread, which then
 /// sees whatever the command changed (a QP moved to the error state has to be flushed, a
 /// new QP may have receives waiting, ...), as the old polling device would have within
@@ -586,11 +628,13 @@ impl WakeMode {
 #[derive(Clone, Debug)]
 pub struct Emulator {
     shared: Arc<Shared>,
+    /// Dropped after `shared` (fields drop in order): see [`Owner`].
+    owner: Arc<Owner>,
 }
 
 impl Emulator {
     /// Create the emulator; in [`RunMode::Threaded`] this starts the device thread, which
-    /// ends when the last handle (emulator or opened surface) is dropped.
+    /// is joined when the last handle (emulator or opened surface) is dropped.
     pub fn new(cfg: EmuConfig) -> Emulator {
         Emulator::with_wake(cfg, WakeMode::from_env())
     }
@@ -709,17 +753,26 @@ impl Emulator {
             sched: std::sync::atomic::AtomicI32::new(SCHED_UNKNOWN),
             device_tid: std::sync::atomic::AtomicI32::new(0),
         });
+        let owner = Arc::new(Owner {
+            wake: wake.clone(),
+            thread: Mutex::new(None),
+            world: Arc::downgrade(&shared),
+        });
         if mode == RunMode::Threaded {
             let weak = Arc::downgrade(&shared);
-            std::thread::Builder::new()
+            let handle = std::thread::Builder::new()
                 .name("mlx5-emu".into())
                 .spawn(move || match wake {
                     Some(wake) => wake_thread(weak, wake),
                     None => device_thread(weak),
                 })
                 .ok();
+            *owner
+                .thread
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = handle;
         }
-        Emulator { shared }
+        Emulator { shared, owner }
     }
 
     /// Open a new "file" on HCA `hca` (like `open("/dev/infiniband/uverbsN")`). It becomes a
@@ -729,7 +782,11 @@ impl Emulator {
         if hca >= self.shared.lock_quiet().hcas.len() {
             return Err(Errno(libc::ENODEV));
         }
-        Ok(Arc::new(kernel::EmuFile::new(self.shared.clone(), hca)))
+        Ok(Arc::new(kernel::EmuFile::new(
+            self.shared.clone(),
+            self.owner.clone(),
+            hca,
+        )))
     }
 
     /// Number of HCAs.

@@ -362,6 +362,17 @@ impl World {
     }
 }
 
+/// The valid GID table entry `index` of HCA `hca`'s port, if any. Here, below the kernel
+/// (AH and QP attribute checks) and the device (a RoCE packet's source GID), so that
+/// neither imports the other for it.
+pub(crate) fn gid_at(w: &World, hca: usize, index: u32) -> Option<crate::GidEntry> {
+    w.hcas[hca]
+        .info
+        .gid_table()
+        .into_iter()
+        .find(|e| e.index == index)
+}
+
 #[cfg(test)]
 mod tests {
     use super::InlineVec;

@@ -588,7 +588,7 @@ pub(super) fn build_request(
 /// A RoCE port's source GID `index` and the network header type packets sent from it
 /// carry: RoCE v1 -> 0 (GRH), RoCE v2 -> 2 (IPv4) for an IPv4-mapped GID, else 1 (IPv6).
 pub(super) fn roce_source(w: &World, hca: usize, index: u8) -> Option<([u8; 16], u8)> {
-    let e = crate::kernel::gid_at(w, hca, u32::from(index))?;
+    let e = crate::state::gid_at(w, hca, u32::from(index))?;
     let l3 = match e.gid_type {
         crate::GidType::RoceV2 if crate::roce::gid_ipv4(&e.gid).is_some() => 2,
         crate::GidType::RoceV2 => 1,

@@ -420,16 +420,22 @@ pub(super) fn requester_response(w: &mut World, pkt: &Packet) {
         }
     }
     if let Some((i, s)) = err {
-        // The failing request completes with its error; those before it that are still
-        // waiting can no longer be answered (the QP is going to the error state): flushed.
-        for (k, o) in out.iter_mut().enumerate() {
-            if k == i {
-                o.error = Some(s);
-                break;
-            }
-            if !o.done && o.error.is_none() {
-                o.error = Some(Syndrome::WR_FLUSH);
-            }
+        // Completions leave in WQE order, and a queue that has begun to flush never
+        // completes anything with success again: the requests before the failing one that
+        // are finished complete first; at the first that is not (it can no longer be
+        // answered: the QP is going to the error state), or at the failing one, the error
+        // completion; everything after it, finished or not, is flushed.
+        let first_open = out
+            .iter()
+            .take(i)
+            .position(|o| !o.done && o.error.is_none())
+            .unwrap_or(i);
+        for (k, o) in out.iter_mut().enumerate().skip(first_open) {
+            o.error = Some(if k == first_open {
+                s
+            } else {
+                Syndrome::WR_FLUSH
+            });
         }
         q.rc.timer.deadline = None;
         q.rc.timer.rnr_wait_until = None;

@@ -23,10 +23,10 @@ use mlx5_ffi::uverbs::{
 use zerocopy::IntoBytes;
 
 use super::{EINVAL, ENOMEM, EOPNOTSUPP, Req, caps, events::new_channel, hca_of};
+use crate::Flavour;
 use crate::abi::Errno;
 use crate::state::{Context, World};
 use crate::uar::UarRegion;
-use crate::{Flavour, GidEntry};
 
 /// `IB_PORT_PHYS_STATE_LINK_UP` (the emulated link; not a uverbs constant).
 const PHYS_STATE_LINK_UP: u8 = 5;
@@ -309,13 +309,4 @@ pub(super) fn query_port(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> 
         o.link_layer = IB_LINK_LAYER_INFINIBAND;
     }
     r.respond(&o)
-}
-
-/// The valid GID table entry `index` of the context's port, if any.
-pub(crate) fn gid_at(w: &World, hca: usize, index: u32) -> Option<GidEntry> {
-    w.hcas[hca]
-        .info
-        .gid_table()
-        .into_iter()
-        .find(|e| e.index == index)
 }

@@ -10,6 +10,7 @@ use mlx5_ffi::uverbs::{
     IbUverbsCreateCqResp, IbUverbsDestroyCqResp, IbUverbsExCreateCq, IbUverbsExCreateCqResp,
 };
 
+use super::events::{comp_channel_of, release_closed_channels};
 use super::{
     EBUSY, EFAULT, EINVAL, EOPNOTSUPP, Req, caps, cq_of, hca_of, new_handle, next_handle, next_id,
     pin_queue, remove_handle,
@@ -48,12 +49,8 @@ pub(super) fn create_cq(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> {
         return Err(EINVAL);
     }
     let channel = if c.comp_channel >= 0 {
-        Some(
-            *w.contexts[&ctx]
-                .comp_by_fd
-                .get(&c.comp_channel)
-                .ok_or(EINVAL)?,
-        )
+        release_closed_channels(w, ctx);
+        Some(comp_channel_of(w, ctx, c.comp_channel)?)
     } else {
         None
     };
@@ -152,5 +149,6 @@ pub(super) fn destroy_cq(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> 
     })?;
     w.hcas[hca].cqs.remove(&cqn);
     remove_handle(w, ctx, handle);
+    release_closed_channels(w, ctx);
     Ok(())
 }

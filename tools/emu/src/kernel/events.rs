@@ -20,7 +20,56 @@ pub(super) fn new_channel(w: &mut World, record: usize) -> Result<(usize, i32), 
     Ok((w.channels.len() - 1, fd))
 }
 
+/// Release the completion channels of `ctx` whose user descriptor was closed and that no
+/// CQ uses any more: the kernel frees a completion-event file on its last reference (the
+/// descriptor and the CQs created on it), so the emulator's two descriptors of it (its end
+/// and the duplicate of the user's) must go then, not when the context closes. Run where a
+/// channel can be named or stop being used (CREATE_COMP_CHANNEL, CREATE_CQ, DESTROY_CQ):
+/// the number of channels a context holds stays that of the open ones.
+pub(super) fn release_closed_channels(w: &mut World, ctx: u64) {
+    let Some(c) = w.contexts.get(&ctx) else {
+        return;
+    };
+    let hca = c.hca;
+    let closed: Vec<(i32, usize)> = c
+        .comp_by_fd
+        .iter()
+        .map(|(&fd, &ch)| (fd, ch))
+        .filter(|&(_, ch)| {
+            w.channels
+                .get(ch)
+                .and_then(Option::as_ref)
+                .is_none_or(|e| e.user_closed())
+        })
+        .filter(|&(_, ch)| !w.hcas[hca].cqs.values().any(|q| q.channel == Some(ch)))
+        .collect();
+    for (fd, ch) in closed {
+        if let Some(c) = w.contexts.get_mut(&ctx) {
+            c.comp_by_fd.remove(&fd);
+        }
+        if let Some(slot) = w.channels.get_mut(ch) {
+            *slot = None;
+        }
+    }
+}
+
+/// The channel slot behind the user's completion-channel descriptor `fd`, if `fd` still
+/// names one of this context's channels; EBADF otherwise (`lookup_get_fd_uobject`: not
+/// open, or not a completion channel of this file).
+pub(super) fn comp_channel_of(w: &World, ctx: u64, fd: i32) -> Result<usize, Errno> {
+    let ch = *w
+        .contexts
+        .get(&ctx)
+        .and_then(|c| c.comp_by_fd.get(&fd))
+        .ok_or(Errno(libc::EBADF))?;
+    match w.channels.get(ch).and_then(Option::as_ref) {
+        Some(e) if !e.user_closed() => Ok(ch),
+        _ => Err(Errno(libc::EBADF)),
+    }
+}
+
 pub(super) fn create_comp_channel(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> {
+    release_closed_channels(w, ctx);
     let (ch, fd) = new_channel(w, size_of::<mlx5_ffi::uverbs::IbUverbsCompEventDesc>())?;
     if let Err(e) = r.respond(&IbUverbsCreateCompChannelResp { fd: fd as u32 }) {
         w.channels[ch] = None;

@@ -57,7 +57,7 @@ mod ucma_mad;
 mod ucma_ports;
 mod xrc;
 
-pub(crate) use context::gid_at;
+use crate::state::gid_at;
 
 const EINVAL: Errno = Errno(libc::EINVAL);
 const ENOSPC: Errno = Errno(libc::ENOSPC);
@@ -240,16 +240,19 @@ pub(crate) struct EmuFile {
     /// The context was opened as a DEVX context (it has a DEVX uid).
     devx: std::sync::atomic::AtomicBool,
     maps: Mutex<Vec<(usize, usize)>>,
+    /// Dropped after `shared` (the last one joins the device thread: `crate::Owner`).
+    _owner: Arc<crate::Owner>,
 }
 
 impl EmuFile {
-    pub(crate) fn new(shared: Arc<Shared>, hca: usize) -> Self {
+    pub(crate) fn new(shared: Arc<Shared>, owner: Arc<crate::Owner>, hca: usize) -> Self {
         Self {
             shared,
             hca,
             ctx: Mutex::new(None),
             devx: std::sync::atomic::AtomicBool::new(false),
             maps: Mutex::new(Vec::new()),
+            _owner: owner,
         }
     }
 

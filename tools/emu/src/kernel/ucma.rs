@@ -230,6 +230,8 @@ pub struct RdmaCmFile {
     shared: Arc<Shared>,
     chan: u32,
     user_fd: RawFd,
+    /// Dropped after `shared`: the last user handle joins the device thread (`crate::Owner`).
+    _owner: Arc<crate::Owner>,
 }
 
 /// [`Emulator::open_rdma_cm`]'s answer: the file and the user's descriptor (pollable:
@@ -276,6 +278,7 @@ impl Emulator {
         Ok(RdmaCmOpen {
             file: Arc::new(RdmaCmFile {
                 shared: self.shared.clone(),
+                _owner: self.owner.clone(),
                 chan,
                 user_fd: user.as_raw_fd(),
             }),
