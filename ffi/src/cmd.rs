@@ -252,6 +252,9 @@ pub const fn core_sizes(command: u32, extended: bool) -> Option<CoreSizes> {
         IB_USER_VERBS_CMD_QUERY_SRQ => sizes::<QuerySrq>(),
         IB_USER_VERBS_CMD_DESTROY_SRQ => sizes::<DestroySrq>(),
         IB_USER_VERBS_CMD_CREATE_XSRQ => sizes::<CreateXsrq>(),
+        IB_USER_VERBS_CMD_OPEN_XRCD => sizes::<OpenXrcd>(),
+        IB_USER_VERBS_CMD_CLOSE_XRCD => sizes::<CloseXrcd>(),
+        IB_USER_VERBS_CMD_OPEN_QP => sizes::<OpenQp>(),
         _ => None,
     }
 }
@@ -409,6 +412,15 @@ pub mod cmds {
         CreateXsrq = IB_USER_VERBS_CMD_CREATE_XSRQ, "CREATE_XSRQ", false, true,
         IbUverbsCreateXsrq => IbUverbsCreateSrqResp,
         drv Mlx5IbCreateSrq => Mlx5IbCreateSrqResp);
+    declare_cmd!(/// OPEN_XRCD
+        OpenXrcd = IB_USER_VERBS_CMD_OPEN_XRCD, "OPEN_XRCD", false, true,
+        crate::xrc_dc::IbUverbsOpenXrcd => crate::xrc_dc::IbUverbsOpenXrcdResp, drv () => ());
+    declare_cmd!(/// CLOSE_XRCD
+        CloseXrcd = IB_USER_VERBS_CMD_CLOSE_XRCD, "CLOSE_XRCD", false, false,
+        crate::xrc_dc::IbUverbsCloseXrcd => (), drv () => ());
+    declare_cmd!(/// OPEN_QP
+        OpenQp = IB_USER_VERBS_CMD_OPEN_QP, "OPEN_QP", false, true,
+        crate::xrc_dc::IbUverbsOpenQp => IbUverbsCreateQpResp, drv () => ());
     declare_cmd!(/// extended QUERY_DEVICE
         ExQueryDevice = IB_USER_VERBS_EX_CMD_QUERY_DEVICE, "EX_QUERY_DEVICE", true, false,
         IbUverbsExQueryDevice => IbUverbsExQueryDeviceResp, drv () => Mlx5IbQueryDeviceResp);

@@ -12,6 +12,7 @@
 //!   safety rests on), [`surface::Errno`], [`surface::UverbsFd`]
 //! - [`sysfs`]: discovery of real uverbs devices
 //! - [`ucma`]: `<rdma/rdma_user_cm.h>` (the rdma_cm write() commands and events)
+//! - [`xrc_dc`]: XRC domains, `OPEN_QP`, the XRCD ioctl ids and mlx5's DC constants
 //!
 //! `tests/header_check.rs` proves every struct size, field offset and constant against the
 //! installed kernel headers.
@@ -24,3 +25,4 @@ pub mod surface;
 pub mod sysfs;
 pub mod ucma;
 pub mod uverbs;
+pub mod xrc_dc;

@@ -977,8 +977,16 @@ pub struct DecodeArgs {
     #[arg(value_name = "HEX")]
     pub hex: Vec<String>,
     /// The WQE is on a UD QP: an address vector follows the control segment of a SEND.
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["xrc", "dc"])]
     pub ud: bool,
+    /// The WQE is on an XRC initiator: an XRC segment (remote XRC SRQ number) follows the
+    /// control segment.
+    #[arg(long, conflicts_with = "dc")]
+    pub xrc: bool,
+    /// The WQE is on a DC initiator: an address vector (DCT number, DC access key) follows
+    /// the control segment.
+    #[arg(long)]
+    pub dc: bool,
     /// CQE size, 64 or 128 (default: 128 if at least 128 bytes are given, else 64).
     #[arg(long, value_name = "BYTES", value_parser = ["64", "128"])]
     pub cqe_size: Option<String>,

@@ -309,6 +309,21 @@ pub struct WqeOptions {
     pub ud: bool,
 }
 
+/// The QP type a WQE was built for, as far as its layout depends on it: which transport
+/// segment follows the control segment.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WqeTransport {
+    /// RC or UC: the operation's segments follow the control segment.
+    #[default]
+    Connected,
+    /// UD: a 48-byte address vector before a SEND's data.
+    Ud,
+    /// XRC initiator: a 16-byte XRC segment (the remote XRC SRQ number) first.
+    Xrc,
+    /// DC initiator: a 48-byte address vector (DCT number, DC access key) first.
+    Dci,
+}
+
 /// Read a `T` at `off`, if it fits.
 fn at<T: FromBytes>(b: &[u8], off: usize) -> Option<T> {
     b.get(off..)
@@ -375,6 +390,23 @@ fn hex_string(b: &[u8]) -> String {
 /// # Errors
 /// Fewer than 16 bytes (no control segment).
 pub fn decode_wqe(b: &[u8], opt: WqeOptions) -> Result<Decoded, String> {
+    let t = if opt.ud {
+        WqeTransport::Ud
+    } else {
+        WqeTransport::Connected
+    };
+    decode_wqe_on(b, t)
+}
+
+/// Decode a send WQE of a QP of transport `t` (XRC and DC WQEs carry a transport segment
+/// after the control segment: libmlx5 `mlx5_post_send`, docs/xrc-dc.md).
+///
+/// # Errors
+/// Fewer than 16 bytes (no control segment).
+pub fn decode_wqe_on(b: &[u8], t: WqeTransport) -> Result<Decoded, String> {
+    let opt = WqeOptions {
+        ud: t == WqeTransport::Ud,
+    };
     let ctrl: CtrlSeg = at(b, 0).ok_or_else(|| {
         format!(
             "a WQE needs at least {DS_SIZE} bytes (the control segment), got {}",
@@ -459,6 +491,41 @@ pub fn decode_wqe(b: &[u8], opt: WqeOptions) -> Result<Decoded, String> {
         op,
         SendOpcode::SEND | SendOpcode::SEND_IMM | SendOpcode::SEND_INVAL
     );
+    // XRC and DC: their transport segment comes first, for every operation (libmlx5 leaves
+    // it out only for UMR-based ones and NOP).
+    let umr = op == SendOpcode::UMR || op == SendOpcode::NOP;
+    if t == WqeTransport::Xrc && !umr {
+        if seg(&mut d, off, DS_SIZE, "XRC") {
+            let srqn = at::<[u8; 4]>(b, off).map_or(0, u32::from_be_bytes);
+            let mut s = Section::new("xrc", off);
+            s.hex("xrc_srqn", srqn.into(), 6);
+            let reserved = &b[off + 4..off + DS_SIZE];
+            s.text("reserved", hex_string(reserved));
+            if reserved.iter().any(|&x| x != 0) {
+                d.warnings
+                    .push("the XRC segment's reserved bytes 4..16 are not zero".into());
+            }
+            d.sections.push(s);
+            off += DS_SIZE;
+        } else {
+            off = end;
+        }
+    }
+    if t == WqeTransport::Dci && !umr {
+        let size = size_of::<DatagramSeg>();
+        if seg(&mut d, off, size, "DC address vector") {
+            if let Some(av) = at::<DatagramSeg>(b, off) {
+                let mut s = av_section(&av, off);
+                s.name = "dc_av".into();
+                s.hex("dctn", av.dqpn().into(), 6);
+                s.hex("dc_key", av.key.get(), 16);
+                d.sections.push(s);
+            }
+            off += size;
+        } else {
+            off = end;
+        }
+    }
     if opt.ud && is_send {
         let size = size_of::<DatagramSeg>();
         if seg(&mut d, off, size, "address vector") {
@@ -906,12 +973,31 @@ pub fn run(
     cqe_size: Option<usize>,
     as_json: bool,
 ) -> Result<(String, i32), String> {
+    let t = if ud {
+        WqeTransport::Ud
+    } else {
+        WqeTransport::Connected
+    };
+    run_on(what, input, t, cqe_size, as_json)
+}
+
+/// [`run`] for a WQE of transport `t` (`--xrc`, `--dc`).
+///
+/// # Errors
+/// As [`run`].
+pub fn run_on(
+    what: What,
+    input: &str,
+    t: WqeTransport,
+    cqe_size: Option<usize>,
+    as_json: bool,
+) -> Result<(String, i32), String> {
     if what == What::Wqe && input.lines().any(|l| l.trim_start().starts_with("hca=")) {
-        return run_wqe_log(input, ud, as_json);
+        return run_wqe_log(input, t, as_json);
     }
     let bytes = parse_hex(input)?;
     let d = match what {
-        What::Wqe => decode_wqe(&bytes, WqeOptions { ud })?,
+        What::Wqe => decode_wqe_on(&bytes, t)?,
         What::Cqe => decode_cqe(&bytes, cqe_size)?,
     };
     let out = if as_json {
@@ -926,7 +1012,7 @@ pub fn run(
 
 /// Decode every record of an `MLX5_EMU_WQE_LOG` file, each under a `# hca=.. qpn=.. idx=..
 /// via=..` line (JSON: an array of `{"record": {..}, ..decode}`); exit status: the worst.
-fn run_wqe_log(input: &str, ud: bool, as_json: bool) -> Result<(String, i32), String> {
+fn run_wqe_log(input: &str, t: WqeTransport, as_json: bool) -> Result<(String, i32), String> {
     let records = mlx5_emu::WqeRecord::parse_log(input)?;
     let mut text = String::new();
     let mut docs = Vec::new();
@@ -935,7 +1021,7 @@ fn run_wqe_log(input: &str, ud: bool, as_json: bool) -> Result<(String, i32), St
         let head = json!({
             "hca": r.hca, "qpn": r.qpn, "wqe_index": r.wqe_index, "via": r.via.name(),
         });
-        match decode_wqe(&r.bytes, WqeOptions { ud }) {
+        match decode_wqe_on(&r.bytes, t) {
             Ok(d) => {
                 code = code.max(d.exit_code());
                 text.push_str(&format!(
@@ -986,7 +1072,16 @@ pub fn command(a: &crate::cli::DecodeArgs) -> Result<i32, String> {
         crate::cli::DecodeWhat::Cqe => What::Cqe,
     };
     let size = a.cqe_size.as_deref().and_then(|s| s.parse().ok());
-    let (out, code) = run(what, &input, a.ud, size, a.json)?;
+    let t = if a.xrc {
+        WqeTransport::Xrc
+    } else if a.dc {
+        WqeTransport::Dci
+    } else if a.ud {
+        WqeTransport::Ud
+    } else {
+        WqeTransport::Connected
+    };
+    let (out, code) = run_on(what, &input, t, size, a.json)?;
     let mut stdout = std::io::stdout().lock();
     std::io::Write::write_all(&mut stdout, out.as_bytes())
         .and_then(|()| std::io::Write::flush(&mut stdout))

@@ -35,8 +35,8 @@ pub(crate) struct Features {
 /// The emulated HCA's features. `hpc` (XRC, DC) and `raw` (RAW_PACKET) turn theirs on here
 /// when their support lands.
 pub(crate) const FEATURES: Features = Features {
-    xrc: false,
-    dc: false,
+    xrc: true,
+    dc: true,
     raw_packet: true,
     ext_atomics: true,
     timestamps: true,

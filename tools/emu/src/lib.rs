@@ -62,6 +62,7 @@ mod state;
 pub mod trace;
 mod transport;
 mod uar;
+mod xrc_dc;
 
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
@@ -735,6 +736,7 @@ impl Emulator {
                         ..Default::default()
                     },
                     sock,
+                    hpc: Default::default(),
                 }
             })
             .collect::<Vec<_>>();

@@ -23,6 +23,8 @@ pub(crate) enum Obj {
     Uar(u32),
     /// A flow steering rule, by flow number (`eth::Rule::id`).
     Flow(u32),
+    /// An XRC domain, by number (`xrc_dc.rs`).
+    Xrcd(u32),
 }
 
 impl Obj {
@@ -37,6 +39,7 @@ impl Obj {
             | Obj::Ah(n)
             | Obj::Uar(n)
             | Obj::Flow(n) => n,
+            | Obj::Xrcd(n) => n,
         }
     }
 }
@@ -214,7 +217,7 @@ impl<T: Copy + Default, const N: usize> std::ops::Deref for InlineVec<T, N> {
 pub(crate) type Sgl = InlineVec<(u64, u32), 4>;
 
 /// A queue pair.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(crate) struct Qp {
     pub(crate) ctx: u64,
     pub(crate) qpn: u32,
@@ -275,6 +278,8 @@ pub(crate) struct Qp {
     /// SQD entered with `en_sqd_async_notify`: raise SQ_DRAINED when the SQ is idle.
     pub(crate) sqd_notify: bool,
     pub(crate) events_reported: u32,
+    /// XRC and DC (`xrc_dc.rs`): what kind of HPC transport this RC-engine QP is.
+    pub(crate) hpc: crate::xrc_dc::QpExt,
 }
 
 /// One emulated HCA.
@@ -294,6 +299,8 @@ pub(crate) struct Hca {
     pub(crate) sock: Option<std::net::UdpSocket>,
     /// The Ethernet port: steering table, raw-frame socket, TAP attachment (`eth`).
     pub(crate) eth: crate::eth::Port,
+    /// XRC domains, XRC SRQs, DC counters (`xrc_dc.rs`).
+    pub(crate) hpc: crate::xrc_dc::HcaExt,
 }
 
 /// Everything, behind the emulator's one lock.

@@ -113,8 +113,54 @@ pub(crate) struct Packet {
     pub(crate) imm: Option<[u8; 4]>,
     /// IETH rkey.
     pub(crate) inv_rkey: Option<u32>,
+    /// The XRCETH or DCETH of a request from an XRC or DC initiator (`xrc_dc.rs`); boxed
+    /// like the AtomicETH, so that a packet stays small.
+    pub(crate) hpc: Option<Box<HpcEth>>,
     pub(crate) payload: Payload,
 }
+
+/// The extended header of an XRC or DC request. On the wire its opcode is in the XRC class
+/// (0xA0) or this fabric's DC class (0xE0); inside the device it stays in RC's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum HpcEth {
+    /// XRCETH: the XRC SRQ number.
+    Xrc(u32),
+    Dc(DcEth),
+}
+
+impl Packet {
+    /// The XRCETH's SRQ number, if the packet has one.
+    pub(crate) fn xrc_srqn(&self) -> Option<u32> {
+        match self.hpc.as_deref() {
+            Some(HpcEth::Xrc(n)) => Some(*n),
+            _ => None,
+        }
+    }
+
+    /// The DCETH, if the packet has one.
+    pub(crate) fn dc(&self) -> Option<DcEth> {
+        match self.hpc.as_deref() {
+            Some(HpcEth::Dc(d)) => Some(*d),
+            _ => None,
+        }
+    }
+}
+
+/// The DC extended transport header this fabric carries right after the BTH of a DC
+/// request (16 bytes: the DC access key, the connect flag and the DCI's QP number, 4
+/// reserved bytes). Its opcode is in the manufacturer-specific class 0xE0 on the wire (the
+/// RC opcode's low 5 bits), as RC's inside the device.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct DcEth {
+    pub(crate) key: u64,
+    /// The first packet of a DCI's connection to this DCT.
+    pub(crate) connect: bool,
+    pub(crate) dci: u32,
+}
+
+/// Opcode classes on the wire: XRC (IBTA) and this fabric's DC.
+pub(crate) const XRC_CLASS: u8 = 0xA0;
+pub(crate) const DC_CLASS: u8 = 0xE0;
 
 impl Packet {
     /// True for request packets (handled by the responder), false for ACK/responses.
@@ -457,8 +503,14 @@ pub(crate) fn ip_udp_headers(
 /// payload, ICRC.
 pub(crate) fn encode(p: &Packet, src: [u8; 4], dst: [u8; 4]) -> Vec<u8> {
     let mut v = Vec::with_capacity(64 + p.payload.len());
-    // BTH (12 bytes)
-    v.push(p.opcode);
+    // BTH (12 bytes); XRC and DC requests carry their class on the wire.
+    let class = match p.hpc.as_deref() {
+        _ if p.opcode & 0xE0 != 0 => 0,
+        Some(HpcEth::Xrc(_)) => XRC_CLASS,
+        Some(HpcEth::Dc(_)) => DC_CLASS,
+        None => 0,
+    };
+    v.push(p.opcode | class);
     v.push(u8::from(p.se) << 7 | 1 << 6); // SE, MigReq, pad 0, TVer 0
     v.extend_from_slice(&0xFFFFu16.to_be_bytes());
     v.extend_from_slice(&(p.dst_qpn & 0xff_ffff).to_be_bytes());
@@ -469,6 +521,15 @@ pub(crate) fn encode(p: &Packet, src: [u8; 4], dst: [u8; 4]) -> Vec<u8> {
         // DETH
         v.extend_from_slice(&p.qkey.to_be_bytes());
         v.extend_from_slice(&(p.src_qpn & 0xff_ffff).to_be_bytes());
+    }
+    if class == XRC_CLASS {
+        // XRCETH
+        v.extend_from_slice(&(p.xrc_srqn().unwrap_or(0) & 0xff_ffff).to_be_bytes());
+    }
+    if let Some(d) = p.dc().filter(|_| class == DC_CLASS) {
+        v.extend_from_slice(&d.key.to_be_bytes());
+        v.extend_from_slice(&((u32::from(d.connect) << 31) | (d.dci & 0xff_ffff)).to_be_bytes());
+        v.extend_from_slice(&[0; 4]);
     }
     if let Some(r) = p
         .reth
@@ -544,6 +605,27 @@ pub(crate) fn decode(b: &[u8], src: [u8; 4], dst: [u8; 4]) -> Option<Packet> {
         ..Default::default()
     };
     let mut o = 12;
+    // XRC and DC requests: the extended header, and the opcode back in RC's class.
+    match p.opcode & 0xE0 {
+        XRC_CLASS if p.opcode & 0x1f <= 0x17 => {
+            p.hpc = Some(Box::new(HpcEth::Xrc(be32(o)? & 0xff_ffff)));
+            p.opcode &= 0x1f;
+            o += 4;
+        }
+        DC_CLASS if p.opcode & 0x1f <= 0x17 => {
+            let w = be32(o + 8)?;
+            be32(o + 12)?;
+            p.hpc = Some(Box::new(HpcEth::Dc(DcEth {
+                key: be64(o)?,
+                connect: w & 0x8000_0000 != 0,
+                dci: w & 0xff_ffff,
+            })));
+            p.src_qpn = w & 0xff_ffff;
+            p.opcode &= 0x1f;
+            o += 16;
+        }
+        _ => {}
+    }
     let t = p.transport();
     let base = p.opcode & 0x1f;
     if t == 0x60 {

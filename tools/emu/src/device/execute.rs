@@ -140,6 +140,8 @@ pub(super) fn exec_wqe(
             return Exec::Blocked;
         }
     }
+    // DC (device/dc.rs): a WQE for another DCT waits until the current one is done with.
+    let dc_wait = !dc::dci_ready(w, hca, qpn, wqe.bytes);
     note_wqe_reads(
         w,
         hca,
@@ -149,6 +151,9 @@ pub(super) fn exec_wqe(
         (first_read, rest_read),
         wqe.bytes,
     );
+    if dc_wait {
+        return Exec::Blocked;
+    }
     w.wqe_log.fetched(hca, qpn, idx, wqe.bytes);
     let c = &mut w.hcas[hca].counters;
     c.wqes_executed += 1;
@@ -439,6 +444,13 @@ pub(super) fn build_request(
         )
         .unwrap_or(0);
     }
+    // XRC and DC (device/xrc.rs): the transport segment after the control segment goes
+    // into the packet; the rest reads as an RC WQE.
+    let mut joined = [0u8; 1024];
+    let b = match transport_segment(w, hca, qpn, b, &mut joined, &mut p)? {
+        Some(n) => &joined[..n],
+        None => b,
+    };
     let raddr = || -> Result<RaddrSeg, Syndrome> {
         RaddrSeg::read_from_bytes(b.get(16..32).ok_or(Syndrome::LOCAL_QP_OP)?)
             .map_err(|_| Syndrome::LOCAL_QP_OP)

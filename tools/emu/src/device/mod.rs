@@ -13,12 +13,14 @@
 //! | completion writer: CQEs, completion and async events, errors, flush | [`completion`] |
 //! | DMA and memory translation (MR, PD, key and access checks) | [`dma`] |
 //! | wire: fault injection, in-process fabric, UDP fabric, packet dispatch | [`wire`] |
+//! | XRC and DC: transport segments, XRC targets, DC connections and DCT contexts | [`xrc`], [`dc`] |
 //!
 //! User memory (rings, doorbell records, data buffers) is accessed through [`crate::mem`], so
 //! a buffer the user unmapped behind the device's back produces an error completion, not a
 //! crash.
 
 mod completion;
+mod dc;
 mod dma;
 mod execute;
 mod fetch;
@@ -27,6 +29,7 @@ mod requester;
 mod responder;
 mod timers;
 mod wire;
+mod xrc;
 
 use std::collections::VecDeque;
 
@@ -56,6 +59,7 @@ use requester::*;
 use responder::*;
 use timers::*;
 use wire::*;
+use xrc::*;
 
 pub(crate) use requester::ReqState;
 pub(crate) use responder::RespState;

@@ -40,6 +40,7 @@ pub(crate) struct Outgoing {
 /// Put a packet on the fabric (in process, or UDP when the destination LID is not one of
 /// ours), applying fault injection and pcap capture.
 pub(crate) fn send_packet(w: &mut World, mut pkt: Packet) {
+    dc::mark_connect(w, &mut pkt);
     let now = w.now();
     let f = w.cfg.fault;
     let src = pkt.src_hca;
@@ -258,7 +259,7 @@ pub(super) fn deliver_wire(w: &mut World) -> usize {
             // QP1 (GSI): the CM's MADs go to the emulated kernel's CM.
             crate::kernel::ucma::gsi_receive(w, &pkt);
         } else if pkt.is_request() {
-            responder(w, &mut pkt);
+            hpc_responder(w, &mut pkt);
         } else {
             requester_response(w, &pkt);
         }

@@ -262,10 +262,15 @@ pub(super) fn query_device(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno
         ..Default::default()
     };
     // mlx5_ib_query_device_resp: every optional capability (TSO, RSS, CQE compression,
-    // packet pacing, multi-packet WQEs, SW parsing, striding RQ, tunnel offloads, DCI
-    // streams) zero: not supported.
+    // packet pacing, multi-packet WQEs, SW parsing, striding RQ, tunnel offloads) zero: not
+    // supported; DCI streams as kernel/dc.rs offers them.
     let d = Mlx5IbQueryDeviceResp {
         response_length: Req::len_for(r.drv_out_len, size_of::<Mlx5IbQueryDeviceResp>()),
+        dci_streams_caps: if caps::FEATURES.dc {
+            super::dc::DCI_STREAMS_CAPS
+        } else {
+            Default::default()
+        },
         ..Default::default()
     };
     r.respond(&o)?;

@@ -162,6 +162,10 @@ pub(super) fn known(object: u16, method: u16) -> bool {
                 UVERBS_METHOD_SRQ_CREATE | UVERBS_METHOD_SRQ_DESTROY
             )
             | (UVERBS_OBJECT_AH, UVERBS_METHOD_AH_DESTROY)
+            | (
+                UVERBS_OBJECT_XRCD,
+                mlx5_ffi::xrc_dc::UVERBS_METHOD_XRCD_DESTROY
+            )
             | (UVERBS_OBJECT_MR, UVERBS_METHOD_MR_DESTROY)
             | (UVERBS_OBJECT_ASYNC_EVENT, UVERBS_METHOD_ASYNC_EVENT_ALLOC)
             | (UVERBS_OBJECT_DM, UVERBS_METHOD_DM_ALLOC)
@@ -367,6 +371,7 @@ impl EmuFile {
                     UVERBS_ATTR_CREATE_QP_EVENT_FD,
                     UVERBS_ATTR_CREATE_QP_RESP_CAP,
                     UVERBS_ATTR_CREATE_QP_RESP_QP_NUM,
+                    UVERBS_ATTR_CREATE_QP_XRCD_HANDLE,
                 ])?;
                 let cap = a.bytes(UVERBS_ATTR_CREATE_QP_CAP)?.ok_or(EINVAL)?;
                 if cap.len() != size_of::<IbUverbsQpCap>() {
@@ -383,10 +388,20 @@ impl EmuFile {
                     return Err(Errno(libc::EOPNOTSUPP));
                 }
                 let srq = a.data(UVERBS_ATTR_CREATE_QP_SRQ_HANDLE);
-                let send_cq = Attrs::need(a.data(UVERBS_ATTR_CREATE_QP_SEND_CQ_HANDLE))?;
+                // An XRC target names its domain instead of a PD, and has no CQs
+                // (kernel/xrc.rs reads the domain handle from `pd_handle`).
+                let xrcd = a.data(UVERBS_ATTR_CREATE_QP_XRCD_HANDLE);
+                let send_cq = match xrcd {
+                    Some(_) => a.data(UVERBS_ATTR_CREATE_QP_SEND_CQ_HANDLE).unwrap_or(0),
+                    None => Attrs::need(a.data(UVERBS_ATTR_CREATE_QP_SEND_CQ_HANDLE))?,
+                };
+                let pd = match xrcd {
+                    Some(x) => x,
+                    None => Attrs::need(a.data(UVERBS_ATTR_CREATE_QP_PD_HANDLE))?,
+                };
                 let req = IbUverbsCreateQp {
                     user_handle: a.u64(UVERBS_ATTR_CREATE_QP_USER_HANDLE)?.unwrap_or(0),
-                    pd_handle: Attrs::need(a.data(UVERBS_ATTR_CREATE_QP_PD_HANDLE))? as u32,
+                    pd_handle: pd as u32,
                     send_cq_handle: send_cq as u32,
                     recv_cq_handle: a
                         .data(UVERBS_ATTR_CREATE_QP_RECV_CQ_HANDLE)
@@ -440,11 +455,34 @@ impl EmuFile {
                     UVERBS_ATTR_CREATE_SRQ_RESP_MAX_WR,
                     UVERBS_ATTR_CREATE_SRQ_RESP_MAX_SGE,
                     UVERBS_ATTR_CREATE_SRQ_RESP_SRQ_NUM,
+                    UVERBS_ATTR_CREATE_SRQ_XRCD_HANDLE,
+                    UVERBS_ATTR_CREATE_SRQ_CQ_HANDLE,
+                    UVERBS_ATTR_CREATE_SRQ_MAX_NUM_TAGS,
                 ])?;
-                if a.data(UVERBS_ATTR_CREATE_SRQ_TYPE).unwrap_or(0)
-                    != u64::from(IB_UVERBS_SRQT_BASIC)
-                {
-                    return Err(Errno(libc::EOPNOTSUPP));
+                let srq_type = a.data(UVERBS_ATTR_CREATE_SRQ_TYPE).unwrap_or(0);
+                if srq_type != u64::from(IB_UVERBS_SRQT_BASIC) {
+                    // XRC (and tag-matching) SRQs: CREATE_XSRQ's handler (kernel/xrc.rs).
+                    let req = mlx5_ffi::uverbs::IbUverbsCreateXsrq {
+                        user_handle: a.u64(UVERBS_ATTR_CREATE_SRQ_USER_HANDLE)?.unwrap_or(0),
+                        srq_type: srq_type as u32,
+                        pd_handle: Attrs::need(a.data(UVERBS_ATTR_CREATE_SRQ_PD_HANDLE))? as u32,
+                        max_wr: Attrs::need(a.u32(UVERBS_ATTR_CREATE_SRQ_MAX_WR)?)?,
+                        max_sge: Attrs::need(a.u32(UVERBS_ATTR_CREATE_SRQ_MAX_SGE)?)?,
+                        srq_limit: a.u32(UVERBS_ATTR_CREATE_SRQ_LIMIT)?.unwrap_or(0),
+                        max_num_tags: a.u32(UVERBS_ATTR_CREATE_SRQ_MAX_NUM_TAGS)?.unwrap_or(0),
+                        xrcd_handle: Attrs::need(a.data(UVERBS_ATTR_CREATE_SRQ_XRCD_HANDLE))?
+                            as u32,
+                        cq_handle: Attrs::need(a.data(UVERBS_ATTR_CREATE_SRQ_CQ_HANDLE))? as u32,
+                        ..Default::default()
+                    };
+                    let uhw = a.uhw()?;
+                    let r = self.run::<cmds::CreateXsrq>(&req, uhw)?;
+                    a.out_data(UVERBS_ATTR_CREATE_SRQ_HANDLE, u64::from(r.srq_handle));
+                    a.out(UVERBS_ATTR_CREATE_SRQ_RESP_MAX_WR, r.max_wr.as_bytes())?;
+                    a.out(UVERBS_ATTR_CREATE_SRQ_RESP_MAX_SGE, r.max_sge.as_bytes())?;
+                    a.out(UVERBS_ATTR_CREATE_SRQ_RESP_SRQ_NUM, r.srqn.as_bytes())?;
+                    a.uhw_done();
+                    return Ok(());
                 }
                 let req = IbUverbsCreateSrq {
                     user_handle: a.u64(UVERBS_ATTR_CREATE_SRQ_USER_HANDLE)?.unwrap_or(0),
@@ -472,6 +510,11 @@ impl EmuFile {
                 };
                 let r = self.run::<cmds::DestroySrq>(&req, no_uhw())?;
                 a.out(UVERBS_ATTR_DESTROY_SRQ_RESP, r.as_bytes())
+            }
+            (UVERBS_OBJECT_XRCD, mlx5_ffi::xrc_dc::UVERBS_METHOD_XRCD_DESTROY) => {
+                let h = self.handle_in(&a, mlx5_ffi::xrc_dc::UVERBS_ATTR_DESTROY_XRCD_HANDLE)?;
+                let req = mlx5_ffi::xrc_dc::IbUverbsCloseXrcd { xrcd_handle: h };
+                self.run::<cmds::CloseXrcd>(&req, no_uhw())
             }
             // Device memory: mlx5_ib_alloc_dm answers EOPNOTSUPP without MEMIC (and
             // QUERY_DEVICE reports max_dm_size 0).

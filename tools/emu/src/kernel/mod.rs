@@ -8,6 +8,8 @@
 //! - `qp`: CREATE/MODIFY/QUERY/DESTROY_QP and the transition table
 //! - `srq`: CREATE/MODIFY/QUERY/DESTROY_SRQ
 //! - `events`: CREATE_COMP_CHANNEL and event channels
+//! - `xrc`: OPEN/CLOSE_XRCD, CREATE_XSRQ, OPEN_QP, XRC initiator and target QPs
+//! - `dc`: DC initiators and targets (CREATE_QP of `IB_QPT_DRIVER`, a DCT's modify)
 //! - `methods`: the ioctl object methods, mapped onto the same handlers
 //! - `ucma`: the rdma_cm file (`/dev/infiniband/rdma_cm`) and the CM (`ucma_mad`: its
 //!   messages; `ucma_ports`: the host's port space)
@@ -44,6 +46,7 @@ use crate::{Flavour, Shared, mem};
 mod ah;
 mod context;
 mod cq;
+mod dc;
 mod events;
 mod flow;
 mod methods;
@@ -53,6 +56,7 @@ mod srq;
 pub(crate) mod ucma;
 mod ucma_mad;
 mod ucma_ports;
+mod xrc;
 
 use crate::state::gid_at;
 pub(crate) use flow::has_cap;
@@ -154,6 +158,10 @@ const WRITE_COMMANDS: &[Method] = &[
     legacy::<cmds::ModifySrq>(true, srq::modify_srq),
     legacy::<cmds::QuerySrq>(false, srq::query_srq),
     legacy::<cmds::DestroySrq>(false, srq::destroy_srq),
+    legacy::<cmds::OpenXrcd>(true, xrc::open_xrcd),
+    legacy::<cmds::CloseXrcd>(false, xrc::close_xrcd),
+    legacy::<cmds::CreateXsrq>(true, xrc::create_xsrq),
+    legacy::<cmds::OpenQp>(true, xrc::open_qp),
     extended::<cmds::ExQueryDevice>(min_resp!(IbUverbsExQueryDeviceResp), context::query_device),
     extended::<cmds::ExCreateCq>(min_resp!(IbUverbsExCreateCqResp), cq::create_cq),
     extended::<cmds::ExCreateQp>(min_resp!(IbUverbsExCreateQpResp), qp::create_qp),
@@ -540,6 +548,7 @@ impl Drop for EmuFile {
 
 /// Tear down a context and everything it owns.
 fn close_context(w: &mut World, ctx: u64) {
+    xrc::close_context(w, ctx);
     let Some(c) = w.contexts.remove(&ctx) else {
         return;
     };

@@ -46,7 +46,7 @@ fn qp_refs(
 
 pub(super) fn create_qp(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> {
     // Both framings as the extended request (the legacy one has no comp_mask/flags).
-    let c = if r.ex {
+    let mut c = if r.ex {
         r.core::<cmds::ExCreateQp>()
     } else {
         let l = r.core::<cmds::CreateQp>();
@@ -85,6 +85,14 @@ pub(super) fn create_qp(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> {
             return Err(EOPNOTSUPP);
         }
     }
+    // XRC and DC (kernel/xrc.rs, kernel/dc.rs): targets are made there; initiators go on
+    // as RC-engine QPs of that kind.
+    let Some(kind) = super::xrc::create_qp_xrc(w, ctx, r, &mut c)? else {
+        return Ok(());
+    };
+    let Some(kind) = super::dc::create_qp_dc(w, ctx, r, &mut c, kind)? else {
+        return Ok(());
+    };
     let qp_type = c.qp_type;
     let raw = qp_type == qpt::RAW_PACKET;
     if !caps::qp_type_supported(qp_type) {
@@ -134,7 +142,8 @@ pub(super) fn create_qp(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> {
     let known = MLX5_QP_FLAG_SIGNATURE
         | MLX5_QP_FLAG_SCATTER_CQE
         | MLX5_QP_FLAG_ALLOW_SCATTER_CQE
-        | MLX5_QP_FLAG_UAR_PAGE_INDEX;
+        | MLX5_QP_FLAG_UAR_PAGE_INDEX
+        | super::dc::driver_flags(&kind);
     if flags & !known != 0 {
         return Err(EINVAL);
     }
@@ -296,6 +305,10 @@ pub(super) fn create_qp(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> {
             rc: Default::default(),
             sqd_notify: false,
             events_reported: 0,
+            hpc: crate::xrc_dc::QpExt {
+                kind,
+                ..Default::default()
+            },
         },
     );
     Ok(())
@@ -404,7 +417,7 @@ pub(super) fn modify_qp(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> {
     }
     let c = ex.base;
     let qpn = qp_of(w, ctx, c.qp_handle)?;
-    let m = c.attr_mask;
+    let mut m = c.attr_mask;
     let hca = hca_of(w, ctx);
     let qp = w.hcas[hca].qps.get(&qpn).ok_or(EINVAL)?;
     if m & !qp_attr::KNOWN != 0 {
@@ -430,8 +443,18 @@ pub(super) fn modify_qp(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> {
     if next > qps::ERR {
         return Err(EINVAL);
     }
-    let (req, opt) = transition(cur, next, qp.qp_type).ok_or(EINVAL)?;
-    if m & req != req || m & !(req | opt | qp_attr::STATE) != 0 {
+    // XRC and DC: the kernel's table knows them by their own types (kernel/xrc.rs); a DCT
+    // has its own modify (kernel/dc.rs) and a DCI's attributes are not checked by mlx5_ib.
+    let vt = qp.hpc.verbs_type(qp.qp_type);
+    if matches!(qp.hpc.kind, crate::xrc_dc::QpKind::Dct { .. }) {
+        return super::dc::modify_dct(w, ctx, r, qpn, &ex);
+    }
+    let dci = qp.hpc.kind == crate::xrc_dc::QpKind::Dci;
+    m = super::xrc::modify_qp_mask(vt, m);
+    let (req, opt) = transition(cur, next, vt)
+        .map(|t| super::xrc::xrc_transition(cur, next, vt, t))
+        .ok_or(EINVAL)?;
+    if !dci && (m & req != req || m & !(req | opt | qp_attr::STATE) != 0) {
         return Err(EINVAL);
     }
     // Value checks.
@@ -639,6 +662,9 @@ pub(super) fn destroy_qp(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> 
     let qpn = qp_of(w, ctx, handle)?;
     let hca = hca_of(w, ctx);
     super::flow::check_qp_unused(w, hca, qpn)?;
+    if super::xrc::close_shared_qp(w, ctx, handle, qpn) {
+        return r.respond(&IbUverbsDestroyQpResp { events_reported: 0 });
+    }
     let q = &w.hcas[hca].qps[&qpn];
     r.respond(&IbUverbsDestroyQpResp {
         events_reported: q.events_reported,

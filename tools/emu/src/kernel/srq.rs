@@ -117,6 +117,7 @@ pub(super) fn destroy_srq(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno>
     if let Some(s) = w.hcas[hca].srqs.remove(&srqn) {
         pd_use(w, hca, s.pdn, -1);
     }
+    super::xrc::srq_destroyed(w, hca, srqn);
     remove_handle(w, ctx, handle);
     Ok(())
 }
