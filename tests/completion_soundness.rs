@@ -181,3 +181,54 @@ fn receive_retire_refuses_counters_out_of_order() {
     );
     assert_eq!(rq.outstanding(), 0);
 }
+
+/// Every one of the 65,536 counters against a full queue of mixed WQE sizes (1 to 3 WQEBBs):
+/// only those naming the first WQEBB of an outstanding WR are accepted (old code: any, so a
+/// caller could post past the ring's room), and refused ones change nothing.
+#[test]
+fn every_lying_counter_is_refused_on_a_full_queue() {
+    let rig = common::EmuRig::stepped();
+    let o = PairOpts::new(QpType::Rc).caps(16, 16, 4, 4, 128);
+    let (mut a, b) = common::pair(&rig, o);
+    let (raddr, rkey) = (b.mr.addr(), b.mr.rkey());
+    let sges: Vec<_> = (0..4).map(|i| a.mr.sge(i * 16, 8)).collect();
+    let mut starts = Vec::new();
+    let mut i = 0u64;
+    loop {
+        let n = 1 + (i % 4) as usize;
+        let wr = SendWr {
+            op: WrOp::Write { raddr, rkey },
+            ..SendWr::send(i, &sges[..n], SendFlags::SIGNALED)
+        };
+        let p = a.qp.sq_ref().producer();
+        match a.qp.post_send(&[wr]) {
+            Ok(()) => starts.push((p, i)),
+            Err((0, PostError::Full { .. })) => break,
+            Err(e) => panic!("{e:?}"),
+        }
+        i += 1;
+    }
+    let cap = a.qp.sq_ref().geometry().max_post;
+    let mask = a.qp.sq_ref().geometry().wqe_cnt - 1;
+    assert_eq!(starts.len() as u32, cap);
+    for c in 0..=u16::MAX {
+        let start = starts.iter().any(|&(p, _)| p & mask == u32::from(c) & mask);
+        if !start {
+            assert_eq!(
+                a.qp.sq().retire(c),
+                Err(PostError::NotOutstanding { wqe_counter: c }),
+                "counter {c}"
+            );
+        }
+    }
+    assert_eq!(a.qp.sq_ref().outstanding(), cap, "nothing retired by a lie");
+    // The newest WR's counter names an outstanding start (what the check can see: whether
+    // the device executed it is known only from its CQE): it retires every WR, in order, and
+    // afterwards none of the old counters is accepted.
+    let &(last, id) = starts.last().unwrap();
+    assert_eq!(a.qp.sq().retire(last as u16), Ok(id));
+    assert_eq!(a.qp.sq_ref().outstanding(), 0);
+    for &(p, _) in &starts {
+        assert!(a.qp.sq().retire(p as u16).is_err());
+    }
+}
