@@ -26,7 +26,7 @@ use crate::context::Context;
 use crate::device::{Device, devices};
 use crate::error::{Error, Result};
 
-pub use mlx5_emu::{EmuConfig, Emulator, Errno, LinkLayer, RunMode};
+pub use mlx5_emu::{EmuConfig, Emulator, Errno, Fabric, LinkLayer, RunMode};
 
 /// Where contexts are opened: a real device or an in-process emulator.
 #[derive(Debug, Clone)]

@@ -127,6 +127,7 @@
 compile_error!("mlx5 supports Linux on x86_64 and aarch64 only (64-bit single-store doorbells)");
 
 pub mod ah;
+pub mod cm;
 pub mod context;
 pub mod cq;
 pub mod device;

@@ -169,7 +169,7 @@ fn the_readme_lists_every_example_and_ci_runs_its_test_command() {
         })
         .collect();
     names.sort();
-    assert_eq!(names.len(), 4, "{names:?}");
+    assert_eq!(names.len(), 5, "{names:?}");
     for n in &names {
         assert!(
             readme.contains(&format!("| `{n}` |")),

@@ -19,6 +19,8 @@ use zerocopy::{FromBytes, IntoBytes};
 
 use crate::error::{Error, Result};
 
+pub(crate) mod ucma;
+
 /// A response buffer the kernel writes into through the address embedded in a command.
 /// 8-byte aligned; zero-filled before each use. Its address goes into a command only
 /// inside this module ([`write`], [`Ioctl::ptr_out`]).

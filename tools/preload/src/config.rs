@@ -15,6 +15,7 @@
 //! | `MLX5_EMU_WQE_LOG` | append one line per send WQE the device fetches to this file | unset |
 //! | `MLX5_EMU_TRACE` | `1`: one line per intercepted device call on stderr | off |
 //! | `MLX5_EMU_KEEP_SYSFS` | `1`: do not delete the fake sysfs tree at exit | off |
+//! | `MLX5_EMU_SYSCALL_TRAP` | `0`: do not intercept the `mmap`/`munmap` system calls that bypass libc (no seccomp filter; `docs/emulator-preload.md`) | on |
 //!
 //! A malformed value is reported once on stderr and the default is used: the host program
 //! keeps running.
@@ -35,6 +36,8 @@ pub(crate) struct Config {
     pub(crate) keep_sysfs: bool,
     /// Log every fetched send WQE to this file (`Emulator::log_wqes_to`).
     pub(crate) wqe_log: Option<std::path::PathBuf>,
+    /// Intercept `mmap`/`munmap` system calls that bypass libc (the `trap` module).
+    pub(crate) syscall_trap: bool,
 }
 
 impl Config {
@@ -143,6 +146,7 @@ impl Config {
             emu,
             trace: flag("MLX5_EMU_TRACE"),
             keep_sysfs: flag("MLX5_EMU_KEEP_SYSFS"),
+            syscall_trap: get("MLX5_EMU_SYSCALL_TRAP").is_none_or(|v| v.trim() != "0"),
             wqe_log: get("MLX5_EMU_WQE_LOG")
                 .filter(|v| !v.is_empty())
                 .map(Into::into),
@@ -177,6 +181,7 @@ mod tests {
         assert!(!cfg.trace && !cfg.keep_sysfs);
         assert_eq!(cfg.wqe_log, None);
         assert!(!cfg.emu.dyn_uar);
+        assert!(cfg.syscall_trap);
     }
 
     #[test]
@@ -200,6 +205,7 @@ mod tests {
             ("MLX5_EMU_WQE_LOG", "/tmp/wqes.log"),
             ("MLX5_EMU_DYN_UAR", "1"),
             ("MLX5_EMU_LINK_LAYER", "RoCE"),
+            ("MLX5_EMU_SYSCALL_TRAP", "0"),
         ]);
         assert!(warnings.is_empty(), "{warnings:?}");
         assert_eq!(cfg.emu.flavour, Flavour::WriteOnly);
@@ -213,6 +219,7 @@ mod tests {
         );
         assert_eq!(cfg.emu.fabric, Fabric::InProcess);
         assert!(cfg.emu.dyn_uar);
+        assert!(!cfg.syscall_trap);
         assert_eq!(cfg.emu.link_layer, LinkLayer::Ethernet);
         assert_eq!(cfg.emu.node, Some(7));
         assert_eq!(

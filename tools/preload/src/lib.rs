@@ -10,12 +10,15 @@
 //! with its own LID, GUID and QP numbers.
 //!
 //! What the program sees, and how:
-//! * **Discovery**: a sysfs tree (`class/infiniband_verbs`, `class/infiniband/mlx5_N`,
-//!   a PCI function whose `modalias` makes libibverbs pick its mlx5 provider) in a private
-//!   temporary directory that `SYSFS_PATH` points at (set by the library constructor). The
-//!   tree is written, and the emulator started (threaded), when the program first touches a
-//!   path inside it; a program that never looks (a shell, `timeout`) starts nothing. RDMA
-//!   netlink sockets are refused so libibverbs takes the sysfs path on any kernel.
+//! * **Discovery**: a sysfs tree laid out as the kernel lays it (the PCI function
+//!   `devices/pci0000:00/<bdf>` with its ids, `modalias` (how libibverbs picks its mlx5
+//!   provider), `infiniband/mlx5_N`, `infiniband_verbs/uverbsN` and, on an Ethernet port,
+//!   `net/<ifname>`; the `class/...` entries are symlinks into it, so UCX finds the PCI ids
+//!   through `realpath`) in a private temporary directory that `SYSFS_PATH` points at (set by
+//!   the library constructor). The tree is written, and the emulator started (threaded), when
+//!   the program first touches a path inside it; a program that never looks (a shell,
+//!   `timeout`) starts nothing. RDMA netlink sockets are refused so libibverbs takes the sysfs
+//!   path on any kernel.
 //! * **The device node**: `open("/dev/infiniband/uverbsN")` returns a real descriptor (of
 //!   the null device) registered as ours; `stat`/`fstat`/`statx` report a character device
 //!   with the number written in sysfs; `dup`/`dup2`/`dup3`/`fcntl(F_DUPFD*)` and
@@ -24,6 +27,10 @@
 //!   (UAR and clock pages) and `close` on that descriptor go to the emulator's
 //!   `UverbsSurface`. Event descriptors (async events, completion channels) are real
 //!   descriptors made by the emulator: `read`/`poll` on them need no interception.
+//! * **Below libc**: a program whose `mmap`/`munmap` never reach our hooks (UCX's memory
+//!   hooks patch ours into direct system calls; `syscall(SYS_mmap, ..)`) is served through a
+//!   seccomp trap installed at the first device open (the `trap` module,
+//!   `docs/emulator-preload.md`).
 //!
 //! Configuration comes from `MLX5_EMU_*` environment variables (flavour, HCA count, link
 //! layer (InfiniBand or RoCE), fabric, node, faults, pcap, trace; see the `config` module).
@@ -31,7 +38,7 @@
 //! a panic inside the emulator becomes an `EIO` failure of the call, never an unwind into C.
 //!
 //! Not covered: `MAP_FIXED` or private mappings of the device descriptor (refused with
-//! `EINVAL`), and using the device in a `fork`ed child (the emulator's thread does not
+//! `EINVAL`), `mremap` of a device page, and using the device in a `fork`ed child (the emulator's thread does not
 //! exist there; rdma-core does not support that either).
 //!
 //! The product is the `cdylib`; the `rlib` exists only so that `cargo test` builds it before
@@ -46,6 +53,7 @@
 mod config;
 mod registry;
 mod sysfs;
+mod trap;
 mod user;
 mod verbs;
 

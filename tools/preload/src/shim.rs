@@ -222,6 +222,8 @@ pub(crate) fn open_device(hca: usize, flags: c_int) -> c_int {
         if fd < 0 {
             return -1;
         }
+        // Into the range whose mmap system calls are trapped (crate::trap).
+        let fd = crate::trap::place(fd, flags & libc::O_CLOEXEC != 0);
         drop(REGISTRY.insert_fd(fd, DevFile { hca, surface }));
         trace(|| format!("open uverbs{hca} -> fd {fd}"));
         fd
@@ -412,6 +414,7 @@ pub(crate) fn init() {
         // so no other thread reads the environment concurrently.
         unsafe { std::env::set_var("SYSFS_PATH", &root) };
         let _ = SYSFS_TREE.set(Tree { root, prefix, pid });
+        crate::trap::inherited();
     });
 }
 

@@ -13,6 +13,10 @@
 //! table holds the RoCE v1/v2 entries ("IB/RoCE v1" / "RoCE v2" in `gid_attrs/types/I`)
 //! for all 255 indexes the port reports, and `gid_attrs/ndevs/I` names the netdev of each
 //! valid entry.
+//!
+//! The layout is the kernel's: every object lives under its PCI function
+//! (`devices/pci0000:00/<bdf>/{infiniband/<ibdev>, infiniband_verbs/uverbsN, net/<ifname>}`)
+//! and the class directories hold relative symlinks into it (`docs/emulator-preload.md`).
 
 use std::fmt::Write as _;
 use std::fs;
@@ -84,27 +88,48 @@ fn format_groups(bytes: &[u8]) -> String {
 }
 
 /// The PCI function the HCA pretends to be: `0000:08:00.<index>`.
-fn pci_name(index: usize) -> String {
+pub(crate) fn pci_name(index: usize) -> String {
     format!("0000:08:00.{index}")
 }
+
+/// Where the PCI functions live, relative to the sysfs root.
+pub(crate) const PCI_BUS_DIR: &str = "devices/pci0000:00";
 
 fn put(path: &Path, content: &str) -> io::Result<()> {
     fs::write(path, format!("{content}\n"))
 }
 
+/// A relative symlink `link` -> `target` (as sysfs makes them).
+fn link(target: &str, link: &Path) -> io::Result<()> {
+    std::os::unix::fs::symlink(target, link)
+}
+
+/// Writers of further parts of the tree, run after the HCAs' own, each with the root and
+/// the HCAs (one line per addition: a device node's class entry, ...).
+type Extra = fn(&Path, &[HcaInfo]) -> io::Result<()>;
+const EXTRAS: &[Extra] = &[];
+
 /// Write the whole tree for `hcas` (HCA i is `uverbs<i>` / `hcas[i].name`) under `root`,
-/// which must exist and be empty.
+/// which must exist and be empty. Laid out as the kernel lays it: every object lives under
+/// its PCI function (`devices/pci0000:00/<bdf>/{infiniband/<ibdev>, infiniband_verbs/
+/// uverbs<i>, net/<ifname>}`), and the class directories hold symlinks to them, so that
+/// `realpath(class/infiniband/<ibdev>)` two levels up is the PCI function (where UCX reads
+/// the vendor and device ids).
 pub(crate) fn write_tree(root: &Path, hcas: &[HcaInfo]) -> io::Result<()> {
     let verbs = root.join("class/infiniband_verbs");
+    let ib_class = root.join("class/infiniband");
     fs::create_dir_all(&verbs)?;
+    fs::create_dir_all(&ib_class)?;
     put(&verbs.join("abi_version"), &UVERBS_ABI_VERSION.to_string())?;
+    let cpus = possible_cpus();
     for (i, hca) in hcas.iter().enumerate() {
-        let pci = root.join("devices/pci0000:00").join(pci_name(i));
-        write_pci_function(&pci, hca)?;
+        let bdf = pci_name(i);
+        let pci = root.join(PCI_BUS_DIR).join(&bdf);
+        write_pci_function(&pci, &bdf, hca, cpus)?;
 
-        let ib = root.join("class/infiniband").join(&hca.name);
+        let ib = pci.join("infiniband").join(&hca.name);
         fs::create_dir_all(&ib)?;
-        std::os::unix::fs::symlink(&pci, ib.join("device"))?;
+        link(&format!("../../../{bdf}"), &ib.join("device"))?;
         put(&ib.join("node_type"), "1: CA")?;
         put(&ib.join("node_guid"), &guid_string(hca.node_guid))?;
         put(&ib.join("sys_image_guid"), &guid_string(hca.sys_image_guid))?;
@@ -114,39 +139,121 @@ pub(crate) fn write_tree(root: &Path, hcas: &[HcaInfo]) -> io::Result<()> {
         put(&ib.join("board_id"), "MT_0000000008")?;
         put(&ib.join("node_desc"), &format!("mlx5-emu {}", hca.name))?;
         write_port(&ib.join("ports/1"), hca)?;
+        link(
+            &format!("../../{PCI_BUS_DIR}/{bdf}/infiniband/{}", hca.name),
+            &ib_class.join(&hca.name),
+        )?;
 
-        let uverbs = verbs.join(format!("uverbs{i}"));
+        let uverbs = pci.join("infiniband_verbs").join(format!("uverbs{i}"));
         fs::create_dir_all(&uverbs)?;
-        std::os::unix::fs::symlink(&pci, uverbs.join("device"))?;
+        link(&format!("../../../{bdf}"), &uverbs.join("device"))?;
         put(&uverbs.join("ibdev"), &hca.name)?;
         put(&uverbs.join("abi_version"), &MLX5_ABI_VERSION.to_string())?;
         let (major, minor) = uverbs_dev(i);
         put(&uverbs.join("dev"), &format!("{major}:{minor}"))?;
+        link(
+            &format!("../../{PCI_BUS_DIR}/{bdf}/infiniband_verbs/uverbs{i}"),
+            &verbs.join(format!("uverbs{i}")),
+        )?;
+
+        if hca.is_roce() {
+            write_netdev(root, &pci, &bdf, hca)?;
+        }
+    }
+    for extra in EXTRAS {
+        extra(root, hcas)?;
     }
     Ok(())
 }
 
-/// The PCI function directory: ids, `modalias` (the provider match) and NUMA placement.
-fn write_pci_function(dir: &Path, hca: &HcaInfo) -> io::Result<()> {
+/// The port's network interface (Ethernet link layer): `net/<ifname>` under the PCI
+/// function and its `class/net` link.
+fn write_netdev(root: &Path, pci: &Path, bdf: &str, hca: &HcaInfo) -> io::Result<()> {
+    let name = mlx5_emu::NDEV_NAME;
+    let ifindex = hca
+        .gid_table()
+        .iter()
+        .map(|e| e.ndev_ifindex)
+        .find(|&i| i != 0)
+        .unwrap_or(0);
+    let dir = pci.join("net").join(name);
+    fs::create_dir_all(&dir)?;
+    link(&format!("../../../{bdf}"), &dir.join("device"))?;
+    put(&dir.join("ifindex"), &ifindex.to_string())?;
+    put(&dir.join("type"), "1")?;
+    put(&dir.join("operstate"), "up")?;
+    put(&dir.join("mtu"), "1500")?;
+    put(&dir.join("dev_port"), "0")?;
+    let class = root.join("class/net");
+    fs::create_dir_all(&class)?;
+    link(
+        &format!("../../{PCI_BUS_DIR}/{bdf}/net/{name}"),
+        &class.join(name),
+    )
+}
+
+/// Number of possible CPUs of this machine (`devices/system/cpu/possible`, "0-N"), for
+/// `local_cpus`; 1 if unknown.
+fn possible_cpus() -> usize {
+    fs::read_to_string("/sys/devices/system/cpu/possible")
+        .ok()
+        .and_then(|s| {
+            let last = s.trim().rsplit([',', '-']).next()?.parse::<usize>().ok()?;
+            Some(last + 1)
+        })
+        .unwrap_or(1)
+}
+
+/// `local_cpus` of a device close to every one of `n` CPUs: 32-bit hex words, most
+/// significant first, separated by commas (the kernel's cpumask format).
+pub(crate) fn cpumask(n: usize) -> String {
+    let words = n.div_ceil(32).max(1);
+    (0..words)
+        .rev()
+        .map(|w| {
+            let bits = n.saturating_sub(w * 32).min(32);
+            let v: u32 = if bits == 32 {
+                u32::MAX
+            } else {
+                (1u32 << bits) - 1
+            };
+            format!("{v:08x}")
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The PCI function directory: ids, `modalias` (the provider match), `uevent` and NUMA
+/// placement (no NUMA node: -1; close to every CPU).
+fn write_pci_function(dir: &Path, bdf: &str, hca: &HcaInfo, cpus: usize) -> io::Result<()> {
     fs::create_dir_all(dir)?;
     // The ConnectX PCI device id equals the verbs vendor_part_id (4119 = 0x1017, ConnectX-5).
     let device = hca.vendor_part_id;
-    put(&dir.join("vendor"), &format!("{PCI_VENDOR_MELLANOX:#06x}"))?;
+    let v = PCI_VENDOR_MELLANOX;
+    put(&dir.join("vendor"), &format!("{v:#06x}"))?;
     put(&dir.join("device"), &format!("{device:#06x}"))?;
-    put(
-        &dir.join("subsystem_vendor"),
-        &format!("{PCI_VENDOR_MELLANOX:#06x}"),
-    )?;
+    put(&dir.join("subsystem_vendor"), &format!("{v:#06x}"))?;
     put(&dir.join("subsystem_device"), "0x0008")?;
     put(&dir.join("class"), "0x020000")?;
+    let modalias = format!("pci:v{v:08X}d{device:08X}sv{v:08X}sd00000008bc02sc00i00");
+    put(&dir.join("modalias"), &modalias)?;
     put(
-        &dir.join("modalias"),
+        &dir.join("uevent"),
         &format!(
-            "pci:v{PCI_VENDOR_MELLANOX:08X}d{device:08X}sv{PCI_VENDOR_MELLANOX:08X}sd00000008bc02sc00i00"
+            "DRIVER=mlx5_core\nPCI_CLASS=20000\nPCI_ID={v:04X}:{device:04X}\n\
+             PCI_SUBSYS_ID={v:04X}:0008\nPCI_SLOT_NAME={bdf}\nMODALIAS={modalias}"
         ),
     )?;
     put(&dir.join("numa_node"), "-1")?;
-    put(&dir.join("local_cpus"), "ffffffff")?;
+    put(&dir.join("local_cpus"), &cpumask(cpus))?;
+    put(
+        &dir.join("local_cpulist"),
+        &if cpus > 1 {
+            format!("0-{}", cpus - 1)
+        } else {
+            "0".to_string()
+        },
+    )?;
     Ok(())
 }
 
@@ -293,6 +400,98 @@ mod tests {
         fs::remove_dir_all(&root).unwrap();
     }
 
+    /// `realpath`, as rdma-core and UCX take it.
+    fn real(p: &Path) -> std::path::PathBuf {
+        fs::canonicalize(p).unwrap()
+    }
+
+    #[test]
+    fn tree_is_laid_out_as_the_kernel_lays_it() {
+        let emu = Emulator::new(EmuConfig {
+            num_hcas: 2,
+            mode: RunMode::Stepped,
+            ..EmuConfig::default()
+        });
+        let hcas: Vec<HcaInfo> = (0..2).map(|i| emu.hca_info(i).unwrap()).collect();
+        let root = scratch("layout");
+        write_tree(&root, &hcas).unwrap();
+        let root = real(&root);
+        for (i, hca) in hcas.iter().enumerate() {
+            let pci = root.join(PCI_BUS_DIR).join(pci_name(i));
+            // The class entries are symlinks into the PCI function.
+            let class_ib = root.join("class/infiniband").join(&hca.name);
+            let class_uv = root.join(format!("class/infiniband_verbs/uverbs{i}"));
+            for (entry, inside) in [
+                (&class_ib, pci.join("infiniband").join(&hca.name)),
+                (&class_uv, pci.join(format!("infiniband_verbs/uverbs{i}"))),
+            ] {
+                assert!(
+                    fs::symlink_metadata(entry)
+                        .unwrap()
+                        .file_type()
+                        .is_symlink()
+                );
+                assert_eq!(real(entry), inside);
+                assert_eq!(real(&entry.join("device")), pci);
+            }
+            // UCX: realpath of the ibdev path holds "/infiniband/", and two levels up are
+            // the PCI function's ids, which it matches against its device table
+            // (ConnectX-5: vendor 0x15b3, device 4119).
+            let ib_real = real(&class_ib);
+            assert!(ib_real.to_string_lossy().contains("/infiniband/"));
+            let ids = ib_real.parent().unwrap().parent().unwrap();
+            assert_eq!(ids, pci);
+            let num = |f: &str| {
+                let t = read(&ids.join(f));
+                u32::from_str_radix(t.trim_start_matches("0x"), 16).unwrap()
+            };
+            assert_eq!(num("vendor"), 0x15b3);
+            assert_eq!(num("device"), hca.vendor_part_id);
+            assert_eq!(num("subsystem_vendor"), 0x15b3);
+            assert_eq!(num("subsystem_device"), 8);
+            assert_eq!(read(&ids.join("numa_node")), "-1");
+            let cpus = read(&ids.join("local_cpus"));
+            assert!(
+                cpus.split(',')
+                    .all(|w| w.len() == 8 && u32::from_str_radix(w, 16).is_ok()),
+                "{cpus}"
+            );
+            assert!(read(&ids.join("uevent")).contains(&format!("PCI_SLOT_NAME={}", pci_name(i))));
+            // UCX's hard-coded class paths resolve through the same links.
+            assert_eq!(read(&class_ib.join("device/numa_node")), "-1");
+            // libibverbs: the uverbs entry names its ibdev and the provider match.
+            assert_eq!(read(&class_uv.join("ibdev")), hca.name);
+            assert!(read(&class_uv.join("device/modalias")).starts_with("pci:v000015B3d0000"));
+            // No Ethernet port, no netdev.
+            assert!(!pci.join("net").exists());
+        }
+        assert!(!root.join("class/net").exists());
+        // The driver's own discovery (mlx5::devices) reads it.
+        let devs = mlx5::device::devices_in(&root).unwrap();
+        assert_eq!(devs.len(), 2);
+        for (i, (d, hca)) in devs.iter().zip(&hcas).enumerate() {
+            assert_eq!(
+                (d.name.as_str(), d.uverbs.as_str()),
+                (hca.name.as_str(), format!("uverbs{i}").as_str())
+            );
+            assert_eq!(d.vendor_id, Some(0x15b3));
+            assert_eq!(d.node_guid, guid_string(hca.node_guid));
+            let inside = root.join(PCI_BUS_DIR).join(pci_name(i)).join("infiniband");
+            assert_eq!(real(&d.sysfs_dir), inside.join(&hca.name));
+        }
+        fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn cpumasks_are_printed_as_the_kernel_prints_them() {
+        assert_eq!(cpumask(1), "00000001");
+        assert_eq!(cpumask(2), "00000003");
+        assert_eq!(cpumask(32), "ffffffff");
+        assert_eq!(cpumask(33), "00000001,ffffffff");
+        assert_eq!(cpumask(72), "000000ff,ffffffff,ffffffff");
+        assert_eq!(cpumask(0), "00000000");
+    }
+
     #[test]
     fn roce_port_tree_shows_ethernet_and_gid_types() {
         let emu = Emulator::new(EmuConfig {
@@ -328,6 +527,22 @@ mod tests {
         assert_eq!(
             read(&port.join("gids/3")),
             format!("0000:0000:0000:0000:0000:ffff:7f01:{:04x}", hca.lid)
+        );
+        // The port's netdev lives under the PCI function, with its class link.
+        let net = root
+            .join(PCI_BUS_DIR)
+            .join(pci_name(0))
+            .join("net")
+            .join(mlx5_emu::NDEV_NAME);
+        assert_eq!(
+            real(&root.join("class/net").join(mlx5_emu::NDEV_NAME)),
+            real(&net)
+        );
+        let ifindex: u32 = read(&net.join("ifindex")).parse().unwrap();
+        assert!(
+            table
+                .iter()
+                .any(|e| e.ndev_ifindex == ifindex && ifindex != 0)
         );
         // The whole reported table length exists for the sysfs fallback.
         assert!(port.join("gids/254").exists());

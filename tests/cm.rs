@@ -1,0 +1,267 @@
+//! The driver's connection manager (`mlx5::cm`) over the emulated rdma_cm: a connection
+//! made and accepted between two emulated HCAs (the private data of REQ and REP carried, a
+//! SEND over the connected QPs, both sides told of the disconnect, a REQ to nobody refused
+//! by name), and `examples/rping` against unmodified `rping` (librdmacm's) in both roles,
+//! across processes.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mlx5::cm::{ConnParam, EventChannel, PortSpace};
+use mlx5::emulator::{EmuConfig, Emulator, Fabric, Hca};
+use mlx5::{
+    Access, Cq, CqInit, DmaBuf, Pd, Qp, QpInitAttr, QpType, RecvWr, SendFlags, SendWr,
+    WorkCompletion,
+};
+
+fn udp_hca() -> (Hca, [u8; 4]) {
+    let emu = Emulator::new(EmuConfig {
+        fabric: Fabric::Udp,
+        ..EmuConfig::default()
+    });
+    let ip = emu.hca_info(0).unwrap().ipv4;
+    (Hca::Emulated(emu), ip)
+}
+
+fn port(offset: u16) -> u16 {
+    30000 + (std::process::id() % 20000) as u16 + offset
+}
+
+fn poll_one(cq: &mut Cq) -> WorkCompletion {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut wc = [WorkCompletion::default(); 1];
+    while cq.poll(&mut wc) == 0 {
+        assert!(Instant::now() < deadline, "no completion");
+        std::thread::yield_now();
+    }
+    assert!(wc[0].is_ok(), "{}", wc[0]);
+    wc[0]
+}
+
+#[test]
+fn the_driver_connects_accepts_sends_and_disconnects_through_rdma_cm() {
+    let (hb, ip_b) = udp_hca();
+    let port = port(1);
+    let listen_at = SocketAddr::new(IpAddr::from(ip_b), port);
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let passive = std::thread::spawn(move || {
+        let ctx = hb.open().unwrap();
+        let pd = Pd::new(&ctx).unwrap();
+        let (scq, mut rcq) = (
+            Cq::new(&ctx, CqInit::default(), None).unwrap(),
+            Cq::new(&ctx, CqInit::default(), None).unwrap(),
+        );
+        let mut qp = Qp::new(&pd, &QpInitAttr::new(QpType::Rc, &scq, &rcq)).unwrap();
+        let buf = Arc::new(DmaBuf::new(4096).unwrap());
+        let mr = pd.reg_mr(&buf, Access::LOCAL_WRITE).unwrap();
+        let chan = EventChannel::open(&hb).unwrap();
+        let id = chan.create_id(PortSpace::Tcp).unwrap();
+        id.bind(listen_at).unwrap();
+        id.listen(4).unwrap();
+        ready_tx.send(()).unwrap();
+        let req = id.get_request(Duration::from_secs(20)).unwrap();
+        assert_eq!(&req.event.private_data[..5], b"hello");
+        assert_eq!(req.event.private_data.len(), 56);
+        req.init_qp(&mut qp).unwrap();
+        let sge = [mr.sge(0, 64)];
+        qp.post_recv(&[RecvWr {
+            wr_id: 9,
+            sg_list: &sge,
+        }])
+        .unwrap();
+        let p = ConnParam {
+            private_data: b"welcome",
+            ..ConnParam::default()
+        };
+        req.accept(&mut qp, &p).unwrap();
+        let wc = poll_one(&mut rcq);
+        assert_eq!((wc.wr_id, wc.byte_len), (9, 4));
+        let mut got = [0u8; 4];
+        buf.read(0, &mut got);
+        assert_eq!(&got, b"ping");
+        req.id.wait_disconnected().unwrap();
+        req.id.disconnect().unwrap();
+    });
+    ready_rx.recv().unwrap();
+    let (ha, _) = udp_hca();
+    let ctx = ha.open().unwrap();
+    let pd = Pd::new(&ctx).unwrap();
+    let (mut scq, rcq) = (
+        Cq::new(&ctx, CqInit::default(), None).unwrap(),
+        Cq::new(&ctx, CqInit::default(), None).unwrap(),
+    );
+    let mut qp = Qp::new(&pd, &QpInitAttr::new(QpType::Rc, &scq, &rcq)).unwrap();
+    let buf = Arc::new(DmaBuf::new(4096).unwrap());
+    let mr = pd.reg_mr(&buf, Access::LOCAL_WRITE).unwrap();
+    let chan = EventChannel::open(&ha).unwrap();
+    // Nobody listens on the next port: REJECTED, named.
+    let nobody = chan.create_id(PortSpace::Tcp).unwrap();
+    let mut qp0 = Qp::new(&pd, &QpInitAttr::new(QpType::Rc, &scq, &rcq)).unwrap();
+    let e = nobody
+        .connect(
+            SocketAddr::new(IpAddr::from(ip_b), port + 1),
+            &mut qp0,
+            &ConnParam::default(),
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("REJECTED"), "{e}");
+    assert!(e.to_string().contains("ECONNREFUSED"), "{e}");
+    // Too much private data for a REQ is refused before anything is sent.
+    let big = [0u8; 57];
+    let e = chan
+        .create_id(PortSpace::Tcp)
+        .unwrap()
+        .connect_resolved(
+            &mut qp0,
+            &ConnParam {
+                private_data: &big,
+                ..ConnParam::default()
+            },
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("56 bytes"), "{e}");
+    let id = chan.create_id(PortSpace::Tcp).unwrap();
+    let p = ConnParam {
+        private_data: b"hello",
+        ..ConnParam::default()
+    };
+    let rep = id.connect(listen_at, &mut qp, &p).unwrap();
+    assert_eq!(&rep.private_data[..7], b"welcome");
+    assert_eq!(rep.private_data.len(), 196);
+    buf.write(0, b"ping");
+    let sge = [mr.sge(0, 4)];
+    qp.post_send(&[SendWr::send(1, &sge, SendFlags::SIGNALED)])
+        .unwrap();
+    assert_eq!(poll_one(&mut scq).wr_id, 1);
+    id.disconnect().unwrap();
+    id.wait_disconnected().unwrap();
+    passive.join().unwrap();
+}
+
+// ---------------------------------------------------------------------------------------
+// examples/rping against librdmacm's rping
+
+fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().and_then(|d| d.parent()).unwrap().to_path_buf()
+}
+
+fn example_rping() -> PathBuf {
+    let p = profile_dir().join("examples/rping");
+    assert!(
+        p.exists(),
+        "{} not built: `cargo test` builds the examples",
+        p.display()
+    );
+    p
+}
+
+fn preload_so() -> PathBuf {
+    if let Some(p) = std::env::var_os("MLX5_EMU_PRELOAD_SO") {
+        return PathBuf::from(p);
+    }
+    let p = profile_dir().join("libmlx5_emu_preload.so");
+    assert!(
+        p.exists(),
+        "{} not built: build the workspace (mlx5-emu-preload)",
+        p.display()
+    );
+    p
+}
+
+/// A command in a private rdma_cm port space, with a clean emulator environment.
+fn command(program: &PathBuf, args: &[&str], cm_dir: &std::path::Path, preload: bool) -> Command {
+    let mut c = Command::new(program);
+    c.args(args).env("MLX5_EMU_CM_DIR", cm_dir);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("MLX5_EMU_") && k != "MLX5_EMU_CM_DIR" {
+            c.env_remove(&k);
+        }
+    }
+    c.env_remove("SYSFS_PATH");
+    if preload {
+        c.env("LD_PRELOAD", preload_so());
+    }
+    c.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c
+}
+
+fn finish(mut child: Child, limit: Duration) -> (Option<i32>, String) {
+    let start = Instant::now();
+    let killed = loop {
+        if child.try_wait().unwrap().is_some() {
+            break false;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            break true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let o = child.wait_with_output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    ((!killed).then(|| o.status.code().unwrap_or(-1)), text)
+}
+
+/// Server `ours_server ? example : rping`, client the other; 5 pings each checked.
+fn interop(ours_server: bool, port: u16) {
+    let rping = PathBuf::from("/usr/bin/rping");
+    assert!(
+        rping.exists(),
+        "rping not found: install the Debian package rdmacm-utils"
+    );
+    let dir = std::env::temp_dir().join(format!("mlx5-cm-interop-{}-{port}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = port.to_string();
+    let sargs = ["-s", "-a", "127.0.0.1", "-p", &p, "-C", "5", "-v"];
+    let cargs = ["-c", "-a", "127.0.0.1", "-p", &p, "-C", "5", "-v", "-V"];
+    let (sprog, cprog) = if ours_server {
+        (example_rping(), rping.clone())
+    } else {
+        (rping.clone(), example_rping())
+    };
+    let mut s = command(&sprog, &sargs, &dir, !ours_server).spawn().unwrap();
+    let claim = dir.join(format!("ps0106-port{port}"));
+    let start = Instant::now();
+    while !claim.exists() {
+        assert!(s.try_wait().unwrap().is_none(), "server exited early");
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "server never listened"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let c = command(&cprog, &cargs, &dir, ours_server).spawn().unwrap();
+    let (crc, cout) = finish(c, Duration::from_secs(30));
+    let (src, sout) = finish(s, Duration::from_secs(10));
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(crc, Some(0), "client:\n{cout}\nserver:\n{sout}");
+    assert_eq!(src, Some(0), "server:\n{sout}\nclient:\n{cout}");
+    for i in 0..5 {
+        let line = format!("ping data: rdma-ping-{i}: ");
+        assert!(cout.contains(&line), "client lacks {line:?}:\n{cout}");
+        assert!(
+            sout.contains(&format!("server {line}")),
+            "server lacks {line:?}:\n{sout}"
+        );
+    }
+}
+
+#[test]
+fn example_rping_client_against_unmodified_rping_server() {
+    interop(false, port(10));
+}
+
+#[test]
+fn example_rping_server_against_unmodified_rping_client() {
+    interop(true, port(11));
+}
