@@ -19,6 +19,7 @@ const LAYERS: &[&[&str]] = &[
     &["ledger", "wc_fmt", "emulator"],
     &["cq", "srq", "qp::sq", "qp::rq"],
     &["qp"],
+    &["cm"],
     &["lib"],
 ];
 
