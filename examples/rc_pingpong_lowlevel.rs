@@ -186,7 +186,7 @@ fn sender(
             match cqe.kind() {
                 CqeKind::Send => {
                     // The wr_id of the signaled SEND; everything up to it is retired.
-                    let id = sq.retire(cqe.wqe_counter());
+                    let id = sq.retire(cqe.wqe_counter())?;
                     retired = id + 1;
                     signaled += 1;
                 }
@@ -236,7 +236,7 @@ fn receiver(
                 )
                 .into());
             }
-            let slot = rq.retire(cqe.wqe_counter());
+            let slot = rq.retire(cqe.wqe_counter())?;
             let mut msg = [0u8; SIZE];
             buf.read(slot as usize * SIZE, &mut msg);
             if cqe.byte_len() as usize != SIZE || msg != message(got) {

@@ -591,9 +591,20 @@ impl Cq {
         };
         let mut n = 0;
         while n < out.len() {
+            // The poller is the tail's only writer but for a reset of the queue, which moves
+            // it to the head (discarding every outstanding WR, the reported ones too: ordinals
+            // go on across resets, so the tail never comes back here). Then nothing more of
+            // this report is true: drop it (libmlx5 cleans the QP's CQEs out of the CQ).
+            if p.sq.tail.load(Ordering::Acquire) != p.next {
+                self.pending = None;
+                break;
+            }
             if p.next != p.end {
                 let ord = p.next;
-                let (wr_id, opcode) = match p.at {
+                // A record found for an earlier ordinal is the WR's only while it still holds
+                // that ordinal (a reset clears records; a new WR would hold a higher one).
+                let at = p.at.filter(|&c| p.sq.ordinal_at(c as u16) == ord);
+                let (wr_id, opcode) = match at {
                     Some(c) => (p.sq.wr_id_at(c as u16), p.sq.wr_op_at(c as u16)),
                     None => (0, WcOpcode::SEND),
                 };
@@ -1268,7 +1279,13 @@ fn retire_send(
 ) -> bool {
     let tail = sq.tail.load(Ordering::Relaxed);
     let skipped = ord.wrapping_sub(tail);
-    if sq.report_unsignaled && skipped != 0 && skipped <= sq.wr_mask {
+    if skipped > sq.wr_mask {
+        // The CQE names no outstanding WR (a record cleared or older than the tail: a CQE
+        // left in the ring across a reset of the queue): retiring to it would move the tail
+        // anywhere, so it completes nothing.
+        return false;
+    }
+    if sq.report_unsignaled && skipped != 0 {
         *pending = Some(Pending {
             at: sq.find_start(tail, u32::from(counter), true),
             sq: sq.clone(),

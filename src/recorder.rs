@@ -331,10 +331,10 @@ impl QpRecorder {
     }
 
     /// The send queue went back to its start (QP reset).
-    pub(crate) fn sq_reset(&self) {
+    pub(crate) fn sq_reset(&self, ords: u32) {
         if let Some(s) = lock(&self.m).sq.as_mut() {
             s.next = 0;
-            s.ords = 0;
+            s.ords = ords;
         }
     }
 

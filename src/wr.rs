@@ -324,6 +324,12 @@ pub enum PostError {
     BadAtomicSge,
     /// A UD destination whose address handle belongs to another device context.
     ForeignAh,
+    /// A low-level retire named a WQE counter that is no posted, unretired WQE of the queue
+    /// (a lying counter, a CQE of another queue, or one already retired): nothing retired.
+    NotOutstanding {
+        /// The counter given.
+        wqe_counter: u16,
+    },
     /// Transport segments (XRC, DC address, Ethernet) that are not whole 16-byte units or
     /// exceed what the QP type reserves between the control segment and the payload.
     BadSegments {
@@ -354,6 +360,10 @@ impl core::fmt::Display for PostError {
             }
             PostError::BadAtomicSge => write!(f, "atomics need one SGE of at least 8 bytes"),
             PostError::ForeignAh => write!(f, "address handle of another device context"),
+            PostError::NotOutstanding { wqe_counter } => write!(
+                f,
+                "WQE counter {wqe_counter} names no posted, unretired WQE of this queue"
+            ),
             PostError::BadSegments { len, reserved } => write!(
                 f,
                 "{len} bytes of segments: not whole 16-byte units within the {reserved} bytes \

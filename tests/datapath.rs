@@ -162,8 +162,8 @@ fn low_level_reserve_push_ring(rig: &dyn Rig) {
     assert_eq!((cqes[0].cqe().format(), cqes[1].cqe().format()), (1, 1));
     // Typed retirement on the low level: the receive queue hands back the wr_ids.
     let rq = b.qp.rq().unwrap();
-    assert_eq!(rq.retire(cqes[0].wqe_counter()), 1);
-    assert_eq!(rq.retire(cqes[1].wqe_counter()), 2);
+    assert_eq!(rq.retire(cqes[0].wqe_counter()).unwrap(), 1);
+    assert_eq!(rq.retire(cqes[1].wqe_counter()).unwrap(), 2);
     assert_eq!(rq.outstanding(), 0);
     assert_eq!(
         (cqes[0].opcode(), cqes[0].byte_len()),

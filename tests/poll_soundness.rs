@@ -80,7 +80,10 @@ fn raw_ping(cqe_size: u32, len: usize, n: u32) {
             let c = next_raw(&rig, raw);
             assert_eq!((c.kind(), c.status()), (CqeKind::Recv, WcStatus::SUCCESS));
             scattered += u32::from(c.scattered());
-            assert_eq!(b.qp.rq().unwrap().retire(c.wqe_counter()), u64::from(i));
+            assert_eq!(
+                b.qp.rq().unwrap().retire(c.wqe_counter()).unwrap(),
+                u64::from(i)
+            );
             raw.publish_ci();
             let mut got = vec![0u8; len + 1];
             b.buf.read(0, &mut got);
@@ -143,7 +146,7 @@ fn raw_and_verbs_polling_of_one_cq_stay_consistent() {
     common::with_raw(&mut a.cq, &a.ctx, |raw| {
         let c = next_raw(&rig, raw);
         assert_eq!(c.kind(), CqeKind::Send);
-        assert_eq!(a.qp.sq().retire(c.wqe_counter()), 4);
+        assert_eq!(a.qp.sq().retire(c.wqe_counter()).unwrap(), 4);
         raw.publish_ci();
     });
     assert_eq!(a.cq.poll(&mut rest), 0);
@@ -171,7 +174,7 @@ fn polling_takes_no_lock_in_steady_state() {
             Some(raw) => {
                 let c = next_raw(&rig, raw);
                 assert!(c.scattered());
-                b.qp.rq().unwrap().retire(c.wqe_counter());
+                b.qp.rq().unwrap().retire(c.wqe_counter()).unwrap();
                 raw.publish_ci();
             }
             None => {
@@ -273,7 +276,7 @@ fn a_region_gone_under_an_outstanding_receive_is_a_protection_error() {
         let st = if raw {
             common::with_raw(&mut b.cq, &b.ctx, |cq| {
                 let c = next_raw(&rig, cq);
-                b.qp.rq().unwrap().retire(c.wqe_counter());
+                b.qp.rq().unwrap().retire(c.wqe_counter()).unwrap();
                 cq.publish_ci();
                 c.status()
             })

@@ -127,8 +127,12 @@ fn poll(
             for _ in 0..max.max(1) {
                 let Some(c) = cq.next() else { break };
                 let wr_id = match c.kind() {
-                    CqeKind::Send => sq.as_deref_mut().map(|q| q.retire(c.wqe_counter())),
-                    CqeKind::Recv => rq.as_deref_mut().map(|q| q.retire(c.wqe_counter())),
+                    CqeKind::Send => sq
+                        .as_deref_mut()
+                        .and_then(|q| q.retire(c.wqe_counter()).ok()),
+                    CqeKind::Recv => rq
+                        .as_deref_mut()
+                        .and_then(|q| q.retire(c.wqe_counter()).ok()),
                     k => return Err(TestCaseError::fail(format!("raw {k:?}: {:?}", c.status()))),
                 };
                 let Some(wr_id) = wr_id else {

@@ -120,7 +120,7 @@ fn boundary_sizes(rig: &dyn Rig, cqe_size: u32, scatter: bool) {
                         assert_eq!(c.cqe().format(), format, "{what}");
                         assert_eq!(c.scattered(), format != 0, "{what}");
                     }
-                    assert_eq!(b.qp.rq().unwrap().retire(c.wqe_counter()), id);
+                    assert_eq!(b.qp.rq().unwrap().retire(c.wqe_counter()).unwrap(), id);
                 } else {
                     let r = poll_n(rig, &mut b.cq, 1);
                     assert_eq!(

@@ -184,10 +184,19 @@ impl RecvQueue {
     }
 
     /// Low-level completion: a receive CQE with `wqe_counter` was consumed by the caller's own
-    /// poll loop; retires it and returns its `wr_id`.
+    /// poll loop; retires it and returns its `wr_id`. Receives complete in order, so the
+    /// counter must name the oldest outstanding receive (modulo the ring).
+    ///
+    /// # Errors
+    /// [`PostError::NotOutstanding`] naming the counter when no receive is outstanding or the
+    /// counter names another slot (nothing retired).
     #[inline]
-    pub fn retire(&mut self, wqe_counter: u16) -> u64 {
-        self.shared.complete(wqe_counter)
+    pub fn retire(&mut self, wqe_counter: u16) -> Result<u64, PostError> {
+        let tail = self.shared.tail.load(Ordering::Relaxed);
+        if tail == self.head || (u32::from(wqe_counter) ^ tail) & (self.geo.wqe_cnt - 1) != 0 {
+            return Err(PostError::NotOutstanding { wqe_counter });
+        }
+        Ok(self.shared.complete(wqe_counter))
     }
 
     pub(crate) fn reset(&mut self) {

@@ -227,12 +227,24 @@ impl SendQueue {
     /// field) was consumed by the caller's own poll loop ([`RawCq::next`](crate::RawCq::next)).
     /// Retires that WR and every earlier unsignaled one; returns its `wr_id`. (The verbs-level
     /// [`Cq::poll`](crate::Cq::poll) does this itself; use one or the other per CQ.)
+    ///
+    /// The counter must name the first WQEBB of a posted, unretired WR: its record's ordinal
+    /// is in `[tail, head)`. A slot inside a longer WQE keeps the record of an older WR, which
+    /// the ownership rule has retired (its WQEBBs were free again), so it is refused too.
+    ///
+    /// # Errors
+    /// [`PostError::NotOutstanding`] naming the counter otherwise (nothing retired): a lying
+    /// counter can neither free ring room the device still owns nor return another WR's id.
     #[inline]
-    pub fn retire(&mut self, wqe_counter: u16) -> u64 {
+    pub fn retire(&mut self, wqe_counter: u16) -> Result<u64, PostError> {
         let sh = &self.q.shared;
         let ord = sh.ordinal_at(wqe_counter);
+        let tail = sh.tail.load(Ordering::Relaxed);
+        if ord.wrapping_sub(tail) >= self.q.head.wrapping_sub(tail) {
+            return Err(PostError::NotOutstanding { wqe_counter });
+        }
         sh.tail.store(ord.wrapping_add(1), Ordering::Release);
-        sh.wr_id_at(wqe_counter)
+        Ok(sh.wr_id_at(wqe_counter))
     }
 
     /// Copy `out.len()` bytes of the SQ ring starting at the WQE whose first WQEBB has
@@ -258,15 +270,17 @@ impl SendQueue {
 
     /// Reset all indices (QP moved to RESET).
     pub(crate) fn reset(&mut self) {
+        // WR ordinals go on across the reset (the WQEBB counter restarts: the device's SQ does):
+        // every WR outstanding now is discarded (tail = head), and no record, pending report
+        // or CQE of the old WRs can name an ordinal a new WR takes (docs/datapath.md §4.5).
         self.q.cur_post = 0;
-        self.q.head = 0;
         self.q.credits = 0;
-        self.q.shared.tail.store(0, Ordering::Release);
+        self.q.shared.tail.store(self.q.head, Ordering::Release);
         self.q.shared.clear_records();
         self.q.pend = Pending::default();
         self.ring.ring_mut().zero();
         if let Some(r) = self.q.shared.rec.get() {
-            r.sq_reset();
+            r.sq_reset(self.q.head);
         }
     }
 

@@ -135,7 +135,7 @@ pub fn bench_rs_poll_cqe_verbs(cq: &mut Cq, wc: &mut [WorkCompletion; 1]) -> usi
 #[inline(never)]
 pub fn bench_rs_poll_cqe_lowlevel(cq: &mut RawCq, sq: &mut SendQueue) -> Option<(u64, CqeOpcode)> {
     let cqe = cq.next()?;
-    let wr_id = sq.retire(cqe.wqe_counter());
+    let wr_id = sq.retire(cqe.wqe_counter()).ok()?;
     cq.publish_ci();
     Some((wr_id, cqe.opcode()))
 }
@@ -194,7 +194,7 @@ pub fn bench_rs_poll_recv_lowlevel(
     rq: &mut RecvQueue,
 ) -> Option<(u64, CqeOpcode, u32)> {
     let cqe = cq.next()?;
-    let wr_id = rq.retire(cqe.wqe_counter());
+    let wr_id = rq.retire(cqe.wqe_counter()).ok()?;
     cq.publish_ci();
     Some((wr_id, cqe.opcode(), cqe.byte_len()))
 }
