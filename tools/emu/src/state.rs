@@ -38,7 +38,7 @@ impl Obj {
             | Obj::Srq(n)
             | Obj::Ah(n)
             | Obj::Uar(n)
-            | Obj::Flow(n) => n,
+            | Obj::Flow(n)
             | Obj::Xrcd(n) => n,
         }
     }
