@@ -54,7 +54,9 @@ pub fn preload_so() -> Result<PathBuf, String> {
     let name = "libmlx5_emu_preload.so";
     let mut tried = Vec::new();
     for dir in exe.ancestors().skip(1).take(3) {
-        for p in [dir.join(name), dir.join("deps").join(name)] {
+        // `deps/` first: `cargo test` refreshes it on every build, while the copy a `cargo build`
+        // put beside it can be older than the sources.
+        for p in [dir.join("deps").join(name), dir.join(name)] {
             if p.exists() {
                 return Ok(p);
             }

@@ -43,6 +43,15 @@ pub fn lib_dir() -> PathBuf {
     dir.to_path_buf()
 }
 
+/// A library cargo built for these tests: `target/<profile>/deps/NAME`, where `cargo test`
+/// leaves a dependency's cdylib (fresh for this build: a clean clone running only `cargo test`
+/// has it there alone), else the copy a `cargo build` put in `target/<profile>/`.
+pub fn built_lib(name: &str) -> PathBuf {
+    let d = lib_dir();
+    let fresh = d.join("deps").join(name);
+    if fresh.exists() { fresh } else { d.join(name) }
+}
+
 /// The real ConnectX the twin tests run on (`MLX5_TEST_DEVICE`), if any.
 pub fn real_device() -> Option<String> {
     std::env::var("MLX5_TEST_DEVICE")
@@ -58,8 +67,10 @@ pub fn device() -> String {
 /// The environment of one side: the emulator's front door (unless on a real NIC), then ours,
 /// with the provider choice and the log line on.
 pub fn preload_env(side: Side) -> Vec<(String, String)> {
-    let d = lib_dir();
-    let (emu, ours) = (d.join("libmlx5_emu_preload.so"), d.join("libmlx5rs.so"));
+    let (emu, ours) = (
+        built_lib("libmlx5_emu_preload.so"),
+        built_lib("libmlx5rs.so"),
+    );
     assert!(ours.exists(), "{} missing", ours.display());
     let preload = if real_device().is_some() {
         ours.display().to_string()
