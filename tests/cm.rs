@@ -160,16 +160,9 @@ fn example_rping() -> PathBuf {
 }
 
 fn preload_so() -> PathBuf {
-    if let Some(p) = std::env::var_os("MLX5_EMU_PRELOAD_SO") {
-        return PathBuf::from(p);
-    }
-    let p = profile_dir().join("libmlx5_emu_preload.so");
-    assert!(
-        p.exists(),
-        "{} not built: build the workspace (mlx5-emu-preload)",
-        p.display()
-    );
-    p
+    // The one search of the workspace's tests (`MLX5_EMU_PRELOAD_SO`, then the cargo output
+    // directories, the fresh `deps/` copy first).
+    mlx5_emu::cprog::preload_so().unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// A command in a private rdma_cm port space, with a clean emulator environment.
