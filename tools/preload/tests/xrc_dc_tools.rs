@@ -8,124 +8,22 @@
 //!   `ib_write_lat`, `ib_read_lat` and `ib_write_bw`: short runs, every one must exit 0 and
 //!   print its result line, both sides through the emulated kernel's XRC/DC objects.
 
-use std::fs;
-use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
+mod common;
+
+use std::process::Command;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-/// The shim, built by cargo next to this test binary; `MLX5_EMU_PRELOAD_SO` overrides.
-fn preload_so() -> PathBuf {
-    if let Some(p) = std::env::var_os("MLX5_EMU_PRELOAD_SO") {
-        return PathBuf::from(p);
-    }
-    let exe = std::env::current_exe().expect("test binary path");
-    let deps = exe.parent().expect("deps dir");
-    let name = "libmlx5_emu_preload.so";
-    for dir in [deps, deps.parent().unwrap_or(deps)] {
-        let p = dir.join(name);
-        if p.exists() {
-            return p;
-        }
-    }
-    panic!(
-        "{name} not found next to {}; build the crate first",
-        exe.display()
-    );
-}
+use common::{Bg, free_port, listening, wait_limited};
 
-/// A command with the shim preloaded, its trace on, and a clean `MLX5_EMU_*` environment.
+/// A command with the shim preloaded, its trace on (the tests count the verbs it shows), a
+/// clean environment, then `env` (`common::tool`).
 fn tool(program: &str, env: &[(&str, &str)]) -> Command {
-    let mut cmd = Command::new(program);
-    cmd.env("LD_PRELOAD", preload_so());
-    for (k, _) in std::env::vars() {
-        if k.starts_with("MLX5_EMU_") && k != "MLX5_EMU_PRELOAD_SO" {
-            cmd.env_remove(&k);
-        }
-    }
-    cmd.env_remove("SYSFS_PATH").env("MLX5_EMU_TRACE", "1");
+    let mut cmd = common::tool(program, &[("MLX5_EMU_TRACE", "1")]);
     for (k, v) in env {
         cmd.env(k, v);
     }
     cmd
-}
-
-/// A background process whose output goes to files (removed, and the process killed, on drop).
-struct Bg {
-    child: Child,
-    out: PathBuf,
-    err: PathBuf,
-}
-
-impl Bg {
-    fn start(mut cmd: Command, tag: &str) -> Bg {
-        let file = |ext: &str| {
-            let name = format!("mlx5-xrc-dc.{}.{tag}.{ext}", std::process::id());
-            std::env::temp_dir().join(name)
-        };
-        let (out, err) = (file("out"), file("err"));
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(fs::File::create(&out).unwrap())
-            .stderr(fs::File::create(&err).unwrap())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
-        Bg { child, out, err }
-    }
-
-    fn stdout(&self) -> String {
-        fs::read_to_string(&self.out).unwrap_or_default()
-    }
-
-    fn stderr(&self) -> String {
-        fs::read_to_string(&self.err).unwrap_or_default()
-    }
-
-    /// Wait at most `limit`; kill it if it is still running (`None`).
-    fn wait(&mut self, limit: Duration) -> Option<ExitStatus> {
-        let start = Instant::now();
-        loop {
-            if let Some(s) = self.child.try_wait().expect("try_wait") {
-                return Some(s);
-            }
-            if start.elapsed() > limit {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                return None;
-            }
-            sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Bg {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = fs::remove_file(&self.out);
-        let _ = fs::remove_file(&self.err);
-    }
-}
-
-/// A TCP port nobody listens on now (the kernel's pick).
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
-    l.local_addr().expect("local address").port()
-}
-
-/// Whether some socket listens on TCP `port`, from `/proc/net/tcp*`.
-fn listening(port: u16) -> bool {
-    let want = format!(":{port:04X}");
-    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
-        fs::read_to_string(f)
-            .unwrap_or_default()
-            .lines()
-            .skip(1)
-            .any(|l| {
-                let cols: Vec<&str> = l.split_whitespace().collect();
-                cols.len() > 3 && cols[1].ends_with(&want) && cols[3] == "0A"
-            })
-    })
 }
 
 /// Successful calls of `verb` in a shim trace (write, INVOKE_WRITE or ioctl method alike).
@@ -158,8 +56,8 @@ fn pair(program: &str, args: &[&str], env: &[(&str, &str)]) -> [String; 4] {
         .args(args)
         .arg("localhost");
     let mut client = Bg::start(cmd, &format!("{program}-{port}-client"));
-    let cs = client.wait(Duration::from_secs(60));
-    let ss = server.wait(Duration::from_secs(10));
+    let cs = wait_limited(&mut client.child, Duration::from_secs(60));
+    let ss = wait_limited(&mut server.child, Duration::from_secs(10));
     let all = [
         server.stdout(),
         server.stderr(),

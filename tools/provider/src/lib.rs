@@ -15,6 +15,16 @@
 //!
 //! No panic crosses into C: every entry point runs under [`guard`], which aborts the process
 //! with a message naming the entry point.
+//!
+//! # Safety of the entry points
+//! The `unsafe extern "C" fn`s of the ops tables (`qp.rs`, `cq.rs`, `objects.rs`, `wr.rs`,
+//! `fast.rs`, `device.rs`) share one contract, the one libibverbs keeps for every provider:
+//! each object pointer they take (`ibv_pd`, `ibv_cq`, `ibv_qp`, `ibv_qp_ex`, `ibv_srq`,
+//! `ibv_ah`, `verbs_mr`, `verbs_sysfs_dev`) is one this provider returned and has not yet
+//! destroyed, so it is the first member of the provider's own struct that the `SAFETY`
+//! comment inside names; each buffer argument (`ibv_wc` arrays, work-request chains, attribute
+//! structs) is valid for the length and type `verbs.h` declares for that call. A destroy entry
+//! point is called once per object, after which libibverbs never passes it again.
 
 #![cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 #![allow(missing_debug_implementations)]
