@@ -80,19 +80,21 @@ pub(crate) unsafe fn get(
     if ours.is_null() {
         return rc;
     }
-    // SAFETY: libc filled `*ifap` with a well-formed, null-terminated list it owns; we only
-    // walk it and set its last `ifa_next` (null) to our static entries.
-    unsafe {
-        let mut p = *ifap;
-        if p.is_null() {
-            *ifap = ours;
-            return rc;
-        }
-        while !(*p).ifa_next.is_null() {
-            p = (*p).ifa_next;
-        }
-        (*p).ifa_next = ours;
+    // SAFETY: libc filled `*ifap` with the head of a well-formed, null-terminated list it
+    // owns (or null for none); `ifap` is valid by the caller's contract.
+    let mut p = unsafe { *ifap };
+    if p.is_null() {
+        // SAFETY: as above.
+        unsafe { *ifap = ours };
+        return rc;
     }
+    // SAFETY: `p` is an entry of that list; we only walk it.
+    while let Some(next) = std::ptr::NonNull::new(unsafe { (*p).ifa_next }) {
+        p = next.as_ptr();
+    }
+    // SAFETY: `p` is the list's last entry (its `ifa_next` is null): linking our static
+    // entries after it is the only change to libc's list.
+    unsafe { (*p).ifa_next = ours };
     rc
 }
 
