@@ -886,7 +886,7 @@ impl Iterator for RawCq {
         // A QP attached, detached or reset since the last look (its fence to honour), or a
         // fence still ahead: the checked path.
         if shared.generation.load(Ordering::Relaxed) != users.seen_gen || !users.fences.is_empty() {
-            return raw_next_fenced(shared, users, mr_cache, ring);
+            raw_drop_stale(shared, users, ring);
         }
         let mut t = ring.take()?;
         // (With the flight recorder on, `op_own()` has the format bits set: every CQE takes
@@ -903,28 +903,22 @@ impl Iterator for RawCq {
 }
 
 /// [`RawCq::next`] after the QP list changed or while a fence is ahead: the list reloaded,
-/// CQEs of an earlier life of their queue dropped.
+/// then the CQEs of an earlier life of their queue at the consumer index dropped, up to the
+/// first other one (left for `next` to take: a fence ahead brings every `next` here, so each
+/// CQE before it is checked). Returns nothing, so that the common path keeps its CQE in
+/// registers.
 #[cold]
 #[inline(never)]
-fn raw_next_fenced(
-    shared: &CqShared,
-    users: &mut Users,
-    cache: &mut MrCache,
-    ring: &mut CqeReader,
-) -> Option<RawCqe> {
+fn raw_drop_stale(shared: &CqShared, users: &mut Users, ring: &mut CqeReader) {
     refresh_users(shared, users);
-    loop {
+    while !users.fences.is_empty() {
         let ci = ring.ci();
-        let mut t = ring.take()?;
-        if !users.fences.is_empty() && users.stale(t.be24_at(users.key_at), ci, t.op_own()) {
-            continue;
+        let Some(t) = ring.take() else { return };
+        let (key, op_own) = (t.be24_at(users.key_at), t.op_own());
+        if !users.stale(key, ci, op_own) {
+            ring.untake();
+            return;
         }
-        let mut copy = WcStatus::SUCCESS;
-        if t.op_own() & SCATTER_MASK != 0 {
-            t = raw_scatter(shared, users, cache, t);
-            copy = t.status();
-        }
-        return Some(RawCqe { cqe: t.cqe(), copy });
     }
 }
 

@@ -233,6 +233,13 @@ impl CqeReader {
         })
     }
 
+    /// Give back the entry the last [`take`](Self::take) took (its borrow ended, nothing was
+    /// published since): the next `take` returns it again. Software still owns it.
+    #[inline]
+    pub(crate) fn untake(&mut self) {
+        self.ci = self.ci.wrapping_sub(1);
+    }
+
     /// OR `bits` into the `op_own` byte of every entry taken from now on
     /// ([`TakenCqe::op_own`]): the flight recorder's way to send every CQE to the pollers'
     /// cold paths.
