@@ -205,6 +205,20 @@ fn finish(mut child: Child, limit: Duration) -> (Option<i32>, String) {
     ((!killed).then(|| o.status.code().unwrap_or(-1)), text)
 }
 
+/// rdma-core 44's rping destroys its event channel without joining the thread that reads
+/// CM events: when that thread is descheduled between acknowledging DISCONNECTED and its
+/// next `rdma_get_cm_event`, it reads the freed channel and exits 255 with EBADF (about one
+/// run in fifty on a loaded machine; `tools/preload/tests/rdma_cm_tools.rs` explains it).
+/// Whether `out` is that ending, after all 5 pings and the DISCONNECTED of `side`.
+fn rping_teardown_race(code: Option<i32>, out: &str, side: &str) -> bool {
+    code == Some(255)
+        && out.contains(&format!("{side} DISCONNECT EVENT"))
+        && out
+            .trim_end()
+            .ends_with("rdma_get_cm_event: Bad file descriptor")
+        && (0..5).all(|i| out.contains(&format!("ping data: rdma-ping-{i}: ")))
+}
+
 /// Server `ours_server ? example : rping`, client the other; 5 pings each checked.
 fn interop(ours_server: bool, port: u16) {
     let rping = PathBuf::from("/usr/bin/rping");
@@ -222,23 +236,46 @@ fn interop(ours_server: bool, port: u16) {
     } else {
         (rping.clone(), example_rping())
     };
-    let mut s = command(&sprog, &sargs, &dir, !ours_server).spawn().unwrap();
-    let claim = dir.join(format!("ps0106-port{port}"));
-    let start = Instant::now();
-    while !claim.exists() {
-        assert!(s.try_wait().unwrap().is_none(), "server exited early");
+    let mut raced = Vec::new();
+    let (cout, sout) = loop {
+        // a claim left by a server that is gone would pass for the new one's
+        let claim = dir.join(format!("ps0106-port{port}"));
+        let _ = std::fs::remove_file(&claim);
+        let mut s = command(&sprog, &sargs, &dir, !ours_server).spawn().unwrap();
+        let start = Instant::now();
+        while !claim.exists() {
+            assert!(s.try_wait().unwrap().is_none(), "server exited early");
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "server never listened"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let c = command(&cprog, &cargs, &dir, ours_server).spawn().unwrap();
+        let (crc, cout) = finish(c, Duration::from_secs(30));
+        let (src, sout) = finish(s, Duration::from_secs(10));
+        if crc == Some(0) && src == Some(0) {
+            break (cout, sout);
+        }
+        // Only the unmodified rping's own teardown race is run again (the example never
+        // has it), and only after the exchange was complete on both sides.
+        let (theirs, their_out, side) = if ours_server {
+            (crc, &cout, "client")
+        } else {
+            (src, &sout, "server")
+        };
+        let ours_ok = if ours_server { src } else { crc } == Some(0);
         assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "server never listened"
+            ours_ok && rping_teardown_race(theirs, their_out, side) && raced.len() < 2,
+            "attempt {}: client exit {crc:?}:\n{cout}\nserver exit {src:?}:\n{sout}",
+            raced.len() + 1
         );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let c = command(&cprog, &cargs, &dir, ours_server).spawn().unwrap();
-    let (crc, cout) = finish(c, Duration::from_secs(30));
-    let (src, sout) = finish(s, Duration::from_secs(10));
+        raced.push((crc, src));
+    };
     let _ = std::fs::remove_dir_all(&dir);
-    assert_eq!(crc, Some(0), "client:\n{cout}\nserver:\n{sout}");
-    assert_eq!(src, Some(0), "server:\n{sout}\nclient:\n{cout}");
+    if !raced.is_empty() {
+        eprintln!("rping's teardown race (exit codes client/server) ran again: {raced:?}");
+    }
     for i in 0..5 {
         let line = format!("ping data: rdma-ping-{i}: ");
         assert!(cout.contains(&line), "client lacks {line:?}:\n{cout}");
