@@ -118,6 +118,10 @@ pub mod cap_type {
     pub const ODP: u16 = 0x2;
     pub const ATOMIC: u16 = 0x3;
     pub const ROCE: u16 = 0x4;
+    pub const NIC_FLOW_TABLE: u16 = 0x7;
+    pub const QOS: u16 = 0xc;
+    pub const DEVICE_MEMORY: u16 = 0xf;
+    pub const CRYPTO: u16 = 0x1a;
     pub const GENERAL_2: u16 = 0x20;
 }
 

@@ -219,10 +219,17 @@ fn query_hca_cap(w: &World, ctx: u64, cmd: &[u8]) -> FwResult {
             // 8-byte requests in host endianness (mode 1).
             put(ATOMIC_REQ_8B_ENDIANNESS_MODE, 1);
         }
-        // On-demand paging: none (every ODP capability bit clear); RoCE page and the second
-        // general page: nothing this HCA offers beyond what the general page says.
-        cap_type::ODP | cap_type::GENERAL_2 => {}
-        cap_type::ROCE if roce => {}
+        // On-demand paging (every ODP bit clear), QoS (no packet pacing), device memory (no
+        // MEMIC), crypto, the NIC flow table page and the second general page: a page of
+        // zeros, i.e. none of it, as libmlx5 and UCX read it. The Ethernet pages exist on a
+        // RoCE port only.
+        cap_type::ODP
+        | cap_type::GENERAL_2
+        | cap_type::QOS
+        | cap_type::DEVICE_MEMORY
+        | cap_type::CRYPTO
+        | cap_type::NIC_FLOW_TABLE => {}
+        cap_type::ROCE | cap_type::ETHERNET_OFFLOADS if roce => {}
         _ => return Err(fw_error(status::BAD_PARAM, 0)),
     }
     Ok(out)
