@@ -314,7 +314,7 @@ fn query_hca_cap_answers_what_the_emulated_device_does() {
     assert_eq!(r, Ok(()));
     assert!(o[16..].iter().all(|&b| b == 0));
     // A capability type this firmware has no page for: bad parameter.
-    let (r, x) = cap(0x7);
+    let (r, x) = cap(0x11);
     assert_eq!(r, Err(EREMOTEIO));
     assert_eq!(get_status(&x), status::BAD_PARAM);
     // A mailbox shorter than its header: EINVAL before the firmware.
