@@ -131,10 +131,6 @@ impl CqShared {
     /// # Errors
     /// [`Error::Unsupported`] on a context with CQE version 0, whose CQEs are looked up by QPN
     /// (attach the target QP itself there).
-    #[cfg_attr(
-        not(test),
-        expect(dead_code, reason = "the seam of the XRC target and DCT receive paths")
-    )]
     pub(crate) fn route_srq(&self, key: u32, srq: Arc<SrqShared>) -> Result<()> {
         if self.ctx.cqe_version() != 1 {
             return Err(Error::Unsupported {
@@ -155,10 +151,6 @@ impl CqShared {
     }
 
     /// Forget the route of `key` ([`route_srq`](Self::route_srq)).
-    #[cfg_attr(
-        not(test),
-        expect(dead_code, reason = "the seam of the XRC target and DCT receive paths")
-    )]
     pub(crate) fn unroute_srq(&self, key: u32) {
         let mut u = self.users.lock().unwrap_or_else(|p| p.into_inner());
         u.retain(|x| !(x.qpn == ROUTED && x.uidx == key));
