@@ -30,7 +30,7 @@ const INVALID_BFREG: u32 = 1 << 31;
 const NO_UIDX: u32 = 0xff_ffff;
 
 /// Take (`delta` 1) or drop (-1) a QP's references on its PD, CQs and SRQ.
-fn qp_refs(
+pub(super) fn qp_refs(
     w: &mut World,
     hca: usize,
     (pdn, scq, rcq, srq): (u32, u32, u32, Option<u32>),
