@@ -1130,3 +1130,100 @@ fn random_dc_chains_over_four_dcts_complete_every_posted_wr_once_in_order() {
         random_sequences(false, seed);
     }
 }
+
+#[test]
+fn on_a_roce_port_xrc_and_dc_route_by_gid() {
+    use mlx5::GlobalRoute;
+    let rig = EmuRig::roce();
+    let a = rig.open(0);
+    let b = rig.open(1);
+    let (ga, gb) = (
+        a.find_gid(1).expect("gids").expect("a RoCE v2 GID"),
+        b.find_gid(1).expect("gids").expect("a RoCE v2 GID"),
+    );
+    let pda = Pd::new(&a).expect("PD");
+    let pdb = Pd::new(&b).expect("PD");
+    let mut cqa = cq(&a, 64);
+    let mut cqb = cq(&b, 64);
+    let src = mem(&pda, 4096);
+    let dst = mem(&pdb, 4096);
+    src.buf.write(0, &message(5, 64));
+    let sge = [src.mr.sge(0, 64)];
+    // XRC: initiator on A, target and SRQ on B, connected by GID.
+    let xrcd = XrcDomain::private(&b).expect("domain");
+    let mut xsrq = XrcSrq::new(&xrcd, &pdb, &cqb, 8, 1).expect("XRC SRQ");
+    let mut srq = Srq::new(&pdb, 8, 1).expect("SRQ");
+    for i in 0..4u64 {
+        let r = [dst.mr.sge(i * 256, 256)];
+        let w = [RecvWr {
+            wr_id: i,
+            sg_list: &r,
+        }];
+        xsrq.post_recv(&w).expect("recv");
+        srq.post_recv(&w).expect("recv");
+    }
+    let mut init = QpInitAttr::new(QpType::XrcSend, &cqa, &cqa);
+    init.cap.max_send_wr = 8;
+    let mut ini = XrcSendQp::new(&pda, &init).expect("initiator");
+    let mut tgt = XrcTgtQp::new(&xrcd).expect("target");
+    let pa = knobs().sgid_index(ga.0 as u8);
+    let pb = knobs().sgid_index(gb.0 as u8);
+    let at = |qpn, g: (u32, [u8; 16])| RemoteQp {
+        qpn,
+        psn: 0,
+        lid: 0,
+        gid: Some(g.1),
+    };
+    ini.to_init(1, &pa).expect("INIT");
+    ini.to_rtr(&at(tgt.qpn(), gb), &pa).expect("RTR");
+    ini.to_rts(0, &pa).expect("RTS");
+    tgt.to_init(1, Access::ALL, &pb).expect("INIT");
+    tgt.to_rtr(&at(ini.qpn(), ga), &pb).expect("RTR");
+    tgt.to_rts(0, &pb).expect("RTS");
+    ini.post_send(&[XrcWr {
+        srqn: xsrq.number(),
+        wr: SendWr::send(1, &sge, SendFlags::SIGNALED),
+    }])
+    .expect("post");
+    // DC: a DCI on A to a DCT on B, through an AH with the GRH.
+    let mut dct = Dct::new(&pdb, &cqb, &srq, KEY).expect("DCT");
+    let dctn = dct.activate(1, Access::ALL, &pb).expect("DCT RTR");
+    let mut dinit = QpInitAttr::new(QpType::Dci, &cqa, &cqa);
+    dinit.cap.max_send_wr = 8;
+    let mut dci = Dci::new(&pda, &dinit).expect("DCI");
+    dci.activate(1, 0, &pa).expect("DCI RTS");
+    let ah = Ah::new(
+        &pda,
+        AhAttr {
+            port_num: 1,
+            grh: Some(GlobalRoute {
+                dgid: gb.1,
+                sgid_index: ga.0 as u8,
+                hop_limit: 64,
+                ..GlobalRoute::default()
+            }),
+            ..AhAttr::default()
+        },
+    )
+    .expect("AH");
+    let to = DcAddr::new(&ah, dctn, KEY).expect("address");
+    dci.post_send(&[DcWr {
+        dest: &to,
+        wr: SendWr::send(2, &sge, SendFlags::SIGNALED),
+    }])
+    .expect("post");
+    let sent = collect(&rig, &mut cqa, 2, 10_000);
+    assert_eq!(
+        sent.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        [(1, WcStatus::SUCCESS), (2, WcStatus::SUCCESS)]
+    );
+    let got = collect(&rig, &mut cqb, 2, 10_000);
+    let mut by: Vec<_> = got.iter().map(|w| (w.qp_num, w.byte_len)).collect();
+    by.sort();
+    let mut want = vec![(tgt.qpn(), 64), (dctn, 64)];
+    want.sort();
+    assert_eq!(by, want, "{got:?}");
+    let mut b = vec![0u8; 64];
+    dst.buf.read(0, &mut b);
+    assert_eq!(b, message(5, 64));
+}
