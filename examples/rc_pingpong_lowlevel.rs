@@ -37,6 +37,8 @@ const RX_DEPTH: u32 = 32;
 const SIGNAL_EVERY: u64 = 8;
 /// Raw completions taken per poll batch.
 const BATCH: usize = 16;
+/// What a thread says when another one failed first.
+const STOPPED: &str = "stopped: another thread failed";
 /// A run that takes longer than this is a failure, not a hang.
 const DEADLINE: Duration = Duration::from_secs(30);
 
@@ -116,6 +118,11 @@ fn run() -> Result<(), Box<dyn Error + Send + Sync>> {
     let start = Instant::now();
     let (sq, rq) = a.split();
     let rq = rq.ok_or("A has no receive queue")?;
+    // A's receives are posted before any thread starts: the first pong must find one.
+    for slot in 0..u64::from(RX_DEPTH) {
+        rq.push(slot, &[a_mr.sge(slot * SIZE as u64, SIZE as u32)])?;
+    }
+    rq.publish();
 
     let (tx, rx, echoed) = std::thread::scope(|s| {
         let tx = s.spawn(|| {
@@ -135,6 +142,15 @@ fn run() -> Result<(), Box<dyn Error + Send + Sync>> {
         });
         (join(tx), join(rx), echoed)
     });
+    // The first real failure, not the "another thread failed" of the threads it stopped.
+    let first = [tx.as_ref().err(), rx.as_ref().err(), echoed.as_ref().err()]
+        .into_iter()
+        .flatten()
+        .map(|e| e.to_string())
+        .find(|e| e != STOPPED);
+    if let Some(e) = first {
+        return Err(e.into());
+    }
     let (signaled, batches) = (tx?, rx?);
     echoed?;
     let elapsed = start.elapsed();
@@ -206,8 +222,8 @@ fn sender(
     Ok(signaled)
 }
 
-/// A's receive half: batches of raw receive completions, each message checked, the used
-/// receives pushed again and published once per batch.
+/// A's receive half (its receives already posted): batches of raw receive completions, each
+/// message checked, the used receives pushed again and published once per batch.
 #[allow(clippy::too_many_arguments)]
 fn receiver(
     rq: &mut RecvQueue,
@@ -219,10 +235,6 @@ fn receiver(
     deadline: Instant,
     abort: &AtomicBool,
 ) -> Res<u64> {
-    for slot in 0..u64::from(RX_DEPTH) {
-        rq.push(slot, &[mr.sge(slot * SIZE as u64, SIZE as u32)])?;
-    }
-    rq.publish();
     let (mut got, mut batches) = (0u64, 0u64);
     while got < total {
         let mut n = 0;
@@ -286,14 +298,16 @@ fn echo(
             } else {
                 SendFlags::default()
             };
-            b.post_send(&[SendWr::send_inline(echoed, &data, flags)])
-                .map_err(|(_, e)| e)?;
+            // The receive goes back before the echo: A sends its next ping as soon as the
+            // pong arrives, and the credit it then uses is this receive.
             let sge = [mr.sge(wc.wr_id * SIZE as u64, SIZE as u32)];
             b.post_recv(&[RecvWr {
                 wr_id: wc.wr_id,
                 sg_list: &sge,
             }])
             .map_err(|(_, e)| e)?;
+            b.post_send(&[SendWr::send_inline(echoed, &data, flags)])
+                .map_err(|(_, e)| e)?;
             echoed += 1;
         }
         // Signaled echo completions free the send queue (the verbs poller retires them).
@@ -328,7 +342,7 @@ fn message(i: u64) -> [u8; SIZE] {
 /// Nothing to do: give the CPU away, and stop at the deadline or when another thread failed.
 fn idle(deadline: Instant, abort: &AtomicBool, waiting_for: &str) -> Res<()> {
     if abort.load(Ordering::Relaxed) {
-        return Err("stopped: another thread failed".into());
+        return Err(STOPPED.into());
     }
     if Instant::now() > deadline {
         return Err(format!("no {waiting_for} within {DEADLINE:?}").into());
