@@ -170,7 +170,7 @@ pub use mem::dma_buf::UserMemory;
 pub use mem::{Backing, DmaBuf, HugePolicy};
 pub use pd::{Access, Mr, Pd};
 pub use qp::{AnyPayload, Gather, Inline, NoPayload, PayloadKind};
-pub use qp::{BfPolicy, BfregInfo, RecvQueue, SendQueue, SqStats, WqeBuilder};
+pub use qp::{BfPolicy, BfregInfo, RecvQueue, SendQueue, SqStats, UncheckedBatch, WqeBuilder};
 pub use qp::{ConnectParams, Mtu, Qp, QpAttr, QpCap, QpInitAttr, QpState, QpType, RemoteQp};
 pub use recorder::{RecorderCallback, RecorderConfig, RecorderDump};
 pub use srq::Srq;

@@ -6,12 +6,13 @@
 pub(crate) mod rq;
 pub(crate) mod sq;
 mod transport;
+mod unchecked;
 pub(crate) use transport::initiator_transition;
 
 pub use rq::{RecvQueue, RqGeometry, rq_geometry};
 pub use sq::{
     AnyPayload, BfPolicy, BfregInfo, Gather, Inline, NoPayload, PayloadKind, SendQueue, SqGeometry,
-    SqStats, WqeBuilder, sq_geometry, sq_overhead,
+    SqStats, UncheckedBatch, WqeBuilder, sq_geometry, sq_overhead,
 };
 
 pub use crate::types::{Mtu, QpState, QpType};
@@ -569,6 +570,7 @@ impl Qp {
             } else {
                 None
             },
+            fence: None,
             srq: if std::ptr::eq(
                 init.send_cq.shared().as_ref(),
                 init.recv_cq.shared().as_ref(),
@@ -588,6 +590,7 @@ impl Qp {
                 sq: None,
                 rq: rq.as_ref().map(|r| r.shared().clone()),
                 srq: init.srq.map(|s| s.shared.clone()),
+                fence: None,
             });
         }
         let granted = QpCap {
@@ -749,10 +752,11 @@ impl Qp {
     /// lag behind the device (a QP the device moved to ERR or SQE); that only makes the check
     /// more permissive (every state may go to RESET and ERR), the kernel still has the last word.
     ///
-    /// Moving to RESET zeroes the queue indices and doorbell records. Poll the QP's CQs empty
-    /// first: unlike libmlx5's "CQ clean", this driver never rewrites a CQ ring behind its
-    /// poller's back (the poller owns it, lock-free), so CQEs left from before the reset would be
-    /// attributed to the QP's new life.
+    /// Moving to RESET zeroes the queue indices and doorbell records and discards every
+    /// outstanding WR. What the CQs still hold of the QP's old life completes nothing of the
+    /// new one: as libmlx5's "CQ clean", but without rewriting a ring behind its lock-free
+    /// poller, the CQs fence the QP's CQEs written so far and their pollers drop them
+    /// (`CqShared::fence`); a `Cq` drops pending unsignaled reports of it.
     ///
     /// # Errors
     /// [`Error::QpTransition`] for a transition the state machine lacks (RESET→RTR);
@@ -872,6 +876,11 @@ impl Qp {
                 }
                 // The records are shared by SQ and RQ; zero them once both are reset.
                 self.sq_dbrec_clear();
+                // The CQEs of the old life still in the CQs complete nothing of the new one.
+                self.handle.send_cq.fence(self.handle.qpn);
+                if !Arc::ptr_eq(&self.handle.send_cq, &self.handle.recv_cq) {
+                    self.handle.recv_cq.fence(self.handle.qpn);
+                }
             }
             QpState::Init | QpState::Rtr => {
                 if let Some(rq) = self.rq.as_mut() {
