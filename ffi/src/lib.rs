@@ -12,6 +12,7 @@
 //!   safety rests on), [`surface::Errno`], [`surface::UverbsFd`]
 //! - [`sysfs`]: discovery of real uverbs devices
 //! - [`ucma`]: `<rdma/rdma_user_cm.h>` (the rdma_cm write() commands and events)
+//! - [`prm`]: the PRM command mailboxes DEVX carries (opcodes, statuses, bit fields)
 //! - [`xrc_dc`]: XRC domains, `OPEN_QP`, the XRCD ioctl ids and mlx5's DC constants
 //!
 //! `tests/header_check.rs` proves every struct size, field offset and constant against the
@@ -21,6 +22,7 @@ pub mod cmd;
 pub mod flow;
 pub mod ioctl;
 pub mod mlx5;
+pub mod prm;
 pub mod surface;
 pub mod sysfs;
 pub mod ucma;

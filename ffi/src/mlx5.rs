@@ -219,6 +219,74 @@ pub const MLX5_IB_ATTR_DEVX_OBJ_CREATE_CMD_IN: u16 = MLX5_IB_ATTR_DEVX_OBJ_CREAT
 /// DEVX_OBJ create attribute: the PRM answer (out).
 pub const MLX5_IB_ATTR_DEVX_OBJ_CREATE_CMD_OUT: u16 = MLX5_IB_ATTR_DEVX_OBJ_CREATE_HANDLE + 2;
 
+/// DEVX_OBJ method: destroy a firmware object.
+pub const MLX5_IB_METHOD_DEVX_OBJ_DESTROY: u16 = MLX5_IB_METHOD_DEVX_OBJ_CREATE + 1;
+/// DEVX_OBJ method: modify a firmware object.
+pub const MLX5_IB_METHOD_DEVX_OBJ_MODIFY: u16 = MLX5_IB_METHOD_DEVX_OBJ_CREATE + 2;
+/// DEVX_OBJ method: query a firmware object.
+pub const MLX5_IB_METHOD_DEVX_OBJ_QUERY: u16 = MLX5_IB_METHOD_DEVX_OBJ_CREATE + 3;
+/// DEVX_OBJ destroy attribute: the handle.
+pub const MLX5_IB_ATTR_DEVX_OBJ_DESTROY_HANDLE: u16 = UVERBS_UDATA_DRIVER_DATA_FLAG as u16;
+/// DEVX_OBJ modify attribute: the handle (a DEVX object or a verbs QP/CQ/SRQ).
+pub const MLX5_IB_ATTR_DEVX_OBJ_MODIFY_HANDLE: u16 = UVERBS_UDATA_DRIVER_DATA_FLAG as u16;
+/// DEVX_OBJ modify attribute: the PRM command (in).
+pub const MLX5_IB_ATTR_DEVX_OBJ_MODIFY_CMD_IN: u16 = MLX5_IB_ATTR_DEVX_OBJ_MODIFY_HANDLE + 1;
+/// DEVX_OBJ modify attribute: the PRM answer (out).
+pub const MLX5_IB_ATTR_DEVX_OBJ_MODIFY_CMD_OUT: u16 = MLX5_IB_ATTR_DEVX_OBJ_MODIFY_HANDLE + 2;
+/// DEVX_OBJ query attribute: the handle.
+pub const MLX5_IB_ATTR_DEVX_OBJ_QUERY_HANDLE: u16 = UVERBS_UDATA_DRIVER_DATA_FLAG as u16;
+/// DEVX_OBJ query attribute: the PRM command (in).
+pub const MLX5_IB_ATTR_DEVX_OBJ_QUERY_CMD_IN: u16 = MLX5_IB_ATTR_DEVX_OBJ_QUERY_HANDLE + 1;
+/// DEVX_OBJ query attribute: the PRM answer (out).
+pub const MLX5_IB_ATTR_DEVX_OBJ_QUERY_CMD_OUT: u16 = MLX5_IB_ATTR_DEVX_OBJ_QUERY_HANDLE + 2;
+/// DEVX_QUERY_UAR attribute: the user's bfreg index (in).
+pub const MLX5_IB_ATTR_DEVX_QUERY_UAR_USER_IDX: u16 = UVERBS_UDATA_DRIVER_DATA_FLAG as u16;
+/// DEVX_QUERY_UAR attribute: the device's UAR index (out).
+pub const MLX5_IB_ATTR_DEVX_QUERY_UAR_DEV_IDX: u16 = MLX5_IB_ATTR_DEVX_QUERY_UAR_USER_IDX + 1;
+/// DEVX_SUBSCRIBE_EVENT attribute: the event channel's fd.
+pub const MLX5_IB_ATTR_DEVX_SUBSCRIBE_EVENT_FD_HANDLE: u16 = UVERBS_UDATA_DRIVER_DATA_FLAG as u16;
+/// DEVX_SUBSCRIBE_EVENT attribute: the object (handle; absent: unaffiliated events).
+pub const MLX5_IB_ATTR_DEVX_SUBSCRIBE_EVENT_OBJ_HANDLE: u16 =
+    MLX5_IB_ATTR_DEVX_SUBSCRIBE_EVENT_FD_HANDLE + 1;
+/// DEVX_SUBSCRIBE_EVENT attribute: the event numbers (u16 array).
+pub const MLX5_IB_ATTR_DEVX_SUBSCRIBE_EVENT_TYPE_NUM_LIST: u16 =
+    MLX5_IB_ATTR_DEVX_SUBSCRIBE_EVENT_FD_HANDLE + 2;
+/// DEVX_SUBSCRIBE_EVENT attribute: an eventfd to signal (optional).
+pub const MLX5_IB_ATTR_DEVX_SUBSCRIBE_EVENT_FD_NUM: u16 =
+    MLX5_IB_ATTR_DEVX_SUBSCRIBE_EVENT_FD_HANDLE + 3;
+/// DEVX_SUBSCRIBE_EVENT attribute: the cookie reported with each event (u64).
+pub const MLX5_IB_ATTR_DEVX_SUBSCRIBE_EVENT_COOKIE: u16 =
+    MLX5_IB_ATTR_DEVX_SUBSCRIBE_EVENT_FD_HANDLE + 4;
+/// DEVX_UMEM method: register user memory.
+pub const MLX5_IB_METHOD_DEVX_UMEM_REG: u16 = UVERBS_UDATA_DRIVER_DATA_FLAG as u16;
+/// DEVX_UMEM method: deregister.
+pub const MLX5_IB_METHOD_DEVX_UMEM_DEREG: u16 = MLX5_IB_METHOD_DEVX_UMEM_REG + 1;
+/// UMEM_REG attribute: new handle (IDR out).
+pub const MLX5_IB_ATTR_DEVX_UMEM_REG_HANDLE: u16 = UVERBS_UDATA_DRIVER_DATA_FLAG as u16;
+/// UMEM_REG attribute: start address (u64 in).
+pub const MLX5_IB_ATTR_DEVX_UMEM_REG_ADDR: u16 = MLX5_IB_ATTR_DEVX_UMEM_REG_HANDLE + 1;
+/// UMEM_REG attribute: length (u64 in).
+pub const MLX5_IB_ATTR_DEVX_UMEM_REG_LEN: u16 = MLX5_IB_ATTR_DEVX_UMEM_REG_HANDLE + 2;
+/// UMEM_REG attribute: access flags (u32 in).
+pub const MLX5_IB_ATTR_DEVX_UMEM_REG_ACCESS: u16 = MLX5_IB_ATTR_DEVX_UMEM_REG_HANDLE + 3;
+/// UMEM_REG attribute: the umem id (u32 out).
+pub const MLX5_IB_ATTR_DEVX_UMEM_REG_OUT_ID: u16 = MLX5_IB_ATTR_DEVX_UMEM_REG_HANDLE + 4;
+/// UMEM_REG attribute: page sizes the caller accepts (u64 in, optional).
+pub const MLX5_IB_ATTR_DEVX_UMEM_REG_PGSZ_BITMAP: u16 = MLX5_IB_ATTR_DEVX_UMEM_REG_HANDLE + 5;
+/// UMEM_REG attribute: a dma-buf fd instead of an address (optional).
+pub const MLX5_IB_ATTR_DEVX_UMEM_REG_DMABUF_FD: u16 = MLX5_IB_ATTR_DEVX_UMEM_REG_HANDLE + 6;
+/// UMEM_DEREG attribute: the handle.
+pub const MLX5_IB_ATTR_DEVX_UMEM_DEREG_HANDLE: u16 = UVERBS_UDATA_DRIVER_DATA_FLAG as u16;
+/// DEVX_ASYNC_EVENT_FD method: allocate an event channel.
+pub const MLX5_IB_METHOD_DEVX_ASYNC_EVENT_FD_ALLOC: u16 = UVERBS_UDATA_DRIVER_DATA_FLAG as u16;
+/// ASYNC_EVENT_FD_ALLOC attribute: the new fd (FD out).
+pub const MLX5_IB_ATTR_DEVX_ASYNC_EVENT_FD_ALLOC_HANDLE: u16 = UVERBS_UDATA_DRIVER_DATA_FLAG as u16;
+/// ASYNC_EVENT_FD_ALLOC attribute: flags (`MLX5_IB_UAPI_DEVX_CR_EV_CH_FLAGS_*`).
+pub const MLX5_IB_ATTR_DEVX_ASYNC_EVENT_FD_ALLOC_FLAGS: u16 =
+    MLX5_IB_ATTR_DEVX_ASYNC_EVENT_FD_ALLOC_HANDLE + 1;
+/// Event channel flag: events carry the cookie only, no EQE data.
+pub const MLX5_IB_UAPI_DEVX_CR_EV_CH_FLAGS_OMIT_DATA: u32 = 1 << 0;
+
 /// PRM command opcodes that mlx5_ib's DEVX lets a context without a DEVX uid run through
 /// the device's own uid (`devx_is_whitelist_cmd` in the kernel's devx.c): QUERY_HCA_CAP,
 /// QUERY_HCA_VPORT_CONTEXT, QUERY_ESW_VPORT_CONTEXT, QUERY_ESW_FUNCTIONS. PRM numbers (no

@@ -3,6 +3,7 @@
 
 // The queues' internals (ring layout, WQE encoding) are crate-private; their user-facing
 // types are re-exported here and at the crate root.
+mod mcast;
 pub(crate) mod rq;
 pub(crate) mod sq;
 mod transport;

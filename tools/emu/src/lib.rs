@@ -28,9 +28,11 @@
 //! kernel flavour a context that asks for `MLX5_LIB_CAP_DYN_UAR` allocates UAR pages with
 //! the `MLX5_IB_OBJECT_UAR` methods instead, as on current kernels.
 //!
-//! What the emulated kernel/device deliberately does not do (yet): DEVX and the mlx5 VAR
-//! object, memory windows and UMR (LOCAL_INV,
-//! BIND_MW: local QP operation error), CQE compression, resize CQ, XRC/DC/RAW_PACKET QPs.
+//! DEVX (PRM commands of a DEVX context) is answered for what UCX and rdma-core ask: the
+//! capability pages, umems, DEVX QP/DCT/RMP objects and event channels
+//! (`docs/emulator-kernel.md`). What the emulated kernel/device deliberately does not do
+//! (yet): the mlx5 VAR object, memory windows and UMR (LOCAL_INV, BIND_MW: local QP
+//! operation error), CQE compression, resize CQ.
 //! The port is InfiniBand by default (LID-routed, one GID: link-local prefix + node GUID,
 //! one P_Key); [`EmuConfig::link_layer`] = [`LinkLayer::Ethernet`] makes it a RoCE port
 //! (GID-routed, RoCE v1/v2 GID table, destination MACs; the fabric between processes is
@@ -122,8 +124,9 @@ pub enum Flavour {
     Eproto,
     /// A modern kernel: `INVOKE_WRITE` tunnels every write command, and the object methods
     /// DEVICE (GET_CONTEXT, QUERY_PORT, QUERY_GID_TABLE/ENTRY), ASYNC_EVENT alloc,
-    /// CQ/QP/SRQ create+destroy and PD/MR/AH destroy exist; other methods (DEVX, UAR objects,
-    /// ...) answer `EPROTONOSUPPORT`, which libibverbs treats as "use write()".
+    /// CQ/QP/SRQ create+destroy and PD/MR/AH destroy exist, with the mlx5 UAR and DEVX
+    /// objects; other methods answer `EPROTONOSUPPORT`, which libibverbs treats as "use
+    /// write()".
     #[default]
     Modern,
 }
@@ -785,6 +788,7 @@ impl Emulator {
             trace: Default::default(),
             wake: wake.clone(),
             cm: Default::default(),
+            mcast: Default::default(),
         };
         let shared = Arc::new(Shared {
             world: Mutex::new(world),

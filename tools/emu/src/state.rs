@@ -66,6 +66,8 @@ pub(crate) struct Context {
     pub(crate) comp_by_fd: BTreeMap<i32, usize>,
     pub(crate) handles: BTreeMap<u32, Obj>,
     pub(crate) next_handle: u32,
+    /// DEVX umems, objects and event channels (`kernel/devx.rs`).
+    pub(crate) devx: crate::kernel::devx::Devx,
 }
 
 /// A protection domain.
@@ -332,6 +334,8 @@ pub(crate) struct World {
     pub(crate) wake: Option<std::sync::Arc<crate::uar::Wake>>,
     /// The rdma_cm ids, event channels and connections (`kernel/ucma.rs`).
     pub(crate) cm: crate::kernel::ucma::Cm,
+    /// Multicast attachments (`kernel/mcast.rs`).
+    pub(crate) mcast: crate::kernel::mcast::Groups,
 }
 
 impl World {

@@ -442,7 +442,8 @@ pub(crate) fn rung_shared_register(
         .contexts
         .get(&ctx)
         .and_then(|c| c.bfreg_users.get(bfreg as usize))
-        .is_some_and(|&n| n > 1);
+        .is_some_and(|&n| n > 1)
+        || bfreg & crate::kernel::devx::DEVX_UAR_BFREG != 0 && bfreg != u32::MAX;
     if !shared {
         return;
     }

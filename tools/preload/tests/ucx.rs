@@ -6,7 +6,8 @@
 //! system call; before the seccomp trap (`docs/emulator-preload.md`) `ibv_open_device` failed
 //! and no `mlx5_0` transport was listed. It reads the PCI ids through the `realpath` of the
 //! class entry; before the kernel's sysfs layout it saw a generic HCA and offered no
-//! `rc_mlx5`/`ud_mlx5`.
+//! `rc_mlx5`/`ud_mlx5`. With DEVX (`kernel/devx.rs`) UCX opens its DEVX memory domain: RC
+//! and DC QPs on umems, RMP receive queues, device atomics, and `dc_mlx5`.
 
 mod common;
 
@@ -56,7 +57,7 @@ fn ucx_info_lists_the_mlx5_transports_with_no_setting_changed() {
         "{out}"
     );
     let got = transports_on(&out, "mlx5_0:1");
-    for t in ["rc_mlx5", "ud_mlx5", "rc_verbs", "ud_verbs"] {
+    for t in ["rc_mlx5", "ud_mlx5", "rc_verbs", "ud_verbs", "dc_mlx5"] {
         assert!(
             got.contains(t),
             "{t} missing on mlx5_0:1 (found {got:?})\n{out}"
@@ -66,6 +67,59 @@ fn ucx_info_lists_the_mlx5_transports_with_no_setting_changed() {
 
 /// Iterations per `ucx_perftest` run: each run is dominated by the two processes' start.
 const ITERS: u32 = 20;
+
+/// One `ucx_perftest` test between a server and a client process, both with `env`; the
+/// client runs `test` with `extra` arguments. Both must succeed, every iteration complete and
+/// neither print an error. Returns the client's standard output and error.
+fn perftest_pair(tls: &str, test: &str, env: &[(&str, &str)], extra: &[&str]) -> (String, String) {
+    let port = free_port();
+    let mut env = env.to_vec();
+    env.push(("UCX_TLS", tls));
+    let mut cmd = tool("ucx_perftest", &env);
+    cmd.args(["-p", &port.to_string()]);
+    let mut server = Bg::start(cmd, &format!("perftest-{tls}-{test}-server"));
+    assert!(
+        wait_until(Duration::from_secs(30), || listening(port)),
+        "{test} over {tls}: the server never listened\n{}\n{}",
+        server.stdout(),
+        server.stderr()
+    );
+    let mut cmd = tool("ucx_perftest", &env);
+    cmd.args(["127.0.0.1", "-p", &port.to_string(), "-t", test])
+        .args(["-n", &ITERS.to_string()])
+        .args(extra);
+    let (status, out, err) = run(
+        cmd,
+        &format!("perftest-{tls}-{test}-client"),
+        Duration::from_secs(60),
+    );
+    let (sstatus, sout, serr) = server.finish(Duration::from_secs(20));
+    let report = format!("client:\n{out}\n{err}\nserver:\n{sout}\n{serr}");
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "{test} over {tls}: the client failed\n{report}"
+    );
+    assert!(
+        sstatus.is_some_and(|s| s.success()),
+        "{test} over {tls}: the server failed\n{report}"
+    );
+    // "Final: <iterations> <latency columns> ...": every iteration completed.
+    let fin = out
+        .lines()
+        .find_map(|l| l.strip_prefix("Final:"))
+        .unwrap_or_else(|| panic!("{test} over {tls}: no final line\n{report}"));
+    let n: u32 = fin
+        .split_whitespace()
+        .next()
+        .and_then(|w| w.parse().ok())
+        .unwrap_or(0);
+    assert_eq!(n, ITERS, "{test} over {tls}\n{report}");
+    assert!(
+        !err.contains("rror") && !serr.contains("rror"),
+        "{test} over {tls}\n{report}"
+    );
+    (out, err)
+}
 
 /// The UCP tests of the issue, over `tls` (one `UCX_TLS` alias), each between a server and
 /// a client process.
@@ -82,50 +136,7 @@ fn ucp_tests_over(tls: &str) {
         "stream_lat",
         "tag_bw",
     ] {
-        let port = free_port();
-        let env = [("UCX_TLS", tls)];
-        let mut cmd = tool("ucx_perftest", &env);
-        cmd.args(["-p", &port.to_string()]);
-        let mut server = Bg::start(cmd, &format!("perftest-{tls}-{test}-server"));
-        assert!(
-            wait_until(Duration::from_secs(30), || listening(port)),
-            "{test} over {tls}: the server never listened\n{}\n{}",
-            server.stdout(),
-            server.stderr()
-        );
-        let mut cmd = tool("ucx_perftest", &env);
-        cmd.args(["127.0.0.1", "-p", &port.to_string(), "-t", test])
-            .args(["-n", &ITERS.to_string()]);
-        let (status, out, err) = run(
-            cmd,
-            &format!("perftest-{tls}-{test}-client"),
-            Duration::from_secs(60),
-        );
-        let (sstatus, sout, serr) = server.finish(Duration::from_secs(20));
-        let report = format!("client:\n{out}\n{err}\nserver:\n{sout}\n{serr}");
-        assert!(
-            status.is_some_and(|s| s.success()),
-            "{test} over {tls}: the client failed\n{report}"
-        );
-        assert!(
-            sstatus.is_some_and(|s| s.success()),
-            "{test} over {tls}: the server failed\n{report}"
-        );
-        // "Final: <iterations> <latency columns> ...": every iteration completed.
-        let fin = out
-            .lines()
-            .find_map(|l| l.strip_prefix("Final:"))
-            .unwrap_or_else(|| panic!("{test} over {tls}: no final line\n{report}"));
-        let n: u32 = fin
-            .split_whitespace()
-            .next()
-            .and_then(|w| w.parse().ok())
-            .unwrap_or(0);
-        assert_eq!(n, ITERS, "{test} over {tls}\n{report}");
-        assert!(
-            !err.contains("rror") && !serr.contains("rror"),
-            "{test} over {tls}\n{report}"
-        );
+        perftest_pair(tls, test, &[], &[]);
     }
 }
 
@@ -231,4 +242,49 @@ fn uct_am_zcopy_carries_every_byte_over_rc_mlx5() {
 #[test]
 fn uct_am_zcopy_carries_every_byte_over_ud_mlx5() {
     am_zcopy_carries_every_byte("ud_mlx5");
+}
+
+/// With DEVX (`kernel/devx.rs`) UCX reads the atomic capability page and runs UCP atomics
+/// on the device: its endpoint configuration has an `amo(rc_mlx5/...)` lane, not `amo_am`
+/// (before, every atomic went over active messages and UCT `swap` was refused).
+#[test]
+fn ucp_atomics_run_on_the_device_and_uct_swap_runs_over_rc_mlx5() {
+    need("ucx_perftest");
+    let _one = one_at_a_time();
+    let (out, err) = perftest_pair("rc_x", "ucp_fadd", &[("UCX_LOG_LEVEL", "info")], &[]);
+    // UCX logs to standard output unless told otherwise.
+    let log = format!("{out}{err}");
+    let lanes: Vec<&str> = log.lines().filter(|l| l.contains("ep_cfg[")).collect();
+    assert!(
+        lanes.iter().any(|l| l.contains("amo(rc_mlx5/mlx5_0:1)")),
+        "no device atomic lane\n{log}"
+    );
+    assert!(
+        !lanes.iter().any(|l| l.contains("amo_am")),
+        "atomics over active messages\n{log}"
+    );
+    // UCT: 8-byte swap and 4-byte masked compare-and-swap.
+    for (test, size) in [("swap", "8"), ("cswap", "4")] {
+        perftest_pair(
+            "rc_x",
+            test,
+            &[],
+            &["-x", "rc_mlx5", "-d", "mlx5_0:1", "-s", size],
+        );
+    }
+}
+
+/// UCX's DC transport (`dc_mlx5`, issue 22): DEVX DC initiators and a DEVX DC target on an
+/// RMP, on the emulator's DC device support. UCP tag_lat, put_lat, get, tag_bw over
+/// `UCX_TLS=dc_x`, and UCT am_lat and put_lat over `dc_mlx5`.
+#[test]
+fn ucp_and_uct_tests_pass_over_dc_mlx5() {
+    need("ucx_perftest");
+    let _one = one_at_a_time();
+    for test in ["tag_lat", "ucp_put_lat", "ucp_get", "tag_bw"] {
+        perftest_pair("dc_x", test, &[], &[]);
+    }
+    for test in ["am_lat", "put_lat"] {
+        perftest_pair("dc_x", test, &[], &["-x", "dc_mlx5", "-d", "mlx5_0:1"]);
+    }
 }

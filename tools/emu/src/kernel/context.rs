@@ -130,7 +130,9 @@ pub(super) fn get_context(w: &mut World, hca: usize, r: &Req) -> Result<(u64, bo
         hca_core_clock_offset: caps::CORE_CLOCK_OFFSET,
         log_uar_size: 12,
         num_uars_per_page: 1,
-        num_dyn_bfregs: 0,
+        // mlx5_ib's MLX5_MIN_DYN_BFREGS: two bfregs on each of the dynamic pages a context
+        // may map (libmlx5's legacy dynamic UARs, `kernel/devx.rs`).
+        num_dyn_bfregs: 2 * super::MAX_DYN_UARS as u32,
         dump_fill_mkey: 0x7fff_ffff,
     };
     let respond = r.respond(&core).and_then(|()| r.respond_drv(&dr));
@@ -161,6 +163,7 @@ pub(super) fn get_context(w: &mut World, hca: usize, r: &Req) -> Result<(u64, bo
             comp_by_fd: Default::default(),
             handles: Default::default(),
             next_handle: 0,
+            devx: Default::default(),
         },
     );
     Ok((id, v2 && d.flags & MLX5_IB_ALLOC_UCTX_DEVX != 0))

@@ -8,14 +8,16 @@
 use mlx5_ffi::cmd::{Command, cmds, read_prefix_zero_fill};
 use mlx5_ffi::ioctl::*;
 use mlx5_ffi::mlx5::{
-    MLX5_DEVX_WHITELIST_OPCODES, MLX5_IB_ATTR_DEVX_OBJ_CREATE_CMD_IN,
-    MLX5_IB_ATTR_DEVX_OTHER_CMD_IN, MLX5_IB_ATTR_UAR_OBJ_ALLOC_HANDLE,
-    MLX5_IB_ATTR_UAR_OBJ_ALLOC_MMAP_LENGTH, MLX5_IB_ATTR_UAR_OBJ_ALLOC_MMAP_OFFSET,
-    MLX5_IB_ATTR_UAR_OBJ_ALLOC_PAGE_ID, MLX5_IB_ATTR_UAR_OBJ_ALLOC_TYPE,
-    MLX5_IB_ATTR_UAR_OBJ_DESTROY_HANDLE, MLX5_IB_METHOD_DEVX_OBJ_CREATE, MLX5_IB_METHOD_DEVX_OTHER,
-    MLX5_IB_METHOD_UAR_OBJ_ALLOC, MLX5_IB_METHOD_UAR_OBJ_DESTROY, MLX5_IB_OBJECT_DEVX,
-    MLX5_IB_OBJECT_DEVX_OBJ, MLX5_IB_OBJECT_UAR, MLX5_IB_UAPI_UAR_ALLOC_TYPE_BF,
-    MLX5_IB_UAPI_UAR_ALLOC_TYPE_NC, prm_opcode,
+    MLX5_IB_ATTR_UAR_OBJ_ALLOC_HANDLE, MLX5_IB_ATTR_UAR_OBJ_ALLOC_MMAP_LENGTH,
+    MLX5_IB_ATTR_UAR_OBJ_ALLOC_MMAP_OFFSET, MLX5_IB_ATTR_UAR_OBJ_ALLOC_PAGE_ID,
+    MLX5_IB_ATTR_UAR_OBJ_ALLOC_TYPE, MLX5_IB_ATTR_UAR_OBJ_DESTROY_HANDLE,
+    MLX5_IB_METHOD_DEVX_ASYNC_EVENT_FD_ALLOC, MLX5_IB_METHOD_DEVX_OBJ_CREATE,
+    MLX5_IB_METHOD_DEVX_OBJ_DESTROY, MLX5_IB_METHOD_DEVX_OBJ_MODIFY, MLX5_IB_METHOD_DEVX_OBJ_QUERY,
+    MLX5_IB_METHOD_DEVX_OTHER, MLX5_IB_METHOD_DEVX_QUERY_UAR, MLX5_IB_METHOD_DEVX_SUBSCRIBE_EVENT,
+    MLX5_IB_METHOD_DEVX_UMEM_DEREG, MLX5_IB_METHOD_DEVX_UMEM_REG, MLX5_IB_METHOD_UAR_OBJ_ALLOC,
+    MLX5_IB_METHOD_UAR_OBJ_DESTROY, MLX5_IB_OBJECT_DEVX, MLX5_IB_OBJECT_DEVX_ASYNC_EVENT_FD,
+    MLX5_IB_OBJECT_DEVX_OBJ, MLX5_IB_OBJECT_DEVX_UMEM, MLX5_IB_OBJECT_UAR,
+    MLX5_IB_UAPI_UAR_ALLOC_TYPE_BF, MLX5_IB_UAPI_UAR_ALLOC_TYPE_NC,
 };
 use mlx5_ffi::uverbs::{
     IB_USER_VERBS_CMD_FLAG_EXTENDED, IbUverbsCreateQp, IbUverbsCreateSrq, IbUverbsDeallocPd,
@@ -47,12 +49,12 @@ impl<'a> Attrs<'a> {
         Attrs { buf, list }
     }
 
-    fn find(&self, id: u16) -> Option<(usize, IbUverbsAttr)> {
+    pub(super) fn find(&self, id: u16) -> Option<(usize, IbUverbsAttr)> {
         self.list.iter().copied().find(|a| a.1.attr_id == id)
     }
 
     /// Reject mandatory attributes the method does not know.
-    fn only(&self, known: &[u16]) -> Result<(), Errno> {
+    pub(super) fn only(&self, known: &[u16]) -> Result<(), Errno> {
         let unknown = self.list.iter().any(|(_, a)| {
             a.flags & UVERBS_ATTR_F_MANDATORY != 0
                 && !known.contains(&a.attr_id)
@@ -67,7 +69,7 @@ impl<'a> Attrs<'a> {
     }
 
     /// Input bytes: inline in `data` up to 8 bytes, else through the pointer.
-    fn bytes(&self, id: u16) -> Result<Option<Vec<u8>>, Errno> {
+    pub(super) fn bytes(&self, id: u16) -> Result<Option<Vec<u8>>, Errno> {
         let Some((_, a)) = self.find(id) else {
             return Ok(None);
         };
@@ -77,20 +79,20 @@ impl<'a> Attrs<'a> {
         }
     }
 
-    fn u32(&self, id: u16) -> Result<Option<u32>, Errno> {
+    pub(super) fn u32(&self, id: u16) -> Result<Option<u32>, Errno> {
         Ok(self.bytes(id)?.map(|b| read_prefix_zero_fill::<u32>(&b)))
     }
 
-    fn u64(&self, id: u16) -> Result<Option<u64>, Errno> {
+    pub(super) fn u64(&self, id: u16) -> Result<Option<u64>, Errno> {
         Ok(self.bytes(id)?.map(|b| read_prefix_zero_fill::<u64>(&b)))
     }
 
     /// Object handle / fd inputs are inline in `data`.
-    fn data(&self, id: u16) -> Option<u64> {
+    pub(super) fn data(&self, id: u16) -> Option<u64> {
         self.find(id).map(|a| a.1.data)
     }
 
-    fn need<T>(v: Option<T>) -> Result<T, Errno> {
+    pub(super) fn need<T>(v: Option<T>) -> Result<T, Errno> {
         v.ok_or(EINVAL)
     }
 
@@ -105,7 +107,7 @@ impl<'a> Attrs<'a> {
     }
 
     /// Copy an output through the attribute's pointer (`min(len, size)` bytes).
-    fn out(&mut self, id: u16, bytes: &[u8]) -> Result<(), Errno> {
+    pub(super) fn out(&mut self, id: u16, bytes: &[u8]) -> Result<(), Errno> {
         let Some(found) = self.find(id) else {
             return Ok(());
         };
@@ -116,7 +118,7 @@ impl<'a> Attrs<'a> {
     }
 
     /// IDR/FD outputs: the new handle or fd is written into the attribute's `data`.
-    fn out_data(&mut self, id: u16, v: u64) {
+    pub(super) fn out_data(&mut self, id: u16, v: u64) {
         if let Some(found) = self.find(id) {
             self.mark(found, Some(v));
         }
@@ -169,8 +171,27 @@ pub(super) fn known(object: u16, method: u16) -> bool {
             | (UVERBS_OBJECT_MR, UVERBS_METHOD_MR_DESTROY)
             | (UVERBS_OBJECT_ASYNC_EVENT, UVERBS_METHOD_ASYNC_EVENT_ALLOC)
             | (UVERBS_OBJECT_DM, UVERBS_METHOD_DM_ALLOC)
-            | (MLX5_IB_OBJECT_DEVX, MLX5_IB_METHOD_DEVX_OTHER)
-            | (MLX5_IB_OBJECT_DEVX_OBJ, MLX5_IB_METHOD_DEVX_OBJ_CREATE)
+            | (
+                MLX5_IB_OBJECT_DEVX,
+                MLX5_IB_METHOD_DEVX_OTHER
+                    | MLX5_IB_METHOD_DEVX_QUERY_UAR
+                    | MLX5_IB_METHOD_DEVX_SUBSCRIBE_EVENT
+            )
+            | (
+                MLX5_IB_OBJECT_DEVX_OBJ,
+                MLX5_IB_METHOD_DEVX_OBJ_CREATE
+                    | MLX5_IB_METHOD_DEVX_OBJ_DESTROY
+                    | MLX5_IB_METHOD_DEVX_OBJ_MODIFY
+                    | MLX5_IB_METHOD_DEVX_OBJ_QUERY
+            )
+            | (
+                MLX5_IB_OBJECT_DEVX_UMEM,
+                MLX5_IB_METHOD_DEVX_UMEM_REG | MLX5_IB_METHOD_DEVX_UMEM_DEREG
+            )
+            | (
+                MLX5_IB_OBJECT_DEVX_ASYNC_EVENT_FD,
+                MLX5_IB_METHOD_DEVX_ASYNC_EVENT_FD_ALLOC
+            )
             | (
                 MLX5_IB_OBJECT_UAR,
                 MLX5_IB_METHOD_UAR_OBJ_ALLOC | MLX5_IB_METHOD_UAR_OBJ_DESTROY
@@ -519,15 +540,14 @@ impl EmuFile {
             // Device memory: mlx5_ib_alloc_dm answers EOPNOTSUPP without MEMIC (and
             // QUERY_DEVICE reports max_dm_size 0).
             (UVERBS_OBJECT_DM, UVERBS_METHOD_DM_ALLOC) => Err(Errno(libc::EOPNOTSUPP)),
-            // DEVX general commands and object creation on a context without a DEVX uid
-            // (devx_get_uid): whitelisted queries would use the device's uid, which this HCA
-            // does not have (EOPNOTSUPP); anything else needs a DEVX context (EINVAL).
-            (MLX5_IB_OBJECT_DEVX, MLX5_IB_METHOD_DEVX_OTHER) => {
-                self.devx_uid(&a, MLX5_IB_ATTR_DEVX_OTHER_CMD_IN)
-            }
-            (MLX5_IB_OBJECT_DEVX_OBJ, MLX5_IB_METHOD_DEVX_OBJ_CREATE) => {
-                self.devx_uid(&a, MLX5_IB_ATTR_DEVX_OBJ_CREATE_CMD_IN)
-            }
+            // DEVX (kernel/devx.rs).
+            (
+                MLX5_IB_OBJECT_DEVX
+                | MLX5_IB_OBJECT_DEVX_OBJ
+                | MLX5_IB_OBJECT_DEVX_UMEM
+                | MLX5_IB_OBJECT_DEVX_ASYNC_EVENT_FD,
+                _,
+            ) => self.devx_method(object, method, a),
             (MLX5_IB_OBJECT_UAR, MLX5_IB_METHOD_UAR_OBJ_ALLOC) => {
                 a.only(&[
                     MLX5_IB_ATTR_UAR_OBJ_ALLOC_HANDLE,
@@ -555,22 +575,6 @@ impl EmuFile {
                 self.destroy_uar(h)
             }
             _ => Err(EPROTONOSUPPORT),
-        }
-    }
-
-    /// A DEVX command (PRM mailbox in attribute `cmd_in`). Without a DEVX uid, mlx5_ib's
-    /// `devx_get_uid` answers: whitelisted queries would use the device's uid, which this HCA
-    /// has none of (EOPNOTSUPP); anything else EINVAL. With one (a DEVX context), mlx5_ib
-    /// passes the command to the firmware, and the emulated firmware implements no PRM
-    /// command: EOPNOTSUPP.
-    fn devx_uid(&self, a: &Attrs<'_>, cmd_in: u16) -> Result<(), Errno> {
-        let cmd = a.bytes(cmd_in)?.ok_or(EINVAL)?;
-        if self.devx.load(std::sync::atomic::Ordering::Relaxed) {
-            return Err(Errno(libc::EOPNOTSUPP));
-        }
-        match prm_opcode(&cmd) {
-            Some(op) if MLX5_DEVX_WHITELIST_OPCODES.contains(&op) => Err(Errno(libc::EOPNOTSUPP)),
-            _ => Err(EINVAL),
         }
     }
 

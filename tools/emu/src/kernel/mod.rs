@@ -29,8 +29,9 @@ use mlx5_ffi::ioctl::{
     write_attr,
 };
 use mlx5_ffi::mlx5::{
-    MLX5_IB_MMAP_CLOCK_INFO, MLX5_IB_MMAP_CORE_CLOCK, MLX5_IB_MMAP_GET_CONTIGUOUS_PAGES,
-    MLX5_IB_MMAP_NC_PAGE, MLX5_IB_MMAP_REGULAR_PAGE, MLX5_IB_MMAP_WC_PAGE,
+    MLX5_IB_MMAP_ALLOC_WC, MLX5_IB_MMAP_CLOCK_INFO, MLX5_IB_MMAP_CORE_CLOCK,
+    MLX5_IB_MMAP_GET_CONTIGUOUS_PAGES, MLX5_IB_MMAP_NC_PAGE, MLX5_IB_MMAP_REGULAR_PAGE,
+    MLX5_IB_MMAP_WC_PAGE,
 };
 use mlx5_ffi::uverbs::{
     IB_USER_VERBS_CMD_COMMAND_MASK, IB_USER_VERBS_CMD_FLAG_EXTENDED, IbUverbsCmdHdr,
@@ -47,8 +48,12 @@ mod ah;
 mod context;
 mod cq;
 mod dc;
+pub(crate) mod devx;
+mod devx_methods;
+mod devx_qp;
 mod events;
 mod flow;
+pub(crate) mod mcast;
 mod methods;
 mod pd_mr;
 mod qp;
@@ -162,6 +167,8 @@ const WRITE_COMMANDS: &[Method] = &[
     legacy::<cmds::CloseXrcd>(false, xrc::close_xrcd),
     legacy::<cmds::CreateXsrq>(true, xrc::create_xsrq),
     legacy::<cmds::OpenQp>(true, xrc::open_qp),
+    legacy::<mlx5_ffi::ucma::AttachMcast>(false, mcast::attach),
+    legacy::<mlx5_ffi::ucma::DetachMcast>(false, mcast::detach),
     extended::<cmds::ExQueryDevice>(min_resp!(IbUverbsExQueryDeviceResp), context::query_device),
     extended::<cmds::ExCreateCq>(min_resp!(IbUverbsExCreateCqResp), cq::create_cq),
     extended::<cmds::ExCreateQp>(min_resp!(IbUverbsExCreateQpResp), qp::create_qp),
@@ -458,6 +465,10 @@ unsafe impl UverbsSurface for EmuFile {
         let pgoff = offset / PAGE as u64;
         let command = ((pgoff >> 8) & 0xff) as u32;
         let index = ((pgoff & 0xff) | ((pgoff >> 16) << 8)) as usize;
+        if command == MLX5_IB_MMAP_ALLOC_WC {
+            // libmlx5's dynamic UARs on a static-bfreg context (kernel/devx.rs).
+            devx::alloc_legacy_uar(&mut self.shared.lock(), ctx, pgoff, index)?;
+        }
         let w = self.shared.lock();
         let c = w.contexts.get(&ctx).ok_or(EINVAL)?;
         let dynamic = c.dyn_pages.values().find(|d| d.1 == pgoff).map(|d| d.0);

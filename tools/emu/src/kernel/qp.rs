@@ -30,7 +30,7 @@ const INVALID_BFREG: u32 = 1 << 31;
 const NO_UIDX: u32 = 0xff_ffff;
 
 /// Take (`delta` 1) or drop (-1) a QP's references on its PD, CQs and SRQ.
-fn qp_refs(
+pub(super) fn qp_refs(
     w: &mut World,
     hca: usize,
     (pdn, scq, rcq, srq): (u32, u32, u32, Option<u32>),
@@ -670,6 +670,7 @@ pub(super) fn destroy_qp(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> 
         events_reported: q.events_reported,
     })?;
     let q = w.hcas[hca].qps.remove(&qpn).ok_or(EINVAL)?;
+    super::mcast::forget_qp(w, hca, qpn);
     qp_refs(w, hca, (q.pdn, q.send_cq, q.recv_cq, q.srq), -1);
     if let Some(u) = w
         .contexts
