@@ -20,6 +20,7 @@ const LAYERS: &[&[&str]] = &[
     &["cq", "srq", "qp::sq", "qp::rq"],
     &["qp"],
     &["cm", "flow"],
+    &["raw"],
     &["lib"],
 ];
 

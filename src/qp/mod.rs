@@ -3,9 +3,11 @@
 
 // The queues' internals (ring layout, WQE encoding) are crate-private; their user-facing
 // types are re-exported here and at the crate root.
+mod raw;
 pub(crate) mod rq;
 pub(crate) mod sq;
 
+pub use raw::has_cap_net_raw;
 pub use rq::{RecvQueue, RqGeometry, rq_geometry};
 pub use sq::{
     AnyPayload, BfPolicy, BfregInfo, Gather, Inline, NoPayload, PayloadKind, SendQueue, SqGeometry,
@@ -309,6 +311,7 @@ struct QpHandle {
     _pd: Pd,
     /// The queue buffer and doorbell record outlive the kernel object (destroyed in `drop`).
     _buf: Arc<DmaBuf>,
+    _sq_buf: Option<Arc<DmaBuf>>,
     _dbrec: Arc<crate::mem::DbRec>,
 }
 
@@ -327,6 +330,7 @@ impl Drop for QpHandle {
             // record, write the ring, and complete into the CQs: never give the memory back,
             // nor the user index and doorbell register (a new QP must not inherit its CQEs).
             leak(&self._buf);
+            self._sq_buf.iter().for_each(leak);
             leak(&self._dbrec);
             return;
         }
@@ -367,11 +371,12 @@ impl Qp {
             QpType::Rc | QpType::Uc | QpType::Ud => None,
             QpType::XrcSend => Some("creating an XRC_SEND QP (not yet implemented)"),
             QpType::Dci => Some("creating a DCI QP (not yet implemented)"),
-            QpType::RawPacket => Some("creating a RAW_PACKET QP (not yet implemented)"),
+            QpType::RawPacket => None,
         };
         if let Some(what) = what {
             return Err(Error::Unsupported { what });
         }
+        raw::check_create(init.qp_type)?;
         let ctx = pd.context().clone();
         ctx.check_same("send_cq", &init.send_cq.shared().ctx, "pd")?;
         ctx.check_same("recv_cq", &init.recv_cq.shared().ctx, "pd")?;
@@ -427,7 +432,7 @@ impl Qp {
         };
         let rq_bytes = rgeo.map_or(0, |g| g.stride * g.wqe_cnt) as usize;
         let sq_bytes = sgeo.wqe_cnt as usize * 64;
-        let buf = Arc::new(DmaBuf::new(rq_bytes + sq_bytes)?);
+        let (buf, sq_buf) = raw::buffers(init.qp_type, rq_bytes, sq_bytes)?;
         let dbrec = Arc::new(ctx.inner.dbrecs.alloc()?);
         let grant = match ctx.inner.mode {
             UarMode::Dynamic => Some(ctx.grant_bfreg_dynamic()?),
@@ -448,6 +453,7 @@ impl Qp {
         };
         let mut drv = Mlx5IbCreateQp {
             buf_addr: buf.addr(),
+            sq_buf_addr: sq_buf.as_ref().map_or(0, |b| b.addr()),
             db_addr: dbrec.addr(),
             sq_wqe_count: sgeo.wqe_cnt,
             rq_wqe_count: rgeo.map_or(0, |g| g.wqe_cnt),
@@ -508,6 +514,7 @@ impl Qp {
             _srq: init.srq.map(|s| s.handle.clone()),
             _pd: pd.clone(),
             _buf: buf.clone(),
+            _sq_buf: sq_buf.clone(),
             _dbrec: dbrec.clone(),
         };
         let grant = match grant {
@@ -518,7 +525,7 @@ impl Qp {
                 g
             }
         };
-        let sq_ring = WqRing::new(buf.clone(), rq_bytes, sq_bytes);
+        let sq_ring = raw::sq_ring(&buf, &sq_buf, rq_bytes, sq_bytes);
         let bf = Bfreg::new(grant.reg, grant.half, grant.dedicated, grant.id);
         let sq = SendQueue::new(
             sq_ring,
@@ -1157,6 +1164,9 @@ fn qp_dest(a: &AhAttr) -> IbUverbsQpDest {
 /// `ib_modify_qp_is_ok`), for the three transports this driver has.
 fn transition(t: QpType, from: QpState, to: QpState) -> Option<(u32, u32)> {
     use QpState::*;
+    if t == QpType::RawPacket {
+        return raw::transition(from, to);
+    }
     if !matches!(t, QpType::Rc | QpType::Uc | QpType::Ud) {
         // XRC_SEND, DCI and RAW_PACKET QPs cannot be created yet (`Qp::new`): no rows.
         return None;

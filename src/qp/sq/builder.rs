@@ -363,13 +363,6 @@ impl SendQueue {
     /// [`PostError::BadSegments`] if `segs.len()` is not a multiple of 16 or exceeds the
     /// reservation (nothing written); otherwise as [`send`](Self::send) for state and room.
     #[inline(always)]
-    #[cfg_attr(
-        not(test),
-        expect(
-            dead_code,
-            reason = "the seam of the XRC, DC and RAW_PACKET send paths"
-        )
-    )]
     pub(crate) fn begin_with_segments(
         &mut self,
         opcode: SendOpcode,

@@ -17,9 +17,9 @@ use crate::state::{Obj, World, qps, qpt};
 const CAP_NET_RAW: u32 = 13;
 
 /// Whether this process holds `CAP_NET_RAW` in its effective set (`CapEff` of
-/// `/proc/self/status`), as `capable(CAP_NET_RAW)` asks for the caller in the kernel.
+/// `/proc/thread-self/status`: capabilities are per thread), as `capable(CAP_NET_RAW)` asks for the caller in the kernel.
 pub(crate) fn has_cap(cap: u32) -> bool {
-    let Ok(s) = std::fs::read_to_string("/proc/self/status") else {
+    let Ok(s) = std::fs::read_to_string("/proc/thread-self/status") else {
         return false;
     };
     s.lines()
