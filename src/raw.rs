@@ -22,6 +22,7 @@ use mlx5_ffi::mlx5::{
 use mlx5_ffi::uverbs::{IB_QP_PORT, IB_QP_STATE, IB_UVERBS_DEVICE_RAW_IP_CSUM};
 use mlx5_hw::opcodes::SendOpcode;
 
+use crate::context::ticks_to_ns;
 use crate::cq::{Cq, CqeKind, RawCq, RawCqe};
 use crate::error::{Error, Result};
 use crate::flow::{Flow, FlowRule};
@@ -172,7 +173,8 @@ pub struct RxFrame {
     /// The TCI of a VLAN tag the device stripped (none: this driver does not ask for
     /// stripping, a tag stays in the frame).
     pub vlan_tci: Option<u16>,
-    /// The device's receive timestamp in nanoseconds of its free-running clock.
+    /// The device's receive timestamp in nanoseconds of its free-running clock (0 if the
+    /// device reports no clock frequency).
     pub timestamp_ns: u64,
     /// Success, or the error of a receive that failed (the frame's bytes are then not valid).
     pub status: WcStatus,
@@ -205,16 +207,6 @@ impl RxFrame {
             timestamp_ns: ticks_to_ns(cqe.timestamp(), clock_khz),
             status: cqe.status(),
         }
-    }
-}
-
-/// Device clock ticks to nanoseconds for a clock of `khz` kHz (identity at 1 GHz; 0 kHz
-/// gives the ticks unchanged).
-#[inline]
-pub fn ticks_to_ns(ticks: u64, khz: u64) -> u64 {
-    match khz {
-        0 | 1_000_000 => ticks,
-        k => (u128::from(ticks) * 1_000_000 / u128::from(k)) as u64,
     }
 }
 
@@ -375,7 +367,7 @@ impl RawQp {
         };
         let ip_csum =
             u64::from(ctx.inner.attr.raw.device_cap_flags) & IB_UVERBS_DEVICE_RAW_IP_CSUM != 0;
-        // A device without a core clock gives raw ticks (`ticks_to_ns` with 0 kHz).
+        // A device without a core clock gives timestamps of 0 (`ticks_to_ns` with 0 kHz).
         let clock_khz = ctx.hca_core_clock_khz().unwrap_or(0);
         Ok(RawQp {
             qp,
