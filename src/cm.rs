@@ -128,6 +128,17 @@ impl EventChannel {
         }
     }
 
+    /// An rdma_cm file behind any command surface (e.g. the emulator's, opened by a program
+    /// that links the emulator itself), with the descriptor that is readable while events
+    /// are queued, if it has one apart from the surface.
+    pub fn with_surface(surface: Arc<dyn UverbsSurface>, poll_fd: Option<OwnedFd>) -> Self {
+        EventChannel {
+            surface,
+            poll_fd,
+            pending: RefCell::new(VecDeque::new()),
+        }
+    }
+
     /// The descriptor to poll for events, if this file has one of its own (the emulator's;
     /// a real rdma_cm file is polled through its own descriptor, which the surface keeps).
     pub fn fd(&self) -> Option<BorrowedFd<'_>> {
@@ -656,8 +667,26 @@ impl<'c> CmId<'c> {
             if left.is_zero() {
                 return Err(Error::uverbs("rdma_cm connection request", libc::ETIMEDOUT));
             }
-            let Some(e) = self.chan.event(left.min(Duration::from_millis(100)))? else {
-                continue;
+            // A request read earlier while waiting for another id's event, else a fresh
+            // event (the kept ones aside, so that one of them is not read again and again).
+            let kept = {
+                let mut p = self.chan.pending.borrow_mut();
+                let at = p.iter().position(|e| e.kind == event::CONNECT_REQUEST);
+                at.and_then(|i| p.remove(i))
+            };
+            let e = match kept {
+                Some(e) => e,
+                None => {
+                    let saved = std::mem::take(&mut *self.chan.pending.borrow_mut());
+                    let e = self.chan.event(left.min(Duration::from_millis(100)));
+                    let mut p = self.chan.pending.borrow_mut();
+                    let fresh = std::mem::replace(&mut *p, saved);
+                    p.extend(fresh);
+                    match e? {
+                        Some(e) => e,
+                        None => continue,
+                    }
+                }
             };
             if e.kind == event::CONNECT_REQUEST {
                 return Ok(ConnRequest {
@@ -670,7 +699,6 @@ impl<'c> CmId<'c> {
                 });
             }
             self.chan.pending.borrow_mut().push_back(e);
-            std::thread::sleep(Duration::from_millis(1));
         }
     }
 

@@ -75,5 +75,6 @@ pub mod callgrind;
 pub mod harness;
 pub mod ops;
 pub mod ours;
+pub mod provider;
 pub mod report;
 pub mod timing;

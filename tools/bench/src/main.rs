@@ -12,6 +12,7 @@ use mlx5_bench::callgrind;
 use mlx5_bench::harness;
 use mlx5_bench::ops::{OPS, time_results};
 use mlx5_bench::ours;
+use mlx5_bench::provider;
 use mlx5_bench::report::{Row, json, table};
 
 const USAGE: &str =
@@ -273,8 +274,12 @@ fn main() -> ExitCode {
         }
     };
     let (rows, vg, notes, ok) = run(&o);
+    let (prows, pnotes, pok) = provider::run_scratch(o.calls, o.cg_calls, vg.is_some());
     if o.json {
-        print!("{}", json(&rows, vg.as_deref(), &notes));
+        let mut notes = notes;
+        notes.extend(pnotes);
+        let j = json(&rows, vg.as_deref(), &notes);
+        print!("{}", provider::with_provider_rows(&j, &prows));
     } else {
         println!(
             "mlx5-bench ({} build; {})",
@@ -286,8 +291,9 @@ fn main() -> ExitCode {
             vg.as_deref().unwrap_or("no valgrind")
         );
         print!("{}", table(&rows, &notes));
+        print!("\n{}", provider::table(&prows, &pnotes));
     }
-    if ok {
+    if ok && pok {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE

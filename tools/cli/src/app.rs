@@ -414,6 +414,9 @@ where
     if a.host.is_some() || a.server {
         return crate::remote::run(&plan, a);
     }
+    if a.rdma_cm {
+        return Err("-R/--rdma_cm needs a peer (HOST or --server)".into());
+    }
     if a.connect_only {
         return Err("--connect_only needs a peer (HOST or --server)".into());
     }

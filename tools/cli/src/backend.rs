@@ -909,3 +909,27 @@ impl SingleEnd {
         merged_cost(&[&self.end])
     }
 }
+
+/// The hooks of `-R`/`--rdma_cm` (`crate::exchange_cm`): the connection manager moves this
+/// end's QP itself, so it needs the QP, the device's objects and the emulator.
+impl SingleEnd {
+    /// The QP, for the connection manager's transitions.
+    pub fn qp_mut(&mut self) -> &mut Qp {
+        &mut self.end.qp
+    }
+
+    /// The device context and protection domain (for the connection's own QP).
+    pub fn objects(&self) -> (&Context, &Pd) {
+        (&self._ctx, &self._pd)
+    }
+
+    /// The emulator this end runs on, if it is emulated.
+    pub fn emulator(&self) -> Option<&Emulator> {
+        self.emu.as_ref()
+    }
+
+    /// Where the peer's buffer is (rx area address, rkey), as its key said.
+    pub fn set_remote_window(&mut self, vaddr: u64, rkey: u32) {
+        (self.end.remote_addr, self.end.remote_rkey) = (vaddr, rkey);
+    }
+}

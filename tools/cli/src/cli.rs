@@ -188,6 +188,9 @@ pub struct PingpongArgs {
     /// Fail when nothing arrives from the peer for this many seconds (0: wait for ever).
     #[arg(long = "peer_timeout", value_name = "SECS", default_value_t = DEFAULT_PEER_TIMEOUT_S)]
     pub peer_timeout: u64,
+    /// Connect the QP through rdma_cm (to HOST:PORT) instead of the TCP address exchange.
+    #[arg(short = 'R', long = "rdma_cm", conflicts_with = "loopback")]
+    pub rdma_cm: bool,
 }
 
 /// Latency test operations.
@@ -434,6 +437,11 @@ pub struct TestArgs<Op: ValueEnum + Clone + Send + Sync + 'static> {
     /// client vanished, a lost message on UC/UD). 0 waits for ever.
     #[arg(long = "peer_timeout", value_name = "SECS", default_value_t = DEFAULT_PEER_TIMEOUT_S)]
     pub peer_timeout: u64,
+    /// With a peer: connect the QPs through rdma_cm (perftest's -R): the exchange travels on
+    /// an rdma_cm connection of its own, the test's QP is connected by the connection
+    /// manager (RC only).
+    #[arg(short = 'R', long = "rdma_cm")]
+    pub rdma_cm: bool,
     /// perftest options this tool does not support yet: accepted by the parser only so that
     /// they are refused by name.
     #[command(flatten)]
@@ -529,12 +537,6 @@ pub const REFUSED: &[Refused] = &[
         "reports are in microseconds only",
     ),
     refused(
-        Some('R'),
-        "rdma_cm",
-        false,
-        "connecting through rdma_cm is not supported yet (the QPs are connected over the TCP exchange)",
-    ),
-    refused(
         Some('z'),
         "com_rdma_cm",
         false,
@@ -554,12 +556,7 @@ pub const REFUSED: &[Refused] = &[
         true,
         "raw Ethernet QPs are not supported",
     ),
-    refused(
-        Some('T'),
-        "tos",
-        true,
-        "needs rdma_cm (-R), which is not supported yet",
-    ),
+    refused(Some('T'), "tos", true, "not supported with -R yet"),
     refused(
         Some('W'),
         "report-counters",
@@ -630,12 +627,7 @@ pub const REFUSED: &[Refused] = &[
         "shared receive queues are not supported by this tool yet",
     ),
     refused(None, "ipv6", false, "the GID is chosen by -x"),
-    refused(
-        None,
-        "source_ip",
-        true,
-        "needs rdma_cm (-R), which is not supported yet",
-    ),
+    refused(None, "source_ip", true, "not supported with -R yet"),
     refused(
         None,
         "latency_gap",
@@ -658,12 +650,7 @@ pub const REFUSED: &[Refused] = &[
         "the driver has one post path",
     ),
     refused(None, "pkey_index", true, "P_Key index 0 only"),
-    refused(
-        None,
-        "retry_count",
-        true,
-        "needs rdma_cm (-R), which is not supported yet",
-    ),
+    refused(None, "retry_count", true, "not supported with -R yet"),
     refused(None, "tclass", true, "the traffic class is 0"),
     refused(
         None,

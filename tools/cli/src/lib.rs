@@ -12,6 +12,7 @@ pub mod decode;
 pub mod devinfo;
 pub mod diag;
 pub mod exchange;
+pub mod exchange_cm;
 pub mod live;
 pub mod net;
 pub mod progress;

@@ -73,6 +73,9 @@ pub fn run<O>(plan: &Plan, a: &TestArgs<O>) -> Result<(), String>
 where
     O: clap::ValueEnum + Clone + Send + Sync + 'static,
 {
+    if a.rdma_cm {
+        return crate::exchange_cm::run(plan, a);
+    }
     if plan.params.duration.is_some() {
         return Err("-D is not supported with a peer yet: use -n (the same on both sides)".into());
     }
@@ -194,7 +197,7 @@ where
 
 /// Runs one message size on this side and prints its row; a bandwidth client returns the
 /// report perftest's server expects.
-fn run_size(
+pub(crate) fn run_size(
     end: &mut SingleEnd,
     rep: &mut Reporter,
     role: Role,
@@ -321,6 +324,9 @@ pub fn pingpong(a: &PingpongArgs, cfg: &TestbedConfig, p: &RunParams) -> Result<
         "{}",
         crate::app::pingpong_address("local", ours.lid, ours.qpn, ours.psn, &ours.gid)
     );
+    if a.rdma_cm {
+        return crate::exchange_cm::pingpong(&mut end, a, role, p);
+    }
     let bind = a.bind.as_deref().unwrap_or("0.0.0.0");
     let mut s = tcp(
         role,
@@ -358,6 +364,19 @@ pub fn pingpong(a: &PingpongArgs, cfg: &TestbedConfig, p: &RunParams) -> Result<
         "{}",
         crate::app::pingpong_address("remote", peer.lid, peer.qpn, peer.psn, &peer.gid)
     );
+    pingpong_measure(&mut end, a, p, role)
+}
+
+/// The measurement of `mlx5 pingpong` on a connected end (its receives posted): the
+/// client SENDs first, each side echoes what it receives, `-c` checks every message.
+pub fn pingpong_measure(
+    end: &mut SingleEnd,
+    a: &PingpongArgs,
+    p: &RunParams,
+    role: Role,
+) -> Result<(), String> {
+    let page = page_size();
+    let size = p.size as usize;
     let corrupt = std::env::var_os(CORRUPT_ENV).is_some_and(|v| v != "0");
     // overwrites the first byte of the message this side sends next with a value that is
     // neither the pattern's 0 nor its fill (a flip would undo itself on the way back)

@@ -182,7 +182,7 @@ impl Header {
                 let _ = writeln!(s, " Max inline data : {}[B]", self.max_inline);
             }
         }
-        let _ = writeln!(s, " rdma_cm QPs\t : {}", on_off(false));
+        let _ = writeln!(s, " rdma_cm QPs\t : {}", on_off(self.data_ex == "rdma_cm"));
         let _ = writeln!(s, " Data ex. method : {}", self.data_ex);
         let _ = writeln!(s, " Doorbell        : {}", self.doorbell);
         let _ = writeln!(s, " Post list       : {}", self.post_list);

@@ -115,15 +115,15 @@ fn available(program: &str) -> bool {
     found
 }
 
-/// Run `server`, wait for its listener, run `client`; both must exit 0. Returns the two
-/// outputs.
-fn pair(
+/// Run `server`, wait for its listener, run `client`. Returns (exit code, output) of the
+/// client and of the server (`None` for a process killed at its time limit).
+fn run_pair(
     tag: &str,
     ps: u16,
     port: u16,
     server: (&str, &[&str]),
     client: (&str, &[&str]),
-) -> (String, String) {
+) -> ((Option<i32>, String), (Option<i32>, String)) {
     available(server.0);
     let space = PortSpace::new(tag);
     let mut s = tool(server.0, server.1, &space.0)
@@ -133,8 +133,21 @@ fn pair(
     let c = tool(client.0, client.1, &space.0)
         .spawn()
         .expect("spawn client");
-    let (crc, cout) = finish(c, Duration::from_secs(30));
-    let (src, sout) = finish(s, Duration::from_secs(10));
+    let client_end = finish(c, Duration::from_secs(30));
+    let server_end = finish(s, Duration::from_secs(10));
+    (client_end, server_end)
+}
+
+/// Run `server`, wait for its listener, run `client`; both must exit 0. Returns the two
+/// outputs.
+fn pair(
+    tag: &str,
+    ps: u16,
+    port: u16,
+    server: (&str, &[&str]),
+    client: (&str, &[&str]),
+) -> (String, String) {
+    let ((crc, cout), (src, sout)) = run_pair(tag, ps, port, server, client);
     assert_eq!(
         crc,
         Some(0),
@@ -153,21 +166,49 @@ fn pair(
 const PS_TCP: u16 = 0x0106;
 const PS_UDP: u16 = 0x0111;
 
+/// rdma-core 44's rping has a use-after-free at its end: `main` destroys the event
+/// channel (`rdma_destroy_event_channel` closes and frees it) without joining the thread that
+/// reads CM events, so when that thread is descheduled between acknowledging DISCONNECTED and
+/// its next `rdma_get_cm_event`, it reads the freed channel and exits 255 with EBADF. On a
+/// kernel the thread nearly always gets back into the blocking GET_EVENT first; on a loaded
+/// machine here, where the teardown commands are fast, it loses about one run in fifty (later
+/// rping joins the thread before destroying the channel). Whether `out` is that ending, after
+/// every ping and the DISCONNECTED of `side` were printed.
+fn rping_teardown_race(code: Option<i32>, out: &str, side: &str) -> bool {
+    code == Some(255)
+        && out.contains(&format!("{side} DISCONNECT EVENT"))
+        && out
+            .trim_end()
+            .ends_with("rdma_get_cm_event: Bad file descriptor")
+        && (0..10).all(|i| out.contains(&format!("ping data: rdma-ping-{i}: ")))
+}
+
 #[test]
 fn rping_server_and_client_exchange_ten_verified_pings() {
-    let (s, c) = pair(
-        "rping",
-        PS_TCP,
-        17301,
-        (
-            "rping",
-            &["-s", "-a", "127.0.0.1", "-p", "17301", "-C", "10", "-v"],
-        ),
-        (
-            "rping",
-            &["-c", "-a", "127.0.0.1", "-p", "17301", "-C", "10", "-v"],
-        ),
-    );
+    let server: &[&str] = &["-s", "-a", "127.0.0.1", "-p", "17301", "-C", "10", "-v"];
+    let client: &[&str] = &["-c", "-a", "127.0.0.1", "-p", "17301", "-C", "10", "-v"];
+    let mut raced = Vec::new();
+    let (s, c) = loop {
+        let tag = format!("rping{}", raced.len());
+        let ((crc, c), (src, s)) =
+            run_pair(&tag, PS_TCP, 17301, ("rping", server), ("rping", client));
+        if crc == Some(0) && src == Some(0) {
+            break (s, c);
+        }
+        // Only rping's own teardown race is run again, and only after the exchange itself
+        // was complete and verified on both sides; anything else fails here.
+        let race = (src == Some(0) || rping_teardown_race(src, &s, "server"))
+            && (crc == Some(0) || rping_teardown_race(crc, &c, "client"));
+        assert!(
+            race && raced.len() < 2,
+            "rping (attempt {}): client exit {crc:?}:\n{c}\nserver exit {src:?}:\n{s}",
+            raced.len() + 1
+        );
+        raced.push((crc, src));
+    };
+    if !raced.is_empty() {
+        eprintln!("rping's teardown race (exit codes client/server) ran again: {raced:?}");
+    }
     // -v prints every ping's data on both sides: the server its RDMA READ of the client's
     // buffer, the client its RDMA READ back of the server's.
     for i in 0..10 {

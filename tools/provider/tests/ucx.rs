@@ -1,7 +1,8 @@
 //! UCX's verbs transports on our provider: `ucx_perftest` tag_lat, ucp_put_lat, ucp_get and
 //! tag_bw with `UCX_TLS=rc_v` and `ud_v` (plus `self`), both processes on ours. UCX's
 //! `rc_mlx5`/`ud_mlx5` write their own WQEs through mlx5dv and stay on libmlx5
-//! (docs/provider.md). `UCX_MEM_MMAP_HOOK_MODE=none`: today's emulator needs it for UCX.
+//! (docs/provider.md). UCX's mmap hooks stay on (the emulator's syscall trap serves mmap of
+//! the device's descriptors, docs/emulator-preload.md).
 
 mod common;
 use common::{Side, opened, preload_env};
@@ -18,7 +19,6 @@ fn ucx(tls: &str, test: &str) -> Result<(), String> {
     let env = |c: &mut Command| {
         c.envs(preload_env(Side::Ours))
             .env("UCX_TLS", format!("{tls},self"))
-            .env("UCX_MEM_MMAP_HOOK_MODE", "none")
             .env("UCX_NET_DEVICES", format!("{}:1", common::device()))
             .stdin(Stdio::null());
     };
