@@ -135,8 +135,16 @@ fn run() -> Result<(), Box<dyn Error + Send + Sync>> {
         });
         (join(tx), join(rx), echoed)
     });
+    // Report the failure that stopped the others, not a thread's "stopped" answer to it.
+    let first = [tx.as_ref().err(), rx.as_ref().err(), echoed.as_ref().err()]
+        .into_iter()
+        .flatten()
+        .map(ToString::to_string)
+        .min_by_key(|e| e.starts_with(STOPPED));
+    if let Some(e) = first {
+        return Err(e.into());
+    }
     let (signaled, batches) = (tx?, rx?);
-    echoed?;
     let elapsed = start.elapsed();
     println!(
         "{total} messages of {SIZE} bytes pinged and echoed in {:.3} ms ({:.2} us per message)",
@@ -325,10 +333,13 @@ fn message(i: u64) -> [u8; SIZE] {
     m
 }
 
+/// What a thread answers when another thread failed first.
+const STOPPED: &str = "stopped: another thread failed";
+
 /// Nothing to do: give the CPU away, and stop at the deadline or when another thread failed.
 fn idle(deadline: Instant, abort: &AtomicBool, waiting_for: &str) -> Res<()> {
     if abort.load(Ordering::Relaxed) {
-        return Err("stopped: another thread failed".into());
+        return Err(STOPPED.into());
     }
     if Instant::now() > deadline {
         return Err(format!("no {waiting_for} within {DEADLINE:?}").into());

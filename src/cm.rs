@@ -29,8 +29,8 @@ use mlx5_ffi::surface::{UverbsFd, UverbsSurface};
 use mlx5_ffi::ucma::{
     IbUverbsQpAttr, RdmaUcmAccept, RdmaUcmBind, RdmaUcmConnParam, RdmaUcmConnect, RdmaUcmCreateId,
     RdmaUcmCreateIdResp, RdmaUcmDestroyId, RdmaUcmDisconnect, RdmaUcmEventResp, RdmaUcmGetEvent,
-    RdmaUcmInitQpAttr, RdmaUcmListen, RdmaUcmReject, RdmaUcmResolveAddr, RdmaUcmResolveRoute,
-    SockAddr, cmd, event, ps,
+    RdmaUcmInitQpAttr, RdmaUcmJoinMcast, RdmaUcmListen, RdmaUcmReject, RdmaUcmResolveAddr,
+    RdmaUcmResolveRoute, SockAddr, cmd, event, ps,
 };
 
 use crate::ah::{AhAttr, GlobalRoute};
@@ -741,6 +741,104 @@ impl<'c> CmId<'c> {
     pub fn wait_disconnected(&self) -> Result<()> {
         self.chan
             .wait(self.id, event::DISCONNECTED, "rdma_cm disconnect")
+            .map(drop)
+    }
+}
+
+/// A multicast group this id joined ([`CmId::join_multicast`]): where to send to it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct McastGroup {
+    /// The kernel's number of the membership (LEAVE_MCAST names it).
+    pub id: u32,
+    /// The group's GID (for an IPv4 group, the one the kernel derives from the address).
+    pub mgid: [u8; 16],
+    /// The group's LID (InfiniBand).
+    pub mlid: u16,
+    /// The Q_Key of the group's traffic.
+    pub qkey: u32,
+    /// The address vector of a SEND to the group (its QPN is 0xFFFFFF).
+    pub ah: AhAttr,
+}
+
+/// The destination QP number of a SEND to a multicast group.
+pub const MCAST_QPN: u32 = 0xff_ffff;
+
+impl CmId<'_> {
+    /// Join the multicast group `group` (an IPv4 or IPv6 multicast address; port 0) with
+    /// this UDP-space id, bound to a local address first ([`CmId::bind`]), and attach `qp`
+    /// (UD) to it: JOIN_MCAST, the MULTICAST_JOIN event (the group's GID, LID and Q_Key),
+    /// then ATTACH_MCAST. A `qp` in RESET is first brought to RTS with the id's attributes
+    /// (its Q_Key is the group's, `RDMA_UDP_QKEY`).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a TCP-space id; the kernel's JOIN_MCAST errno
+    /// (`ENODEV` for an unbound id), the MULTICAST_ERROR event (`EPROTO`), ATTACH_MCAST's.
+    pub fn join_multicast(&self, group: SocketAddr, qp: &mut Qp) -> Result<McastGroup> {
+        if self.space != PortSpace::Udp {
+            return Err(Error::InvalidArgument {
+                attr: "port space",
+                reason: "a multicast join needs a UDP-space id",
+            });
+        }
+        if !group.ip().is_multicast() {
+            return Err(Error::InvalidArgument {
+                attr: "group",
+                reason: "not a multicast address",
+            });
+        }
+        if qp.state() == QpState::Reset {
+            self.qp_to_rts(qp)?;
+        }
+        let a = sock(group);
+        let body = RdmaUcmJoinMcast {
+            uid: UID_UD,
+            id: self.id,
+            addr_size: a.len() as u16,
+            join_flags: 1, // full member
+            addr: sa128(a),
+            ..Default::default()
+        };
+        let r = self.chan.cmd(
+            cmd::JOIN_MCAST,
+            "rdma_cm JOIN_MCAST",
+            body,
+            |b, a| b.response = a,
+            size_of::<RdmaUcmCreateIdResp>(),
+        )?;
+        let mc = r.get::<RdmaUcmCreateIdResp>(0).id;
+        let e = self
+            .chan
+            .wait(mc, event::MULTICAST_JOIN, "rdma_cm multicast join")?;
+        let ah = e.ah.unwrap_or_default();
+        let g = McastGroup {
+            id: mc,
+            mgid: ah.grh.map(|g| g.dgid).unwrap_or([0; 16]),
+            mlid: ah.dlid,
+            qkey: e.qkey,
+            ah,
+        };
+        qp.attach_mcast(g.mgid, g.mlid)?;
+        Ok(g)
+    }
+
+    /// Leave `group`: detach `qp`, then LEAVE_MCAST.
+    ///
+    /// # Errors
+    /// DETACH_MCAST's errno (`EINVAL`: not attached), LEAVE_MCAST's (`ENOENT`: not joined).
+    pub fn leave_multicast(&self, group: &McastGroup, qp: &Qp) -> Result<()> {
+        qp.detach_mcast(group.mgid, group.mlid)?;
+        self.chan
+            .cmd(
+                cmd::LEAVE_MCAST,
+                "rdma_cm LEAVE_MCAST",
+                RdmaUcmDestroyId {
+                    response: 0,
+                    id: group.id,
+                    reserved: 0,
+                },
+                |b, a| b.response = a,
+                4,
+            )
             .map(drop)
     }
 }

@@ -72,6 +72,20 @@ pub(crate) struct CqUser {
     pub sq: Option<Arc<SqShared>>,
     pub rq: Option<Arc<RqShared>>,
     pub srq: Option<Arc<SrqShared>>,
+    /// CQEs of this queue written before it was attached or last reset: those at CQ positions
+    /// before [`Fence::pos`] belong to an earlier life of the QP (or of its QPN or user index)
+    /// and complete nothing ([`CqShared::fence`]).
+    pub fence: Option<Fence>,
+}
+
+/// Where an earlier life of a CQ user ends in the CQ ring: its CQEs are all before `pos`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Fence {
+    /// The first CQ position (24 bits, as the consumer index is published) the device had not
+    /// written when the fence was set.
+    pub pos: u32,
+    /// The list generation that set it (a poller takes only fences newer than its last copy).
+    pub generation: u64,
 }
 
 pub(crate) struct CqShared {
@@ -89,6 +103,9 @@ pub(crate) struct CqShared {
     _channel: Option<Arc<CompChannel>>,
     /// The flight recorder, once enabled (the pollers then decode every CQE out of line).
     rec: OnceLock<Arc<CqRecorder>>,
+    /// log2 of the number of entries, and the entry size in bytes (for [`fence`](Self::fence)).
+    log_n: u8,
+    stride: usize,
 }
 
 impl core::fmt::Debug for CqShared {
@@ -105,11 +122,54 @@ impl CqShared {
         self.handle
     }
 
-    pub(crate) fn attach(&self, user: CqUser) {
+    /// Attach a queue: any CQE already in the ring under its QPN or user index (of a destroyed
+    /// QP that had them) is fenced off.
+    pub(crate) fn attach(&self, mut user: CqUser) {
         let mut u = self.users.lock().unwrap_or_else(|p| p.into_inner());
+        let g = self.generation.load(Ordering::Relaxed) + 1;
+        user.fence = Some(Fence {
+            pos: self.written_end(),
+            generation: g,
+        });
         u.retain(|x| !(x.qpn == user.qpn && x.uidx == user.uidx));
         u.push(user);
-        self.generation.fetch_add(1, Ordering::Release);
+        self.generation.store(g, Ordering::Release);
+    }
+
+    /// QP `qpn` was reset: every CQE of it the device wrote so far belongs to its old life
+    /// (the kernel's modify to RESET returned, so the device writes no more of them), and must
+    /// complete nothing of the new one (its WRs reuse the WQEBB counters from 0). As libmlx5's
+    /// CQ clean, without rewriting the ring behind its lock-free poller: the poller drops the
+    /// QP's CQEs before the fence when it reaches them (receive CQEs of an SRQ stay: the SRQ's
+    /// WQEs were consumed and are not reset).
+    pub(crate) fn fence(&self, qpn: u32) {
+        let mut u = self.users.lock().unwrap_or_else(|p| p.into_inner());
+        let g = self.generation.load(Ordering::Relaxed) + 1;
+        let pos = self.written_end();
+        for x in u.iter_mut().filter(|x| x.qpn == qpn) {
+            x.fence = Some(Fence { pos, generation: g });
+        }
+        self.generation.store(g, Ordering::Release);
+    }
+
+    /// The first CQ position from the published consumer index on that the device has not
+    /// written (24 bits): the ownership test of each entry, read-only (the poller and the
+    /// device may run meanwhile; entries they add come after it).
+    fn written_end(&self) -> u32 {
+        let ci = self.dbrec.word0().load_be32() & 0xFF_FFFF;
+        let n = 1u32 << self.log_n;
+        for i in 0..n {
+            let pos = ci.wrapping_add(i);
+            let slot = (pos & (n - 1)) as usize;
+            let mut b = [0u8];
+            self._buf
+                .read_byte(slot * self.stride + self.stride - 1, &mut b);
+            let owned = b[0] >> 4 != 0xF && u32::from(b[0] & 1) == (pos >> self.log_n) & 1;
+            if !owned {
+                return pos & 0xFF_FFFF;
+            }
+        }
+        ci.wrapping_add(n) & 0xFF_FFFF
     }
 
     /// This CQ's part of a flight-recorder dump, if it records.
@@ -131,10 +191,6 @@ impl CqShared {
     /// # Errors
     /// [`Error::Unsupported`] on a context with CQE version 0, whose CQEs are looked up by QPN
     /// (attach the target QP itself there).
-    #[cfg_attr(
-        not(test),
-        expect(dead_code, reason = "the seam of the XRC target and DCT receive paths")
-    )]
     pub(crate) fn route_srq(&self, key: u32, srq: Arc<SrqShared>) -> Result<()> {
         if self.ctx.cqe_version() != 1 {
             return Err(Error::Unsupported {
@@ -149,16 +205,13 @@ impl CqShared {
             sq: None,
             rq: None,
             srq: Some(srq),
+            fence: None,
         });
         self.generation.fetch_add(1, Ordering::Release);
         Ok(())
     }
 
     /// Forget the route of `key` ([`route_srq`](Self::route_srq)).
-    #[cfg_attr(
-        not(test),
-        expect(dead_code, reason = "the seam of the XRC target and DCT receive paths")
-    )]
     pub(crate) fn unroute_srq(&self, key: u32) {
         let mut u = self.users.lock().unwrap_or_else(|p| p.into_inner());
         u.retain(|x| !(x.qpn == ROUTED && x.uidx == key));
@@ -217,6 +270,11 @@ struct Users {
     key_at: u8,
     /// How many times the list was copied (under the shared list's lock).
     reloads: u64,
+    /// Fences still ahead of the consumer index: (CQE key, position). While any is, every CQE
+    /// is checked against them ([`stale`](Self::stale)).
+    fences: Vec<(u32, u32)>,
+    /// The ring's entry count (a fence is ahead while within one ring of the consumer index).
+    ncqe: u32,
 }
 
 impl Users {
@@ -247,8 +305,37 @@ impl Users {
         }
     }
 
+    /// Whether the CQE at consumer index `ci` with key `key` and `op_own` byte is of an
+    /// earlier life of its queue ([`CqShared::fence`]); drops the fences the index passed.
+    #[cold]
+    #[inline(never)]
+    fn stale(&mut self, key: u32, ci: u32, op_own: u8) -> bool {
+        let ci = ci & 0xFF_FFFF;
+        let n = self.ncqe;
+        // A fence is ahead while the consumer index is before it (within one ring).
+        self.fences
+            .retain(|&(_, pos)| (1..=n).contains(&(pos.wrapping_sub(ci) & 0xFF_FFFF)));
+        if !self.fences.iter().any(|&(k, _)| k == key) {
+            return false;
+        }
+        // Receive CQEs through an SRQ stay: its WQEs were consumed and are not reset.
+        let resp = matches!(op_own >> 4, 1..=4 | 14);
+        !(resp && self.find(key).is_some_and(|u| u.srq.is_some()))
+    }
+
     /// Copy the shared list and build the index (the cold path: after an attach or detach).
     fn reload(&mut self, list: &[CqUser], g: u64) {
+        // Fences set since the last copy (every one, for the first).
+        let seen = self.seen_gen;
+        for u in list {
+            if let Some(f) = u.fence
+                && (seen == u64::MAX || f.generation > seen)
+            {
+                let key = if self.by_uidx { u.uidx } else { u.qpn };
+                self.fences.retain(|&(k, _)| k != key);
+                self.fences.push((key, f.pos));
+            }
+        }
         let by_uidx = self.by_uidx;
         self.key_at = if by_uidx { UIDX_AT } else { QPN_AT };
         self.reloads += 1;
@@ -458,6 +545,8 @@ impl Cq {
             events_acked: AtomicU32::new(0),
             _channel: channel.cloned(),
             rec: OnceLock::new(),
+            log_n: ncqe.trailing_zeros() as u8,
+            stride: init.cqe_size as usize,
         });
         Ok(Self {
             core: Core {
@@ -466,6 +555,7 @@ impl Cq {
                 users: Users {
                     seen_gen: u64::MAX,
                     by_uidx: ctx.cqe_version() == 1,
+                    ncqe,
                     ..Users::default()
                 },
                 mr_cache: MrCache::default(),
@@ -552,6 +642,21 @@ impl Cq {
     #[inline]
     pub fn poll(&mut self, wcs: &mut [WorkCompletion]) -> usize {
         self.core.refresh();
+        if !self.core.users.fences.is_empty() {
+            return self.poll_fenced(wcs);
+        }
+        self.poll_loop::<false>(wcs)
+    }
+
+    /// [`poll`](Self::poll) while a fence is ahead: every CQE checked first.
+    #[cold]
+    #[inline(never)]
+    fn poll_fenced(&mut self, wcs: &mut [WorkCompletion]) -> usize {
+        self.poll_loop::<true>(wcs)
+    }
+
+    #[inline(always)]
+    fn poll_loop<const FENCED: bool>(&mut self, wcs: &mut [WorkCompletion]) -> usize {
         let mut n = 0;
         if self.pending.is_some() {
             n += self.drain_pending(&mut wcs[n..]);
@@ -564,7 +669,14 @@ impl Cq {
                 shared,
                 ..
             } = &mut self.core;
+            let ci = ring.ci();
             let Some(t) = ring.take() else { break };
+            if FENCED
+                && !users.fences.is_empty()
+                && users.stale(t.be24_at(users.key_at), ci, t.op_own())
+            {
+                continue;
+            }
             if decode_into(
                 users,
                 &mut self.pending,
@@ -763,6 +875,11 @@ impl Iterator for RawCq {
             shared,
             ..
         } = &mut self.core;
+        // A QP attached, detached or reset since the last look (its fence to honour), or a
+        // fence still ahead: the checked path.
+        if shared.generation.load(Ordering::Relaxed) != users.seen_gen || !users.fences.is_empty() {
+            raw_drop_stale(shared, users, ring);
+        }
         let mut t = ring.take()?;
         // (With the flight recorder on, `op_own()` has the format bits set: every CQE takes
         // the cold path.)
@@ -774,6 +891,61 @@ impl Iterator for RawCq {
             copy = t.status();
         }
         Some(RawCqe { cqe: t.cqe(), copy })
+    }
+}
+
+/// [`RawCq::next`] after the QP list changed or while a fence is ahead: the list reloaded,
+/// then the CQEs of an earlier life of their queue at the consumer index dropped, up to the
+/// first other one (left for `next` to take: a fence ahead brings every `next` here, so each
+/// CQE before it is checked). Returns nothing, so that the common path keeps its CQE in
+/// registers.
+#[cold]
+#[inline(never)]
+fn raw_drop_stale(shared: &CqShared, users: &mut Users, ring: &mut CqeReader) {
+    refresh_users(shared, users);
+    while !users.fences.is_empty() {
+        let ci = ring.ci();
+        let Some(t) = ring.take() else { return };
+        let (key, op_own) = (t.be24_at(users.key_at), t.op_own());
+        if !users.stale(key, ci, op_own) {
+            ring.untake();
+            return;
+        }
+    }
+}
+
+impl RawCq {
+    /// The unchecked single-QP pollers' take (`SendQueue::poll_unchecked`): the next CQE if it
+    /// is a successful requester CQE without scattered data, its `wqe_counter`; `None` (and
+    /// nothing taken) while the device owns the next entry or it is anything else. No fence or
+    /// QP-list check (the caller's contract covers them), so crate-private. The consumer index
+    /// is published lazily, every half ring (and by [`publish_ci`](Self::publish_ci),
+    /// `req_notify`).
+    #[inline(always)]
+    pub(crate) fn take_send_lazy(&mut self) -> Option<u16> {
+        let lazy = (self.core.cqe_count >> 1).wrapping_sub(1);
+        let ring = &mut self.core.ring;
+        let counter = ring
+            .take_if(REQ_IN_MEMORY, OPCODE_FORMAT)?
+            .cqe()
+            .wqe_counter();
+        if ring.ci() & lazy == 0 {
+            ring.publish();
+        }
+        Some(counter)
+    }
+
+    /// [`take_send_lazy`](Self::take_send_lazy) for a successful SEND received in memory: its
+    /// `wqe_counter` and byte count.
+    #[inline(always)]
+    pub(crate) fn take_recv_lazy(&mut self) -> Option<(u16, u32)> {
+        let lazy = (self.core.cqe_count >> 1).wrapping_sub(1);
+        let ring = &mut self.core.ring;
+        let c = ring.take_if(RESP_SEND_IN_MEMORY, OPCODE_FORMAT)?.cqe();
+        if ring.ci() & lazy == 0 {
+            ring.publish();
+        }
+        Some((c.wqe_counter(), c.byte_cnt()))
     }
 }
 
@@ -1459,6 +1631,7 @@ mod tests {
             sq: Some(sq.clone()),
             rq: Some(rq.clone()),
             srq: None,
+            fence: None,
         };
         (vec![u], sq, rq)
     }
@@ -1695,6 +1868,7 @@ mod tests {
             sq: None,
             rq: None,
             srq: Some(srq.clone()),
+            fence: None,
         });
         let wc = decode(&local, true, &mut pending, &recv).unwrap();
         assert_eq!(

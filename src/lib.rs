@@ -130,6 +130,7 @@ pub mod ah;
 pub mod cm;
 pub mod context;
 pub mod cq;
+pub mod dc;
 pub mod device;
 #[cfg(feature = "emulator")]
 pub mod emulator;
@@ -154,6 +155,7 @@ mod types;
 mod uverbs;
 mod wc_fmt;
 pub mod wr;
+pub mod xrc;
 
 pub use ah::{Ah, AhAttr, GlobalRoute};
 pub use context::{
@@ -161,13 +163,14 @@ pub use context::{
     PortAttr, UarMode, with_user_handle,
 };
 pub use cq::{Cq, CqInit, CqeKind, RawCq, RawCqe};
+pub use dc::{DcAddr, DcWr, Dci, Dct};
 pub use device::{Device, devices};
 pub use error::{Error, Result};
 pub use mem::dma_buf::UserMemory;
 pub use mem::{Backing, DmaBuf, HugePolicy};
 pub use pd::{Access, Mr, Pd};
 pub use qp::{AnyPayload, Gather, Inline, NoPayload, PayloadKind};
-pub use qp::{BfPolicy, BfregInfo, RecvQueue, SendQueue, SqStats, WqeBuilder};
+pub use qp::{BfPolicy, BfregInfo, RecvQueue, SendQueue, SqStats, UncheckedBatch, WqeBuilder};
 pub use qp::{ConnectParams, Mtu, Qp, QpAttr, QpCap, QpInitAttr, QpState, QpType, RemoteQp};
 pub use recorder::{RecorderCallback, RecorderConfig, RecorderDump};
 pub use srq::Srq;
@@ -175,6 +178,7 @@ pub use wr::{
     PostError, RecvWr, SendFlags, SendWr, Sge, Syndrome, UdDest, VendorSyndrome, WcFlags, WcOpcode,
     WcStatus, WorkCompletion, WrOp,
 };
+pub use xrc::{XrcDomain, XrcSendQp, XrcSrq, XrcSrqNum, XrcTgtQp, XrcWr, XrcdOpen};
 
 /// Re-exports of the ABI crates, for users of the low-level API.
 pub use mlx5_ffi as ffi;

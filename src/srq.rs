@@ -12,7 +12,7 @@
 use std::sync::Arc;
 
 use mlx5_ffi::mlx5::Mlx5IbCreateSrq;
-use mlx5_ffi::uverbs::{IbUverbsCreateSrq, IbUverbsDestroySrq};
+use mlx5_ffi::uverbs::{IbUverbsCreateSrq, IbUverbsCreateXsrq, IbUverbsDestroySrq};
 use mlx5_hw::wqe::SrqNextSeg;
 use zerocopy::IntoBytes;
 
@@ -30,6 +30,8 @@ pub(crate) struct SrqHandle {
     pd: Pd,
     handle: u32,
     pub(crate) srqn: u32,
+    /// The CQE v1 user index of an XRC SRQ (its receive CQEs name it), freed with it.
+    pub(crate) uidx: Option<u32>,
     /// The ring and record outlive the kernel SRQ (QPs attached to it hold this handle).
     _buf: Arc<DmaBuf>,
     _dbrec: Arc<DbRec>,
@@ -52,6 +54,10 @@ impl Drop for SrqHandle {
             // The SRQ may live on in the kernel: the device may still use its ring and record.
             crate::mem::leak(&self._buf);
             crate::mem::leak(&self._dbrec);
+            return;
+        }
+        if let Some(u) = self.uidx {
+            self.pd.inner.ctx.free_uidx(u);
         }
     }
 }
@@ -77,6 +83,17 @@ impl Srq {
     /// # Errors
     /// [`Error::Limit`] naming `max_wr` or `max_sge`; [`Error::Uverbs`] naming CREATE_SRQ.
     pub fn new(pd: &Pd, max_wr: u32, max_sge: u32) -> Result<Self> {
+        Self::create(pd, max_wr, max_sge, None)
+    }
+
+    /// [`new`](Self::new), or with `xrc` an XRC SRQ (CREATE_XSRQ: its domain, CQ and CQE v1
+    /// user index; `src/xrc.rs`) with the same ring.
+    pub(crate) fn create(
+        pd: &Pd,
+        max_wr: u32,
+        max_sge: u32,
+        xrc: Option<XsrqInit>,
+    ) -> Result<Self> {
         let ctx = &pd.inner.ctx;
         let a = &ctx.inner.attr.raw;
         Error::check_limit(
@@ -113,17 +130,31 @@ impl Srq {
         let drv = Mlx5IbCreateSrq {
             buf_addr: buf.addr(),
             db_addr: dbrec.addr(),
+            uidx: xrc.map_or(0, |x| x.uidx),
             ..Mlx5IbCreateSrq::default()
         };
-        let cmd = IbUverbsCreateSrq {
-            response: 0,
-            user_handle: crate::context::next_user_handle(),
-            pd_handle: pd.inner.handle,
-            max_wr: n - 1,
-            max_sge,
-            srq_limit: 0,
+        let (handle, srqn) = match xrc {
+            None => {
+                let cmd = IbUverbsCreateSrq {
+                    response: 0,
+                    user_handle: crate::context::next_user_handle(),
+                    pd_handle: pd.inner.handle,
+                    max_wr: n - 1,
+                    max_sge,
+                    srq_limit: 0,
+                };
+                let (core, m) = uverbs::write::<cmds::CreateSrq>(ctx.surface(), &cmd, &drv)?;
+                (core.srq_handle, m.srqn)
+            }
+            Some(x) => {
+                let (core, _) = uverbs::write::<cmds::CreateXsrq>(
+                    ctx.surface(),
+                    &x.cmd(pd.inner.handle, n - 1, max_sge),
+                    &drv,
+                )?;
+                (core.srq_handle, core.srqn)
+            }
         };
-        let (core, m) = uverbs::write::<cmds::CreateSrq>(ctx.surface(), &cmd, &drv)?;
         let shared = Arc::new(SrqShared::new(
             n,
             ScatterTarget::new(
@@ -138,8 +169,9 @@ impl Srq {
         Ok(Self {
             handle: Arc::new(SrqHandle {
                 pd: pd.clone(),
-                handle: core.srq_handle,
-                srqn: m.srqn,
+                handle,
+                srqn,
+                uidx: xrc.map(|x| x.uidx),
                 _buf: buf.clone(),
                 _dbrec: dbrec.clone(),
             }),
@@ -232,5 +264,30 @@ impl Srq {
             publish_recv(&self.dbrec, self.counter);
         }
         res
+    }
+}
+
+/// What CREATE_XSRQ adds to an SRQ's creation (`srq.rs` builds the ring).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct XsrqInit {
+    pub(crate) xrcd: u32,
+    pub(crate) cq: u32,
+    pub(crate) uidx: u32,
+}
+
+impl XsrqInit {
+    pub(crate) fn cmd(&self, pd: u32, max_wr: u32, max_sge: u32) -> IbUverbsCreateXsrq {
+        IbUverbsCreateXsrq {
+            response: 0,
+            user_handle: crate::context::next_user_handle(),
+            srq_type: mlx5_ffi::ioctl::IB_UVERBS_SRQT_XRC,
+            pd_handle: pd,
+            max_wr,
+            max_sge,
+            srq_limit: 0,
+            max_num_tags: 0,
+            xrcd_handle: self.xrcd,
+            cq_handle: self.cq,
+        }
     }
 }

@@ -232,3 +232,107 @@ fn every_lying_counter_is_refused_on_a_full_queue() {
         assert!(a.qp.sq().retire(p as u16).is_err());
     }
 }
+
+/// Found by the extended property test (issue 24): the device executed a WRITE and its CQE sat
+/// in the CQ ring, unpolled, when both QPs were reset and reconnected; the new WR posted at the
+/// same WQEBB (counter 0) was then completed by that old CQE before the device ran it, through
+/// `Cq::poll` and through `RawCq::next` + `retire` alike. A reset (and a destroy) now makes
+/// every CQE of the QP's old life in the ring complete nothing.
+#[test]
+fn cqes_left_in_the_ring_at_a_reset_complete_nothing_new() {
+    for raw in [false, true] {
+        let rig = common::EmuRig::stepped();
+        let (mut a, mut b) = common::pair(&rig, PairOpts::new(QpType::Rc));
+        let s = [a.mr.sge(0, 8)];
+        let (raddr, rkey) = (b.mr.addr(), b.mr.rkey());
+        let w = |id| SendWr {
+            op: WrOp::Write { raddr, rkey },
+            ..SendWr::send(id, &s, SendFlags::SIGNALED)
+        };
+        a.qp.post_send(&[w(1), w(2)]).unwrap();
+        // The device executes both; their CQEs wait in the ring.
+        for _ in 0..50 {
+            rig.progress();
+        }
+        assert_eq!(a.cq.consumer_index(), 0);
+        reset(&mut a.qp);
+        reset(&mut b.qp);
+        common::connect(
+            (&mut a.qp, &a.ctx),
+            (&mut b.qp, &b.ctx),
+            mlx5::Access::LOCAL_WRITE | mlx5::Access::REMOTE_WRITE,
+            7,
+        );
+        // New WRs at counters 0 and 1, the device not run.
+        a.qp.post_send(&[w(100), w(101)]).unwrap();
+        let early: Vec<u64> = if raw {
+            let mut ids = Vec::new();
+            common::with_raw(&mut a.cq, &a.ctx, |r| {
+                for c in r.by_ref() {
+                    if let Ok(id) = a.qp.sq().retire(c.wqe_counter()) {
+                        ids.push(id);
+                    }
+                }
+                r.publish_ci();
+            });
+            ids
+        } else {
+            let mut wcs = [WorkCompletion::default(); 8];
+            let n = a.cq.poll(&mut wcs);
+            wcs[..n].iter().map(|wc| wc.wr_id).collect()
+        };
+        assert_eq!(
+            early, [0u64; 0],
+            "raw {raw}: completed before the device ran"
+        );
+        assert_eq!(a.qp.sq_ref().outstanding(), 2, "raw {raw}");
+        let got = common::poll_n(&rig, &mut a.cq, 2);
+        let ids: Vec<u64> = got.iter().map(|wc| wc.wr_id).collect();
+        assert_eq!(ids, [100, 101], "raw {raw}: {got:?}");
+        assert!(got.iter().all(|wc| wc.is_ok()), "{got:?}");
+    }
+}
+
+/// The same with a destroy: the QP's CQEs wait in the ring when it is destroyed, and a new QP
+/// on the same CQ (which may get the old QP number or user index) must not inherit them.
+#[test]
+fn cqes_of_a_destroyed_qp_complete_nothing_of_its_successor() {
+    let rig = common::EmuRig::stepped();
+    let (mut a, b) = common::pair(&rig, PairOpts::new(QpType::Rc));
+    let s = [a.mr.sge(0, 8)];
+    let (raddr, rkey) = (b.mr.addr(), b.mr.rkey());
+    let w = |id| SendWr {
+        op: WrOp::Write { raddr, rkey },
+        ..SendWr::send(id, &s, SendFlags::SIGNALED)
+    };
+    a.qp.post_send(&[w(1), w(2)]).unwrap();
+    for _ in 0..50 {
+        rig.progress();
+    }
+    let old = (a.qp.qpn(), a.qp.user_handle());
+    let init = mlx5::QpInitAttr::new(QpType::Rc, &a.cq, &a.cq);
+    let fresh = mlx5::Qp::new(&a.pd, &init).unwrap();
+    drop(std::mem::replace(&mut a.qp, fresh));
+    let mut b = b;
+    reset(&mut b.qp);
+    common::connect(
+        (&mut a.qp, &a.ctx),
+        (&mut b.qp, &b.ctx),
+        mlx5::Access::LOCAL_WRITE | mlx5::Access::REMOTE_WRITE,
+        7,
+    );
+    a.qp.post_send(&[w(100), w(101)]).unwrap();
+    let mut wcs = [WorkCompletion::default(); 8];
+    let n = a.cq.poll(&mut wcs);
+    assert_eq!(
+        n,
+        0,
+        "QP {:?} -> {}: completions before the device ran: {:?}",
+        old,
+        a.qp.qpn(),
+        &wcs[..n]
+    );
+    let got = common::poll_n(&rig, &mut a.cq, 2);
+    let ids: Vec<u64> = got.iter().map(|wc| wc.wr_id).collect();
+    assert_eq!(ids, [100, 101], "{got:?}");
+}

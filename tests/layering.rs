@@ -19,7 +19,8 @@ const LAYERS: &[&[&str]] = &[
     &["ledger", "wc_fmt", "emulator"],
     &["cq", "srq", "qp::sq", "qp::rq"],
     &["qp"],
-    &["cm", "flow"],
+    &["xrc"],
+    &["cm", "flow", "dc"],
     &["lib"],
 ];
 

@@ -12,6 +12,15 @@
 //! place and nothing written past it. At the end of each sequence the queues are drained, so
 //! the next sequence starts from idle queues (the QPs and CQs are reused).
 //!
+//! Lifecycle steps between them (issue 24): both QPs reset and re-connected (with what the CQs
+//! still hold: pending unsignaled reports, CQEs of executed WRs not yet polled), an RTS->RTS
+//! modify, both QPs destroyed and created again on the same CQs, and lying counters
+//! (`SendQueue::retire` / `RecvQueue::retire` of a counter that names no outstanding WR, which
+//! must be refused by name and change nothing). A reset or destroy discards every outstanding
+//! WR: none of them may complete afterwards. Every completion must name a WR posted in the
+//! current life of its QP, in order, exactly once, and after at least one device step since
+//! the WR was posted (never before the device could have executed it).
+//!
 //! Counting: `CASES` proptest cases of `SEQS_PER_CASE` sequences each, every sequence a fresh
 //! random call sequence on one of the queue pairs: `CASES * SEQS_PER_CASE` >= 10^5.
 
@@ -23,10 +32,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{EmuRig, Rig};
+use mlx5::ffi::uverbs::{IB_QP_ACCESS_FLAGS, IB_QP_STATE};
 use mlx5::{
-    Access, Context, Cq, CqInit, CqeKind, DmaBuf, Mr, Pd, PostError, Qp, QpCap, QpInitAttr, QpType,
-    RawCq, RecvQueue, RecvWr, SendFlags, SendQueue, SendWr, Sge, WcFlags, WcStatus, WorkCompletion,
-    WrOp,
+    Access, Context, Cq, CqInit, CqeKind, DmaBuf, Mr, Pd, PostError, Qp, QpAttr, QpCap, QpInitAttr,
+    QpState, QpType, RawCq, RecvQueue, RecvWr, SendFlags, SendQueue, SendWr, Sge, WcFlags,
+    WcStatus, WorkCompletion, WrOp,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRng, TestRunner};
@@ -104,6 +114,7 @@ struct Done {
 fn poll(
     p: &mut Poller,
     max: usize,
+    qpn: u32,
     sq: Option<&mut SendQueue>,
     rq: Option<&mut RecvQueue>,
     out: &mut Vec<Done>,
@@ -126,6 +137,11 @@ fn poll(
             let (mut sq, mut rq) = (sq, rq);
             for _ in 0..max.max(1) {
                 let Some(c) = cq.next() else { break };
+                // A raw poller sees the CQEs of a QP destroyed with CQEs in the ring (it finds
+                // no queue for them): they name another QP number.
+                if c.qpn() != qpn {
+                    continue;
+                }
                 let wr_id = match c.kind() {
                     CqeKind::Send => sq
                         .as_deref_mut()
@@ -137,8 +153,10 @@ fn poll(
                 };
                 let Some(wr_id) = wr_id else {
                     return Err(TestCaseError::fail(format!(
-                        "{:?} on the wrong CQ",
-                        c.kind()
+                        "{:?} on the wrong CQ (counter {}, QPN {:#x})",
+                        c.kind(),
+                        c.wqe_counter(),
+                        c.qpn()
                     )));
                 };
                 let imm = matches!(
@@ -195,6 +213,15 @@ enum Op {
     Poll { b: bool, max: usize },
     /// Let the device run.
     Step { n: usize },
+    /// Reset both QPs and connect them again (without draining anything first).
+    Reset,
+    /// An RTS->RTS modify of A (or B): nothing in flight may be disturbed.
+    Modify { b: bool },
+    /// Destroy both QPs and create new ones on the same CQs, connected.
+    Recreate,
+    /// A lying counter to A's `SendQueue::retire` (or B's `RecvQueue::retire`): `k` picks one
+    /// that names no outstanding WR.
+    Lie { b: bool, k: u16 },
 }
 
 #[derive(Clone, Debug)]
@@ -235,6 +262,13 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         3 => (1usize..=4, 1usize..=3, any::<bool>()).prop_map(|(n, sges, low)| Op::Recv { n, sges, low }),
         3 => (any::<bool>(), 1usize..=8).prop_map(|(b, max)| Op::Poll { b, max }),
         2 => (1usize..=6).prop_map(|n| Op::Step { n }),
+        1 => prop_oneof![
+            3 => Just(Op::Reset),
+            2 => any::<bool>().prop_map(|b| Op::Modify { b }),
+            1 => Just(Op::Recreate),
+            4 => (any::<bool>(), any::<u16>()).prop_map(|(b, k)| Op::Lie { b, k }),
+        ],
+        1 => (any::<bool>()).prop_map(|b| Op::Poll { b, max: 1 }),
     ]
 }
 
@@ -277,6 +311,10 @@ struct SentWr {
     slot: u64,
     src: u64,
     seed: u8,
+    /// The WQEBB counter its WQE starts at (`SendQueue::producer` before posting).
+    start: u32,
+    /// Device steps of its pair when it was posted.
+    posted_at: u64,
 }
 
 /// A posted receive: id, its slot, SGE layout (offset, length) in B's buffer.
@@ -299,6 +337,14 @@ struct Pair {
     cap_a: QpCap,
     cap_b: QpCap,
     report_unsignaled: bool,
+    shape: Shape,
+    /// Connections made so far (each uses its own PSNs, so no packet of an earlier life is
+    /// taken as a new one).
+    epoch: u32,
+    /// Device steps so far.
+    steps: u64,
+    /// Receives posted to B's RQ since it was (re)created or reset.
+    rq_posted: u32,
     // Model.
     sends: VecDeque<SentWr>,
     /// Messages in flight that consume receives, in order: (kind, len, seed, imm).
@@ -319,8 +365,9 @@ struct World {
     sequences: u64,
     checks: u64,
     failed: bool,
-    /// Completions checked: sends, receives, halves episodes, raw-polled ones.
-    stats: [u64; 4],
+    /// Completions checked: sends, receives, halves episodes, raw-polled ones; lifecycle steps
+    /// (reset, modify, recreate); lying counters refused.
+    stats: [u64; 6],
 }
 
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
@@ -337,77 +384,63 @@ impl World {
     fn new() -> Self {
         let pairs = PAIRS
             .iter()
-            .map(
-                |&(swr, rwr, rsge, inline, cqe_size, scatter, report, cqe)| {
-                    let rig = EmuRig::stepped();
-                    let ca = rig.open(0);
-                    let cb = rig.open(1);
-                    let pa = Pd::new(&ca).unwrap();
-                    let pb = Pd::new(&cb).unwrap();
-                    let cq = |ctx: &Context, n: u32| {
-                        Cq::new(
-                            ctx,
-                            CqInit {
-                                cqe: n,
-                                cqe_size,
-                                ..CqInit::default()
-                            },
-                            None,
-                        )
-                        .unwrap()
-                    };
-                    let a_cq = cq(&ca, cqe.max(2 * swr));
-                    let b_rcq = cq(&cb, cqe.max(2 * rwr));
-                    let b_scq = cq(&cb, cqe.max(2 * swr));
-                    let cap = QpCap {
-                        max_send_wr: swr,
-                        max_recv_wr: rwr,
-                        max_send_sge: 1,
-                        max_recv_sge: rsge,
-                        max_inline_data: inline,
-                    };
-                    let mut ia = QpInitAttr::new(QpType::Rc, &a_cq, &a_cq);
-                    ia.cap = QpCap {
-                        max_recv_wr: 1,
-                        ..cap
-                    };
-                    ia.report_unsignaled = report;
-                    ia.scatter_to_cqe = scatter;
-                    let mut ib = QpInitAttr::new(QpType::Rc, &b_scq, &b_rcq);
-                    ib.cap = cap;
-                    ib.scatter_to_cqe = scatter;
-                    let mut a_qp = Qp::new(&pa, &ia).unwrap();
-                    let mut b_qp = Qp::new(&pb, &ib).unwrap();
-                    common::connect((&mut a_qp, &ca), (&mut b_qp, &cb), Access::ALL, 7);
-                    let a_buf = Arc::new(DmaBuf::new((2 * NSLOT * SLOT) as usize).unwrap());
-                    let b_buf = Arc::new(DmaBuf::new((2 * NSLOT * SLOT) as usize).unwrap());
-                    let a_mr = pa.reg_mr(&a_buf, Access::ALL).unwrap();
-                    let b_mr = pb.reg_mr(&b_buf, Access::ALL).unwrap();
-                    Pair {
-                        cap_a: a_qp.cap(),
-                        cap_b: b_qp.cap(),
-                        a_qp,
-                        b_qp,
-                        a_cq: Poller::Verbs(a_cq),
-                        b_rcq: Poller::Verbs(b_rcq),
-                        b_scq: Poller::Verbs(b_scq),
-                        a_buf,
-                        a_mr,
-                        b_buf,
-                        b_mr,
-                        report_unsignaled: report,
-                        sends: VecDeque::new(),
-                        recvs: VecDeque::new(),
-                        to_receive: VecDeque::new(),
-                        next_id: 1,
-                        recv_slot: 0,
-                        send_slot: 0,
-                        _pd: (pa, pb),
-                        _ctx: (ca, cb),
-                        rig,
-                    }
-                },
-            )
+            .map(|&shape| {
+                let (swr, rwr, _, _, cqe_size, _, report, cqe) = shape;
+                let rig = EmuRig::stepped();
+                let ca = rig.open(0);
+                let cb = rig.open(1);
+                let pa = Pd::new(&ca).unwrap();
+                let pb = Pd::new(&cb).unwrap();
+                let cq = |ctx: &Context, n: u32| {
+                    Cq::new(
+                        ctx,
+                        CqInit {
+                            cqe: n,
+                            cqe_size,
+                            ..CqInit::default()
+                        },
+                        None,
+                    )
+                    .unwrap()
+                };
+                let a_cq = cq(&ca, cqe.max(2 * swr));
+                let b_rcq = cq(&cb, cqe.max(2 * rwr));
+                let b_scq = cq(&cb, cqe.max(2 * swr));
+                let (a_qp, b_qp) = Self::qps(shape, (&pa, &pb), (&a_cq, &b_scq, &b_rcq));
+                let a_buf = Arc::new(DmaBuf::new((2 * NSLOT * SLOT) as usize).unwrap());
+                let b_buf = Arc::new(DmaBuf::new((2 * NSLOT * SLOT) as usize).unwrap());
+                let a_mr = pa.reg_mr(&a_buf, Access::ALL).unwrap();
+                let b_mr = pb.reg_mr(&b_buf, Access::ALL).unwrap();
+                let mut p = Pair {
+                    cap_a: a_qp.cap(),
+                    cap_b: b_qp.cap(),
+                    a_qp,
+                    b_qp,
+                    a_cq: Poller::Verbs(a_cq),
+                    b_rcq: Poller::Verbs(b_rcq),
+                    b_scq: Poller::Verbs(b_scq),
+                    a_buf,
+                    a_mr,
+                    b_buf,
+                    b_mr,
+                    report_unsignaled: report,
+                    shape,
+                    epoch: 0,
+                    steps: 0,
+                    rq_posted: 0,
+                    sends: VecDeque::new(),
+                    recvs: VecDeque::new(),
+                    to_receive: VecDeque::new(),
+                    next_id: 1,
+                    recv_slot: 0,
+                    send_slot: 0,
+                    _pd: (pa, pb),
+                    _ctx: (ca, cb),
+                    rig,
+                };
+                Self::connect(&mut p);
+                p
+            })
             .collect();
         // The QPs were created on verbs CQs; `cq()` is how the test proves it.
         let w = Self {
@@ -415,12 +448,65 @@ impl World {
             sequences: 0,
             checks: 0,
             failed: false,
-            stats: [0; 4],
+            stats: [0; 6],
         };
         for p in &w.pairs {
             let _ = p.a_cq.cq();
         }
         w
+    }
+
+    /// A's and B's QPs of `shape` on A's CQ and B's send and receive CQs.
+    fn qps(shape: Shape, pd: (&Pd, &Pd), cq: (&Cq, &Cq, &Cq)) -> (Qp, Qp) {
+        let (swr, rwr, rsge, inline, _, scatter, report, _) = shape;
+        let cap = QpCap {
+            max_send_wr: swr,
+            max_recv_wr: rwr,
+            max_send_sge: 1,
+            max_recv_sge: rsge,
+            max_inline_data: inline,
+        };
+        let mut ia = QpInitAttr::new(QpType::Rc, cq.0, cq.0);
+        ia.cap = QpCap {
+            max_recv_wr: 1,
+            ..cap
+        };
+        ia.report_unsignaled = report;
+        ia.scatter_to_cqe = scatter;
+        let mut ib = QpInitAttr::new(QpType::Rc, cq.1, cq.2);
+        ib.cap = cap;
+        ib.scatter_to_cqe = scatter;
+        (Qp::new(pd.0, &ia).unwrap(), Qp::new(pd.1, &ib).unwrap())
+    }
+
+    /// Connect A and B (both in RESET), with PSNs of a new epoch.
+    fn connect(p: &mut Pair) {
+        p.epoch += 1;
+        let (psn_a, psn_b) = (p.epoch << 12, (p.epoch << 12) | 0x800);
+        let (ra, sa) = common::address(&p.a_qp, &p._ctx.0, psn_a);
+        let (rb, sb) = common::address(&p.b_qp, &p._ctx.1, psn_b);
+        for (qp, r, sgid) in [(&mut p.a_qp, &rb, sa), (&mut p.b_qp, &ra, sb)] {
+            qp.to_init(1, Access::ALL, common::QKEY).expect("to INIT");
+            qp.to_rtr(r, 3, sgid).expect("to RTR");
+        }
+        p.a_qp.to_rts(psn_a, 7).expect("to RTS");
+        p.b_qp.to_rts(psn_b, 7).expect("to RTS");
+    }
+
+    /// The model after both QPs lost their outstanding WRs (reset, destroy): none of them may
+    /// complete any more.
+    fn forget(p: &mut Pair) {
+        p.sends.clear();
+        p.recvs.clear();
+        p.to_receive.clear();
+        p.rq_posted = 0;
+    }
+
+    /// One device step of pair `pi`; what `emu.step` returns.
+    fn step(&mut self, pi: usize) -> usize {
+        let p = &mut self.pairs[pi];
+        p.steps += 1;
+        p.rig.emu.step()
     }
 
     /// The canaries next to every buffer (256 bytes each side), or whole guard pages.
@@ -471,11 +557,122 @@ impl World {
             }
             Op::Step { n } => {
                 for _ in 0..n {
-                    self.pairs[pi].rig.progress();
+                    self.step(pi);
                 }
                 Ok(())
             }
+            Op::Reset => self.reset(pi),
+            Op::Modify { b } => self.modify(pi, b),
+            Op::Recreate => self.recreate(pi),
+            Op::Lie { b, k } => self.lie(pi, b, k),
         }
+    }
+
+    /// Both QPs to RESET and connected again, whatever they and their CQs hold.
+    fn reset(&mut self, pi: usize) -> R<()> {
+        self.stats[4] += 1;
+        let p = &mut self.pairs[pi];
+        let reset = QpAttr {
+            qp_state: Some(QpState::Reset),
+            ..QpAttr::default()
+        };
+        for qp in [&mut p.a_qp, &mut p.b_qp] {
+            qp.modify(&reset, IB_QP_STATE)
+                .map_err(|e| TestCaseError::fail(format!("reset: {e}")))?;
+        }
+        Self::forget(p);
+        check!(
+            p.a_qp.sq_ref().outstanding() == 0 && p.b_qp.rq().unwrap().outstanding() == 0,
+            "a reset left WRs outstanding"
+        );
+        Self::connect(p);
+        Ok(())
+    }
+
+    /// RTS->RTS on A or B (the minimum RNR timer, or the access flags).
+    fn modify(&mut self, pi: usize, b: bool) -> R<()> {
+        self.stats[4] += 1;
+        let p = &mut self.pairs[pi];
+        let qp = if b { &mut p.b_qp } else { &mut p.a_qp };
+        let attr = QpAttr {
+            qp_access_flags: Access::ALL,
+            ..QpAttr::default()
+        };
+        qp.modify(&attr, IB_QP_ACCESS_FLAGS)
+            .map_err(|e| TestCaseError::fail(format!("RTS->RTS: {e}")))
+    }
+
+    /// Both QPs destroyed (with what they and their CQs hold) and created again.
+    fn recreate(&mut self, pi: usize) -> R<()> {
+        self.stats[4] += 1;
+        let p = &mut self.pairs[pi];
+        // QPs are created on verbs CQs (the raw poller goes back, whatever it holds).
+        p.a_cq.set(false);
+        p.b_rcq.set(false);
+        p.b_scq.set(false);
+        let (a, b) = Self::qps(
+            p.shape,
+            (&p._pd.0, &p._pd.1),
+            (p.a_cq.cq(), p.b_scq.cq(), p.b_rcq.cq()),
+        );
+        drop(std::mem::replace(&mut p.a_qp, a));
+        drop(std::mem::replace(&mut p.b_qp, b));
+        Self::forget(p);
+        Self::connect(p);
+        Ok(())
+    }
+
+    /// A counter that names no outstanding WR, to A's SQ (`b` false) or B's RQ: refused by
+    /// name, nothing retired.
+    fn lie(&mut self, pi: usize, b: bool, k: u16) -> R<()> {
+        self.stats[5] += 1;
+        let p = &mut self.pairs[pi];
+        if b {
+            let rq = p.b_qp.rq().unwrap();
+            let size = rq.geometry().wqe_cnt;
+            let out = p.recvs.len() as u32;
+            let tail = p.rq_posted.wrapping_sub(out);
+            // Any slot but the oldest outstanding one's.
+            let c = if out == 0 {
+                k
+            } else {
+                (tail.wrapping_add(1 + u32::from(k) % (size - 1).max(1))) as u16
+            };
+            if out != 0 && (u32::from(c) ^ tail) & (size - 1) == 0 {
+                return Ok(());
+            }
+            let before = rq.outstanding();
+            let r = rq.retire(c);
+            check!(
+                matches!(r, Err(PostError::NotOutstanding { wqe_counter }) if wqe_counter == c),
+                "RQ retire({c}) with {out} outstanding from {tail}: {r:?}"
+            );
+            check!(
+                rq.outstanding() == before,
+                "a refused RQ retire moved the tail"
+            );
+        } else {
+            let sq = p.a_qp.sq();
+            let mask = sq.geometry().wqe_cnt - 1;
+            let starts: Vec<u32> = p.sends.iter().map(|w| w.start & mask).collect();
+            // A counter whose slot starts no outstanding WR (k picks it; high bits too).
+            let c = (0..=mask)
+                .map(|i| u32::from(k).wrapping_add(i))
+                .find(|c| !starts.contains(&(c & mask)));
+            let Some(c) = c else { return Ok(()) };
+            let c = c as u16;
+            let before = sq.outstanding();
+            let r = sq.retire(c);
+            check!(
+                matches!(r, Err(PostError::NotOutstanding { wqe_counter }) if wqe_counter == c),
+                "SQ retire({c}) with starts {starts:?}: {r:?}"
+            );
+            check!(
+                sq.outstanding() == before,
+                "a refused SQ retire moved the tail"
+            );
+        }
+        Ok(())
     }
 
     /// Build A's next send of `kind` (`len` bytes), its model record; `None` if the model does
@@ -503,6 +700,8 @@ impl World {
             slot,
             src: RDMA_BASE + slot * SLOT,
             seed,
+            start: 0,
+            posted_at: p.steps,
         })
     }
 
@@ -560,9 +759,10 @@ impl World {
 
     fn send(&mut self, pi: usize, kind: Kind, len: usize, signaled: bool, inline: bool) -> R<bool> {
         let p = &mut self.pairs[pi];
-        let Some(w) = Self::prepare(p, kind, len, signaled) else {
+        let Some(mut w) = Self::prepare(p, kind, len, signaled) else {
             return Ok(false);
         };
+        w.start = p.a_qp.sq_ref().producer();
         let data = Self::stage(p, &w);
         let inline =
             inline && !matches!(kind, Kind::Read) && len <= p.cap_a.max_inline_data as usize;
@@ -589,11 +789,14 @@ impl World {
     fn send_chain(&mut self, pi: usize, n: usize, len: usize) -> R<()> {
         let p = &mut self.pairs[pi];
         let mut ws = Vec::new();
+        let p0 = p.a_qp.sq_ref().producer();
         for i in 0..n {
             let kind = if i % 2 == 0 { Kind::Write } else { Kind::Send };
-            let Some(w) = Self::prepare(p, kind, len, i + 1 == n) else {
+            let Some(mut w) = Self::prepare(p, kind, len, i + 1 == n) else {
                 break;
             };
+            // A WRITE or SEND of one SGE is one WQEBB (checked below).
+            w.start = p0.wrapping_add(i as u32);
             Self::stage(p, &w);
             if kind.consumes_recv() {
                 p.to_receive.push_back(w);
@@ -613,6 +816,12 @@ impl World {
         if let Err((i, e)) = p.a_qp.post_send(&wrs) {
             return Err(TestCaseError::fail(format!("chain refused at {i}: {e:?}")));
         }
+        let built = p.a_qp.sq_ref().producer().wrapping_sub(p0);
+        check!(
+            built == ws.len() as u32,
+            "{} WRs took {built} WQEBBs",
+            ws.len()
+        );
         Ok(())
     }
 
@@ -670,6 +879,7 @@ impl World {
                 "a full RQ took a receive: {r:?}"
             );
         }
+        p.rq_posted = p.rq_posted.wrapping_add(posted.len() as u32);
         p.recvs.extend(posted);
         Ok(())
     }
@@ -678,7 +888,8 @@ impl World {
     fn poll_a(&mut self, pi: usize, max: usize) -> R<()> {
         let p = &mut self.pairs[pi];
         let mut got = Vec::new();
-        poll(&mut p.a_cq, max, Some(p.a_qp.sq()), None, &mut got)?;
+        let qpn = p.a_qp.qpn();
+        poll(&mut p.a_cq, max, qpn, Some(p.a_qp.sq()), None, &mut got)?;
         let verbs = matches!(p.a_cq, Poller::Verbs(_));
         self.stats[0] += got.len() as u64;
         if !verbs {
@@ -691,6 +902,10 @@ impl World {
                 let Some(w) = p.sends.pop_front() else {
                     return Err(TestCaseError::fail(format!("completion {d:?} for nothing")));
                 };
+                check!(
+                    p.steps > w.posted_at,
+                    "WR {w:?} completed ({d:?}) before the device ran"
+                );
                 if w.id == d.wr_id {
                     check!(
                         w.signaled || (verbs && p.report_unsignaled && d.reported_unsignaled),
@@ -731,7 +946,8 @@ impl World {
     fn poll_b(&mut self, pi: usize, max: usize) -> R<()> {
         let p = &mut self.pairs[pi];
         let mut got = Vec::new();
-        poll(&mut p.b_rcq, max, None, p.b_qp.rq(), &mut got)?;
+        let qpn = p.b_qp.qpn();
+        poll(&mut p.b_rcq, max, qpn, None, p.b_qp.rq(), &mut got)?;
         self.stats[1] += got.len() as u64;
         if matches!(p.b_rcq, Poller::Raw(_)) {
             self.stats[3] += got.len() as u64;
@@ -749,6 +965,10 @@ impl World {
         let (Some(r), Some(w)) = (r, w) else {
             return Err(TestCaseError::fail(format!("receive {d:?} for nothing")));
         };
+        check!(
+            p.steps > w.posted_at,
+            "receive {d:?} of {w:?} before the device ran"
+        );
         check!(
             d.wr_id == r.id,
             "receive {d:?} out of order: expected {}",
@@ -814,12 +1034,15 @@ impl World {
             .min(p.cap_a.max_send_wr as usize);
         let k = k.min(p.cap_b.max_send_wr as usize).max(1);
         let rig = &p.rig;
+        let steps = &mut p.steps;
+        let (a_qpn, b_qpn) = (p.a_qp.qpn(), p.b_qp.qpn());
         let (sq, rq) = p.b_qp.split();
         let rq = rq.unwrap();
         let (b_rcq, b_scq) = (&mut p.b_rcq, &mut p.b_scq);
         let (b_buf, b_mr, a_mr) = (&p.b_buf, &p.b_mr, &p.a_mr);
         let base_id = p.next_id;
         p.next_id += 3 * k as u64;
+        p.rq_posted = p.rq_posted.wrapping_add(k as u32);
         let deadline = std::time::Instant::now() + rx_delay + HALVES_TIMEOUT;
         let stuck = move || std::time::Instant::now() > deadline;
         let result = std::thread::scope(|t| -> R<()> {
@@ -836,7 +1059,7 @@ impl World {
                     .map_err(|(i, e)| TestCaseError::fail(format!("rx post {i}: {e:?}")))?;
                 let mut got = Vec::new();
                 while got.len() < k {
-                    poll(b_rcq, k - got.len(), None, Some(&mut *rq), &mut got)?;
+                    poll(b_rcq, k - got.len(), b_qpn, None, Some(&mut *rq), &mut got)?;
                     check!(!stuck(), "rx half: {} of {k}", got.len());
                     std::thread::yield_now();
                 }
@@ -867,7 +1090,7 @@ impl World {
                         .map_err(|(_, e)| TestCaseError::fail(format!("tx post: {e:?}")))?;
                 }
                 while got.len() < k {
-                    poll(b_scq, k, Some(&mut *sq), None, &mut got)?;
+                    poll(b_scq, k, b_qpn, Some(&mut *sq), None, &mut got)?;
                     check!(!stuck(), "tx half: {} of {k}", got.len());
                     std::thread::yield_now();
                 }
@@ -889,11 +1112,12 @@ impl World {
                 .map_err(|(i, e)| TestCaseError::fail(format!("A post {i}: {e:?}")))?;
             let mut got = Vec::new();
             while !(rx.is_finished() && tx.is_finished() && got.len() >= k) {
+                *steps += 1;
                 if rig.emu.step() == 0 {
                     // Nothing for the device: let the halves' threads run.
                     std::thread::yield_now();
                 }
-                poll(&mut p.a_cq, k, Some(p.a_qp.sq()), None, &mut got)?;
+                poll(&mut p.a_cq, k, a_qpn, Some(p.a_qp.sq()), None, &mut got)?;
                 check!(!stuck(), "halves episode stuck: A {}", got.len());
             }
             rx.join()
@@ -924,7 +1148,8 @@ impl World {
             let p = &mut self.pairs[pi];
             if p.sends.back().is_some_and(|w| !w.signaled) {
                 // The queue has room: its last free slot is always taken signaled.
-                let w = Self::prepare(p, Kind::Write, 1, true).expect("room for a signaled WR");
+                let mut w = Self::prepare(p, Kind::Write, 1, true).expect("room for a signaled WR");
+                w.start = p.a_qp.sq_ref().producer();
                 Self::stage(p, &w);
                 let sge = [p.a_mr.sge(w.slot * SLOT, 1)];
                 let wr = Self::wr(p, &w, &sge, &[]);
@@ -947,7 +1172,7 @@ impl World {
             }
             // A few device steps per round (bounded: a QP retrying RNR forever never idles).
             for _ in 0..8 {
-                if self.pairs[pi].rig.emu.step() == 0 {
+                if self.step(pi) == 0 {
                     break;
                 }
             }
@@ -974,6 +1199,8 @@ fn random_call_sequences_keep_rings_buffers_and_completions_intact() {
     let config = Config {
         cases: CASES,
         failure_persistence: None,
+        // The world is not reset between cases: shrinking would not reproduce a failure.
+        max_shrink_iters: 0,
         ..Config::default()
     };
     // A fixed seed: the same 10^5 sequences every run (only the two-thread episodes interleave
@@ -998,13 +1225,22 @@ fn random_call_sequences_keep_rings_buffers_and_completions_intact() {
     let w = world.borrow();
     eprintln!(
         "{} call sequences ({} canary checks of every ring and buffer); {} send and {} receive \
-         completions checked ({} through the raw poller), {} two-thread halves episodes",
-        w.sequences, w.checks, w.stats[0], w.stats[1], w.stats[3], w.stats[2]
+         completions checked ({} through the raw poller), {} two-thread halves episodes, {} \
+         resets, modifies and re-creations, {} lying counters refused",
+        w.sequences,
+        w.checks,
+        w.stats[0],
+        w.stats[1],
+        w.stats[3],
+        w.stats[2],
+        w.stats[4],
+        w.stats[5]
     );
     if let Err(e) = r {
         panic!("{e}");
     }
     assert!(w.stats[0] > w.sequences && w.stats[1] > w.sequences / 2 && w.stats[2] > 1000);
+    assert!(w.stats[4] > 10_000 && w.stats[5] > 5_000, "{:?}", w.stats);
     assert!(w.sequences >= 100_000, "only {} sequences", w.sequences);
 }
 

@@ -255,6 +255,8 @@ pub const fn core_sizes(command: u32, extended: bool) -> Option<CoreSizes> {
         IB_USER_VERBS_CMD_OPEN_XRCD => sizes::<OpenXrcd>(),
         IB_USER_VERBS_CMD_CLOSE_XRCD => sizes::<CloseXrcd>(),
         IB_USER_VERBS_CMD_OPEN_QP => sizes::<OpenQp>(),
+        IB_USER_VERBS_CMD_ATTACH_MCAST => sizes::<crate::ucma::AttachMcast>(),
+        IB_USER_VERBS_CMD_DETACH_MCAST => sizes::<crate::ucma::DetachMcast>(),
         _ => None,
     }
 }

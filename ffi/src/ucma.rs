@@ -559,3 +559,59 @@ pub fn encode_cmd<T: IntoBytes + Immutable>(cmd: u32, body: &T, out_len: usize) 
     v.extend_from_slice(body.as_bytes());
     v
 }
+
+// ---------------------------------------------------------------------------------------
+// The multicast attach of rdma_cm's UD users (uverbs, not ucma: `ibv_attach_mcast` after a
+// MULTICAST_JOIN; librdmacm's `rdma_join_multicast` issues it for an id's QP)
+
+/// `struct ib_uverbs_attach_mcast` (24 B; `ib_uverbs_detach_mcast` has the same layout):
+/// the group's GID and LID and the QP to attach.
+#[repr(C)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, zerocopy::KnownLayout,
+)]
+pub struct IbUverbsAttachMcast {
+    /// the group's MGID (wire order)
+    pub gid: [u8; 16],
+    /// the QP's handle
+    pub qp_handle: u32,
+    /// the group's MLID (0xc000..=0xfffe on InfiniBand)
+    pub mlid: u16,
+    /// zero
+    pub reserved: u16,
+}
+const _: () = assert!(size_of::<IbUverbsAttachMcast>() == 24);
+
+impl Default for IbUverbsAttachMcast {
+    fn default() -> Self {
+        zerocopy::FromZeros::new_zeroed()
+    }
+}
+
+/// Command marker: ATTACH_MCAST (no response).
+#[derive(Debug, Clone, Copy)]
+pub struct AttachMcast;
+impl crate::cmd::Command for AttachMcast {
+    const ID: u32 = crate::uverbs::IB_USER_VERBS_CMD_ATTACH_MCAST;
+    const NAME: &'static str = "ATTACH_MCAST";
+    const EXTENDED: bool = false;
+    const RESPONSE_PTR: bool = false;
+    type Req = IbUverbsAttachMcast;
+    type Resp = ();
+    type DrvReq = ();
+    type DrvResp = ();
+}
+
+/// Command marker: DETACH_MCAST (no response).
+#[derive(Debug, Clone, Copy)]
+pub struct DetachMcast;
+impl crate::cmd::Command for DetachMcast {
+    const ID: u32 = crate::uverbs::IB_USER_VERBS_CMD_DETACH_MCAST;
+    const NAME: &'static str = "DETACH_MCAST";
+    const EXTENDED: bool = false;
+    const RESPONSE_PTR: bool = false;
+    type Req = IbUverbsAttachMcast;
+    type Resp = ();
+    type DrvReq = ();
+    type DrvResp = ();
+}

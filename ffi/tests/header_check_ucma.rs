@@ -137,6 +137,12 @@ fn kernel_table() -> Table {
             response, uid, id, addr_size, join_flags, addr
         },
         ucma::RdmaUcmGetEvent = "struct rdma_ucm_get_event" { response },
+        ucma::IbUverbsAttachMcast = "struct ib_uverbs_attach_mcast" {
+            gid, qp_handle, mlid, reserved
+        },
+        ucma::IbUverbsAttachMcast = "struct ib_uverbs_detach_mcast" {
+            gid, qp_handle, mlid, reserved
+        },
         ucma::RdmaUcmEventResp = "struct rdma_ucm_event_resp" {
             uid, id, event, status, param, reserved, ece
         },

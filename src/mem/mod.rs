@@ -92,6 +92,11 @@ impl CqBuf {
     pub(crate) fn addr(&self) -> u64 {
         self.buf.addr()
     }
+    /// Copy bytes at `offset` of the ring out (each byte one relaxed atomic load: the device
+    /// and the poller may be at work meanwhile); for the ownership scan of a CQ fence.
+    pub(crate) fn read_byte(&self, offset: usize, dst: &mut [u8]) {
+        self.buf.read(offset, dst);
+    }
 }
 
 /// The consumer of a CQ ring: the free-running consumer index and the descriptors, read with
@@ -199,6 +204,40 @@ impl CqeReader {
             tag: u32::from(op_own) | self.tag_base,
             _reader: PhantomData,
         })
+    }
+
+    /// [`take`](Self::take) of the entry at the consumer index only if software owns it and
+    /// its `op_own` byte, masked with `mask`, is `want` (an opcode and format bits; the
+    /// reader's [`mark`](Self::mark) bits count, so that a recording CQ never matches);
+    /// otherwise `None` and nothing taken. The unchecked single-QP pollers' take.
+    #[inline(always)]
+    pub(crate) fn take_if(&mut self, want: u8, mask: u8) -> Option<TakenCqe<'_>> {
+        let ci = self.ci;
+        let slot = (ci & self.mask) as usize;
+        // `slot <= mask`, so the entry's descriptor lies inside the ring (type invariant).
+        let desc = self.desc0.as_ptr().wrapping_add(slot << self.stride_shift);
+        // SAFETY: as in `take`: byte 63 of a descriptor inside the live ring, volatile.
+        let op_own = unsafe { desc.wrapping_add(63).read_volatile() };
+        let pass = ((ci >> (self.log_n & 31)) & 1) as u8;
+        // Owned (owner bit equal to the pass parity; the opcode `want` is not INVALID) and
+        // the wanted kind, in one compare.
+        if (op_own | self.tag_base as u8) & mask != want || (op_own ^ pass) & 1 != 0 {
+            return None;
+        }
+        barrier::from_device();
+        self.ci = ci.wrapping_add(1);
+        Some(TakenCqe {
+            desc,
+            tag: u32::from(op_own) | self.tag_base,
+            _reader: PhantomData,
+        })
+    }
+
+    /// Give back the entry the last [`take`](Self::take) took (its borrow ended, nothing was
+    /// published since): the next `take` returns it again. Software still owns it.
+    #[inline]
+    pub(crate) fn untake(&mut self) {
+        self.ci = self.ci.wrapping_sub(1);
     }
 
     /// OR `bits` into the `op_own` byte of every entry taken from now on

@@ -3,13 +3,17 @@
 
 // The queues' internals (ring layout, WQE encoding) are crate-private; their user-facing
 // types are re-exported here and at the crate root.
+mod mcast;
 pub(crate) mod rq;
 pub(crate) mod sq;
+mod transport;
+mod unchecked;
+pub(crate) use transport::initiator_transition;
 
 pub use rq::{RecvQueue, RqGeometry, rq_geometry};
 pub use sq::{
     AnyPayload, BfPolicy, BfregInfo, Gather, Inline, NoPayload, PayloadKind, SendQueue, SqGeometry,
-    SqStats, WqeBuilder, sq_geometry, sq_overhead,
+    SqStats, UncheckedBatch, WqeBuilder, sq_geometry, sq_overhead,
 };
 
 pub use crate::types::{Mtu, QpState, QpType};
@@ -188,19 +192,19 @@ pub struct RemoteQp {
 /// The defaults are the ones `to_init`/`to_rtr`/`to_rts` always used (and ibv_rc_pingpong's).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ConnectParams {
-    pkey_index: u16,
-    mtu: Mtu,
-    sl: u8,
-    sgid_index: u8,
-    hop_limit: u8,
-    traffic_class: u8,
-    flow_label: u32,
-    max_dest_rd_atomic: Option<u8>,
-    min_rnr_timer: u8,
-    timeout: u8,
-    retry_cnt: u8,
-    rnr_retry: u8,
-    max_rd_atomic: Option<u8>,
+    pub(crate) pkey_index: u16,
+    pub(crate) mtu: Mtu,
+    pub(crate) sl: u8,
+    pub(crate) sgid_index: u8,
+    pub(crate) hop_limit: u8,
+    pub(crate) traffic_class: u8,
+    pub(crate) flow_label: u32,
+    pub(crate) max_dest_rd_atomic: Option<u8>,
+    pub(crate) min_rnr_timer: u8,
+    pub(crate) timeout: u8,
+    pub(crate) retry_cnt: u8,
+    pub(crate) rnr_retry: u8,
+    pub(crate) max_rd_atomic: Option<u8>,
 }
 
 impl Default for ConnectParams {
@@ -365,13 +369,20 @@ impl Qp {
     pub fn new(pd: &Pd, init: &QpInitAttr<'_>) -> Result<Self> {
         let what = match init.qp_type {
             QpType::Rc | QpType::Uc | QpType::Ud => None,
-            QpType::XrcSend => Some("creating an XRC_SEND QP (not yet implemented)"),
-            QpType::Dci => Some("creating a DCI QP (not yet implemented)"),
+            QpType::XrcSend => Some("an XRC_SEND QP through Qp::new: use mlx5::xrc::XrcSendQp"),
+            QpType::Dci => Some("a DCI through Qp::new: use mlx5::dc::Dci"),
             QpType::RawPacket => Some("creating a RAW_PACKET QP (not yet implemented)"),
         };
         if let Some(what) = what {
             return Err(Error::Unsupported { what });
         }
+        Self::create(pd, init, 0)
+    }
+
+    /// [`new`](Self::new) for every type, with `type_flags` added to the driver data's flags
+    /// (`MLX5_QP_FLAG_TYPE_DCI`): the typed XRC and DC objects (`xrc.rs`, `dc.rs`) create
+    /// their send QPs here.
+    pub(crate) fn create(pd: &Pd, init: &QpInitAttr<'_>, type_flags: u32) -> Result<Self> {
         let ctx = pd.context().clone();
         ctx.check_same("send_cq", &init.send_cq.shared().ctx, "pd")?;
         ctx.check_same("recv_cq", &init.recv_cq.shared().ctx, "pd")?;
@@ -459,6 +470,7 @@ impl Qp {
         if init.scatter_to_cqe {
             drv.flags |= MLX5_QP_FLAG_SCATTER_CQE;
         }
+        drv.flags |= type_flags;
         if let Some(g) = &grant {
             if let Some(idx) = g.create_index {
                 drv.flags |= MLX5_QP_FLAG_UAR_PAGE_INDEX;
@@ -559,6 +571,7 @@ impl Qp {
             } else {
                 None
             },
+            fence: None,
             srq: if std::ptr::eq(
                 init.send_cq.shared().as_ref(),
                 init.recv_cq.shared().as_ref(),
@@ -578,6 +591,7 @@ impl Qp {
                 sq: None,
                 rq: rq.as_ref().map(|r| r.shared().clone()),
                 srq: init.srq.map(|s| s.shared.clone()),
+                fence: None,
             });
         }
         let granted = QpCap {
@@ -739,10 +753,11 @@ impl Qp {
     /// lag behind the device (a QP the device moved to ERR or SQE); that only makes the check
     /// more permissive (every state may go to RESET and ERR), the kernel still has the last word.
     ///
-    /// Moving to RESET zeroes the queue indices and doorbell records. Poll the QP's CQs empty
-    /// first: unlike libmlx5's "CQ clean", this driver never rewrites a CQ ring behind its
-    /// poller's back (the poller owns it, lock-free), so CQEs left from before the reset would be
-    /// attributed to the QP's new life.
+    /// Moving to RESET zeroes the queue indices and doorbell records and discards every
+    /// outstanding WR. What the CQs still hold of the QP's old life completes nothing of the
+    /// new one: as libmlx5's "CQ clean", but without rewriting a ring behind its lock-free
+    /// poller, the CQs fence the QP's CQEs written so far and their pollers drop them
+    /// (`CqShared::fence`); a `Cq` drops pending unsignaled reports of it.
     ///
     /// # Errors
     /// [`Error::QpTransition`] for a transition the state machine lacks (RESET→RTR);
@@ -862,6 +877,11 @@ impl Qp {
                 }
                 // The records are shared by SQ and RQ; zero them once both are reset.
                 self.sq_dbrec_clear();
+                // The CQEs of the old life still in the CQs complete nothing of the new one.
+                self.handle.send_cq.fence(self.handle.qpn);
+                if !Arc::ptr_eq(&self.handle.send_cq, &self.handle.recv_cq) {
+                    self.handle.recv_cq.fence(self.handle.qpn);
+                }
             }
             QpState::Init | QpState::Rtr => {
                 if let Some(rq) = self.rq.as_mut() {
@@ -1035,7 +1055,7 @@ impl Qp {
             ..QpAttr::default()
         };
         let mut mask = IB_QP_STATE | IB_QP_SQ_PSN;
-        if self.qp_type == QpType::Rc {
+        if matches!(self.qp_type, QpType::Rc | QpType::XrcSend | QpType::Dci) {
             attr.timeout = p.timeout;
             attr.retry_cnt = p.retry_cnt;
             attr.rnr_retry = p.rnr_retry;
@@ -1133,7 +1153,7 @@ impl Qp {
     }
 }
 
-fn qp_dest(a: &AhAttr) -> IbUverbsQpDest {
+pub(crate) fn qp_dest(a: &AhAttr) -> IbUverbsQpDest {
     let g = a.grh.unwrap_or_default();
     IbUverbsQpDest {
         dgid: g.dgid,
@@ -1157,9 +1177,11 @@ fn qp_dest(a: &AhAttr) -> IbUverbsQpDest {
 /// `ib_modify_qp_is_ok`), for the three transports this driver has.
 fn transition(t: QpType, from: QpState, to: QpState) -> Option<(u32, u32)> {
     use QpState::*;
-    if !matches!(t, QpType::Rc | QpType::Uc | QpType::Ud) {
-        // XRC_SEND, DCI and RAW_PACKET QPs cannot be created yet (`Qp::new`): no rows.
-        return None;
+    match t {
+        QpType::Rc | QpType::Uc | QpType::Ud => {}
+        QpType::XrcSend | QpType::Dci => return initiator_transition(t, from, to),
+        // RAW_PACKET QPs cannot be created yet (`Qp::new`): no rows.
+        QpType::RawPacket => return None,
     }
     // Per transport: (UD, UC, RC).
     let by = |ud: u32, uc: u32, rc: u32| match t {
@@ -1288,7 +1310,7 @@ fn attr_name(bits: u32) -> &'static str {
 }
 
 /// `from -> to` with attribute mask `mask` against the state machine.
-fn check_transition(t: QpType, from: QpState, to: QpState, mask: u32) -> Result<()> {
+pub(crate) fn check_transition(t: QpType, from: QpState, to: QpState, mask: u32) -> Result<()> {
     let (req, opt) = transition(t, from, to).ok_or(Error::QpTransition {
         qp_type: t,
         from,
@@ -1323,7 +1345,7 @@ fn check_transition(t: QpType, from: QpState, to: QpState, mask: u32) -> Result<
 }
 
 /// The values named in `mask` fit their IB encodings.
-fn check_values(a: &QpAttr, mask: u32) -> Result<()> {
+pub(crate) fn check_values(a: &QpAttr, mask: u32) -> Result<()> {
     if mask & IB_QP_PATH_MTU != 0 && a.path_mtu.is_none() {
         return Err(Error::InvalidArgument {
             attr: "path_mtu",

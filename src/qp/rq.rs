@@ -289,6 +289,56 @@ impl RecvQueue {
         publish_recv(&self.dbrec, self.head);
     }
 
+    /// Unchecked tier: write one receive WQE of one data segment and record `wr_id`, without
+    /// the checks of [`push`](Self::push); the device sees it after [`publish`](Self::publish).
+    ///
+    /// # Safety
+    /// - The QP is past RESET (INIT, RTR, RTS, ...) and was not reset since the caller counted
+    ///   room.
+    /// - There is room: fewer than `wqe_cnt` ([`RqGeometry`]) receives are outstanding,
+    ///   counting this one ([`outstanding`](Self::outstanding) before a batch, plus the
+    ///   receives pushed in it).
+    /// - `sge.length` is not 0 (the queue's `max_gs` is at least 1 for every RQ).
+    #[inline(always)]
+    #[allow(
+        unsafe_code,
+        reason = "the unchecked tier (DESIGN.md §5): a contract, no raw pointer"
+    )]
+    pub unsafe fn push_unchecked(&mut self, wr_id: u64, sge: &Sge) {
+        let head = self.head;
+        let base = (head as usize) << self.log_stride;
+        let w = self.ring.writer();
+        w.write_segs::<16>(
+            base,
+            &zerocopy::transmute!(mlx5_hw::wqe::DataSeg::new(sge.length, sge.lkey, sge.addr)),
+        );
+        if self.geo.max_gs > 1 {
+            w.write_segs::<16>(
+                base + 16,
+                &zerocopy::transmute!(mlx5_hw::wqe::DataSeg::terminator()),
+            );
+        }
+        self.shared.set_wr_id(head, wr_id);
+        self.head = head.wrapping_add(1);
+        // The safe path re-counts its room from the tail next time.
+        self.room = 0;
+    }
+
+    /// Unchecked tier: retire the oldest receive (the CQE of `wqe_counter` consumed it);
+    /// returns its `wr_id`.
+    ///
+    /// # Safety
+    /// `wqe_counter` is the `wqe_counter` of a successful receive CQE of this queue taken from
+    /// its CQ after the QP's last reset, not retired before.
+    #[inline(always)]
+    #[allow(
+        unsafe_code,
+        reason = "the unchecked tier (DESIGN.md §5): a contract, no raw pointer"
+    )]
+    pub unsafe fn retire_unchecked(&mut self, wqe_counter: u16) -> u64 {
+        self.shared.complete(wqe_counter)
+    }
+
     /// Post receive work requests; updates the doorbell record once.
     ///
     /// # Errors

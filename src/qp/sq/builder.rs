@@ -35,10 +35,10 @@ pub(super) fn ctrl_word1(fm_ce_se: u8, imm: [u8; 4]) -> u64 {
 /// A data segment as two native words (byte count and lkey, then the address; big-endian).
 #[inline(always)]
 pub(super) fn data_seg_words(length: u32, lkey: u32, addr: u64) -> (u64, u64) {
-    let a = length.to_be_bytes();
-    let b = lkey.to_be_bytes();
-    let lo = u64::from_ne_bytes([a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]]);
-    (lo, u64::from_ne_bytes(addr.to_be_bytes()))
+    // In memory: the byte count then the lkey, both big-endian: exactly the big-endian bytes
+    // of `length << 32 | lkey`, on either endianness.
+    let lo = ((u64::from(length) << 32) | u64::from(lkey)).to_be();
+    (lo, addr.to_be())
 }
 
 /// The UD address vector of `dest` with its destination QPN and Q_Key.
@@ -363,13 +363,6 @@ impl SendQueue {
     /// [`PostError::BadSegments`] if `segs.len()` is not a multiple of 16 or exceeds the
     /// reservation (nothing written); otherwise as [`send`](Self::send) for state and room.
     #[inline(always)]
-    #[cfg_attr(
-        not(test),
-        expect(
-            dead_code,
-            reason = "the seam of the XRC, DC and RAW_PACKET send paths"
-        )
-    )]
     pub(crate) fn begin_with_segments(
         &mut self,
         opcode: SendOpcode,

@@ -22,11 +22,13 @@ mod post;
 mod tests;
 #[cfg(test)]
 mod tests_segments;
+mod unchecked;
 
 pub use builder::{AnyPayload, Gather, Inline, NoPayload, PayloadKind, WqeBuilder};
 pub(crate) use doorbell::Bfreg;
 pub use doorbell::{BfPolicy, BfregInfo};
 pub use geometry::{SqGeometry, sq_geometry, sq_overhead};
+pub use unchecked::UncheckedBatch;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -321,6 +323,14 @@ impl SendQueue {
         if let Some(r) = self.q.shared.rec.get() {
             r.sq_posted(self.q.cur_post);
         }
+    }
+}
+
+impl Drop for SendQueue {
+    /// A destroyed queue's outstanding WRs are discarded, as at a reset: a `Cq` holding
+    /// unsignaled reports of them drops them (it sees the tail move).
+    fn drop(&mut self) {
+        self.q.shared.tail.store(self.q.head, Ordering::Release);
     }
 }
 

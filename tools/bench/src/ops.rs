@@ -6,7 +6,7 @@ pub struct OpSpec {
     /// Operation key: `send_inline64`, `send_sge64`, `chain32`, `poll_cqe`, `recv1`,
     /// `recv_chain32`, `poll_recv`.
     pub op: &'static str,
-    /// API level: `verbs` or `lowlevel`.
+    /// API level: `verbs`, `lowlevel` or `unchecked` (the `unsafe` tier).
     pub api: &'static str,
     /// Work requests (or CQEs) per wrapper call; costs are reported per WR.
     pub per_call: u32,
@@ -26,6 +26,10 @@ impl OpSpec {
 
     /// Name of the C harness's wrapper function (`bench_c_<op>_<api>`).
     pub fn theirs_symbol(&self) -> String {
+        if self.api == "unchecked" {
+            // libmlx5 has no unchecked tier: a name the C harness does not define (no figure).
+            return format!("bench_c_none_{}_{}", self.op, self.api);
+        }
         format!("bench_c_{}_{}", self.op_c(), self.api_c())
     }
 
@@ -57,7 +61,7 @@ pub const PAYLOAD: usize = 64;
 pub const PAYLOAD_SMALL: usize = 32;
 
 /// Every row of the table, in order.
-pub const OPS: [OpSpec; 16] = [
+pub const OPS: [OpSpec; 24] = [
     OpSpec {
         op: "send_inline32",
         api: "verbs",
@@ -185,6 +189,71 @@ pub const OPS: [OpSpec; 16] = [
         label: "poll 1 receive CQE (SEND, CQ holds 64)",
         ours: "RawCq::next/RecvQueue::retire/publish_ci",
         theirs: "ibv_start/end_poll",
+    },
+    // The unchecked tier (`unsafe fn`s, contracts instead of checks; no libmlx5 counterpart).
+    OpSpec {
+        op: "send_inline32",
+        api: "unchecked",
+        per_call: 1,
+        label: "post 1 inline 32 B SEND (1 WQEBB, BF)",
+        ours: "send_inline_unchecked",
+        theirs: "-",
+    },
+    OpSpec {
+        op: "send_inline64",
+        api: "unchecked",
+        per_call: 1,
+        label: "post 1 inline 64 B SEND (BlueFlame)",
+        ours: "send_inline_unchecked",
+        theirs: "-",
+    },
+    OpSpec {
+        op: "write_inline8",
+        api: "unchecked",
+        per_call: 1,
+        label: "post 1 inline 8 B RDMA WRITE (BF; UCX put_short 216-263)",
+        ours: "write_inline_unchecked",
+        theirs: "-",
+    },
+    OpSpec {
+        op: "chain32",
+        api: "unchecked",
+        per_call: CHAIN as u32,
+        label: "post chain of 32 SENDs (per WR)",
+        ours: "credits + unchecked(send_sge x32)",
+        theirs: "-",
+    },
+    OpSpec {
+        op: "poll_cqe",
+        api: "unchecked",
+        per_call: 1,
+        label: "poll 1 CQE (CQ holds 64)",
+        ours: "SendQueue::poll_unchecked",
+        theirs: "-",
+    },
+    OpSpec {
+        op: "recv1",
+        api: "unchecked",
+        per_call: 1,
+        label: "post 1 receive, 1 SGE",
+        ours: "push_unchecked/publish",
+        theirs: "-",
+    },
+    OpSpec {
+        op: "recv_chain32",
+        api: "unchecked",
+        per_call: CHAIN as u32,
+        label: "post chain of 32 receives (per WR)",
+        ours: "push_unchecked x32, publish",
+        theirs: "-",
+    },
+    OpSpec {
+        op: "poll_recv",
+        api: "unchecked",
+        per_call: 1,
+        label: "poll 1 receive CQE (SEND, CQ holds 64)",
+        ours: "RecvQueue::poll_unchecked",
+        theirs: "-",
     },
 ];
 

@@ -218,6 +218,110 @@ fn with_raw<R>(cq: &mut Cq, pd: &Pd, f: impl FnOnce(&mut RawCq) -> R) -> Result<
     Ok(r)
 }
 
+// ---- the unchecked tier (each caller states how it meets the contract) ----
+
+/// One inline 32-byte SEND through the unchecked tier.
+///
+/// # Safety
+/// As [`SendQueue::send_inline_unchecked`].
+#[inline(never)]
+pub unsafe fn bench_rs_send_inline32_unchecked(sq: &mut SendQueue, wr_id: u64, data: &[u8]) {
+    black_box(7u8);
+    // SAFETY: the caller's contract is this function's.
+    unsafe { sq.send_inline_unchecked(data, wr_id, SendFlags::SIGNALED) }
+}
+
+/// One inline 64-byte SEND through the unchecked tier.
+///
+/// # Safety
+/// As [`SendQueue::send_inline_unchecked`].
+#[inline(never)]
+pub unsafe fn bench_rs_send_inline64_unchecked(sq: &mut SendQueue, wr_id: u64, data: &[u8]) {
+    black_box(8u8);
+    // SAFETY: the caller's contract is this function's.
+    unsafe { sq.send_inline_unchecked(data, wr_id, SendFlags::SIGNALED) }
+}
+
+/// One inline 8-byte RDMA WRITE through the unchecked tier (UCX's `put_short` shape).
+///
+/// # Safety
+/// As [`SendQueue::write_inline_unchecked`].
+#[inline(never)]
+pub unsafe fn bench_rs_write_inline8_unchecked(
+    sq: &mut SendQueue,
+    wr_id: u64,
+    data: &[u8],
+    raddr: u64,
+    rkey: u32,
+) {
+    // SAFETY: the caller's contract is this function's.
+    unsafe { sq.write_inline_unchecked(data, raddr, rkey, wr_id, SendFlags::SIGNALED) }
+}
+
+/// A chain of 32 SENDs through the unchecked batch: one credit check, 32 WQEs with the
+/// counters in registers, one doorbell. Returns whether there was room.
+#[inline(never)]
+pub fn bench_rs_chain32_unchecked(sq: &mut SendQueue, wr_id: u64, sge: &Sge) -> bool {
+    if sq.credits() < CHAIN as u32 {
+        return false;
+    }
+    sq.unchecked(|b| {
+        for i in 0..CHAIN as u64 {
+            // SAFETY: 32 WRs against the 32 or more credits counted above; the bench QP is RC;
+            // the SGE is 64 bytes and the queue has max_send_sge 1.
+            unsafe { b.send_sge(sge, wr_id + i, SendFlags::SIGNALED) };
+        }
+    });
+    true
+}
+
+/// Poll one send CQE through the unchecked single-QP poller.
+///
+/// # Safety
+/// As [`SendQueue::poll_unchecked`].
+#[inline(never)]
+pub unsafe fn bench_rs_poll_cqe_unchecked(cq: &mut RawCq, sq: &mut SendQueue) -> Option<u64> {
+    // SAFETY: the caller's contract is this function's.
+    unsafe { sq.poll_unchecked(cq) }
+}
+
+/// One receive through the unchecked tier, published at once.
+///
+/// # Safety
+/// As [`RecvQueue::push_unchecked`].
+#[inline(never)]
+pub unsafe fn bench_rs_recv1_unchecked(rq: &mut RecvQueue, wr_id: u64, sge: &Sge) {
+    // SAFETY: the caller's contract is this function's.
+    unsafe { rq.push_unchecked(wr_id, sge) };
+    rq.publish();
+}
+
+/// A chain of 32 receives through the unchecked tier, one publication.
+///
+/// # Safety
+/// As [`RecvQueue::push_unchecked`], for 32 receives.
+#[inline(never)]
+pub unsafe fn bench_rs_recv_chain32_unchecked(rq: &mut RecvQueue, wr_id: u64, sge: &Sge) {
+    for i in 0..CHAIN as u64 {
+        // SAFETY: the caller's contract is this function's.
+        unsafe { rq.push_unchecked(wr_id + i, sge) };
+    }
+    rq.publish();
+}
+
+/// Poll one receive CQE through the unchecked single-QP poller.
+///
+/// # Safety
+/// As [`RecvQueue::poll_unchecked`].
+#[inline(never)]
+pub unsafe fn bench_rs_poll_recv_unchecked(
+    cq: &mut RawCq,
+    rq: &mut RecvQueue,
+) -> Option<(u64, u32)> {
+    // SAFETY: the caller's contract is this function's.
+    unsafe { rq.poll_unchecked(cq) }
+}
+
 // ---- the rig ----
 
 /// Our side's objects: one RC QP connected to itself on a stepped emulator.
@@ -268,9 +372,11 @@ impl Rig {
         let mut qp = Qp::new(&pd, &qa)?;
         let buf = Arc::new(DmaBuf::new(4096)?);
         buf.write(0, &[0x5a; PAYLOAD]);
-        let mr = pd.reg_mr(&buf, Access::LOCAL_WRITE)?;
+        // Remote write for the unchecked RDMA WRITE row (to itself).
+        let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+        let mr = pd.reg_mr(&buf, access)?;
         let lid = ctx.query_port(1)?.lid;
-        qp.to_init(1, Access::LOCAL_WRITE, 0)?;
+        qp.to_init(1, access, 0)?;
         let me = RemoteQp {
             qpn: qp.qpn(),
             psn: 0,
@@ -419,7 +525,7 @@ impl Rig {
         out: &mut Vec<String>,
     ) -> Result<(), BoxErr> {
         let sge = [self.mr.sge(2048, 1024)];
-        for api in ["verbs", "lowlevel"] {
+        for api in ["verbs", "lowlevel", "unchecked"] {
             for _ in 0..calls.div_ceil(ROUND) {
                 self.make_recv_room(ROUND)?;
                 let first = self.next_wr_id;
@@ -427,7 +533,13 @@ impl Rig {
                 let qp = &mut self.qp;
                 s.time(|| -> Result<(), BoxErr> {
                     for id in first..first + ROUND as u64 {
-                        if api == "verbs" {
+                        if api == "unchecked" {
+                            // SAFETY: the QP is in RTS; `make_recv_room` freed ROUND slots of
+                            // the RQ for these ROUND receives; the SGE is 1024 bytes.
+                            unsafe {
+                                bench_rs_recv1_unchecked(Self::rq(qp)?, id, black_box(&sge[0]))
+                            };
+                        } else if api == "verbs" {
                             let wr = [RecvWr {
                                 wr_id: id,
                                 sg_list: &sge,
@@ -447,7 +559,7 @@ impl Rig {
             wr_id: 0,
             sg_list: &sge,
         }; CHAIN];
-        for api in ["verbs", "lowlevel"] {
+        for api in ["verbs", "lowlevel", "unchecked"] {
             for _ in 0..calls {
                 self.make_recv_room(CHAIN)?;
                 let id = self.next_wr_id;
@@ -458,6 +570,13 @@ impl Rig {
                     }
                     s.time(|| bench_rs_recv_chain32_verbs(&mut self.qp, black_box(&wrs)))
                         .map_err(|(_, e)| e)?;
+                } else if api == "unchecked" {
+                    let rq = Self::rq(&mut self.qp)?;
+                    // SAFETY: the QP is in RTS; `make_recv_room` freed CHAIN slots for these
+                    // CHAIN receives; the SGE is 1024 bytes.
+                    s.time(|| unsafe {
+                        bench_rs_recv_chain32_unchecked(rq, id, black_box(&sge[0]));
+                    });
                 } else {
                     let rq = Self::rq(&mut self.qp)?;
                     s.time(|| bench_rs_recv_chain32_lowlevel(rq, id, black_box(&sge[0])))?;
@@ -477,7 +596,7 @@ impl Rig {
         s: &mut Samples,
         out: &mut Vec<String>,
     ) -> Result<(), BoxErr> {
-        for api in ["verbs", "lowlevel"] {
+        for api in ["verbs", "lowlevel", "unchecked"] {
             for _ in 0..calls.div_ceil(FILL) {
                 self.send_to_self(FILL)?;
                 let rq = Self::rq(&mut self.qp)?;
@@ -497,6 +616,22 @@ impl Rig {
                         }
                         good
                     })
+                } else if api == "unchecked" {
+                    with_raw(&mut self.rcq, &self._pd, |cq| {
+                        s.time(|| {
+                            let mut good = 0;
+                            for _ in 0..FILL {
+                                // SAFETY: the receive CQ is this QP's only (no SRQ); no reset
+                                // since it was created; FILL (64) of 512 entries pend.
+                                let got = unsafe { bench_rs_poll_recv_unchecked(cq, rq) };
+                                if matches!(got, Some((_, len)) if len == PAYLOAD as u32) {
+                                    good += 1;
+                                }
+                            }
+                            cq.publish_ci();
+                            good
+                        })
+                    })?
                 } else {
                     with_raw(&mut self.rcq, &self._pd, |cq| {
                         s.time(|| {
@@ -546,14 +681,34 @@ impl Rig {
         };
         let parts: [&[u8]; 1] = [payload];
         let sge = [self.sge()];
-        for api in ["verbs", "lowlevel"] {
+        let apis: &[&str] = if inline {
+            &["verbs", "lowlevel", "unchecked"]
+        } else {
+            &["verbs", "lowlevel"]
+        };
+        for &api in apis {
             for _ in 0..calls.div_ceil(ROUND) {
                 let first = self.next_wr_id;
                 self.next_wr_id += ROUND as u64;
                 let qp = &mut self.qp;
+                if api == "unchecked" && qp.sq().credits() < ROUND as u32 {
+                    return Err("no room for a round of unchecked posts".into());
+                }
                 s.time(|| -> Result<(), PostError> {
                     for id in first..first + ROUND as u64 {
                         match (api, inline) {
+                            ("unchecked", _) => {
+                                let (sq, data) = (qp.sq(), black_box(payload));
+                                if small {
+                                    // SAFETY: ROUND posts against the ROUND or more credits
+                                    // counted before the region; RC; 32 bytes <= max_inline 64.
+                                    unsafe { bench_rs_send_inline32_unchecked(sq, id, data) };
+                                } else {
+                                    // SAFETY: as above, 64 bytes <= max_inline 64.
+                                    unsafe { bench_rs_send_inline64_unchecked(sq, id, data) };
+                                }
+                                Ok(())
+                            }
                             ("verbs", true) => {
                                 let wr = [SendWr::send_inline(id, &parts, SendFlags::SIGNALED)];
                                 if small {
@@ -588,6 +743,39 @@ impl Rig {
         Ok(())
     }
 
+    /// The unchecked 8-byte inline RDMA WRITE (to this QP's own buffer), timed as the single
+    /// posts are.
+    fn write8(
+        &mut self,
+        calls: usize,
+        s: &mut Samples,
+        out: &mut Vec<String>,
+    ) -> Result<(), BoxErr> {
+        let data = [0xa5u8; 8];
+        let (raddr, rkey) = (self.mr.addr() + 1024, self.mr.rkey());
+        for _ in 0..calls.div_ceil(ROUND) {
+            let first = self.next_wr_id;
+            self.next_wr_id += ROUND as u64;
+            let sq = self.qp.sq();
+            if sq.credits() < ROUND as u32 {
+                return Err("no room for a round of unchecked WRITEs".into());
+            }
+            s.time(|| {
+                for id in first..first + ROUND as u64 {
+                    // SAFETY: ROUND posts against the ROUND or more credits counted above; RC;
+                    // 8 bytes <= max_inline 64.
+                    unsafe {
+                        bench_rs_write_inline8_unchecked(sq, id, black_box(&data), raddr, rkey)
+                    };
+                }
+            });
+            self.pending_cqes += ROUND as u32;
+            self.drain_send()?;
+        }
+        out.push(s.report("write_inline8", "unchecked", ROUND, 1));
+        Ok(())
+    }
+
     /// Chains, every call timed on its own; the device runs between calls.
     fn chains(
         &mut self,
@@ -597,11 +785,16 @@ impl Rig {
     ) -> Result<(), BoxErr> {
         let sge = [self.sge()];
         let mut wrs = [SendWr::send(0, &sge, SendFlags::SIGNALED); CHAIN];
-        for api in ["verbs", "lowlevel"] {
+        for api in ["verbs", "lowlevel", "unchecked"] {
             for _ in 0..calls {
                 let id = self.next_wr_id;
                 self.next_wr_id += CHAIN as u64;
-                if api == "verbs" {
+                if api == "unchecked" {
+                    if !s.time(|| bench_rs_chain32_unchecked(self.qp.sq(), id, black_box(&sge[0])))
+                    {
+                        return Err("no room for an unchecked chain".into());
+                    }
+                } else if api == "verbs" {
                     for (k, wr) in wrs.iter_mut().enumerate() {
                         wr.wr_id = id + k as u64;
                     }
@@ -628,7 +821,7 @@ impl Rig {
     ) -> Result<(), BoxErr> {
         let sge = [self.sge()];
         let mut wrs = [SendWr::send(0, &sge, SendFlags::SIGNALED); CHAIN];
-        for api in ["verbs", "lowlevel"] {
+        for api in ["verbs", "lowlevel", "unchecked"] {
             for _ in 0..calls.div_ceil(FILL) {
                 for _ in 0..FILL / CHAIN {
                     for wr in wrs.iter_mut() {
@@ -653,6 +846,21 @@ impl Rig {
                         }
                         good
                     })
+                } else if api == "unchecked" {
+                    with_raw(&mut self.scq, &self._pd, |cq| {
+                        s.time(|| {
+                            let mut good = 0;
+                            for _ in 0..FILL {
+                                // SAFETY: the send CQ is this QP's only; no reset since it was
+                                // created; FILL (64) of 512 entries pend.
+                                if unsafe { bench_rs_poll_cqe_unchecked(cq, qp.sq()) }.is_some() {
+                                    good += 1;
+                                }
+                            }
+                            cq.publish_ci();
+                            good
+                        })
+                    })?
                 } else {
                     with_raw(&mut self.scq, &self._pd, |cq| {
                         s.time(|| {
@@ -706,6 +914,7 @@ pub fn run(calls: usize) -> Result<Vec<String>, BoxErr> {
         rig.single_posts("send_inline32", true, n, &mut s, sink)?;
         rig.single_posts("send_inline64", true, n, &mut s, sink)?;
         rig.single_posts("send_sge64", false, n, &mut s, sink)?;
+        rig.write8(n, &mut s, sink)?;
         rig.chains(n, &mut s, sink)?;
         rig.polls(n, &mut s, sink)?;
         rig.recv_posts(n, &mut s, sink)?;

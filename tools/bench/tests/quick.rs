@@ -70,7 +70,12 @@ fn quick_run_prints_every_row_with_positive_numbers() {
             let what = format!("{} {} {col}", spec.op, spec.api);
             let instr = i < 5;
             let ticks = i >= 8;
-            if (instr && vg.is_none()) || (ticks && !cfg!(target_arch = "x86_64")) {
+            // The unchecked tier has no libmlx5 counterpart: its libmlx5 and ratio cells are empty.
+            let theirs = col.contains("libmlx5") || col.contains("ratio");
+            if (spec.api == "unchecked" && theirs)
+                || (instr && vg.is_none())
+                || (ticks && !cfg!(target_arch = "x86_64"))
+            {
                 assert_eq!(cell, "n/a", "{what}");
             } else {
                 positive(cell, &what);
@@ -92,10 +97,11 @@ fn quick_run_prints_every_row_with_positive_numbers() {
             .and_then(|v| v.parse().ok())
             .unwrap_or_else(|| panic!("no {k} in {note}"))
     };
-    // Two inline rows (32 and 64 bytes), two APIs each.
+    // Two inline SEND rows (32 and 64 bytes), three APIs each (verbs, low-level, unchecked),
+    // and the unchecked inline WRITE.
     assert_eq!(
         field("bf_copies="),
-        4 * (ours::WARMUP + QUICK_CALLS) as u64,
+        7 * (ours::WARMUP + QUICK_CALLS) as u64,
         "{note}"
     );
     assert!(field("doorbells=") > 0, "{note}");
@@ -148,25 +154,39 @@ fn without_valgrind_json_has_timer_figures_only() {
     );
     assert!(out.contains("\"valgrind\": null"), "{out}");
     assert!(out.contains("valgrind not found"), "{out}");
-    assert_eq!(out.matches("\"op\":").count(), OPS.len(), "{out}");
+    // The native rows, then the provider's (`tools/bench/src/provider.rs`).
+    let provider = mlx5_bench::provider::PROVIDER_OPS.len();
     assert_eq!(
-        out.matches("\"ours_instr\": null").count(),
-        OPS.len(),
+        out.matches("\"op\":").count(),
+        OPS.len() + provider,
         "{out}"
     );
-    for key in ["\"ours_ns\": ", "\"libmlx5_ns\": "] {
-        let values: Vec<f64> = out
+    assert_eq!(
+        out.matches("\"ours_instr\": null").count(),
+        OPS.len() + provider,
+        "{out}"
+    );
+    let unchecked = OPS.iter().filter(|s| s.api == "unchecked").count();
+    for (key, nulls) in [("\"ours_ns\": ", 0), ("\"libmlx5_ns\": ", unchecked)] {
+        let cells: Vec<&str> = out
             .match_indices(key)
             .map(|(i, _)| {
                 let rest = &out[i + key.len()..];
                 let end = rest.find([',', '}']).unwrap_or(rest.len());
-                rest[..end]
-                    .trim()
-                    .parse()
-                    .unwrap_or_else(|_| panic!("{key} {:?}", &rest[..end]))
+                rest[..end].trim()
             })
             .collect();
-        assert_eq!(values.len(), OPS.len());
+        assert_eq!(cells.len(), OPS.len());
+        assert_eq!(
+            cells.iter().filter(|c| **c == "null").count(),
+            nulls,
+            "{key}"
+        );
+        let values: Vec<f64> = cells
+            .iter()
+            .filter(|c| **c != "null")
+            .map(|c| c.parse().unwrap_or_else(|_| panic!("{key} {c:?}")))
+            .collect();
         assert!(values.iter().all(|v| *v > 0.0), "{key}: {values:?}");
     }
 }

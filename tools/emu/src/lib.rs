@@ -788,6 +788,7 @@ impl Emulator {
             trace: Default::default(),
             wake: wake.clone(),
             cm: Default::default(),
+            mcast: Default::default(),
         };
         let shared = Arc::new(Shared {
             world: Mutex::new(world),

@@ -334,6 +334,8 @@ pub(crate) struct World {
     pub(crate) wake: Option<std::sync::Arc<crate::uar::Wake>>,
     /// The rdma_cm ids, event channels and connections (`kernel/ucma.rs`).
     pub(crate) cm: crate::kernel::ucma::Cm,
+    /// Multicast attachments (`kernel/mcast.rs`).
+    pub(crate) mcast: crate::kernel::mcast::Groups,
 }
 
 impl World {

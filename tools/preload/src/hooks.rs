@@ -547,3 +547,22 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_
     // SAFETY: the caller's arguments, forwarded unchanged.
     forward!(real::socket(), |f| unsafe { f(domain, ty, protocol) })
 }
+
+/// `getifaddrs(3)`: the host's interfaces, then the emulated HCAs' addresses (`ifaddrs.rs`).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn getifaddrs(ifap: *mut *mut libc::ifaddrs) -> c_int {
+    // SAFETY: getifaddrs(3)'s contract, forwarded; `f` is libc's getifaddrs.
+    forward!(real::getifaddrs(), |f| unsafe {
+        crate::ifaddrs::get(ifap, f)
+    })
+}
+
+/// `freeifaddrs(3)`: our entries are static; a list from libc goes back to libc.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn freeifaddrs(ifa: *mut libc::ifaddrs) {
+    if crate::ifaddrs::is_ours(ifa) {
+        return;
+    }
+    // SAFETY: a list from libc's getifaddrs (freeifaddrs(3)'s contract), forwarded.
+    forward!(real::freeifaddrs(), |f| unsafe { f(ifa) }, ())
+}

@@ -60,6 +60,8 @@ mod verbs;
 #[cfg(not(test))]
 mod hooks;
 #[cfg(not(test))]
+mod ifaddrs;
+#[cfg(not(test))]
 mod real;
 #[cfg(not(test))]
 mod shim;

@@ -30,6 +30,10 @@ macro_rules! real_fns {
 }
 
 real_fns! {
+    /// `getifaddrs(ifap)`
+    getifaddrs = c"getifaddrs": fn(*mut *mut libc::ifaddrs) -> c_int;
+    /// `freeifaddrs(ifa)`
+    freeifaddrs = c"freeifaddrs": fn(*mut libc::ifaddrs) -> ();
     /// `open(path, flags, mode)`
     open = c"open": fn(*const c_char, c_int, c_uint) -> c_int;
     /// `open64(path, flags, mode)`

@@ -186,6 +186,11 @@ fn write_netdev(root: &Path, pci: &Path, bdf: &str, hca: &HcaInfo) -> io::Result
     put(&dir.join("dev_port"), "0")?;
     let class = root.join("class/net");
     fs::create_dir_all(&class)?;
+    // Every HCA's port has the same netdev (the loopback interface): one class entry, the
+    // first HCA's (a second link would fail with EEXIST and lose the whole tree).
+    if class.join(name).symlink_metadata().is_ok() {
+        return Ok(());
+    }
     link(
         &format!("../../{PCI_BUS_DIR}/{bdf}/net/{name}"),
         &class.join(name),

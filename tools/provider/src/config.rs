@@ -41,6 +41,20 @@ pub(crate) fn single_threaded() -> bool {
         .is_ok_and(|v| v.trim().parse::<i64>().is_ok_and(|n| n != 0))
 }
 
+/// libmlx5's BlueFlame knobs, read the same way: `MLX5_SHUT_UP_BF` set and not `0` -> never
+/// BlueFlame; else `MLX5_POST_SEND_PREFER_BF` unset or not `0` -> BlueFlame for every
+/// single-WQE doorbell that fits (libmlx5's default), `0` -> only for inline WQEs.
+pub fn bf_policy(get: impl Fn(&str) -> Option<String>) -> mlx5::BfPolicy {
+    let on = |v: Option<String>| v.is_some_and(|v| v != "0");
+    if on(get("MLX5_SHUT_UP_BF")) {
+        mlx5::BfPolicy::AlwaysDoorbell
+    } else if get("MLX5_POST_SEND_PREFER_BF").is_none_or(|v| v != "0") {
+        mlx5::BfPolicy::PreferBf
+    } else {
+        mlx5::BfPolicy::InlineOnly
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -63,6 +77,28 @@ mod tests {
         assert_eq!(choice_for("mlx5_0", env(&e)), Ok(Choice::Libmlx5));
         assert_eq!(choice_for("mlx5_1", env(&e)), Ok(Choice::Ours));
         assert_eq!(choice_for("mlx5_0", env(&[])), Ok(Choice::Ours));
+    }
+
+    #[test]
+    fn bf_knobs_read_as_libmlx5_reads_them() {
+        use mlx5::BfPolicy as B;
+        assert_eq!(bf_policy(env(&[])), B::PreferBf);
+        assert_eq!(
+            bf_policy(env(&[("MLX5_POST_SEND_PREFER_BF", "1")])),
+            B::PreferBf
+        );
+        assert_eq!(
+            bf_policy(env(&[("MLX5_POST_SEND_PREFER_BF", "0")])),
+            B::InlineOnly
+        );
+        assert_eq!(bf_policy(env(&[("MLX5_SHUT_UP_BF", "0")])), B::PreferBf);
+        assert_eq!(
+            bf_policy(env(&[
+                ("MLX5_SHUT_UP_BF", "1"),
+                ("MLX5_POST_SEND_PREFER_BF", "0")
+            ])),
+            B::AlwaysDoorbell
+        );
     }
 
     #[test]

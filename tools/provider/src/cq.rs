@@ -19,7 +19,12 @@ pub struct ProvCq {
     pub inner: UnsafeCell<mlx5::Cq>,
     /// The completion `start_poll`/`next_poll` stand on (under the lock until `end_poll`).
     pub cur: UnsafeCell<mlx5::WorkCompletion>,
+    /// `ibv_poll_cq` of more than one entry polls into this first (under the lock).
+    pub batch: UnsafeCell<[mlx5::WorkCompletion; POLL_BATCH]>,
 }
+
+/// Completions one `Cq::poll` call of `ibv_poll_cq` takes at most.
+pub const POLL_BATCH: usize = 16;
 
 /// # Safety
 /// `cq` is a CQ of ours.
@@ -226,6 +231,9 @@ fn make(
                     (&raw mut (*ptr).lock).write(Lock::new(s.single_threaded));
                     (&raw mut (*ptr).inner).write(UnsafeCell::new(inner));
                     (&raw mut (*ptr).cur).write(UnsafeCell::new(mlx5::WorkCompletion::default()));
+                    (&raw mut (*ptr).batch).write(UnsafeCell::new(
+                        [mlx5::WorkCompletion::default(); POLL_BATCH],
+                    ));
                 }
                 Box::into_raw(b).cast()
             }

@@ -153,6 +153,8 @@ pub struct ProvContext {
 pub struct CtxState {
     pub ctx: mlx5::Context,
     pub single_threaded: bool,
+    /// libmlx5's BlueFlame knobs (`config::bf_policy`), for every QP of the context.
+    pub bf_policy: mlx5::BfPolicy,
     pub name: String,
     pub log: bool,
     pub private: &'static Private,
@@ -272,11 +274,12 @@ unsafe extern "C" fn alloc_context(
             (*pc).st.write(CtxState {
                 ctx,
                 single_threaded,
+                bf_policy: config::bf_policy(|k| std::env::var(k).ok()),
                 name,
                 log,
                 private: p,
             });
-            (p.set_ops)(&mut (*pc).vctx, context_ops());
+            (p.set_ops)(&mut (*pc).vctx, context_ops(single_threaded));
         }
         // SAFETY: `pc` is the live context made above.
         unsafe { &raw mut (*pc).vctx }
@@ -461,10 +464,13 @@ macro_rules! op {
     };
 }
 
-/// The `verbs_context_ops` we serve.
-fn context_ops() -> *const verbs_context_ops {
-    static T: std::sync::OnceLock<Sync<verbs_context_ops>> = std::sync::OnceLock::new();
-    let t = T.get_or_init(|| {
+/// The `verbs_context_ops` we serve: with the data path's locks, or (`single_threaded`)
+/// without any lock code.
+fn context_ops(single_threaded: bool) -> *const verbs_context_ops {
+    static LOCKED: std::sync::OnceLock<Sync<verbs_context_ops>> = std::sync::OnceLock::new();
+    static ST: std::sync::OnceLock<Sync<verbs_context_ops>> = std::sync::OnceLock::new();
+    let t = if single_threaded { &ST } else { &LOCKED };
+    let t = t.get_or_init(|| {
         let mut s: [Fp; VERBS_CONTEXT_OPS_SLOTS] = [None; VERBS_CONTEXT_OPS_SLOTS];
         type Ctx = *mut ibv_context;
         op!(s, "free_context", free_context, unsafe extern "C" fn(Ctx));
@@ -483,7 +489,7 @@ fn context_ops() -> *const verbs_context_ops {
         objects::fill_ops(&mut s);
         cq::fill_ops(&mut s);
         qp::fill_ops(&mut s);
-        fast::fill_ops(&mut s);
+        fast::fill_ops(&mut s, !single_threaded);
         Sync(verbs_context_ops { slots: s })
     });
     &t.0

@@ -296,9 +296,89 @@ pub fn build(
 
 /// One C send WR into the send queue.
 #[inline(always)]
-fn post_one(q: &ProvQp, sq: &mut mlx5::SendQueue, wr: &ibv_send_wr) -> Result<(), PostError> {
+fn post_one(
+    q: &ProvQp,
+    sq: &mut mlx5::SendQueue,
+    wr: &ibv_send_wr,
+    connected: bool,
+) -> Result<(), PostError> {
     let flags = SendFlags(wr.send_flags & 0x7);
     let inline = wr.send_flags & IBV_SEND_INLINE != 0;
+    // The common shapes first, straight into the builder: a SEND or RDMA WRITE on an RC/UC
+    // QP with exactly one SGE, gathered or inline (the general decoding below costs a
+    // second dispatch on the opcode and on the payload kind).
+    if connected && wr.num_sge == 1 && !wr.sg_list.is_null() {
+        // SAFETY: the verbs contract: `sg_list` has `num_sge` (1) entries.
+        let s = unsafe { &*wr.sg_list };
+        let b = match wr.opcode {
+            IBV_WR_SEND => sq.send(flags)?,
+            IBV_WR_RDMA_WRITE => {
+                // SAFETY: the `rdma` member is the live one for WRITE.
+                let r = unsafe { wr.wr.rdma };
+                sq.write(flags, r.remote_addr, r.rkey, None)?
+            }
+            _ => return post_general(q, sq, wr, flags, inline),
+        };
+        if inline {
+            // SAFETY: inline data is read from the application's buffer, as the verbs
+            // contract of IBV_SEND_INLINE lets the provider do during the call.
+            let bytes = unsafe {
+                core::slice::from_raw_parts(s.addr as usize as *const u8, s.length as usize)
+            };
+            b.inline(bytes)?.finish(wr.wr_id);
+        } else {
+            b.sge(&sge(s))?.finish(wr.wr_id);
+        }
+        return Ok(());
+    }
+    post_general(q, sq, wr, flags, inline)
+}
+
+/// A chain of one SEND with one buffer on an RC/UC QP: the crate's fused post-and-ring
+/// (`SendQueue::send_inline_now`, `SendQueue::post_send` of one WR), the same WQE and
+/// doorbell as the builder and `ring` in one pass. `None` for any other WR (nothing done).
+#[inline(always)]
+fn post_single(
+    q: &ProvQp,
+    sq: &mut mlx5::SendQueue,
+    w: &ibv_send_wr,
+) -> Option<Result<(), PostError>> {
+    if w.opcode != IBV_WR_SEND
+        || w.num_sge != 1
+        || w.sg_list.is_null()
+        || q.qp_type == mlx5::QpType::Ud
+    {
+        return None;
+    }
+    // SAFETY: the verbs contract: `sg_list` has `num_sge` (1) entries.
+    let s = unsafe { &*w.sg_list };
+    let flags = SendFlags(w.send_flags & 0x7);
+    Some(if w.send_flags & IBV_SEND_INLINE != 0 {
+        // SAFETY: inline data is read from the application's buffer, as the verbs contract
+        // of IBV_SEND_INLINE lets the provider do during the call.
+        let bytes =
+            unsafe { core::slice::from_raw_parts(s.addr as usize as *const u8, s.length as usize) };
+        sq.send_inline_now(flags, bytes, w.wr_id)
+    } else {
+        let g = sge(s);
+        sq.post_send(&[mlx5::SendWr::send(
+            w.wr_id,
+            core::slice::from_ref(&g),
+            flags,
+        )])
+        .map_err(|(_, e)| e)
+    })
+}
+
+/// Any other C send WR (every opcode, any number of SGEs, UD).
+#[inline(never)]
+fn post_general(
+    q: &ProvQp,
+    sq: &mut mlx5::SendQueue,
+    wr: &ibv_send_wr,
+    flags: SendFlags,
+    inline: bool,
+) -> Result<(), PostError> {
     // SAFETY: the verbs contract: `sg_list` has `num_sge` entries.
     let list = unsafe { sges(wr.sg_list, wr.num_sge) };
     let imm = wr.imm_data.to_ne_bytes();
@@ -344,21 +424,42 @@ fn post_one(q: &ProvQp, sq: &mut mlx5::SendQueue, wr: &ibv_send_wr) -> Result<()
     build(q, sq, op, flags, wr.wr_id, ud, Payload::Ibv(list, inline))
 }
 
-unsafe extern "C" fn post_send(
+/// `ibv_post_send`. `LOCKS` is false only in the table of a single-threaded process
+/// (`MLX5_SINGLE_THREADED=1`, whose locks are all off anyway): there the lock is not even
+/// looked at.
+unsafe extern "C" fn post_send<const LOCKS: bool>(
     qp: *mut ibv_qp,
     mut wr: *mut ibv_send_wr,
     bad: *mut *mut ibv_send_wr,
 ) -> c_int {
     // SAFETY: `qp` is ours.
     let q = unsafe { qp_of(qp) };
-    let _g = q.sq_lock.lock();
+    let _g = LOCKS.then(|| q.sq_lock.lock());
     // SAFETY: exclusive under the send lock (or by the single-threaded promise).
     let sq = unsafe { (*q.inner.get()).sq() };
+    if !wr.is_null() {
+        // SAFETY: the application's live WR.
+        let w = unsafe { &*wr };
+        if w.next.is_null() {
+            if let Some(r) = post_single(q, sq, w) {
+                return r.map_or_else(
+                    |e| {
+                        // SAFETY: `bad` is the caller's out pointer.
+                        unsafe { *bad = wr };
+                        errno_of_post(e)
+                    },
+                    |()| 0,
+                );
+            }
+        }
+    }
+    // RC or UC (read once, not per WR).
+    let connected = q.qp_type != mlx5::QpType::Ud;
     let mut rc = 0;
     while !wr.is_null() {
         // SAFETY: the application's chain of live WRs.
         let w = unsafe { &*wr };
-        if let Err(e) = post_one(q, sq, w) {
+        if let Err(e) = post_one(q, sq, w, connected) {
             rc = errno_of_post(e);
             // SAFETY: `bad` is the caller's out pointer.
             unsafe { *bad = wr };
@@ -408,14 +509,15 @@ unsafe fn recv_chain(
     0
 }
 
-unsafe extern "C" fn post_recv(
+/// `ibv_post_recv` (`LOCKS` as [`post_send`]).
+unsafe extern "C" fn post_recv<const LOCKS: bool>(
     qp: *mut ibv_qp,
     wr: *mut ibv_recv_wr,
     bad: *mut *mut ibv_recv_wr,
 ) -> c_int {
     // SAFETY: `qp` is ours.
     let q = unsafe { qp_of(qp) };
-    let _g = q.rq_lock.lock();
+    let _g = LOCKS.then(|| q.rq_lock.lock());
     // SAFETY: exclusive under the receive lock.
     let Some(rq) = (unsafe { (*q.inner.get()).rq() }) else {
         // SAFETY: the caller's out pointer.
@@ -476,23 +578,47 @@ pub fn to_ibv_wc(w: &WorkCompletion) -> ibv_wc {
     }
 }
 
-unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
+/// `ibv_poll_cq` (`LOCKS` as [`post_send`]).
+unsafe extern "C" fn poll_cq<const LOCKS: bool>(
+    cq: *mut ibv_cq,
+    n: c_int,
+    wc: *mut ibv_wc,
+) -> c_int {
     // SAFETY: `cq` is ours.
     let p = unsafe { cq_of(cq) };
-    let _g = p.lock.lock();
-    // SAFETY: exclusive under the CQ lock.
+    let _g = LOCKS.then(|| p.lock.lock());
+    // SAFETY: exclusive under the CQ lock (or by the single-threaded promise).
     let inner = unsafe { &mut *p.inner.get() };
+    if n == 1 {
+        // One entry (the common busy-poll): through the CQ's own scratch completion, which
+        // the extended API uses only between `start_poll` and `end_poll` (under this lock).
+        // SAFETY: as `inner`.
+        let one = unsafe { &mut *p.cur.get() };
+        if inner.poll(core::slice::from_mut(one)) == 0 {
+            return 0;
+        }
+        // SAFETY: the caller's array has `n` (1) entries.
+        unsafe { wc.write(to_ibv_wc(one)) };
+        return 1;
+    }
+    let want = usize::try_from(n).unwrap_or(0);
+    // SAFETY: as `inner`.
+    let batch = unsafe { &mut *p.batch.get() };
     let mut got = 0;
-    while got < n {
-        let mut one = [WorkCompletion::default()];
-        if inner.poll(&mut one) == 0 {
+    while got < want {
+        let k = (want - got).min(crate::cq::POLL_BATCH);
+        let m = inner.poll(&mut batch[..k]);
+        for (i, w) in batch[..m].iter().enumerate() {
+            // SAFETY: the caller's array has `n` entries and `got + i < n`.
+            unsafe { wc.add(got + i).write(to_ibv_wc(w)) };
+        }
+        got += m;
+        if m < k {
             break;
         }
-        // SAFETY: the caller's array has `n` entries.
-        unsafe { wc.add(got as usize).write(to_ibv_wc(&one[0])) };
-        got += 1;
     }
-    got
+    // `got <= n`, an int.
+    got as c_int
 }
 
 /// Install the `ibv_wr_*` functions on an extended QP.
@@ -523,17 +649,26 @@ pub unsafe fn install_wr_ops(q: *mut ProvQp) {
     unsafe { (*q).vqp.comp_mask |= VERBS_QP_EX };
 }
 
-pub fn fill_ops(s: &mut [Fp; VERBS_CONTEXT_OPS_SLOTS]) {
+/// The data-path slots; `locks` false for a single-threaded process (no lock code at all).
+pub fn fill_ops(s: &mut [Fp; VERBS_CONTEXT_OPS_SLOTS], locks: bool) {
+    if locks {
+        fill_ops_locked::<true>(s);
+    } else {
+        fill_ops_locked::<false>(s);
+    }
+}
+
+fn fill_ops_locked<const LOCKS: bool>(s: &mut [Fp; VERBS_CONTEXT_OPS_SLOTS]) {
     op!(
         s,
         "post_send",
-        post_send,
+        post_send::<LOCKS>,
         unsafe extern "C" fn(*mut ibv_qp, *mut ibv_send_wr, *mut *mut ibv_send_wr) -> c_int
     );
     op!(
         s,
         "post_recv",
-        post_recv,
+        post_recv::<LOCKS>,
         unsafe extern "C" fn(*mut ibv_qp, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int
     );
     op!(
@@ -545,7 +680,7 @@ pub fn fill_ops(s: &mut [Fp; VERBS_CONTEXT_OPS_SLOTS]) {
     op!(
         s,
         "poll_cq",
-        poll_cq,
+        poll_cq::<LOCKS>,
         unsafe extern "C" fn(*mut ibv_cq, c_int, *mut ibv_wc) -> c_int
     );
 }

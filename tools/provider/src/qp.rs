@@ -123,6 +123,7 @@ fn create(
             max_inline_data: cap.max_inline_data,
         };
         init.sq_sig_all = sq_sig_all;
+        init.bf_policy = s.bf_policy;
         mlx5::with_user_handle(ptr as u64, || mlx5::Qp::new(&p.inner, &init))
     };
     let inner = match made {

@@ -44,14 +44,10 @@ fn open_mpi_pingpong_over_ucx_rc_verbs_on_ours_checks_its_data() {
     cmd.envs(env.iter().cloned())
         .args(["--allow-run-as-root", "--oversubscribe", "-np", "2"])
         .args(["--mca", "pml", "ucx"]);
-    for (k, v) in env
-        .iter()
-        .cloned()
-        .chain([
-            ("UCX_TLS".to_string(), "rc_v".to_string()),
-            ("UCX_NET_DEVICES".to_string(), format!("{}:1", device())),
-        ])
-    {
+    for (k, v) in env.iter().cloned().chain([
+        ("UCX_TLS".to_string(), "rc_v".to_string()),
+        ("UCX_NET_DEVICES".to_string(), format!("{}:1", device())),
+    ]) {
         cmd.arg("-x").arg(format!("{k}={v}"));
     }
     let mut child = cmd

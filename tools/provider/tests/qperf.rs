@@ -1,6 +1,8 @@
-//! qperf, unmodified, on our provider (both sides): RC/UC/UD latency, RC/UD bandwidth, RDMA
-//! WRITE and READ latency and bandwidth, and the atomics, one second each. (qperf's `uc_bw`
-//! is left out: UC bandwidth is lossy by design and qperf then waits for results forever.)
+//! qperf, unmodified, on our provider (both sides): RC/UC/UD latency, RC/UC/UD bandwidth,
+//! RDMA WRITE and READ latency and bandwidth, and the atomics, one second each. (`uc_bw` and
+//! `ud_bw` report a receive rate below the send rate on the emulator: its fabric between
+//! processes drops datagrams a busy receiver cannot take, docs/provider.md; qperf is timed
+//! and tolerates it.)
 
 mod common;
 use common::{Side, opened, preload_env};
@@ -21,7 +23,12 @@ fn qperf_rc_uc_ud_rdma_and_atomics_on_ours() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("qperf");
-    std::thread::sleep(std::time::Duration::from_millis(500));
+    // Wait for the listener (not a fixed sleep: the machine may be loaded).
+    let start = std::time::Instant::now();
+    let portn: u16 = port.parse().unwrap();
+    while !common::listening(portn) && start.elapsed() < std::time::Duration::from_secs(30) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     let dev = format!("{}:1", common::device());
     let mut failures = Vec::new();
     for (test, want) in [
@@ -29,6 +36,7 @@ fn qperf_rc_uc_ud_rdma_and_atomics_on_ours() {
         ("uc_lat", "latency"),
         ("ud_lat", "latency"),
         ("rc_bw", "bw"),
+        ("uc_bw", "recv_bw"),
         ("ud_bw", "recv_bw"),
         ("rc_rdma_write_lat", "latency"),
         ("rc_rdma_read_lat", "latency"),

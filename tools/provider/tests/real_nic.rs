@@ -29,6 +29,8 @@ fn pingpongs_on_a_real_nic() {
     on_nic("ibv_uc_pingpong", &["-n", "100"], "bytes in");
     on_nic("ibv_ud_pingpong", &["-n", "100"], "bytes in");
     on_nic("ibv_srq_pingpong", &["-n", "100"], "bytes in");
+    on_nic("ibv_srq_pingpong", &["-n", "100", "-e"], "bytes in");
+    on_nic("ibv_rc_pingpong", &["-n", "100", "-t"], "bytes in");
 }
 
 #[test]
@@ -46,6 +48,14 @@ fn perftest_on_a_real_nic() {
         on_nic(p, &["-n", "1000"], "#bytes");
         on_nic(p, &["-n", "1000", "--use_old_post_send"], "#bytes");
     }
-    on_nic("ib_send_lat", &["-n", "1000", "-c", "UD"], "#bytes");
-    on_nic("ib_write_lat", &["-n", "1000", "-c", "UC"], "#bytes");
+    for (p, c) in [
+        ("ib_send_lat", "UC"),
+        ("ib_send_lat", "UD"),
+        ("ib_write_lat", "UC"),
+        ("ib_send_bw", "UC"),
+        ("ib_send_bw", "UD"),
+        ("ib_write_bw", "UC"),
+    ] {
+        on_nic(p, &["-n", "1000", "-c", c], "#bytes");
+    }
 }

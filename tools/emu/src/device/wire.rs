@@ -40,6 +40,13 @@ pub(crate) struct Outgoing {
 /// Put a packet on the fabric (in process, or UDP when the destination LID is not one of
 /// ours), applying fault injection and pcap capture.
 pub(crate) fn send_packet(w: &mut World, mut pkt: Packet) {
+    // A UD SEND to a multicast group: one copy per attached QP (kernel/mcast.rs).
+    if let Some(copies) = crate::kernel::mcast::fan_out(w, &pkt) {
+        if copies.is_empty() {
+            w.hcas[pkt.src_hca].counters.packets_dropped += 1;
+        }
+        return copies.into_iter().for_each(|p| send_packet(w, p));
+    }
     dc::mark_connect(w, &mut pkt);
     let now = w.now();
     let f = w.cfg.fault;

@@ -53,6 +53,7 @@ mod devx_methods;
 mod devx_qp;
 mod events;
 mod flow;
+pub(crate) mod mcast;
 mod methods;
 mod pd_mr;
 mod qp;
@@ -166,6 +167,8 @@ const WRITE_COMMANDS: &[Method] = &[
     legacy::<cmds::CloseXrcd>(false, xrc::close_xrcd),
     legacy::<cmds::CreateXsrq>(true, xrc::create_xsrq),
     legacy::<cmds::OpenQp>(true, xrc::open_qp),
+    legacy::<mlx5_ffi::ucma::AttachMcast>(false, mcast::attach),
+    legacy::<mlx5_ffi::ucma::DetachMcast>(false, mcast::detach),
     extended::<cmds::ExQueryDevice>(min_resp!(IbUverbsExQueryDeviceResp), context::query_device),
     extended::<cmds::ExCreateCq>(min_resp!(IbUverbsExCreateCqResp), cq::create_cq),
     extended::<cmds::ExCreateQp>(min_resp!(IbUverbsExCreateQpResp), qp::create_qp),

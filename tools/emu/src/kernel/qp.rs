@@ -670,6 +670,7 @@ pub(super) fn destroy_qp(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> 
         events_reported: q.events_reported,
     })?;
     let q = w.hcas[hca].qps.remove(&qpn).ok_or(EINVAL)?;
+    super::mcast::forget_qp(w, hca, qpn);
     qp_refs(w, hca, (q.pdn, q.send_cq, q.recv_cq, q.srq), -1);
     if let Some(u) = w
         .contexts

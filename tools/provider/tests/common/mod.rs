@@ -131,7 +131,7 @@ fn free_port() -> u16 {
     l.local_addr().expect("addr").port()
 }
 
-fn listening(port: u16) -> bool {
+pub fn listening(port: u16) -> bool {
     let want = format!(":{port:04X} ");
     ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
         std::fs::read_to_string(f)
