@@ -116,6 +116,11 @@ fn run() -> Result<(), Box<dyn Error + Send + Sync>> {
     let start = Instant::now();
     let (sq, rq) = a.split();
     let rq = rq.ok_or("A has no receive queue")?;
+    // A's receives are posted before any thread starts: the first pong must find one.
+    for slot in 0..u64::from(RX_DEPTH) {
+        rq.push(slot, &[a_mr.sge(slot * SIZE as u64, SIZE as u32)])?;
+    }
+    rq.publish();
 
     let (tx, rx, echoed) = std::thread::scope(|s| {
         let tx = s.spawn(|| {
@@ -214,8 +219,8 @@ fn sender(
     Ok(signaled)
 }
 
-/// A's receive half: batches of raw receive completions, each message checked, the used
-/// receives pushed again and published once per batch.
+/// A's receive half (its receives already posted): batches of raw receive completions, each
+/// message checked, the used receives pushed again and published once per batch.
 #[allow(clippy::too_many_arguments)]
 fn receiver(
     rq: &mut RecvQueue,
@@ -227,10 +232,6 @@ fn receiver(
     deadline: Instant,
     abort: &AtomicBool,
 ) -> Res<u64> {
-    for slot in 0..u64::from(RX_DEPTH) {
-        rq.push(slot, &[mr.sge(slot * SIZE as u64, SIZE as u32)])?;
-    }
-    rq.publish();
     let (mut got, mut batches) = (0u64, 0u64);
     while got < total {
         let mut n = 0;
@@ -294,14 +295,16 @@ fn echo(
             } else {
                 SendFlags::default()
             };
-            b.post_send(&[SendWr::send_inline(echoed, &data, flags)])
-                .map_err(|(_, e)| e)?;
+            // The receive goes back before the echo: A sends its next ping as soon as the
+            // pong arrives, and the credit it then uses is this receive.
             let sge = [mr.sge(wc.wr_id * SIZE as u64, SIZE as u32)];
             b.post_recv(&[RecvWr {
                 wr_id: wc.wr_id,
                 sg_list: &sge,
             }])
             .map_err(|(_, e)| e)?;
+            b.post_send(&[SendWr::send_inline(echoed, &data, flags)])
+                .map_err(|(_, e)| e)?;
             echoed += 1;
         }
         // Signaled echo completions free the send queue (the verbs poller retires them).

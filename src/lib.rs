@@ -147,6 +147,7 @@ pub(crate) mod mem;
 pub(crate) mod mmio;
 pub mod pd;
 pub mod qp;
+pub mod raw;
 pub mod recorder;
 #[allow(dead_code)]
 pub(crate) mod ring;

@@ -21,6 +21,7 @@ const LAYERS: &[&[&str]] = &[
     &["qp"],
     &["xrc"],
     &["cm", "flow", "dc"],
+    &["raw"],
     &["lib"],
 ];
 

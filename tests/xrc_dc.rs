@@ -113,8 +113,8 @@ fn xrc(rig: &EmuRig, n: usize, wqes: u32, msg: usize, p: ConnectParams) -> Xrc {
     let cqb = cq(&b, wqes.max(64));
     let xrcd = XrcDomain::private(&b).expect("XRC domain");
     let mut srq = XrcSrq::new(&xrcd, &pdb, &cqb, wqes - 1, 1).expect("XRC SRQ");
-    let src = mem(&pda, 64 * msg);
-    let dst = mem(&pdb, wqes as usize * msg);
+    let src = mem(&pda, 64 * msg + TAIL);
+    let dst = mem(&pdb, wqes as usize * msg + TAIL);
     for i in 0..srq.capacity() {
         let sge = [dst.mr.sge(u64::from(i) * msg as u64, msg as u32)];
         srq.post_recv(&[RecvWr {
@@ -129,7 +129,9 @@ fn xrc(rig: &EmuRig, n: usize, wqes: u32, msg: usize, p: ConnectParams) -> Xrc {
     for _ in 0..n {
         let mut init = QpInitAttr::new(QpType::XrcSend, &cqa, &cqa);
         init.cap.max_send_wr = 64;
+        init.cap.max_send_sge = 3;
         init.cap.max_inline_data = 64;
+        init.report_unsignaled = true;
         let mut q = XrcSendQp::new(&pda, &init).expect("XRC initiator");
         let mut t = XrcTgtQp::new(&xrcd).expect("XRC target");
         let to_t = RemoteQp {
@@ -392,6 +394,8 @@ fn faulty() -> EmuRig {
 }
 
 const WRS: u64 = 10_000;
+/// Bytes after the receive slots (and the source slots) that the random sequences use.
+const TAIL: usize = 65_536;
 const MSG: usize = 256;
 
 /// Check one receive completion of WR `wr` (its first 8 bytes) against the bytes sent and
@@ -502,7 +506,7 @@ struct DcRig {
     ah: Ah,
     src: Mem,
     dst: Mem,
-    _srq: Srq,
+    srq_b: Srq,
     _ctx: (Context, Context, Pd, Pd),
 }
 
@@ -513,8 +517,8 @@ fn dc(rig: &EmuRig, n: usize, wqes: u32, msg: usize, p: ConnectParams) -> DcRig 
     let pdb = Pd::new(&b).expect("PD");
     let cqa = cq(&a, 1024);
     let cqb = cq(&b, wqes.max(64));
-    let src = mem(&pda, 64 * msg);
-    let dst = mem(&pdb, wqes as usize * msg);
+    let src = mem(&pda, 64 * msg + TAIL);
+    let dst = mem(&pdb, wqes as usize * msg + TAIL);
     let mut srq = Srq::new(&pdb, wqes - 1, 1).expect("SRQ");
     for i in 0..srq.capacity() {
         let sge = [dst.mr.sge(u64::from(i) * msg as u64, msg as u32)];
@@ -534,7 +538,9 @@ fn dc(rig: &EmuRig, n: usize, wqes: u32, msg: usize, p: ConnectParams) -> DcRig 
     }
     let mut init = QpInitAttr::new(QpType::Dci, &cqa, &cqa);
     init.cap.max_send_wr = 64;
+    init.cap.max_send_sge = 3;
     init.cap.max_inline_data = 64;
+    init.report_unsignaled = true;
     let mut dci = Dci::new(&pda, &init).expect("DCI");
     dci.activate(1, 0x100, &p).expect("DCI to RTS");
     let ah = Ah::new(
@@ -559,7 +565,7 @@ fn dc(rig: &EmuRig, n: usize, wqes: u32, msg: usize, p: ConnectParams) -> DcRig 
         ah,
         src,
         dst,
-        _srq: srq,
+        srq_b: srq,
         _ctx: (a, b, pda, pdb),
     }
 }
@@ -753,4 +759,471 @@ fn one_dci_round_robin_over_eight_dcts_under_faults_delivers_every_wr_once_in_or
         c.0.packets_sent
     );
     assert!(dropped > 0, "the campaign dropped nothing");
+}
+
+// ------------------------------------------------------------------------------------------
+// Random sequences
+
+/// xorshift64*: a seeded sequence, so a failure names its seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// Random chains of every operation on one initiator, some with a bad WR in them (refused
+/// with its index, the WRs before it posted and rung), unsignaled WRs reported when retired:
+/// every posted WR completes exactly once, in posting order; every receive-consuming WR is
+/// received once; the fetch-and-add counter ends at the sum of what was added; READs bring
+/// back the target's bytes.
+fn random_sequences(xrc_side: bool, seed: u64) {
+    let rig = EmuRig::stepped();
+    const RECV_SLOTS: u32 = 1024;
+    const MSGB: usize = 64;
+    let (mut x, mut d) = (None, None);
+    if xrc_side {
+        x = Some(xrc(&rig, 2, RECV_SLOTS, MSGB, knobs()));
+    } else {
+        d = Some(dc(&rig, 4, RECV_SLOTS, MSGB, knobs()));
+    }
+    let (src, dst) = match (&x, &d) {
+        (Some(x), _) => (&x.src, &x.dst),
+        (_, Some(d)) => (&d.src, &d.dst),
+        _ => unreachable!(),
+    };
+    let (src_buf, dst_buf) = (src.buf.clone(), dst.buf.clone());
+    let (lkey_mr, rkey) = (src.mr.sge(0, 1), dst.mr.rkey());
+    let dst_addr = dst_buf.addr();
+    // The target's memory after the receive slots: a READ source that nothing writes, the
+    // atomic counter, the WRITE targets.
+    let tail = u64::from(RECV_SLOTS) * MSGB as u64;
+    let read_off = tail as usize;
+    let counter_off = tail as usize + 1024;
+    let write_at = dst_addr + tail + 4096;
+    let pattern: Vec<u8> = (0..256u32).map(|i| (i * 7 + 3) as u8).collect();
+    dst_buf.write(read_off, &pattern);
+    dst_buf.write(counter_off, &0u64.to_ne_bytes());
+    // This side: SEND/WRITE sources at 2048.. (never written), READ results at 16384..,
+    // fetch-and-add results at 32768...
+    let sge = |off: u64, len: u32| mlx5::Sge {
+        addr: src_buf.addr() + off,
+        length: len,
+        lkey: lkey_mr.lkey,
+    };
+    let mut rng = Rng(seed);
+    let mut refused = 0u32;
+    let (mut next_id, mut done) = (0u64, 0u64);
+    let (mut want_recv, mut got_recv, mut added) = (0u64, 0u64, 0u64);
+    let mut reads: Vec<(u64, u64)> = Vec::new(); // (wr id, local offset)
+    let mut wcs = [WorkCompletion::default(); 64];
+    let inline_data = [0xabu8; 2048];
+    for step in 0..1500 {
+        let n = 1 + rng.below(4) as usize;
+        let bad_at = (rng.below(20) == 0).then(|| rng.below(n as u64) as usize);
+        let mut ops = Vec::new();
+        let mut sges = Vec::new();
+        for i in 0..n {
+            let k = rng.below(8);
+            let slot = (next_id + i as u64) % 32;
+            let op = match k {
+                0 | 1 => WrOp::Send,
+                2 => WrOp::SendImm { imm: [1, 2, 3, 4] },
+                3 => WrOp::Write {
+                    raddr: write_at + rng.below(64) * 8,
+                    rkey,
+                },
+                4 => WrOp::WriteImm {
+                    raddr: write_at,
+                    rkey,
+                    imm: [9; 4],
+                },
+                5 => WrOp::Read {
+                    raddr: dst_addr + read_off as u64,
+                    rkey,
+                },
+                _ => WrOp::FetchAdd {
+                    raddr: dst_addr + counter_off as u64,
+                    rkey,
+                    add: 1 + rng.below(5),
+                },
+            };
+            let nsge = match op {
+                WrOp::FetchAdd { .. } => 1,
+                WrOp::Read { .. } => 1,
+                _ => rng.below(4) as usize,
+            };
+            let len = match op {
+                WrOp::FetchAdd { .. } => 8,
+                WrOp::Read { .. } => 64,
+                _ => 1 + rng.below(16) as u32,
+            };
+            let local = match op {
+                WrOp::Read { .. } => 16_384 + 64 * slot,
+                WrOp::FetchAdd { .. } => 32_768 + 8 * slot,
+                _ => 2048 + 64 * slot,
+            };
+            let list: Vec<mlx5::Sge> = (0..nsge).map(|j| sge(local + 16 * j as u64, len)).collect();
+            ops.push(op);
+            sges.push(list);
+        }
+        let inline_parts: [&[u8]; 2] = [&inline_data[..20], &inline_data[..30]];
+        let too_big: [&[u8]; 1] = [&inline_data[..]];
+        let wrs: Vec<SendWr<'_>> = (0..n)
+            .map(|i| {
+                let id = next_id + i as u64;
+                // The last WR of a chain is signaled: its CQE retires (and reports) the
+                // unsignaled ones before it.
+                let flags = if i + 1 == n || rng.below(3) == 0 {
+                    SendFlags::SIGNALED
+                } else {
+                    SendFlags::NONE
+                };
+                let mut wr = SendWr::new(id, ops[i], &sges[i], flags);
+                if matches!(ops[i], WrOp::Send) && rng.below(3) == 0 {
+                    wr = wr.with_inline(&inline_parts);
+                }
+                if bad_at == Some(i) {
+                    wr = match rng.below(3) {
+                        0 => SendWr::new(id, WrOp::SendInv { rkey: 1 }, &[], flags),
+                        1 => SendWr::new(
+                            id,
+                            WrOp::CompareSwap {
+                                raddr: dst_addr,
+                                rkey,
+                                compare: 0,
+                                swap: 0,
+                            },
+                            &[],
+                            flags,
+                        ),
+                        _ => SendWr::new(id, WrOp::Send, &[], flags).with_inline(&too_big),
+                    };
+                }
+                wr
+            })
+            .collect();
+        let mut room_idle = 0;
+        // Room: wait until the chain fits (every WR is reported, so `outstanding` drains).
+        loop {
+            let free = match (&x, &d) {
+                (Some(x), _) => x.inis[0].qp().sq_ref().free(),
+                (_, Some(d)) => d.dci.qp().sq_ref().free(),
+                _ => unreachable!(),
+            };
+            if free as usize > n {
+                break;
+            }
+            let cq = match (&mut x, &mut d) {
+                (Some(x), _) => &mut x.cqa,
+                (_, Some(d)) => &mut d.cqa,
+                _ => unreachable!(),
+            };
+            let k = cq.poll(&mut wcs);
+            for wc in &wcs[..k] {
+                assert_eq!(
+                    (wc.wr_id, wc.status),
+                    (done, WcStatus::SUCCESS),
+                    "seed {seed:#x}"
+                );
+                done += 1;
+            }
+            if k == 0 {
+                room_idle += 1;
+                assert!(room_idle < 100_000, "seed {seed:#x} step {step}: no room");
+                rig.progress();
+            }
+        }
+        let r = match (&mut x, &mut d) {
+            (Some(x), _) => {
+                let srqn = x.srq.number();
+                let v: Vec<XrcWr<'_>> = wrs.iter().map(|&wr| XrcWr { srqn, wr }).collect();
+                x.inis[0].post_send(&v)
+            }
+            (_, Some(d)) => {
+                let v: Vec<DcWr<'_>> = wrs
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &wr)| DcWr {
+                        dest: &d.addrs[(step + i) % d.addrs.len()],
+                        wr,
+                    })
+                    .collect();
+                d.dci.post_send(&v)
+            }
+            _ => unreachable!(),
+        };
+        let posted = match (r, bad_at) {
+            (Ok(()), None) => n,
+            (Err((i, e)), Some(b)) => {
+                refused += 1;
+                assert_eq!(
+                    i, b,
+                    "seed {seed:#x} step {step}: refused {e:?} at {i}, bad WR at {b}"
+                );
+                b
+            }
+            (r, b) => panic!("seed {seed:#x} step {step}: {r:?} with bad WR at {b:?}"),
+        };
+        for (i, op) in ops.iter().enumerate().take(posted) {
+            match op {
+                WrOp::Send | WrOp::SendImm { .. } | WrOp::WriteImm { .. } => want_recv += 1,
+                WrOp::FetchAdd { add, .. } => added += add,
+                WrOp::Read { .. } => reads.push((
+                    next_id + i as u64,
+                    16_384 + 64 * ((next_id + i as u64) % 32),
+                )),
+                _ => {}
+            }
+        }
+        next_id += posted as u64;
+        if posted < n && posted > 0 {
+            // A refused chain may end in unsignaled WRs: a signaled SEND retires them.
+            flush(&mut x, &mut d, sge(2048, 8), next_id);
+            next_id += 1;
+            want_recv += 1;
+        }
+        // The refused WR and those after it were never posted: their ids are reused.
+        // Receives: drain and replenish (the SRQs have room for all of them anyway).
+        let rcq = match (&mut x, &mut d) {
+            (Some(x), _) => &mut x.cqb,
+            (_, Some(d)) => &mut d.cqb,
+            _ => unreachable!(),
+        };
+        let k = rcq.poll(&mut wcs);
+        for wc in &wcs[..k] {
+            assert_eq!(wc.status, WcStatus::SUCCESS, "seed {seed:#x}: {wc:?}");
+            got_recv += 1;
+        }
+        repost(&mut x, &mut d, &wcs[..k], MSGB);
+    }
+    // A last signaled SEND retires whatever unsignaled WRs a refused chain left behind.
+    flush(&mut x, &mut d, sge(2048, 8), next_id);
+    next_id += 1;
+    want_recv += 1;
+    // Drain everything.
+    let mut idle = 0;
+    while done < next_id || got_recv < want_recv {
+        let (scq, rcq) = match (&mut x, &mut d) {
+            (Some(x), _) => (&mut x.cqa, &mut x.cqb),
+            (_, Some(d)) => (&mut d.cqa, &mut d.cqb),
+            _ => unreachable!(),
+        };
+        let k = scq.poll(&mut wcs);
+        for wc in &wcs[..k] {
+            assert_eq!(
+                (wc.wr_id, wc.status),
+                (done, WcStatus::SUCCESS),
+                "seed {seed:#x}"
+            );
+            done += 1;
+        }
+        let m = rcq.poll(&mut wcs);
+        got_recv += m as u64;
+        repost(&mut x, &mut d, &wcs[..m], MSGB);
+        if k + m == 0 {
+            idle += 1;
+            assert!(
+                idle < 100_000,
+                "seed {seed:#x}: stalled at {done}/{next_id}, {got_recv}/{want_recv}"
+            );
+            rig.progress();
+        }
+    }
+    assert_eq!(done, next_id, "seed {seed:#x}: every posted WR once");
+    assert_eq!(got_recv, want_recv, "seed {seed:#x}: every receive once");
+    assert!(
+        collect(
+            &rig,
+            match (&mut x, &mut d) {
+                (Some(x), _) => &mut x.cqa,
+                (_, Some(d)) => &mut d.cqa,
+                _ => unreachable!(),
+            },
+            1,
+            100
+        )
+        .is_empty(),
+        "nothing more"
+    );
+    assert_eq!(
+        dst_buf.read_u64(counter_off),
+        added,
+        "seed {seed:#x}: the counter"
+    );
+    assert!(
+        !reads.is_empty() && refused > 0,
+        "seed {seed:#x}: {refused} refused chains"
+    );
+    eprintln!(
+        "seed {seed:#x}: {next_id} WRs posted, {refused} chains refused at their bad WR, \
+         {got_recv} received, {} READs, {added} added",
+        reads.len()
+    );
+    for (id, off) in &reads {
+        // Every READ of a slot brought the same bytes.
+        let mut got = vec![0u8; 64];
+        src_buf.read(*off as usize, &mut got);
+        assert_eq!(got, pattern[..64], "seed {seed:#x}: READ {id}");
+    }
+}
+
+/// Post one signaled SEND (`wr_id` `id`) of `sge` on whichever initiator the rig has.
+fn flush(x: &mut Option<Xrc>, d: &mut Option<DcRig>, sge: mlx5::Sge, id: u64) {
+    let list = [sge];
+    let wr = SendWr::send(id, &list, SendFlags::SIGNALED);
+    match (x, d) {
+        (Some(x), _) => {
+            let srqn = x.srq.number();
+            x.inis[0].post_send(&[XrcWr { srqn, wr }])
+        }
+        (_, Some(d)) => d.dci.post_send(&[DcWr {
+            dest: &d.addrs[0],
+            wr,
+        }]),
+        _ => unreachable!(),
+    }
+    .expect("the flushing SEND");
+}
+
+/// Give the receives of `wcs` back to the SRQ, each into its own slot again.
+fn repost(x: &mut Option<Xrc>, d: &mut Option<DcRig>, wcs: &[WorkCompletion], msg: usize) {
+    for wc in wcs {
+        match (&mut *x, &mut *d) {
+            (Some(x), _) => {
+                let sge = [x.dst.mr.sge(wc.wr_id * msg as u64, msg as u32)];
+                x.srq.post_recv(&[RecvWr {
+                    wr_id: wc.wr_id,
+                    sg_list: &sge,
+                }])
+            }
+            (_, Some(d)) => {
+                let sge = [d.dst.mr.sge(wc.wr_id * msg as u64, msg as u32)];
+                d.srq_b.post_recv(&[RecvWr {
+                    wr_id: wc.wr_id,
+                    sg_list: &sge,
+                }])
+            }
+            _ => unreachable!(),
+        }
+        .expect("repost a receive");
+    }
+}
+
+#[test]
+fn random_xrc_chains_with_bad_wrs_complete_every_posted_wr_once_in_order() {
+    for seed in [0x22_0001u64, 0x22_0002] {
+        random_sequences(true, seed);
+    }
+}
+
+#[test]
+fn random_dc_chains_over_four_dcts_complete_every_posted_wr_once_in_order() {
+    for seed in [0x22_0003u64, 0x22_0004] {
+        random_sequences(false, seed);
+    }
+}
+
+#[test]
+fn on_a_roce_port_xrc_and_dc_route_by_gid() {
+    use mlx5::GlobalRoute;
+    let rig = EmuRig::roce();
+    let a = rig.open(0);
+    let b = rig.open(1);
+    let (ga, gb) = (
+        a.find_gid(1).expect("gids").expect("a RoCE v2 GID"),
+        b.find_gid(1).expect("gids").expect("a RoCE v2 GID"),
+    );
+    let pda = Pd::new(&a).expect("PD");
+    let pdb = Pd::new(&b).expect("PD");
+    let mut cqa = cq(&a, 64);
+    let mut cqb = cq(&b, 64);
+    let src = mem(&pda, 4096);
+    let dst = mem(&pdb, 4096);
+    src.buf.write(0, &message(5, 64));
+    let sge = [src.mr.sge(0, 64)];
+    // XRC: initiator on A, target and SRQ on B, connected by GID.
+    let xrcd = XrcDomain::private(&b).expect("domain");
+    let mut xsrq = XrcSrq::new(&xrcd, &pdb, &cqb, 8, 1).expect("XRC SRQ");
+    let mut srq = Srq::new(&pdb, 8, 1).expect("SRQ");
+    for i in 0..4u64 {
+        let r = [dst.mr.sge(i * 256, 256)];
+        let w = [RecvWr {
+            wr_id: i,
+            sg_list: &r,
+        }];
+        xsrq.post_recv(&w).expect("recv");
+        srq.post_recv(&w).expect("recv");
+    }
+    let mut init = QpInitAttr::new(QpType::XrcSend, &cqa, &cqa);
+    init.cap.max_send_wr = 8;
+    let mut ini = XrcSendQp::new(&pda, &init).expect("initiator");
+    let mut tgt = XrcTgtQp::new(&xrcd).expect("target");
+    let pa = knobs().sgid_index(ga.0 as u8);
+    let pb = knobs().sgid_index(gb.0 as u8);
+    let at = |qpn, g: (u32, [u8; 16])| RemoteQp {
+        qpn,
+        psn: 0,
+        lid: 0,
+        gid: Some(g.1),
+    };
+    ini.to_init(1, &pa).expect("INIT");
+    ini.to_rtr(&at(tgt.qpn(), gb), &pa).expect("RTR");
+    ini.to_rts(0, &pa).expect("RTS");
+    tgt.to_init(1, Access::ALL, &pb).expect("INIT");
+    tgt.to_rtr(&at(ini.qpn(), ga), &pb).expect("RTR");
+    tgt.to_rts(0, &pb).expect("RTS");
+    ini.post_send(&[XrcWr {
+        srqn: xsrq.number(),
+        wr: SendWr::send(1, &sge, SendFlags::SIGNALED),
+    }])
+    .expect("post");
+    // DC: a DCI on A to a DCT on B, through an AH with the GRH.
+    let mut dct = Dct::new(&pdb, &cqb, &srq, KEY).expect("DCT");
+    let dctn = dct.activate(1, Access::ALL, &pb).expect("DCT RTR");
+    let mut dinit = QpInitAttr::new(QpType::Dci, &cqa, &cqa);
+    dinit.cap.max_send_wr = 8;
+    let mut dci = Dci::new(&pda, &dinit).expect("DCI");
+    dci.activate(1, 0, &pa).expect("DCI RTS");
+    let ah = Ah::new(
+        &pda,
+        AhAttr {
+            port_num: 1,
+            grh: Some(GlobalRoute {
+                dgid: gb.1,
+                sgid_index: ga.0 as u8,
+                hop_limit: 64,
+                ..GlobalRoute::default()
+            }),
+            ..AhAttr::default()
+        },
+    )
+    .expect("AH");
+    let to = DcAddr::new(&ah, dctn, KEY).expect("address");
+    dci.post_send(&[DcWr {
+        dest: &to,
+        wr: SendWr::send(2, &sge, SendFlags::SIGNALED),
+    }])
+    .expect("post");
+    let sent = collect(&rig, &mut cqa, 2, 10_000);
+    assert_eq!(
+        sent.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        [(1, WcStatus::SUCCESS), (2, WcStatus::SUCCESS)]
+    );
+    let got = collect(&rig, &mut cqb, 2, 10_000);
+    let mut by: Vec<_> = got.iter().map(|w| (w.qp_num, w.byte_len)).collect();
+    by.sort();
+    let mut want = vec![(tgt.qpn(), 64), (dctn, 64)];
+    want.sort();
+    assert_eq!(by, want, "{got:?}");
+    let mut b = vec![0u8; 64];
+    dst.buf.read(0, &mut b);
+    assert_eq!(b, message(5, 64));
 }

@@ -4,12 +4,14 @@
 // The queues' internals (ring layout, WQE encoding) are crate-private; their user-facing
 // types are re-exported here and at the crate root.
 mod mcast;
+mod raw;
 pub(crate) mod rq;
 pub(crate) mod sq;
 mod transport;
 mod unchecked;
 pub(crate) use transport::initiator_transition;
 
+pub use raw::has_cap_net_raw;
 pub use rq::{RecvQueue, RqGeometry, rq_geometry};
 pub use sq::{
     AnyPayload, BfPolicy, BfregInfo, Gather, Inline, NoPayload, PayloadKind, SendQueue, SqGeometry,
@@ -313,6 +315,7 @@ struct QpHandle {
     _pd: Pd,
     /// The queue buffer and doorbell record outlive the kernel object (destroyed in `drop`).
     _buf: Arc<DmaBuf>,
+    _sq_buf: Option<Arc<DmaBuf>>,
     _dbrec: Arc<crate::mem::DbRec>,
 }
 
@@ -331,6 +334,7 @@ impl Drop for QpHandle {
             // record, write the ring, and complete into the CQs: never give the memory back,
             // nor the user index and doorbell register (a new QP must not inherit its CQEs).
             leak(&self._buf);
+            self._sq_buf.iter().for_each(leak);
             leak(&self._dbrec);
             return;
         }
@@ -362,8 +366,9 @@ impl Qp {
     /// more inline data than asked, as libmlx5).
     ///
     /// # Errors
-    /// [`Error::Unsupported`] for the QP types whose creation is not implemented yet (XRC_SEND,
-    /// DCI, RAW_PACKET); [`Error::ContextMismatch`] if a CQ or the SRQ belongs to another context than `pd`;
+    /// [`Error::Unsupported`] for XRC_SEND and DCI (their own types create them);
+    /// [`Error::Os`] with `EPERM` naming `CAP_NET_RAW` for RAW_PACKET without it (the raw QP
+    /// itself is `mlx5::raw::RawQp`); [`Error::ContextMismatch`] if a CQ or the SRQ belongs to another context than `pd`;
     /// [`Error::Limit`] naming the attribute, value and limit; [`Error::Uverbs`] naming
     /// CREATE_QP.
     pub fn new(pd: &Pd, init: &QpInitAttr<'_>) -> Result<Self> {
@@ -371,7 +376,7 @@ impl Qp {
             QpType::Rc | QpType::Uc | QpType::Ud => None,
             QpType::XrcSend => Some("an XRC_SEND QP through Qp::new: use mlx5::xrc::XrcSendQp"),
             QpType::Dci => Some("a DCI through Qp::new: use mlx5::dc::Dci"),
-            QpType::RawPacket => Some("creating a RAW_PACKET QP (not yet implemented)"),
+            QpType::RawPacket => None,
         };
         if let Some(what) = what {
             return Err(Error::Unsupported { what });
@@ -383,6 +388,7 @@ impl Qp {
     /// (`MLX5_QP_FLAG_TYPE_DCI`): the typed XRC and DC objects (`xrc.rs`, `dc.rs`) create
     /// their send QPs here.
     pub(crate) fn create(pd: &Pd, init: &QpInitAttr<'_>, type_flags: u32) -> Result<Self> {
+        raw::check_create(init.qp_type)?;
         let ctx = pd.context().clone();
         ctx.check_same("send_cq", &init.send_cq.shared().ctx, "pd")?;
         ctx.check_same("recv_cq", &init.recv_cq.shared().ctx, "pd")?;
@@ -438,7 +444,7 @@ impl Qp {
         };
         let rq_bytes = rgeo.map_or(0, |g| g.stride * g.wqe_cnt) as usize;
         let sq_bytes = sgeo.wqe_cnt as usize * 64;
-        let buf = Arc::new(DmaBuf::new(rq_bytes + sq_bytes)?);
+        let (buf, sq_buf) = raw::buffers(init.qp_type, rq_bytes, sq_bytes)?;
         let dbrec = Arc::new(ctx.inner.dbrecs.alloc()?);
         let grant = match ctx.inner.mode {
             UarMode::Dynamic => Some(ctx.grant_bfreg_dynamic()?),
@@ -459,6 +465,7 @@ impl Qp {
         };
         let mut drv = Mlx5IbCreateQp {
             buf_addr: buf.addr(),
+            sq_buf_addr: sq_buf.as_ref().map_or(0, |b| b.addr()),
             db_addr: dbrec.addr(),
             sq_wqe_count: sgeo.wqe_cnt,
             rq_wqe_count: rgeo.map_or(0, |g| g.wqe_cnt),
@@ -520,6 +527,7 @@ impl Qp {
             _srq: init.srq.map(|s| s.handle.clone()),
             _pd: pd.clone(),
             _buf: buf.clone(),
+            _sq_buf: sq_buf.clone(),
             _dbrec: dbrec.clone(),
         };
         let grant = match grant {
@@ -530,7 +538,7 @@ impl Qp {
                 g
             }
         };
-        let sq_ring = WqRing::new(buf.clone(), rq_bytes, sq_bytes);
+        let sq_ring = raw::sq_ring(&buf, &sq_buf, rq_bytes, sq_bytes);
         let bf = Bfreg::new(grant.reg, grant.half, grant.dedicated, grant.id);
         let sq = SendQueue::new(
             sq_ring,
@@ -1180,8 +1188,7 @@ fn transition(t: QpType, from: QpState, to: QpState) -> Option<(u32, u32)> {
     match t {
         QpType::Rc | QpType::Uc | QpType::Ud => {}
         QpType::XrcSend | QpType::Dci => return initiator_transition(t, from, to),
-        // RAW_PACKET QPs cannot be created yet (`Qp::new`): no rows.
-        QpType::RawPacket => return None,
+        QpType::RawPacket => return raw::transition(from, to),
     }
     // Per transport: (UD, UC, RC).
     let by = |ud: u32, uc: u32, rc: u32| match t {

@@ -33,6 +33,33 @@ impl SendQueue {
     }
 }
 
+impl SendQueue {
+    /// [`poll_unchecked`](Self::poll_unchecked) of up to `max` CQEs in one call, `f` given
+    /// each retired WR's `wr_id` in order; returns how many. The batch shape lets the
+    /// compiler keep the ring's and the ledger's state in registers across the CQEs.
+    ///
+    /// # Safety
+    /// As [`poll_unchecked`](Self::poll_unchecked).
+    #[inline(always)]
+    pub unsafe fn poll_batch_unchecked(
+        &mut self,
+        cq: &mut RawCq,
+        max: usize,
+        mut f: impl FnMut(u64),
+    ) -> usize {
+        let mut n = 0;
+        while n < max {
+            // SAFETY: the caller's contract is `poll_unchecked`'s.
+            let Some(id) = (unsafe { self.poll_unchecked(cq) }) else {
+                break;
+            };
+            f(id);
+            n += 1;
+        }
+        n
+    }
+}
+
 impl RecvQueue {
     /// Unchecked tier, a single-QP receive CQ: as
     /// [`SendQueue::poll_unchecked`](crate::SendQueue::poll_unchecked) for a successful SEND

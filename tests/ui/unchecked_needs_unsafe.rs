@@ -14,6 +14,7 @@ fn post(sq: &mut SendQueue, rq: &mut RecvQueue, cq: &mut RawCq, sge: &Sge) {
     rq.push_unchecked(6, sge);
     let _ = rq.retire_unchecked(0);
     let _ = sq.poll_unchecked(cq);
+    let _ = sq.poll_batch_unchecked(cq, 4, |_| {});
     let _ = rq.poll_unchecked(cq);
 }
 

@@ -160,3 +160,37 @@ fn raw_ethernet_fs_rate_creates_and_destroys_flows_on_both_sides() {
         assert!(row[5] > 0.0, "flows per second: {row:?}");
     }
 }
+
+/// `raw_ethernet_burst_lat` (latency under load): Debian's perftest 4.5 forces a rate limiter
+/// on this test and refuses its software one for latency tests, so the test runs with the
+/// NIC's packet pacing (`--rate_limit_type=PP`, MB/s units): the emulated HCA announces
+/// `packet_pacing_caps` and paces each raw QP's frames at the rate MODIFY_QP set
+/// (`IB_QP_RATE_LIMIT`). 1 MB/s on both sides, so the server's paced replies keep up with
+/// the client's paced requests; every send signaled (`-Q 1`: perftest counts completions
+/// to bound its window). The server answers a request only while fewer than `-t` of its
+/// replies are uncompleted (and then never again for that request): `-t 256` above `-n 200`
+/// so that a server whose emulated device falls behind on a loaded machine still answers
+/// every request.
+#[test]
+fn raw_ethernet_burst_lat_both_roles_with_packet_pacing() {
+    let extra = vec![
+        "-n",
+        "200",
+        "-Q",
+        "1",
+        "-t",
+        "256",
+        "--rate_limit_type=PP",
+        "--rate_units=M",
+        "--rate_limit=1",
+        "--burst_size=16",
+    ];
+    let (so, co) = pair("raw_ethernet_burst_lat", 246, &extra);
+    let row = result_row(&co, "t_min[usec]");
+    assert_eq!(row[1], 200.0, "iterations: {co}");
+    assert!(row[2] > 0.0 && row[2] <= row[3], "t_min <= t_max: {row:?}");
+    // Paced at 1 MB/s (8192 kbit/s) on both sides, 200 round trips of 60-byte frames take
+    // at least 200 * 2 * 58.6 us less the pacing credit: the average shows the limit.
+    assert!(row[5] > 50.0, "paced: t_avg {row:?}");
+    assert!(!so.contains("failed"), "{so}");
+}

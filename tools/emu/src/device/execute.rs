@@ -151,7 +151,7 @@ pub(super) fn exec_wqe(
         (first_read, rest_read),
         wqe.bytes,
     );
-    if dc_wait {
+    if dc_wait || qt == qpt::RAW_PACKET && super::raw::pacing_wait(w, hca, qpn) {
         return Exec::Blocked;
     }
     w.wqe_log.fetched(hca, qpn, idx, wqe.bytes);

@@ -24,6 +24,7 @@ pub(super) fn exec_raw(w: &mut World, hca: usize, qpn: u32, wqe: &Wqe<'_>) {
     match build_frame(w, hca, qpn, wqe) {
         Ok(Some(frame)) => {
             let len = frame.len() as u32;
+            paced(w, hca, qpn, len);
             transmit(w, hca, frame);
             if wqe.signaled {
                 requester_ok(w, hca, qpn, wqe.idx, wqe.opcode.0, len, None);
@@ -36,6 +37,46 @@ pub(super) fn exec_raw(w: &mut World, hca: usize, qpn: u32, wqe: &Wqe<'_>) {
         }
         Err(s) => fail_wqe(w, hca, qpn, wqe.idx, wqe.opcode.0, s),
     }
+}
+
+/// Whether the next send WQE of raw QP `qpn` must wait for its packet-pacing slot (the
+/// rate limit set by `IB_QP_RATE_LIMIT`): the WQE stays in the ring until then, as the
+/// NIC's rate limiter holds a queue back.
+pub(super) fn pacing_wait(w: &World, hca: usize, qpn: u32) -> bool {
+    let now = w.now();
+    w.hcas[hca]
+        .eth
+        .pacing
+        .get(&qpn)
+        .is_some_and(|p| p.next_ns > now)
+}
+
+/// A frame of `len` bytes left paced QP `qpn`: the next may leave `len * 8` bits at the
+/// QP's rate after this one's slot. A token bucket with [`PACING_BURST_NS`] of credit: a
+/// device thread that fell behind (descheduled) catches up at full speed for that long,
+/// as the NIC, which never falls behind, would have sent those frames on time.
+fn paced(w: &mut World, hca: usize, qpn: u32, len: u32) {
+    let now = w.now();
+    if let Some(p) = w.hcas[hca].eth.pacing.get_mut(&qpn) {
+        let gap = (u64::from(len) * 8 * 1_000_000).div_ceil(u64::from(p.kbps.max(1)));
+        p.next_ns = p.next_ns.max(now.saturating_sub(PACING_BURST_NS)) + gap;
+    }
+}
+
+/// The pacing credit a queue keeps while it is backlogged (see [`paced`]).
+const PACING_BURST_NS: u64 = 1_000_000;
+
+/// The earliest pacing slot a paced QP with rung WQEs waits for (the device wakes then).
+pub(crate) fn pacing_deadline(w: &World) -> Option<u64> {
+    w.hcas
+        .iter()
+        .flat_map(|h| {
+            h.eth.pacing.iter().filter_map(|(qpn, p)| {
+                let q = h.qps.get(qpn)?;
+                (q.state == qps::RTS && (q.sq_head as u16) != q.sq_rung).then_some(p.next_ns)
+            })
+        })
+        .min()
 }
 
 /// The frame a RAW_PACKET send WQE describes (None for a NOP).

@@ -144,6 +144,7 @@ pub(crate) fn next_deadline(w: &World) -> Option<u64> {
         .iter()
         .map(|(t, _)| *t)
         .chain(w.outbox.iter().map(|o| o.due))
+        .chain(super::raw::pacing_deadline(w))
         .min();
     let timers = w
         .hcas

@@ -590,7 +590,25 @@ pub(crate) struct Port {
     /// Frames steered to a QP that had no receive posted, in arrival order, waiting in
     /// the port's receive buffer (at most [`HELD_FRAMES`]): (QPN, frame).
     pub(crate) held: std::collections::VecDeque<(u32, Vec<u8>)>,
+    /// Packet pacing (`IB_QP_RATE_LIMIT`): per raw QP, the rate in kbit/s and the device
+    /// time before which its next frame may not leave (`device/raw.rs`).
+    pub(crate) pacing: std::collections::BTreeMap<u32, Pacing>,
 }
+
+/// A raw QP's packet pacing: frames leave no faster than `kbps`.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Pacing {
+    /// The rate limit, kbit/s (never 0: an unlimited QP has no entry).
+    pub(crate) kbps: u32,
+    /// Device time (ns) when the next frame may be sent.
+    pub(crate) next_ns: u64,
+}
+
+/// The packet-pacing range the port offers (`mlx5_packet_pacing_caps`, kbit/s): 1 Mbit/s
+/// to 100 Gbit/s, the port's own rate.
+pub(crate) const PP_MIN_KBPS: u32 = 1_000;
+/// See [`PP_MIN_KBPS`].
+pub(crate) const PP_MAX_KBPS: u32 = 100_000_000;
 
 /// How many frames the port's receive buffer holds for QPs without a posted receive
 /// before it drops (and counts `out_of_buffer`).

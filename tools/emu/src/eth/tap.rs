@@ -211,6 +211,10 @@ pub fn net_up(netns: &str, ifname: &str) -> Result<(), String> {
             NS_HOST_IP[0], NS_HOST_IP[1], NS_HOST_IP[2], NS_HOST_IP[3]
         );
         ip(&["-n", netns, "addr", "add", &host, "dev", ifname])?;
+        // The TAP's queue towards the emulated port holds `txqueuelen` frames while the
+        // device thread is off the CPU (default 1000: a feed of tens of thousands of frames
+        // a second on a busy machine overflows it); a NIC's receive buffer is larger too.
+        ip(&["-n", netns, "link", "set", ifname, "txqueuelen", "16384"])?;
         ip(&["-n", netns, "link", "set", ifname, "up"])?;
         ip(&["-n", netns, "route", "add", "224.0.0.0/4", "dev", ifname])?;
         for node in 1..=NEIGH_NODES {

@@ -269,6 +269,7 @@ pub(super) fn query_device(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno
     // supported; DCI streams as kernel/dc.rs offers them.
     let d = Mlx5IbQueryDeviceResp {
         response_length: Req::len_for(r.drv_out_len, size_of::<Mlx5IbQueryDeviceResp>()),
+        packet_pacing_caps: super::flow::packet_pacing_caps(w.hcas[hca_of(w, ctx)].info.is_roce()),
         dci_streams_caps: if caps::FEATURES.dc {
             super::dc::DCI_STREAMS_CAPS
         } else {

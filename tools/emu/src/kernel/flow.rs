@@ -17,9 +17,9 @@ use crate::state::{Obj, World, qps, qpt};
 const CAP_NET_RAW: u32 = 13;
 
 /// Whether this process holds `CAP_NET_RAW` in its effective set (`CapEff` of
-/// `/proc/self/status`), as `capable(CAP_NET_RAW)` asks for the caller in the kernel.
+/// `/proc/thread-self/status`: capabilities are per thread), as `capable(CAP_NET_RAW)` asks for the caller in the kernel.
 pub(crate) fn has_cap(cap: u32) -> bool {
-    let Ok(s) = std::fs::read_to_string("/proc/self/status") else {
+    let Ok(s) = std::fs::read_to_string("/proc/thread-self/status") else {
         return false;
     };
     s.lines()
@@ -55,6 +55,78 @@ pub(super) fn raw_transition(cur: u8, next: u8) -> Option<(u32, u32)> {
         _ => return None,
     })
 }
+
+/// `mlx5_ib_query_device_resp.packet_pacing_caps` on an Ethernet port: RAW_PACKET QPs may
+/// be rate limited from 1 Mbit/s to 100 Gbit/s (`eth::PP_MIN_KBPS`..=`eth::PP_MAX_KBPS`);
+/// no burst control. Zero (not supported) on InfiniBand.
+pub(super) fn packet_pacing_caps(ethernet: bool) -> mlx5_ffi::mlx5::Mlx5PacketPacingCaps {
+    if !(ethernet && crate::caps::FEATURES.raw_packet) {
+        return Default::default();
+    }
+    mlx5_ffi::mlx5::Mlx5PacketPacingCaps {
+        qp_rate_limit_min: crate::eth::PP_MIN_KBPS,
+        qp_rate_limit_max: crate::eth::PP_MAX_KBPS,
+        supported_qpts: 1 << qpt::RAW_PACKET,
+        ..Default::default()
+    }
+}
+
+/// `IB_QP_RATE_LIMIT` of a MODIFY_QP that passed the transition table (only RAW_PACKET
+/// RTR->RTS and RTS->RTS take it): 0 lifts the limit; a rate outside the packet-pacing
+/// range is `EINVAL`, as mlx5_ib answers (`modify_raw_packet_qp_sq`). Without the mask bit
+/// the value is ignored.
+pub(super) fn set_rate_limit(
+    w: &mut World,
+    hca: usize,
+    qpn: u32,
+    mask: u32,
+    kbps: u32,
+) -> Result<(), Errno> {
+    if mask & IB_QP_RATE_LIMIT == 0 {
+        return Ok(());
+    }
+    let pacing = &mut w.hcas[hca].eth.pacing;
+    if kbps == 0 {
+        pacing.remove(&qpn);
+        return Ok(());
+    }
+    if !(crate::eth::PP_MIN_KBPS..=crate::eth::PP_MAX_KBPS).contains(&kbps) {
+        return Err(EINVAL);
+    }
+    let next_ns = pacing.get(&qpn).map_or(0, |p| p.next_ns);
+    pacing.insert(qpn, crate::eth::Pacing { kbps, next_ns });
+    Ok(())
+}
+
+/// Before a RAW_PACKET QP is destroyed: let the device execute the send WQEs whose doorbell
+/// was rung before DESTROY_QP. A NIC fetches a rung WQE within a microsecond, long before
+/// a process gets from its last post to the destroy; the emulated device runs on a thread
+/// that a busy machine may not have scheduled yet, and without this a program's last
+/// frames (perftest's last replies) would vanish. Paced QPs get their pacing slots, up to
+/// [`DRAIN_LIMIT`] of device time.
+pub(super) fn drain_before_destroy(w: &mut World, hca: usize, qpn: u32) {
+    let pending = |w: &World| {
+        w.hcas[hca]
+            .qps
+            .get(&qpn)
+            .is_some_and(|q| q.qp_type == qpt::RAW_PACKET && q.state == qps::RTS)
+    };
+    if !pending(w) {
+        return;
+    }
+    let start = std::time::Instant::now();
+    loop {
+        crate::device::step(w);
+        let q = &w.hcas[hca].qps[&qpn];
+        if q.state != qps::RTS || (q.sq_head as u16) == q.sq_rung || start.elapsed() > DRAIN_LIMIT {
+            return;
+        }
+        std::hint::spin_loop();
+    }
+}
+
+/// How long [`drain_before_destroy`] waits for paced frames.
+const DRAIN_LIMIT: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// Whether `command` is one of the flow commands, whose request carries its specs past the
 /// core struct (so the extended framing's "longer request must be zero past what the

@@ -412,7 +412,7 @@ pub(super) fn modify_qp(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> {
             ..Default::default()
         }
     };
-    if ex.rate_limit != 0 || ex.reserved != 0 {
+    if ex.reserved != 0 {
         return Err(EOPNOTSUPP);
     }
     let c = ex.base;
@@ -420,7 +420,7 @@ pub(super) fn modify_qp(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> {
     let mut m = c.attr_mask;
     let hca = hca_of(w, ctx);
     let qp = w.hcas[hca].qps.get(&qpn).ok_or(EINVAL)?;
-    if m & !qp_attr::KNOWN != 0 {
+    if m & !(qp_attr::KNOWN | mlx5_ffi::uverbs::IB_QP_RATE_LIMIT) != 0 {
         return Err(EINVAL);
     }
     let cur = if m & qp_attr::CUR_STATE != 0 {
@@ -515,6 +515,7 @@ pub(super) fn modify_qp(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> {
             return Err(EOPNOTSUPP);
         }
     }
+    super::flow::set_rate_limit(w, hca, qpn, m, ex.rate_limit)?;
     let qp = w.hcas[hca].qps.get_mut(&qpn).ok_or(EINVAL)?;
     for (bit, value, field) in [
         (qp_attr::PORT, c.port_num, &mut qp.port),
@@ -662,6 +663,7 @@ pub(super) fn destroy_qp(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> 
     let qpn = qp_of(w, ctx, handle)?;
     let hca = hca_of(w, ctx);
     super::flow::check_qp_unused(w, hca, qpn)?;
+    super::flow::drain_before_destroy(w, hca, qpn);
     if super::xrc::close_shared_qp(w, ctx, handle, qpn) {
         return r.respond(&IbUverbsDestroyQpResp { events_reported: 0 });
     }
