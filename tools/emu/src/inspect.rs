@@ -1,8 +1,13 @@
-//! Read-only views of the device's state of one QP or CQ, for diagnostics (`mlx5 diag --emu`):
-//! what the device knows about a queue and the doorbell records as the device reads them from
-//! host memory at this moment. Nothing here changes the device's state.
+//! The emulator's instruments, for diagnostics and tools: read-only views of the device's
+//! state of one QP or CQ (`mlx5 diag --emu`): what the device knows about a queue and the
+//! doorbell records as the device reads them from host memory at this moment; the switches
+//! and readers of the device trace (`trace.rs`) and of the WQE record (`record.rs`). Nothing
+//! here changes the device's state.
 
-use crate::{Emulator, mem};
+use crate::mem;
+use crate::record::WqeRecord;
+use crate::shared::Emulator;
+use crate::trace::{Recorder as TraceRecorder, SqView, TraceEvent};
 
 /// The device's view of one QP.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -121,5 +126,103 @@ impl Emulator {
             .buf
             .checked_add(slot.checked_mul(u64::from(c.cqe_size))?)?;
         mem::read_vec(addr, c.cqe_size as usize).ok()
+    }
+}
+
+impl Emulator {
+    /// Turn the device trace on (clearing what was recorded) or off. While it is on, the
+    /// link counters count too.
+    pub fn trace(&self, on: bool) {
+        let mut w = self.shared.lock_quiet();
+        let link = w.trace.link;
+        w.trace = TraceRecorder {
+            on,
+            link,
+            active: on || link,
+            started: on.then(std::time::Instant::now),
+            seq: 0,
+            events: Vec::new(),
+        };
+    }
+
+    /// Count the link traffic (the link counters of [`Counters`](crate::Counters): MMIO writes, DMA reads and
+    /// writes, WQE fetches, payload reads) from now on, or stop. Off by default, so that a
+    /// device nobody measures pays one branch per hook.
+    pub fn count_link(&self, on: bool) {
+        let mut w = self.shared.lock_quiet();
+        w.trace.link = on;
+        w.trace.active = on || w.trace.on;
+    }
+
+    /// Take the events recorded so far (tracing stays as it is).
+    pub fn take_trace(&self) -> Vec<TraceEvent> {
+        std::mem::take(&mut self.shared.lock_quiet().trace.events)
+    }
+
+    /// Nanoseconds since tracing was turned on (0 when it is off): the time base of
+    /// [`TraceEvent::wall_ns`], for stamping what a tool observes on the host's side.
+    pub fn trace_clock(&self) -> u64 {
+        self.shared.lock_quiet().trace.started.map_or(0, |s| {
+            s.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64
+        })
+    }
+
+    /// The emulated clock (ns): virtual in stepped mode.
+    pub fn clock(&self) -> u64 {
+        self.shared.lock_quiet().now()
+    }
+
+    /// The send queue of QP `qpn` on HCA `hca` as the device sees it (None if there is no
+    /// such QP). Reads the doorbell record from host memory.
+    pub fn sq_view(&self, hca: usize, qpn: u32) -> Option<SqView> {
+        let w = self.shared.lock_quiet();
+        let q = w.hcas.get(hca)?.qps.get(&qpn)?;
+        let rd = |a: u64| mem::read_be32(a).unwrap_or(0);
+        Some(SqView {
+            sq_addr: q.sq_base,
+            sq_wqebbs: q.sq_wqe_cnt,
+            dbrec_addr: q.db,
+            rq_dbrec: rd(q.db),
+            sq_dbrec: rd(q.db + 4),
+            sq_head: q.sq_head,
+            state: u32::from(q.state),
+        })
+    }
+}
+
+impl Emulator {
+    /// Start (`true`) or stop recording every fetched send WQE in memory; see
+    /// [`Emulator::wqe_log`]. Stopping discards what was recorded.
+    pub fn record_wqes(&self, on: bool) {
+        let mut w = self.shared.lock();
+        w.wqe_log.memory = on;
+        if !on {
+            w.wqe_log.records.clear();
+        }
+    }
+
+    /// The send WQEs of HCA `hca` fetched since recording started, in fetch order.
+    pub fn wqe_log(&self, hca: usize) -> Vec<WqeRecord> {
+        let w = self.shared.lock();
+        w.wqe_log
+            .records
+            .iter()
+            .filter(|r| r.hca == hca)
+            .cloned()
+            .collect()
+    }
+
+    /// Append one line per fetched send WQE ([`WqeRecord::to_line`]) to the file at `path`
+    /// (created if needed), from now on.
+    ///
+    /// # Errors
+    /// The error of opening the file.
+    pub fn log_wqes_to(&self, path: &std::path::Path) -> std::io::Result<()> {
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)?;
+        self.shared.lock().wqe_log.file = Some(f);
+        Ok(())
     }
 }

@@ -50,6 +50,8 @@
 
 mod abi;
 mod caps;
+mod config;
+mod counters;
 pub mod cprog;
 mod device;
 mod eth;
@@ -57,25 +59,35 @@ mod fds;
 mod inspect;
 mod kernel;
 mod mem;
+mod model;
 mod pcap;
 mod record;
 mod roce;
+mod shared;
 mod state;
 pub mod trace;
 mod transport;
 mod uar;
+mod watch;
 mod xrc_dc;
 
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 pub use abi::{Errno, UverbsSurface};
+pub use config::{EmuConfig, Fabric, FaultConfig, Flavour, HcaInfo, RunMode, WakeMode};
+pub use counters::Counters;
 pub use eth::tap::{NEIGH_NODES, NS_HOST_IP, TapConfig, in_netns, net_down, net_up, ns_hca_ip};
 pub use inspect::{CqView, QpView};
 pub use kernel::ucma::{RdmaCmFile, RdmaCmOpen};
 pub use mem::{DmaPath, dma_path, set_dma_path};
 pub use record::{WqeRecord, WqeVia};
-pub use roce::{GidEntry, GidType, LinkLayer, NDEV_IFINDEX, NDEV_NAME, ROCE_GID_TBL_LEN};
+pub use roce::{
+    BASE_GUID, GidEntry, GidType, LinkLayer, NDEV_IFINDEX, NDEV_NAME, ROCE_GID_TBL_LEN,
+};
+pub use shared::Emulator;
+use shared::{Owner, Shared};
+use transport::{ROCE_RCVBUF, set_rcvbuf};
 
 /// The RoCEv2 ICRC (sent little-endian after the payload) of the UDP payload `bth_on` (BTH
 /// onwards, without the ICRC) from fabric node `src_lid` to `dst_lid`, for tools and tests
@@ -100,560 +112,6 @@ pub fn copy_from_user(addr: u64, len: usize) -> Result<Vec<u8>, Errno> {
 /// pointer: `EFAULT` for an unmapped or read-only range, never a crash.
 pub fn copy_to_user(addr: u64, data: &[u8]) -> Result<(), Errno> {
     mem::write(addr, data)
-}
-
-/// How the device makes progress.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum RunMode {
-    /// Only when the test calls [`Emulator::step`] / [`Emulator::run_until_idle`]; time is
-    /// virtual (timeouts elapse when the fabric is otherwise idle), no threads.
-    Stepped,
-    /// A device thread per emulator that sleeps until there is work and wakes when there is
-    /// (a doorbell store, a kernel command, a packet, a timer; [`WakeMode`]), so an idle HCA
-    /// costs almost no CPU.
-    #[default]
-    Threaded,
-}
-
-/// Which ABI generation the emulated kernel presents.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum Flavour {
-    /// No ioctl framework: every `RDMA_VERBS_IOCTL` fails with `ENOTTY`.
-    WriteOnly,
-    /// The ioctl framework exists but every method answers `EPROTONOSUPPORT`.
-    Eproto,
-    /// A modern kernel: `INVOKE_WRITE` tunnels every write command, and the object methods
-    /// DEVICE (GET_CONTEXT, QUERY_PORT, QUERY_GID_TABLE/ENTRY), ASYNC_EVENT alloc,
-    /// CQ/QP/SRQ create+destroy and PD/MR/AH destroy exist, with the mlx5 UAR and DEVX
-    /// objects; other methods answer `EPROTONOSUPPORT`, which libibverbs treats as "use
-    /// write()".
-    #[default]
-    Modern,
-}
-
-/// Where packets between HCAs travel.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum Fabric {
-    /// Only between the HCAs of this `Emulator` (in memory).
-    #[default]
-    InProcess,
-    /// Also across processes: every HCA binds a UDP socket at `127.1.0.<lid>:4791` and
-    /// packets to LIDs that are not local go out as RoCEv2 (BTH + extended headers + ICRC).
-    /// The LID is [`EmuConfig::node`] + HCA index, or (node `None`) the first free address.
-    Udp,
-}
-
-/// Packet-level fault injection on the fabric, reproducible from `seed`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct FaultConfig {
-    /// Seed of the deterministic generator.
-    pub seed: u64,
-    /// Probability (parts per million) that a packet is dropped.
-    pub drop_ppm: u32,
-    /// Probability (ppm) that a packet is delivered twice.
-    pub dup_ppm: u32,
-    /// Probability (ppm) that a packet is delayed behind the next one. On the UDP fabric
-    /// a datagram to another process is held back until the next one this emulator sends
-    /// there has gone out, or for at most 20 us (virtual time in stepped mode).
-    pub reorder_ppm: u32,
-    /// Extra delivery delay of every packet, nanoseconds (virtual in stepped mode). On the
-    /// UDP fabric the datagram is sent this much later; in threaded mode to within the
-    /// device thread's polling interval.
-    pub delay_ns: u64,
-}
-
-/// Emulator configuration. `Default`: 1 HCA, threaded, modern kernel, CQE version 1,
-/// BlueFlame registers of 512 bytes.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct EmuConfig {
-    /// Number of HCAs (`mlx5_0`, `mlx5_1`, ...), all on one in-process fabric.
-    pub num_hcas: usize,
-    /// Threaded or stepped.
-    pub mode: RunMode,
-    /// Kernel ABI flavour.
-    pub flavour: Flavour,
-    /// Highest CQE version the device supports (0 or 1); the context gets
-    /// `min(requested, this)`.
-    pub cqe_version: u8,
-    /// BlueFlame register size reported in the ucontext; 0 means "no write combining": no BF.
-    pub bf_reg_size: u32,
-    /// Fabric faults.
-    pub fault: FaultConfig,
-    /// Fault injection, continued: probability (ppm) that a bit of a packet is flipped; the
-    /// receiver's ICRC check then discards it (over UDP the corrupted bytes really travel and
-    /// show in a capture). Uses `fault.seed`. (Kept out of [`FaultConfig`] so that struct
-    /// literals of it written before this knob existed stay valid.)
-    pub corrupt_ppm: u32,
-    /// In-process only, or UDP across processes.
-    pub fabric: Fabric,
-    /// UDP fabric: the node number (LID) of HCA 0; HCA i gets `node + i`. `None` picks the
-    /// first free one (1..=254). The node also fixes the HCA's GUID (`BASE_GUID + lid`) and
-    /// its first object number (`lid << 16`), so QPNs differ between processes.
-    /// In-process fabric: `node` (default 1) is the LID of HCA 0 as well.
-    pub node: Option<u16>,
-    /// Write every packet put on the fabric to this pcap file (Ethernet/IPv4/UDP 4791).
-    pub pcap: Option<std::path::PathBuf>,
-    /// Honour `MLX5_LIB_CAP_DYN_UAR` (Modern flavour only): contexts that ask get
-    /// `tot_bfregs = 0`, allocate UARs with the mlx5 UAR object (ioctl `UAR_OBJ_ALLOC`,
-    /// mmap at the returned offset), and must name a UAR page in CQ/QP creation. Off by
-    /// default: contexts get static UARs, as from a kernel before dynamic UARs.
-    pub dyn_uar: bool,
-    /// Link layer of every HCA's port. `InfiniBand` (default): LID-routed, one GID.
-    /// `Ethernet`: a RoCE port as mlx5_ib presents it -- LID 0, a GID table of RoCE v1/v2
-    /// entries (link-local and IPv4-mapped, see [`HcaInfo::gid_table`]), CREATE_AH returns
-    /// the destination MAC, connected QPs need a GRH, and the device routes by GID.
-    pub link_layer: LinkLayer,
-    /// Attach HCA 0's port (Ethernet) to a TAP interface inside a network namespace
-    /// (`docs/raw-ethernet.md`); None: not attached.
-    pub tap: Option<TapConfig>,
-}
-
-/// GUID of node 0; node (LID) n has GUID `BASE_GUID + n`.
-pub const BASE_GUID: u64 = 0x0002_c903_00ab_cd00;
-
-impl Default for EmuConfig {
-    fn default() -> Self {
-        Self {
-            num_hcas: 1,
-            mode: RunMode::Threaded,
-            flavour: Flavour::Modern,
-            cqe_version: 1,
-            bf_reg_size: 512,
-            fault: FaultConfig::default(),
-            corrupt_ppm: 0,
-            fabric: Fabric::InProcess,
-            node: None,
-            pcap: None,
-            dyn_uar: false,
-            link_layer: LinkLayer::InfiniBand,
-            tap: None,
-        }
-    }
-}
-
-/// Identity of one emulated HCA, for discovery (what sysfs would show).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HcaInfo {
-    /// Device name, `mlx5_<i>`.
-    pub name: String,
-    /// Node GUID (host order value; the kernel ABI carries it big-endian).
-    pub node_guid: u64,
-    /// System image GUID.
-    pub sys_image_guid: u64,
-    /// Port 1 GID 0: InfiniBand: link-local prefix + node GUID; RoCE: `fe80::` + the
-    /// modified EUI-64 of [`HcaInfo::mac`].
-    pub port_gid: [u8; 16],
-    /// The fabric node number: on InfiniBand the port's LID (a RoCE port reports LID 0
-    /// but the node keeps its number, which fixes its addresses).
-    pub lid: u16,
-    /// Link layer of port 1.
-    pub link_layer: LinkLayer,
-    /// MAC address of the port (Ethernet): the node GUID without its bytes 3 and 4.
-    pub mac: [u8; 6],
-    /// IPv4 address of the node on the fabric (`127.1.x.y`, x.y = node number).
-    pub ipv4: [u8; 4],
-    /// Firmware version, "major.minor.sub".
-    pub fw_ver: String,
-    /// Firmware version as QUERY_DEVICE encodes it: major << 32 | minor << 16 | sub.
-    pub fw_ver_raw: u64,
-    /// IEEE vendor id (0x02c9) and part id (4119, ConnectX-5).
-    pub vendor_id: u32,
-    /// Vendor part id.
-    pub vendor_part_id: u32,
-}
-
-impl HcaInfo {
-    /// The valid entries of port 1's GID table: one InfiniBand GID, or on a RoCE port
-    /// RoCE v1 and v2 entries for the link-local GID (indexes 0, 1) and the IPv4-mapped
-    /// `::ffff:a.b.c.d` GID (indexes 2, 3), as the RoCE GID management fills it.
-    pub fn gid_table(&self) -> Vec<GidEntry> {
-        match self.link_layer {
-            LinkLayer::InfiniBand => vec![GidEntry {
-                index: 0,
-                gid: self.port_gid,
-                gid_type: GidType::Ib,
-                ndev_ifindex: 0,
-            }],
-            LinkLayer::Ethernet => roce::gid_table(self.mac, self.ipv4),
-        }
-    }
-
-    /// Length of port 1's GID table (QUERY_PORT `gid_tbl_len`).
-    pub fn gid_tbl_len(&self) -> u32 {
-        match self.link_layer {
-            LinkLayer::InfiniBand => 1,
-            LinkLayer::Ethernet => ROCE_GID_TBL_LEN,
-        }
-    }
-
-    /// Whether port 1 is Ethernet (RoCE).
-    pub fn is_roce(&self) -> bool {
-        self.link_layer == LinkLayer::Ethernet
-    }
-}
-
-/// Device counters of one HCA. The second group is named exactly like the mlx5
-/// `hw_counters` in sysfs; [`Counters::get`] looks them up by that name.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Counters {
-    /// 8-byte doorbell MMIO writes consumed (send doorbells; BF included). The device
-    /// samples each doorbell word: doorbells of different QPs, halves or pages between two
-    /// scans all count, and a doorbell written after the device has seen the previous one's
-    /// work always counts (`tests/wake.rs`); two writes to *the same* word between two scans
-    /// count once (the later one wins, as it carries the newer producer index). A QP whose
-    /// doorbell on a shared register was written over is recovered from its doorbell record
-    /// without a count. Stepped tests see exact counts.
-    pub doorbells: u64,
-    /// Doorbells that came with a BlueFlame copy of the WQE (non-zero bytes beyond the
-    /// doorbell word in the bfreg half). In threaded mode a scan may take a half while the
-    /// CPU is still copying into it (the writer preempted mid-copy); that doorbell then
-    /// counts as an 8-byte one and the lingering rest may count with the next 8-byte
-    /// doorbell on that half (bounded by 1 in 2000 in `tests/wake.rs`, usually 0). Stepped
-    /// mode is exact.
-    pub bf_writes: u64,
-    /// BlueFlame copies whose bytes differed from the WQE in the ring (stepped mode).
-    pub bf_mismatches: u64,
-    /// Doorbells naming a QP that does not exist in the writing context.
-    pub doorbell_drops: u64,
-    /// Send WQEs executed (including those completed in error, not flushed ones).
-    pub wqes_executed: u64,
-    /// Of those, WQEs carrying inline data.
-    pub inline_wqes: u64,
-    /// CQEs written (all CQs).
-    pub cqes_written: u64,
-    /// CQ arm doorbells received.
-    pub cq_arms: u64,
-    /// Completion events written to completion channels.
-    pub comp_events: u64,
-    /// Async events written.
-    pub async_events: u64,
-    /// Packets put on the fabric by this HCA.
-    pub packets_sent: u64,
-    /// Packets dropped (fault injection, no such destination, or any of the three kinds
-    /// of hostile packet below).
-    pub packets_dropped: u64,
-    /// Received packets that could not be parsed: short, truncated, malformed headers, bad
-    /// ICRC; and READ responses whose length does not fit the READ. Dropped.
-    pub rx_bad_packets: u64,
-    /// Received packets not from the connected peer: for no QP here, or for an RC/UC QP
-    /// from another node or QP than the one it is connected to. Dropped.
-    pub rx_foreign: u64,
-    /// Responses (ACK, NAK, READ data, atomic results) naming a PSN beyond the last one
-    /// the requester transmitted: forged or corrupt. Dropped.
-    pub rx_out_of_window: u64,
-    /// hw_counter: packets received with a PSN beyond the expected one.
-    pub out_of_sequence: u64,
-    /// hw_counter: NAK-sequence-error packets received by the requester.
-    pub packet_seq_err: u64,
-    /// hw_counter: duplicate requests received.
-    pub duplicate_request: u64,
-    /// hw_counter: RNR NAKs received by the requester.
-    pub rnr_nak_retry_err: u64,
-    /// hw_counter: local ACK timeouts.
-    pub local_ack_timeout_err: u64,
-    /// hw_counter: receives dropped for lack of a receive WQE.
-    pub out_of_buffer: u64,
-    /// hw_counter: RDMA WRITE requests received.
-    pub rx_write_requests: u64,
-    /// hw_counter: RDMA READ requests received.
-    pub rx_read_requests: u64,
-    /// hw_counter: atomic requests received.
-    pub rx_atomic_requests: u64,
-    /// hw_counter: requester error CQEs (not flush).
-    pub req_cqe_error: u64,
-    /// hw_counter: responder error CQEs (not flush).
-    pub resp_cqe_error: u64,
-    /// hw_counter: requester flush CQEs.
-    pub req_cqe_flush_error: u64,
-    /// hw_counter: responder flush CQEs.
-    pub resp_cqe_flush_error: u64,
-    /// hw_counter: transport retries exceeded.
-    pub req_transport_retries_exceeded: u64,
-    /// hw_counter: RNR retries exceeded.
-    pub req_rnr_retries_exceeded: u64,
-    /// Link (PCIe model, `trace.rs`), counted only while [`Emulator::count_link`] or
-    /// [`Emulator::trace`] is on: MMIO writes consumed (posted writes, one per 64-byte
-    /// write-combining block: doorbells, BlueFlame copies, CQ arms).
-    pub mmio_writes: u64,
-    /// Link: bytes of those MMIO writes.
-    pub mmio_bytes: u64,
-    /// Link: DMA read requests the device issued (WQE fetches, doorbell records, payload,
-    /// receive WQEs).
-    pub dma_read_requests: u64,
-    /// Link: completions that answered them.
-    pub dma_read_completions: u64,
-    /// Link: bytes read by DMA.
-    pub dma_read_bytes: u64,
-    /// Link: DMA writes (posted writes: data placed, CQEs).
-    pub dma_writes: u64,
-    /// Link: bytes written by DMA.
-    pub dma_write_bytes: u64,
-    /// Of the DMA reads: send-WQE fetches from the ring.
-    pub wqe_fetches: u64,
-    /// Bytes of those WQE fetches.
-    pub wqe_fetch_bytes: u64,
-    /// Of the DMA reads: payload reads (send gathers, READ response data, atomic operands).
-    pub payload_reads: u64,
-    /// Bytes of those payload reads.
-    pub payload_read_bytes: u64,
-    /// Raw Ethernet: frames RAW_PACKET QPs sent.
-    pub raw_tx_frames: u64,
-    /// Raw Ethernet: frames placed into a RAW_PACKET QP's receive queue.
-    pub raw_rx_frames: u64,
-    /// Raw Ethernet: frames no steering rule matched (discarded).
-    pub rx_steer_missed: u64,
-    /// Raw Ethernet: frames a drop rule took.
-    pub rx_steer_dropped: u64,
-    /// Raw Ethernet: frames the port refused as malformed (runts, oversize).
-    pub rx_raw_bad_frames: u64,
-}
-
-impl Counters {
-    /// The link counters (the PCIe model of `trace.rs`), by field name.
-    pub const LINK_COUNTER_NAMES: [&'static str; 11] = [
-        "mmio_writes",
-        "mmio_bytes",
-        "dma_read_requests",
-        "dma_read_completions",
-        "dma_read_bytes",
-        "dma_writes",
-        "dma_write_bytes",
-        "wqe_fetches",
-        "wqe_fetch_bytes",
-        "payload_reads",
-        "payload_read_bytes",
-    ];
-
-    /// The mlx5 `hw_counters` names this emulator maintains.
-    pub const HW_COUNTER_NAMES: [&'static str; 15] = [
-        "out_of_sequence",
-        "packet_seq_err",
-        "duplicate_request",
-        "rnr_nak_retry_err",
-        "local_ack_timeout_err",
-        "out_of_buffer",
-        "rx_write_requests",
-        "rx_read_requests",
-        "rx_atomic_requests",
-        "req_cqe_error",
-        "resp_cqe_error",
-        "req_cqe_flush_error",
-        "resp_cqe_flush_error",
-        "req_transport_retries_exceeded",
-        "req_rnr_retries_exceeded",
-    ];
-
-    /// The mlx5 `hw_counters` as (sysfs name, value), in [`Counters::HW_COUNTER_NAMES`]
-    /// order, e.g. for writing a fake `ports/1/hw_counters/` directory.
-    pub fn hw_counters(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
-        Self::HW_COUNTER_NAMES
-            .iter()
-            .map(|&n| (n, self.get(n).unwrap_or(0)))
-    }
-
-    /// Look a counter up by its sysfs `hw_counters` name (or the field name).
-    pub fn get(&self, name: &str) -> Option<u64> {
-        Some(match name {
-            "doorbells" => self.doorbells,
-            "bf_writes" => self.bf_writes,
-            "bf_mismatches" => self.bf_mismatches,
-            "doorbell_drops" => self.doorbell_drops,
-            "wqes_executed" => self.wqes_executed,
-            "inline_wqes" => self.inline_wqes,
-            "cqes_written" => self.cqes_written,
-            "cq_arms" => self.cq_arms,
-            "comp_events" => self.comp_events,
-            "async_events" => self.async_events,
-            "packets_sent" => self.packets_sent,
-            "packets_dropped" => self.packets_dropped,
-            "rx_bad_packets" => self.rx_bad_packets,
-            "rx_foreign" => self.rx_foreign,
-            "rx_out_of_window" => self.rx_out_of_window,
-            "out_of_sequence" => self.out_of_sequence,
-            "packet_seq_err" => self.packet_seq_err,
-            "duplicate_request" => self.duplicate_request,
-            "rnr_nak_retry_err" => self.rnr_nak_retry_err,
-            "local_ack_timeout_err" => self.local_ack_timeout_err,
-            "out_of_buffer" => self.out_of_buffer,
-            "rx_write_requests" => self.rx_write_requests,
-            "rx_read_requests" => self.rx_read_requests,
-            "rx_atomic_requests" => self.rx_atomic_requests,
-            "req_cqe_error" => self.req_cqe_error,
-            "resp_cqe_error" => self.resp_cqe_error,
-            "req_cqe_flush_error" => self.req_cqe_flush_error,
-            "resp_cqe_flush_error" => self.resp_cqe_flush_error,
-            "req_transport_retries_exceeded" => self.req_transport_retries_exceeded,
-            "req_rnr_retries_exceeded" => self.req_rnr_retries_exceeded,
-            "mmio_writes" => self.mmio_writes,
-            "mmio_bytes" => self.mmio_bytes,
-            "dma_read_requests" => self.dma_read_requests,
-            "dma_read_completions" => self.dma_read_completions,
-            "dma_read_bytes" => self.dma_read_bytes,
-            "dma_writes" => self.dma_writes,
-            "dma_write_bytes" => self.dma_write_bytes,
-            "wqe_fetches" => self.wqe_fetches,
-            "wqe_fetch_bytes" => self.wqe_fetch_bytes,
-            "payload_reads" => self.payload_reads,
-            "payload_read_bytes" => self.payload_read_bytes,
-            "raw_tx_frames" => self.raw_tx_frames,
-            "raw_rx_frames" => self.raw_rx_frames,
-            "rx_steer_missed" => self.rx_steer_missed,
-            "rx_steer_dropped" => self.rx_steer_dropped,
-            "rx_raw_bad_frames" => self.rx_raw_bad_frames,
-            _ => return None,
-        })
-    }
-}
-
-#[derive(Debug)]
-struct Shared {
-    world: Mutex<state::World>,
-    /// The UDP sockets' descriptors (owned by the HCAs in `world`), for the idle wait.
-    udp_fds: Vec<i32>,
-    /// Threaded wake mode: the device thread's wake-up line (see [`WakeMode`]).
-    wake: Option<Arc<uar::Wake>>,
-    /// The waking device thread's scheduling (`SCHED_*` above, or a real-time priority).
-    sched: std::sync::atomic::AtomicI32,
-    /// The waking device thread's kernel thread id (0 until it has started).
-    device_tid: std::sync::atomic::AtomicI32,
-}
-
-impl Shared {
-    /// The world, for a caller that may create device work (a kernel command): the device
-    /// thread is woken when the guard drops.
-    fn lock(&self) -> WorldGuard<'_> {
-        WorldGuard {
-            guard: self.lock_quiet(),
-            wake: self.wake.as_deref(),
-        }
-    }
-
-    /// The world, without waking the device (the device thread itself, read-only queries).
-    fn lock_quiet(&self) -> MutexGuard<'_, state::World> {
-        self.world
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-}
-
-impl Drop for Shared {
-    fn drop(&mut self) {
-        // The device thread may be blocked with no timeout: let it see that we are gone.
-        if let Some(w) = &self.wake {
-            w.poke();
-        }
-    }
-}
-
-/// What every user handle (an [`Emulator`] clone, an opened surface) holds besides the
-/// world, and the device thread never does: when the last one goes, the device thread is
-/// told and joined. (The thread looks at the world through a `Weak`, and may hold it for a
-/// moment; the world's last handle can therefore drop on it, which cannot join itself. This
-/// one is dropped only by users, after their handle on the world: the thread's next look
-/// fails, and it returns.)
-#[derive(Debug)]
-pub(crate) struct Owner {
-    wake: Option<Arc<uar::Wake>>,
-    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
-    /// The world, to see that no handle but the device thread's momentary one is left.
-    world: Weak<Shared>,
-}
-
-impl Drop for Owner {
-    fn drop(&mut self) {
-        if let Some(w) = &self.wake {
-            w.poke();
-        }
-        let handle = self
-            .thread
-            .get_mut()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take();
-        let Some(h) = handle else { return };
-        if h.thread().id() == std::thread::current().id() {
-            return;
-        }
-        // Every user handle has let the world go before its `Owner` (field order), so what
-        // can still hold it is the device thread, for one step: wait for that (bounded), then
-        // join. A holder that is not a user handle (none should exist) would keep the thread
-        // running: it is then left to end when that holder goes, rather than waited for.
-        for _ in 0..2000 {
-            if self.world.strong_count() == 0 {
-                let _ = h.join();
-                return;
-            }
-            std::thread::sleep(Duration::from_micros(50));
-        }
-    }
-}
-
-/// The world locked by a kernel command; dropping it wakes the device thread, which then
-/// sees whatever the command changed (a QP moved to the error state has to be flushed, a
-/// new QP may have receives waiting, ...), as the old polling device would have within
-/// milliseconds.
-struct WorldGuard<'a> {
-    guard: MutexGuard<'a, state::World>,
-    wake: Option<&'a uar::Wake>,
-}
-
-impl std::ops::Deref for WorldGuard<'_> {
-    type Target = state::World;
-    fn deref(&self) -> &state::World {
-        &self.guard
-    }
-}
-
-impl std::ops::DerefMut for WorldGuard<'_> {
-    fn deref_mut(&mut self) -> &mut state::World {
-        &mut self.guard
-    }
-}
-
-impl Drop for WorldGuard<'_> {
-    fn drop(&mut self) {
-        if let Some(w) = self.wake {
-            w.poke();
-        }
-    }
-}
-
-/// How a threaded device waits for work (`MLX5_EMU_WAKE`, read when the emulator is
-/// created; see `docs/emulator-wake.md`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum WakeMode {
-    /// Stepped mode: nothing waits.
-    Stepped,
-    /// `MLX5_EMU_WAKE=fault` (the default): UAR pages are write-protected between scans;
-    /// the first doorbell store faults and wakes the device thread, which otherwise blocks
-    /// (on an eventfd, the UDP sockets and the next timer deadline).
-    Fault,
-    /// `MLX5_EMU_WAKE=poll`: the old device thread, which spins for 300 us after work, then
-    /// sleeps 50 us while recently active and backs off to 2 ms (for comparison).
-    Poll,
-}
-
-impl WakeMode {
-    /// The mode the environment asks for, for a threaded emulator. Under valgrind the
-    /// device polls: valgrind 3.19 kills the program at the first store to a protected
-    /// UAR page instead of running our SIGSEGV handler (seen with the bench's C harness
-    /// under callgrind), and a run under valgrind measures instructions, not wake-ups.
-    pub fn from_env() -> WakeMode {
-        let valgrind = std::env::var_os("VALGRIND_LAUNCHER").is_some()
-            || std::env::var("LD_PRELOAD").is_ok_and(|p| p.contains("vgpreload"));
-        match std::env::var("MLX5_EMU_WAKE").as_deref() {
-            Ok("poll") => WakeMode::Poll,
-            _ if valgrind => WakeMode::Poll,
-            _ => WakeMode::Fault,
-        }
-    }
-}
-
-/// The emulator: a set of HCAs on one fabric. Cheap to clone (an `Arc` inside).
-#[derive(Clone, Debug)]
-pub struct Emulator {
-    shared: Arc<Shared>,
-    /// Dropped after `shared` (fields drop in order): see [`Owner`].
-    owner: Arc<Owner>,
 }
 
 impl Emulator {
@@ -767,7 +225,7 @@ impl Emulator {
         // The wake path needs the fault handler; without it (or without an eventfd) the
         // device polls as before.
         let wake = (mode == RunMode::Threaded && wake == WakeMode::Fault)
-            .then(uar::Wake::new)
+            .then(watch::Wake::new)
             .flatten()
             .filter(|_| mem::install_fault_handler());
         let seed = cfg.fault.seed;
@@ -789,6 +247,11 @@ impl Emulator {
             wake: wake.clone(),
             cm: Default::default(),
             mcast: Default::default(),
+            kernel: state::KernelHooks {
+                cm_tick: kernel::ucma::tick,
+                cm_deadline: kernel::ucma::next_deadline,
+                gsi_receive: kernel::ucma::gsi_receive,
+            },
         };
         let shared = Arc::new(Shared {
             world: Mutex::new(world),
@@ -909,33 +372,6 @@ impl Emulator {
     }
 }
 
-/// Receive buffer of a node's RoCE socket: a burst of 6,400 MTU-sized datagrams (100 UC
-/// SENDs of 64 KiB) fits (each takes about 2.3 KiB of buffer).
-pub(crate) const ROCE_RCVBUF: i32 = 32 << 20;
-
-/// Ask for a receive buffer of `bytes`, so bursts of MTU-sized packets are not tail-dropped
-/// (the fabric a RoCE NIC sits on is lossless; only the fault model drops). With
-/// `CAP_NET_ADMIN` (CI runs as root) `SO_RCVBUFFORCE` gets it whole; otherwise the kernel caps
-/// `SO_RCVBUF` at `net.core.rmem_max` (4 MiB on a default Debian).
-fn set_rcvbuf(s: &std::net::UdpSocket, bytes: i32) {
-    use std::os::fd::AsRawFd;
-    let set = |opt: libc::c_int| {
-        // SAFETY: setsockopt on a socket we own, with a pointer to a live c_int and its size.
-        unsafe {
-            libc::setsockopt(
-                s.as_raw_fd(),
-                libc::SOL_SOCKET,
-                opt,
-                (&raw const bytes).cast(),
-                size_of::<i32>() as libc::socklen_t,
-            )
-        }
-    };
-    if set(libc::SO_RCVBUFFORCE) != 0 {
-        set(libc::SO_RCVBUF);
-    }
-}
-
 fn device_thread(weak: Weak<Shared>) {
     // Spin (yielding) for SPIN_WINDOW after the last work item, so ping-pong gaps do not
     // land in a sleep; then sleep 50 us while recently active, and back off to 2 ms once
@@ -1036,7 +472,7 @@ fn spin_window() -> Duration {
 /// a little longer (an adaptive window, see [`DEFAULT_SPIN`]); then drain the eventfd,
 /// re-protect the UAR pages, scan once more and block on the eventfd, the UDP sockets and
 /// the next timer deadline.
-fn wake_thread(weak: Weak<Shared>, wake: Arc<uar::Wake>) {
+fn wake_thread(weak: Weak<Shared>, wake: Arc<watch::Wake>) {
     use std::time::Instant;
     short_slice();
     let mut sched = Sched::start();
@@ -1109,7 +545,7 @@ fn wake_thread(weak: Weak<Shared>, wake: Arc<uar::Wake>) {
         // the protection is seen by the scan; a later one faults and pokes the eventfd
         // after the drain, so the wait below returns at once.
         wake.drain();
-        let pending = uar::protect_pages(&wake);
+        let pending = watch::protect_pages(&wake);
         let (n, deadline, clock) = {
             let mut w = shared.lock_quiet();
             let n = device::step(&mut w);
@@ -1173,7 +609,7 @@ fn wake_thread(weak: Weak<Shared>, wake: Arc<uar::Wake>) {
             // Off a CPU only once it rang twice in a row: threads ringing from both CPUs in
             // turn would make the device chase them (and scan each one's BlueFlame copy
             // from the other CPU while it is being written, see `tests/wake.rs`).
-            let c = uar::fault_cpu();
+            let c = watch::fault_cpu();
             if awaiting || c == last_fault_cpu {
                 sched.place(c, awaiting);
             }

@@ -32,9 +32,9 @@ pub(crate) fn capture(w: &mut World, src: [u8; 4], dst: [u8; 4], udp_payload: &[
     // Ethernet, type IPv4: on a RoCE port the nodes' MACs; otherwise locally administered
     // MACs derived from the node addresses.
     let mac = |ip: [u8; 4]| {
-        if w.cfg.link_layer == crate::LinkLayer::Ethernet {
+        if w.cfg.link_layer == crate::roce::LinkLayer::Ethernet {
             let node = u16::from_be_bytes([ip[2], ip[3]]);
-            crate::roce::mac_of_guid(crate::BASE_GUID + u64::from(node))
+            crate::roce::mac_of_guid(crate::roce::BASE_GUID + u64::from(node))
         } else {
             [0x02, 0, ip[0], ip[1], ip[2], ip[3]]
         }

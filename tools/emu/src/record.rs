@@ -18,8 +18,6 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::io::Write;
 
-use crate::Emulator;
-
 /// How the device learned about a WQE.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum WqeVia {
@@ -161,14 +159,14 @@ type Rung = (u16, Vec<u8>);
 /// The recorder, part of the world (behind the emulator lock).
 #[derive(Debug, Default)]
 pub(crate) struct Recorder {
-    memory: bool,
-    records: Vec<WqeRecord>,
-    file: Option<std::fs::File>,
+    pub(crate) memory: bool,
+    pub(crate) records: Vec<WqeRecord>,
+    pub(crate) file: Option<std::fs::File>,
     /// Per (hca, qpn): WQE indices named by doorbells not yet fetched, with the bytes that
     /// followed the doorbell word in the BlueFlame half (all zero for an 8-byte doorbell).
-    rung: BTreeMap<(usize, u32), VecDeque<Rung>>,
+    pub(crate) rung: BTreeMap<(usize, u32), VecDeque<Rung>>,
     /// Recently fetched WQEs recorded as [`WqeVia::Batch`]: (hca, qpn, index, bytes).
-    batch: VecDeque<(usize, u32, u16, Vec<u8>)>,
+    pub(crate) batch: VecDeque<(usize, u32, u16, Vec<u8>)>,
 }
 
 /// Whether the bytes found after a doorbell word (`rest`, the BlueFlame half from byte 8)
@@ -275,43 +273,6 @@ impl Recorder {
                 self.file = None;
             }
         }
-    }
-}
-
-impl Emulator {
-    /// Start (`true`) or stop recording every fetched send WQE in memory; see
-    /// [`Emulator::wqe_log`]. Stopping discards what was recorded.
-    pub fn record_wqes(&self, on: bool) {
-        let mut w = self.shared.lock();
-        w.wqe_log.memory = on;
-        if !on {
-            w.wqe_log.records.clear();
-        }
-    }
-
-    /// The send WQEs of HCA `hca` fetched since recording started, in fetch order.
-    pub fn wqe_log(&self, hca: usize) -> Vec<WqeRecord> {
-        let w = self.shared.lock();
-        w.wqe_log
-            .records
-            .iter()
-            .filter(|r| r.hca == hca)
-            .cloned()
-            .collect()
-    }
-
-    /// Append one line per fetched send WQE ([`WqeRecord::to_line`]) to the file at `path`
-    /// (created if needed), from now on.
-    ///
-    /// # Errors
-    /// The error of opening the file.
-    pub fn log_wqes_to(&self, path: &std::path::Path) -> std::io::Result<()> {
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)?;
-        self.shared.lock().wqe_log.file = Some(f);
-        Ok(())
     }
 }
 

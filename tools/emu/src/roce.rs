@@ -11,6 +11,9 @@
 //! * the netdev of the emulated port is the loopback interface, which carries the fabric
 //!   addresses `127.1.x.y` (see [`crate::transport::node_ip`]).
 
+/// GUID of node 0; node (LID) n has GUID `BASE_GUID + n`.
+pub const BASE_GUID: u64 = 0x0002_c903_00ab_cd00;
+
 /// Link layer of the emulated port ([`crate::EmuConfig::link_layer`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum LinkLayer {
@@ -155,7 +158,7 @@ pub(crate) fn node_of_gid(gid: &[u8; 16]) -> Option<u16> {
 
 /// The fabric node whose MAC is `mac`.
 pub(crate) fn node_of_mac(mac: [u8; 6]) -> Option<u16> {
-    (1..255u16).find(|&n| mac_of_guid(crate::BASE_GUID + u64::from(n)) == mac)
+    (1..255u16).find(|&n| mac_of_guid(BASE_GUID + u64::from(n)) == mac)
 }
 
 /// Destination MAC for `dgid`, as the kernel resolves it for CREATE_AH and modify-QP on a
@@ -169,7 +172,7 @@ pub(crate) fn resolve_dmac(dgid: &[u8; 16]) -> Option<[u8; 6]> {
         return Some(m);
     }
     let n = node_of_gid(dgid)?;
-    Some(mac_of_guid(crate::BASE_GUID + u64::from(n)))
+    Some(mac_of_guid(BASE_GUID + u64::from(n)))
 }
 
 /// The IPv4 header of a RoCEv2 packet as the receiver's HCA writes it into the last 20
@@ -202,7 +205,7 @@ mod tests {
 
     #[test]
     fn addresses_round_trip() {
-        let guid = crate::BASE_GUID + 7;
+        let guid = BASE_GUID + 7;
         let mac = mac_of_guid(guid);
         assert_eq!(mac, [0x00, 0x02, 0xc9, 0xab, 0xcd, 7]);
         let ll = link_local_gid(mac);

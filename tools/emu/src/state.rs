@@ -2,13 +2,19 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
+use crate::config::{EmuConfig, HcaInfo, RunMode};
+use crate::counters::Counters;
 use crate::fds::EventChannel;
+use crate::roce::GidEntry;
+use crate::transport::Packet;
 use crate::uar::UarRegion;
-use crate::{Counters, EmuConfig, HcaInfo};
 
 // The ABI constants the device and the kernel use: the header-checked modules of `mlx5-ffi`
 // (under the short names the device code has always used).
 pub(crate) use mlx5_ffi::uverbs::{access, event as ev, qp_state as qps, qp_type as qpt};
+
+pub(crate) use crate::model::inline_vec::Sgl;
+pub(crate) use crate::model::path::Path;
 
 /// What a context handle names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,7 +73,7 @@ pub(crate) struct Context {
     pub(crate) handles: BTreeMap<u32, Obj>,
     pub(crate) next_handle: u32,
     /// DEVX umems, objects and event channels (`kernel/devx.rs`).
-    pub(crate) devx: crate::kernel::devx::Devx,
+    pub(crate) devx: crate::model::devx::Devx,
 }
 
 /// A protection domain.
@@ -149,75 +155,6 @@ pub(crate) struct Ah {
     pub(crate) dmac: [u8; 6],
 }
 
-/// The primary path of a connected QP.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct Path {
-    pub(crate) dlid: u16,
-    pub(crate) dgid: [u8; 16],
-    pub(crate) is_global: bool,
-    pub(crate) sl: u8,
-    pub(crate) port: u8,
-    /// GRH fields (used on RoCE, where every packet carries them).
-    pub(crate) sgid_index: u8,
-    pub(crate) flow_label: u32,
-    pub(crate) hop_limit: u8,
-    pub(crate) tclass: u8,
-    /// RoCE: the destination MAC resolved at modify time (kept as the QP context does;
-    /// the in-process fabric routes by GID).
-    #[allow(dead_code)]
-    pub(crate) dmac: [u8; 6],
-}
-
-/// A list that keeps up to `N` elements in place and moves to the heap beyond that (a
-/// scatter/gather list of a few entries costs no allocation). Dereferences to the slice.
-#[derive(Clone, Debug)]
-pub(crate) struct InlineVec<T: Copy + Default, const N: usize> {
-    len: usize,
-    inline: [T; N],
-    /// All elements, once there are more than `N`.
-    heap: Vec<T>,
-}
-
-impl<T: Copy + Default, const N: usize> Default for InlineVec<T, N> {
-    fn default() -> Self {
-        Self {
-            len: 0,
-            inline: [T::default(); N],
-            heap: Vec::new(),
-        }
-    }
-}
-
-impl<T: Copy + Default, const N: usize> InlineVec<T, N> {
-    /// Append `v`.
-    pub(crate) fn push(&mut self, v: T) {
-        if self.len < N {
-            self.inline[self.len] = v;
-        } else {
-            if self.len == N {
-                self.heap.extend_from_slice(&self.inline);
-            }
-            self.heap.push(v);
-        }
-        self.len += 1;
-    }
-}
-
-impl<T: Copy + Default, const N: usize> std::ops::Deref for InlineVec<T, N> {
-    type Target = [T];
-
-    fn deref(&self) -> &[T] {
-        if self.len <= N {
-            &self.inline[..self.len]
-        } else {
-            &self.heap
-        }
-    }
-}
-
-/// A scatter/gather list translated to process addresses: (address, length) pairs.
-pub(crate) type Sgl = InlineVec<(u64, u32), 4>;
-
 /// A queue pair.
 #[derive(Debug, Default)]
 pub(crate) struct Qp {
@@ -276,7 +213,7 @@ pub(crate) struct Qp {
     /// Receive WQEs fetched together with that read (as hardware prefetches): the ones
     /// from counter `.0` on, `1 << rq_wqe_shift` bytes each. Cleared on reset.
     pub(crate) rq_prefetch: (u32, Vec<u8>),
-    pub(crate) rc: crate::device::QpTransport,
+    pub(crate) rc: crate::model::device::QpTransport,
     /// SQD entered with `en_sqd_async_notify`: raise SQ_DRAINED when the SQ is idle.
     pub(crate) sqd_notify: bool,
     pub(crate) events_reported: u32,
@@ -314,10 +251,10 @@ pub(crate) struct World {
     pub(crate) channels: Vec<Option<EventChannel>>,
     pub(crate) next_ctx: u64,
     /// Packets in flight on the in-process fabric, and the device's reusable buffers.
-    pub(crate) wire: crate::device::Wire,
+    pub(crate) wire: crate::model::device::Wire,
     /// Datagrams for other processes (UDP fabric) waiting for their send time: delayed or
     /// held back for reordering by fault injection. In send order.
-    pub(crate) outbox: VecDeque<crate::device::Outgoing>,
+    pub(crate) outbox: VecDeque<crate::model::device::Outgoing>,
     /// Stepped mode: virtual nanoseconds.
     pub(crate) vclock: u64,
     pub(crate) started: std::time::Instant,
@@ -333,17 +270,32 @@ pub(crate) struct World {
     /// Threaded wake mode: the device's wake-up line, handed to every context's UAR region.
     pub(crate) wake: Option<std::sync::Arc<crate::uar::Wake>>,
     /// The rdma_cm ids, event channels and connections (`kernel/ucma.rs`).
-    pub(crate) cm: crate::kernel::ucma::Cm,
-    /// Multicast attachments (`kernel/mcast.rs`).
-    pub(crate) mcast: crate::kernel::mcast::Groups,
+    pub(crate) cm: crate::model::cm::Cm,
+    /// Multicast attachments (`model/mcast.rs`, written by `kernel/mcast.rs`).
+    pub(crate) mcast: crate::model::mcast::Groups,
+    /// The kernel's parts that run on the device's clock and wire.
+    pub(crate) kernel: KernelHooks,
+}
+
+/// The kernel's parts that run on the device's clock and wire (the CM, `kernel/ucma.rs`),
+/// handed to the world when the emulator is made (`lib.rs`), so that the device calls them
+/// without importing the kernel, as hardware raises an interrupt the kernel has hooked.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct KernelHooks {
+    /// The CM's retransmissions and timeouts; returns the work done.
+    pub(crate) cm_tick: fn(&mut World) -> usize,
+    /// When the CM next has to retransmit or time out (None: nothing pending).
+    pub(crate) cm_deadline: fn(&World) -> Option<u64>,
+    /// A packet the device delivered to QP1 (a CM MAD).
+    pub(crate) gsi_receive: fn(&mut World, &Packet),
 }
 
 impl World {
     /// Current time in nanoseconds (virtual in stepped mode).
     pub(crate) fn now(&self) -> u64 {
         match self.cfg.mode {
-            crate::RunMode::Stepped => self.vclock,
-            crate::RunMode::Threaded => self.started.elapsed().as_nanos() as u64,
+            RunMode::Stepped => self.vclock,
+            RunMode::Threaded => self.started.elapsed().as_nanos() as u64,
         }
     }
 
@@ -376,32 +328,10 @@ impl World {
 /// The valid GID table entry `index` of HCA `hca`'s port, if any. Here, below the kernel
 /// (AH and QP attribute checks) and the device (a RoCE packet's source GID), so that
 /// neither imports the other for it.
-pub(crate) fn gid_at(w: &World, hca: usize, index: u32) -> Option<crate::GidEntry> {
+pub(crate) fn gid_at(w: &World, hca: usize, index: u32) -> Option<GidEntry> {
     w.hcas[hca]
         .info
         .gid_table()
         .into_iter()
         .find(|e| e.index == index)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::InlineVec;
-
-    #[test]
-    fn inline_vec_keeps_order_in_place_and_beyond() {
-        let mut v = InlineVec::<(u64, u32), 4>::default();
-        assert!(v.is_empty());
-        for i in 0..10u32 {
-            v.push((u64::from(i) * 16, i));
-            assert_eq!(v.len(), i as usize + 1);
-            assert!(
-                v.iter()
-                    .enumerate()
-                    .all(|(k, &(a, l))| a == k as u64 * 16 && l == k as u32)
-            );
-        }
-        let c = v.clone();
-        assert_eq!(&c[..], &v[..]);
-    }
 }

@@ -21,7 +21,7 @@
 //! CQEs. The emulated device fetches a WQE from the ring even after a BlueFlame copy of it
 //! (it checks the copy against the ring); a real ConnectX may skip that fetch.
 
-use crate::{Counters, Emulator};
+use crate::counters::Counters;
 
 /// Largest read request (bytes) the model issues: the common PCIe Max_Read_Request_Size.
 pub const MAX_READ_REQUEST: u64 = 512;
@@ -227,14 +227,14 @@ pub struct TraceEvent {
 /// The device's trace recorder (in the world).
 #[derive(Debug, Default)]
 pub(crate) struct Recorder {
-    on: bool,
+    pub(crate) on: bool,
     /// Link counting asked for ([`Emulator::count_link`]).
-    link: bool,
+    pub(crate) link: bool,
     /// `on || link`: the one flag every hook tests first.
-    active: bool,
-    started: Option<std::time::Instant>,
-    seq: u64,
-    events: Vec<TraceEvent>,
+    pub(crate) active: bool,
+    pub(crate) started: Option<std::time::Instant>,
+    pub(crate) seq: u64,
+    pub(crate) events: Vec<TraceEvent>,
 }
 
 /// Most events kept: a runaway trace stops growing here (the rest are dropped).
@@ -292,67 +292,6 @@ pub struct SqView {
     pub sq_head: u32,
     /// The QP state (ib_qp_state value: 0 RESET ... 6 ERR).
     pub state: u32,
-}
-
-impl Emulator {
-    /// Turn the device trace on (clearing what was recorded) or off. While it is on, the
-    /// link counters count too.
-    pub fn trace(&self, on: bool) {
-        let mut w = self.shared.lock_quiet();
-        let link = w.trace.link;
-        w.trace = crate::trace::Recorder {
-            on,
-            link,
-            active: on || link,
-            started: on.then(std::time::Instant::now),
-            seq: 0,
-            events: Vec::new(),
-        };
-    }
-
-    /// Count the link traffic (the link counters of [`Counters`]: MMIO writes, DMA reads and
-    /// writes, WQE fetches, payload reads) from now on, or stop. Off by default, so that a
-    /// device nobody measures pays one branch per hook.
-    pub fn count_link(&self, on: bool) {
-        let mut w = self.shared.lock_quiet();
-        w.trace.link = on;
-        w.trace.active = on || w.trace.on;
-    }
-
-    /// Take the events recorded so far (tracing stays as it is).
-    pub fn take_trace(&self) -> Vec<TraceEvent> {
-        std::mem::take(&mut self.shared.lock_quiet().trace.events)
-    }
-
-    /// Nanoseconds since tracing was turned on (0 when it is off): the time base of
-    /// [`TraceEvent::wall_ns`], for stamping what a tool observes on the host's side.
-    pub fn trace_clock(&self) -> u64 {
-        self.shared.lock_quiet().trace.started.map_or(0, |s| {
-            s.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64
-        })
-    }
-
-    /// The emulated clock (ns): virtual in stepped mode.
-    pub fn clock(&self) -> u64 {
-        self.shared.lock_quiet().now()
-    }
-
-    /// The send queue of QP `qpn` on HCA `hca` as the device sees it (None if there is no
-    /// such QP). Reads the doorbell record from host memory.
-    pub fn sq_view(&self, hca: usize, qpn: u32) -> Option<SqView> {
-        let w = self.shared.lock_quiet();
-        let q = w.hcas.get(hca)?.qps.get(&qpn)?;
-        let rd = |a: u64| crate::mem::read_be32(a).unwrap_or(0);
-        Some(SqView {
-            sq_addr: q.sq_base,
-            sq_wqebbs: q.sq_wqe_cnt,
-            dbrec_addr: q.db,
-            rq_dbrec: rd(q.db),
-            sq_dbrec: rd(q.db + 4),
-            sq_head: q.sq_head,
-            state: u32::from(q.state),
-        })
-    }
 }
 
 #[cfg(test)]

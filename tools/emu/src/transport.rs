@@ -428,6 +428,33 @@ mod tests {
 /// The RoCEv2 UDP destination port.
 pub(crate) const ROCE_PORT: u16 = 4791;
 
+/// Receive buffer of a node's RoCE socket: a burst of 6,400 MTU-sized datagrams (100 UC
+/// SENDs of 64 KiB) fits (each takes about 2.3 KiB of buffer).
+pub(crate) const ROCE_RCVBUF: i32 = 32 << 20;
+
+/// Ask for a receive buffer of `bytes`, so bursts of MTU-sized packets are not tail-dropped
+/// (the fabric a RoCE NIC sits on is lossless; only the fault model drops). With
+/// `CAP_NET_ADMIN` (CI runs as root) `SO_RCVBUFFORCE` gets it whole; otherwise the kernel caps
+/// `SO_RCVBUF` at `net.core.rmem_max` (4 MiB on a default Debian).
+pub(crate) fn set_rcvbuf(s: &std::net::UdpSocket, bytes: i32) {
+    use std::os::fd::AsRawFd;
+    let set = |opt: libc::c_int| {
+        // SAFETY: setsockopt on a socket we own, with a pointer to a live c_int and its size.
+        unsafe {
+            libc::setsockopt(
+                s.as_raw_fd(),
+                libc::SOL_SOCKET,
+                opt,
+                (&raw const bytes).cast(),
+                size_of::<i32>() as libc::socklen_t,
+            )
+        }
+    };
+    if set(libc::SO_RCVBUFFORCE) != 0 {
+        set(libc::SO_RCVBUF);
+    }
+}
+
 /// The loopback address of fabric node `n` (its LID): 127.1.0.n.
 pub(crate) fn node_ip(n: u16) -> [u8; 4] {
     [127, 1, (n >> 8) as u8, n as u8]

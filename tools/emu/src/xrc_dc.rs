@@ -71,9 +71,9 @@ pub(crate) struct DcStream {
     pub(crate) start_psn: u32,
     /// Next expected PSN.
     pub(crate) epsn: u32,
-    pub(crate) resp: crate::device::RespState,
+    pub(crate) resp: crate::model::device::RespState,
     /// The DCI's path, as the responder addresses its ACKs.
-    pub(crate) path: crate::state::Path,
+    pub(crate) path: crate::model::path::Path,
 }
 
 /// An XRC domain.

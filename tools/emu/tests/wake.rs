@@ -263,7 +263,7 @@ fn a_kernel_command_wakes_the_device() {
 
 /// Two QPs on one shared (medium-latency) register ring it between two scans: UAR memory
 /// keeps only the second doorbell word, yet both WQEs run (the device takes the other QPs of
-/// a shared register as rung, `uar::rung_shared_register`). Stepped, so the two stores are
+/// a shared register as rung, `rung_shared_register` in `device/fetch.rs`). Stepped, so the two stores are
 /// certainly between the same two scans; failed before (the first QP's WQE never ran).
 #[test]
 fn two_qps_ringing_one_shared_register_between_two_scans_both_run() {

@@ -107,7 +107,7 @@ pub(super) fn dct_responder(w: &mut World, pkt: &mut Packet, key: u64) {
         None => d.connect,
     };
     if fresh {
-        let path = crate::state::Path {
+        let path = crate::model::path::Path {
             dlid: if roce { 0 } else { pkt.slid },
             dgid: if roce {
                 crate::roce::ipv4_mapped_gid(node_ip(pkt.slid))

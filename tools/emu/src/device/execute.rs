@@ -402,7 +402,7 @@ pub(super) fn build_request(
             let (sgid, l3) = roce_source(w, hca, av.sgid_index()).ok_or(Syndrome::LOCAL_QP_OP)?;
             let node = crate::roce::node_of_gid(&av.rgid);
             let mac_ok = node.is_some_and(|n| {
-                av.rmac == crate::roce::mac_of_guid(crate::BASE_GUID + u64::from(n))
+                av.rmac == crate::roce::mac_of_guid(crate::roce::BASE_GUID + u64::from(n))
             });
             p.dst_lid = if mac_ok { node.unwrap_or(0) } else { 0 };
             p.roce = Some(l3);
@@ -594,8 +594,8 @@ pub(super) fn build_request(
 pub(super) fn roce_source(w: &World, hca: usize, index: u8) -> Option<([u8; 16], u8)> {
     let e = crate::state::gid_at(w, hca, u32::from(index))?;
     let l3 = match e.gid_type {
-        crate::GidType::RoceV2 if crate::roce::gid_ipv4(&e.gid).is_some() => 2,
-        crate::GidType::RoceV2 => 1,
+        crate::roce::GidType::RoceV2 if crate::roce::gid_ipv4(&e.gid).is_some() => 2,
+        crate::roce::GidType::RoceV2 => 1,
         _ => 0,
     };
     Some((e.gid, l3))
@@ -610,7 +610,7 @@ pub(super) fn route(w: &World, lid: u16, gid: Option<[u8; 16]>) -> Option<u16> {
         }
         let mut b = [0u8; 8];
         b.copy_from_slice(&g[8..]);
-        let n = u64::from_be_bytes(b).wrapping_sub(crate::BASE_GUID);
+        let n = u64::from_be_bytes(b).wrapping_sub(crate::roce::BASE_GUID);
         if (1..0xffff).contains(&n) {
             return Some(n as u16);
         }

@@ -162,7 +162,7 @@ pub(super) fn send_doorbell(
         );
     }
     let bfreg = qp.bfreg;
-    crate::uar::rung_shared_register(w, hca, ctx, qpn, bfreg);
+    rung_shared_register(w, hca, ctx, qpn, bfreg);
     let h = &mut w.hcas[hca];
     let Some(qp) = h.qps.get_mut(&qpn) else {
         return;
@@ -204,7 +204,12 @@ pub(super) fn cq_arm(w: &mut World, hca: usize, ctx: u64, word: u64) {
 
 /// Read `len` bytes of the WQE starting at WQEBB counter `idx` of an SQ at `sq` with
 /// `cnt` WQEBBs, following the wrap at the ring end.
-pub(super) fn read_wqe(sq: u64, cnt: u32, idx: u32, len: usize) -> Result<Vec<u8>, crate::Errno> {
+pub(super) fn read_wqe(
+    sq: u64,
+    cnt: u32,
+    idx: u32,
+    len: usize,
+) -> Result<Vec<u8>, crate::abi::Errno> {
     let mut out = Vec::with_capacity(len);
     read_wqe_into(sq, cnt, idx, len, &mut out)?;
     Ok(out)
@@ -217,7 +222,7 @@ pub(super) fn read_wqe_into(
     idx: u32,
     len: usize,
     out: &mut Vec<u8>,
-) -> Result<(), crate::Errno> {
+) -> Result<(), crate::abi::Errno> {
     let mut i = idx;
     let mut done = 0;
     while done < len {
@@ -404,4 +409,32 @@ pub(super) fn run_sq(w: &mut World, hca: usize, qpn: u32) -> usize {
     w.wire.wqe = wqe_buf;
     w.wire.prefetch = pf.map_or_else(|b| b, |p| p.data);
     n
+}
+
+/// A doorbell seen on a *shared* register (a medium-latency bfreg, or bfreg 0, used by
+/// several QPs of the context): the doorbell of another QP on that register may have been
+/// overwritten by this one between two scans (UAR memory keeps only the last value, where a
+/// real MMIO write is never lost). So every other QP bound to the register whose doorbell
+/// record has moved past what it was rung to is taken as rung too. A deviation from the
+/// hardware, limited to QPs that share a register with one whose doorbell was just written:
+/// such a QP may run a WQE it published only in its doorbell record. Not counted in
+/// `doorbells` (that counts the doorbell words seen).
+pub(super) fn rung_shared_register(w: &mut World, hca: usize, ctx: u64, qpn: u32, bfreg: u32) {
+    let shared = w
+        .contexts
+        .get(&ctx)
+        .and_then(|c| c.bfreg_users.get(bfreg as usize))
+        .is_some_and(|&n| n > 1)
+        || bfreg & crate::uar::DEVX_UAR_BFREG != 0 && bfreg != u32::MAX;
+    if !shared {
+        return;
+    }
+    for (&n, q) in w.hcas[hca].qps.iter_mut() {
+        if n == qpn || q.ctx != ctx || q.bfreg != bfreg {
+            continue;
+        }
+        if let Ok(pi) = crate::mem::read_be32(q.db + 4) {
+            q.sq_rung = (pi & mlx5_hw::doorbell::WQ_PI_MASK) as u16;
+        }
+    }
 }

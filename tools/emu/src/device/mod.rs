@@ -42,13 +42,14 @@ use mlx5_hw::wqe::{
 };
 use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
+use crate::config::RunMode;
+use crate::mem;
 use crate::state::{Sgl, World, access, ev, qps, qpt};
 use crate::transport::{
     self, AtomicEth, Grh, Packet, Packets, Payload, ROCE_PORT, Reth, UNKNOWN_QPN, aeth, decode,
     encode, node_ip, op, psn_before,
 };
 use crate::uar::take_word;
-use crate::{RunMode, mem};
 
 use completion::*;
 use dma::*;
@@ -61,25 +62,10 @@ use timers::*;
 use wire::*;
 use xrc::*;
 
-pub(crate) use requester::ReqState;
-pub(crate) use responder::RespState;
-pub(crate) use timers::{TimerState, next_deadline};
+use crate::model::device::{Outgoing, Outstanding, RxMsg};
+pub(crate) use timers::next_deadline;
 /// The CM's MADs leave through the same wire (`kernel/ucma.rs`).
 pub(crate) use wire::send_packet as send_gsi;
-pub(crate) use wire::{Outgoing, Wire};
-
-/// Transport state of one QP, each part owned by its stage. The retry counters are the
-/// kernel's to reset (modify to RTS); the rest is the device's.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct QpTransport {
-    /// Transport retries left before RETRY_EXC.
-    pub(crate) retries_left: u8,
-    /// RNR retries left before RNR_RETRY_EXC.
-    pub(crate) rnr_left: u8,
-    pub(super) req: ReqState,
-    pub(super) timer: TimerState,
-    pub(super) resp: RespState,
-}
 
 /// How far to look for work in one step before yielding the lock.
 pub(super) const MAX_WQES_PER_QP_STEP: usize = 256;
@@ -103,7 +89,7 @@ pub(crate) fn step(w: &mut World) -> usize {
     // timers: ACK timeouts and RNR back-off -> retransmission (requester).
     work += run_timers(w);
     // the CM (kernel/ucma.rs): its retransmissions and timeouts.
-    work += crate::kernel::ucma::tick(w);
+    work += (w.kernel.cm_tick)(w);
     // wire: datagrams due for other processes.
     work += flush_udp(w);
     if work == 0 && w.cfg.mode == RunMode::Stepped {

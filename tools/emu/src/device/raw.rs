@@ -181,7 +181,7 @@ pub(super) fn transmit(w: &mut World, src: usize, frame: Vec<u8>) {
 /// The fabric node a unicast MAC belongs to (the rule of `HcaInfo::mac`: the node GUID
 /// `BASE_GUID + node` without its bytes 3 and 4).
 fn node_of_mac(mac: &[u8; 6]) -> Option<u16> {
-    (1..=254u16).find(|&n| crate::roce::mac_of_guid(crate::BASE_GUID + u64::from(n)) == *mac)
+    (1..=254u16).find(|&n| crate::roce::mac_of_guid(crate::roce::BASE_GUID + u64::from(n)) == *mac)
 }
 
 /// Write `frame` to the pcap capture, if there is one.

@@ -4,51 +4,6 @@
 // The stages share the device's imports and one another's `pub(super)` items (device/mod.rs).
 use super::*;
 
-/// The requester's state of one RC QP.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct ReqState {
-    /// Sent, not yet completed requests, in PSN (= WQE) order.
-    pub(super) outstanding: VecDeque<Outstanding>,
-    /// The highest PSN acknowledged so far.
-    pub(super) acked: Option<u32>,
-    /// The next PSN to transmit (None: everything posted is on the wire).
-    pub(super) tx_next: Option<u32>,
-    /// The highest PSN transmitted (for a READ: the last response PSN it asked for): the
-    /// upper edge of the window of PSNs a response may name.
-    pub(super) sent_high: Option<u32>,
-    /// The resume point of the last go-back-N an implied NAK caused.
-    pub(super) restarted_at: Option<u32>,
-    /// A WQE failed behind outstanding requests: execute nothing more.
-    pub(super) halted: bool,
-}
-
-/// One outstanding RC request (sent, not yet acknowledged/answered).
-#[derive(Clone, Debug)]
-pub(crate) struct Outstanding {
-    /// First and last PSN of the request (a READ spans its response packets).
-    pub(super) psn: u32,
-    pub(super) last_psn: u32,
-    pub(super) wqe_idx: u16,
-    pub(super) opcode: u8,
-    pub(super) signaled: bool,
-    /// The request packets, for retransmission.
-    pub(super) packets: Packets,
-    /// Local scatter list for READ/atomic responses: (addr, len) already translated.
-    pub(super) local: Sgl,
-    pub(super) len: u32,
-    pub(super) done: bool,
-    /// Completes with this error (WR_FLUSH: flushed) when it reaches the front.
-    pub(super) error: Option<Syndrome>,
-    pub(super) is_read_like: bool,
-    /// READ/atomic: the data returned so far, and the next response PSN expected.
-    pub(super) read_buf: Vec<u8>,
-    pub(super) read_next: u32,
-    /// READ: the path MTU its responses come in (0 for other requests) and the remote
-    /// address of its first byte, to resume after a lost response.
-    pub(super) read_mtu: u32,
-    pub(super) read_va: u64,
-}
-
 pub(super) fn post_request(
     w: &mut World,
     hca: usize,

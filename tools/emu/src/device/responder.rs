@@ -4,33 +4,6 @@
 // The stages share the device's imports and one another's `pub(super)` items (device/mod.rs).
 use super::*;
 
-/// The responder's state of one RC/UC QP.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct RespState {
-    /// Cached atomic results by PSN (at-most-once).
-    pub(super) atomic_cache: VecDeque<(u32, u64)>,
-    /// Whether a NAK-sequence-error was already sent for the current gap.
-    pub(super) nak_sent: bool,
-    /// The message in progress.
-    pub(super) rx: Option<RxMsg>,
-}
-
-/// A multi-packet message being received (responder).
-#[derive(Clone, Debug, Default)]
-pub(crate) struct RxMsg {
-    pub(super) write: bool,
-    /// SEND: the receive WQE's translated scatter list, counter, SRQ number.
-    pub(super) sgl: Sgl,
-    pub(super) ctr: u16,
-    pub(super) srqn: u32,
-    pub(super) has_wqe: bool,
-    /// Bytes placed so far (SEND: including a UD GRH area).
-    pub(super) offset: u64,
-    /// WRITE: translated start address and RETH length.
-    pub(super) addr: u64,
-    pub(super) total: u64,
-}
-
 /// Take the next receive WQE of a QP (its own RQ or its SRQ). Returns (scatter segments
 /// bytes, wqe_counter, srqn) or None when none is posted. The bytes are in the device's
 /// reusable receive buffer: give it back with [`recv_done`].
@@ -965,7 +938,7 @@ pub(super) fn grh_bytes(pkt: &Packet) -> [u8; 40] {
 
 /// Perform an atomic on process memory at `addr` (validated); returns the original value
 /// (host order, as `atomic_req_8B_endianness_mode` = host gives).
-pub(super) fn do_atomic(addr: u64, opcode: u8, a: &AtomicEth) -> Result<u64, crate::Errno> {
+pub(super) fn do_atomic(addr: u64, opcode: u8, a: &AtomicEth) -> Result<u64, crate::abi::Errno> {
     let size = a.masked.map_or(8, |m| m.3);
     let mut buf = [0u8; 8];
     mem::read(addr, &mut buf[..size as usize])?;

@@ -4,22 +4,6 @@
 // The stages share the device's imports and one another's `pub(super)` items (device/mod.rs).
 use super::*;
 
-/// The timers of one RC QP.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct TimerState {
-    /// When the ACK timeout expires.
-    pub(super) deadline: Option<u64>,
-    /// Time before which no retransmission happens (RNR back-off).
-    pub(super) rnr_wait_until: Option<u64>,
-    /// PSN from which to retransmit when `rnr_wait_until` expires.
-    pub(super) rnr_from: u32,
-    /// When the requester last made progress (or started waiting): threaded mode fails a
-    /// request with RETRY_EXC only when its retries are used up AND this is longer ago
-    /// than the longest timeout the IB specification allows for them (see
-    /// [`retry_budget_ns`]).
-    pub(super) silent_since: u64,
-}
-
 /// Threaded mode: how long a requester must have heard nothing before its retries can be
 /// exhausted: `retry_cnt + 1` timeouts of four times the configured one, the upper end of
 /// the range IBA allows a transport timer (the configured value to four times it). In the
@@ -154,7 +138,7 @@ pub(crate) fn next_deadline(w: &World) -> Option<u64> {
         .flat_map(|q| [q.rc.timer.deadline, q.rc.timer.rnr_wait_until])
         .flatten()
         .min();
-    let timers = match (timers, crate::kernel::ucma::next_deadline(w)) {
+    let timers = match (timers, (w.kernel.cm_deadline)(w)) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     };

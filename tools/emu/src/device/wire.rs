@@ -3,45 +3,35 @@
 
 // The stages share the device's imports and one another's `pub(super)` items (device/mod.rs).
 use super::*;
+use crate::model::mcast::MCAST_QPN;
 
-/// The in-process fabric, plus buffers the device reuses from one work item to the next
-/// so that the steady-state data path does not allocate. A user of a buffer takes it
-/// (`std::mem::take`) and puts it back; a nested user just finds an empty one.
-#[derive(Debug, Default)]
-pub(crate) struct Wire {
-    /// Packets in flight: (deliver_at, packet).
-    pub(super) queue: VecDeque<(u64, Packet)>,
-    /// The send WQE being executed.
-    pub(super) wqe: Vec<u8>,
-    /// The send-queue WQEBBs fetched after a doorbell.
-    pub(super) prefetch: Vec<u8>,
-    /// The receive WQE being consumed.
-    pub(super) recv: Vec<u8>,
-    /// Packets a requester is about to transmit.
-    pub(super) tx: Vec<Packet>,
-}
-
-/// One encoded RoCEv2 datagram bound for another process, not yet sent.
-#[derive(Debug)]
-pub(crate) struct Outgoing {
-    /// When to send it (virtual time in stepped mode, real time in threaded mode).
-    pub(super) due: u64,
-    /// Held back by reorder fault injection: goes out after the next datagram queued
-    /// behind it, or at `due` if none comes.
-    pub(super) held: bool,
-    /// The sending HCA.
-    pub(super) src: usize,
-    /// Destination `127.1.0.<lid>:4791`.
-    pub(super) to: std::net::SocketAddrV4,
-    /// The datagram (BTH onwards, ICRC included).
-    pub(super) bytes: Vec<u8>,
+/// The copies of a UD SEND to a multicast group, one per attached QP (None: `pkt` is not
+/// a multicast packet).
+pub(crate) fn fan_out(w: &World, pkt: &Packet) -> Option<Vec<Packet>> {
+    if pkt.dst_qpn != MCAST_QPN || pkt.transport() != 0x60 {
+        return None;
+    }
+    let mgid = pkt.grh.as_ref().map(|g| g.dgid).filter(|g| g[0] == 0xff)?;
+    let mut out = Vec::new();
+    for (&(hca, _), qps) in w.mcast.iter().filter(|((_, g), _)| *g == mgid) {
+        for &qpn in qps {
+            if hca == pkt.src_hca && qpn == pkt.src_qpn {
+                continue;
+            }
+            let mut p = pkt.clone();
+            p.dst_lid = w.hcas[hca].info.lid;
+            p.dst_qpn = qpn;
+            out.push(p);
+        }
+    }
+    Some(out)
 }
 
 /// Put a packet on the fabric (in process, or UDP when the destination LID is not one of
 /// ours), applying fault injection and pcap capture.
 pub(crate) fn send_packet(w: &mut World, mut pkt: Packet) {
-    // A UD SEND to a multicast group: one copy per attached QP (kernel/mcast.rs).
-    if let Some(copies) = crate::kernel::mcast::fan_out(w, &pkt) {
+    // A UD SEND to a multicast group: one copy per attached QP (attached by kernel/mcast.rs).
+    if let Some(copies) = fan_out(w, &pkt) {
         if copies.is_empty() {
             w.hcas[pkt.src_hca].counters.packets_dropped += 1;
         }
@@ -264,7 +254,7 @@ pub(super) fn deliver_wire(w: &mut World) -> usize {
         };
         if pkt.dst_qpn == 1 && pkt.transport() == 0x60 {
             // QP1 (GSI): the CM's MADs go to the emulated kernel's CM.
-            crate::kernel::ucma::gsi_receive(w, &pkt);
+            (w.kernel.gsi_receive)(w, &pkt);
         } else if pkt.is_request() {
             hpc_responder(w, &mut pkt);
         } else {

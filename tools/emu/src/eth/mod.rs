@@ -626,7 +626,7 @@ pub(crate) fn bind_raw(lid: u16) -> Option<std::net::UdpSocket> {
     let ip = crate::transport::node_ip(lid);
     let s = std::net::UdpSocket::bind(std::net::SocketAddrV4::new(ip.into(), RAW_PORT)).ok()?;
     s.set_nonblocking(true).ok()?;
-    crate::set_rcvbuf(&s, 4 << 20);
+    crate::transport::set_rcvbuf(&s, 4 << 20);
     Some(s)
 }
 

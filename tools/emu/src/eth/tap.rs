@@ -195,7 +195,7 @@ fn check_names(netns: &str, ifname: &str) -> Result<(), String> {
 /// Nothing is connected to any other namespace: the traffic stays inside.
 pub fn net_up(netns: &str, ifname: &str) -> Result<(), String> {
     check_names(netns, ifname)?;
-    if !crate::kernel::has_cap(CAP_NET_ADMIN) {
+    if !crate::abi::has_cap(CAP_NET_ADMIN) {
         return Err(format!(
             "creating network namespace {netns} needs CAP_NET_ADMIN, which this process lacks"
         ));
@@ -218,7 +218,7 @@ pub fn net_up(netns: &str, ifname: &str) -> Result<(), String> {
         ip(&["-n", netns, "link", "set", ifname, "up"])?;
         ip(&["-n", netns, "route", "add", "224.0.0.0/4", "dev", ifname])?;
         for node in 1..=NEIGH_NODES {
-            let m = crate::roce::mac_of_guid(crate::BASE_GUID + u64::from(node));
+            let m = crate::roce::mac_of_guid(crate::roce::BASE_GUID + u64::from(node));
             let mac = m
                 .iter()
                 .map(|b| format!("{b:02x}"))
@@ -252,7 +252,7 @@ pub fn net_up(netns: &str, ifname: &str) -> Result<(), String> {
 /// name without `CAP_NET_ADMIN`.
 pub fn net_down(netns: &str) -> Result<(), String> {
     check_names(netns, "x")?;
-    if !crate::kernel::has_cap(CAP_NET_ADMIN) {
+    if !crate::abi::has_cap(CAP_NET_ADMIN) {
         return Err(format!(
             "removing network namespace {netns} needs CAP_NET_ADMIN, which this process lacks"
         ));

@@ -23,8 +23,8 @@ use mlx5_ffi::uverbs::{
 use zerocopy::IntoBytes;
 
 use super::{EINVAL, ENOMEM, EOPNOTSUPP, Req, caps, events::new_channel, hca_of};
-use crate::Flavour;
 use crate::abi::Errno;
+use crate::config::Flavour;
 use crate::state::{Context, World};
 use crate::uar::UarRegion;
 

@@ -20,6 +20,7 @@ use mlx5_ffi::prm::{self, Field, cap_type, hca_cap, hdr, op, status};
 use super::{EINVAL, caps};
 use crate::abi::Errno;
 use crate::fds::EventChannel;
+pub(crate) use crate::model::devx::{Channel, Object, Umem};
 use crate::state::World;
 
 /// `EREMOTEIO`: mlx5_ib's answer when the firmware fails a DEVX command (`mlx5_cmd_do`);
@@ -30,50 +31,11 @@ pub(super) const EREMOTEIO: Errno = Errno(libc::EREMOTEIO);
 pub(super) const HDR_BYTES: usize = 16;
 /// Event type of `SRQ_LAST_WQE` (PRM event 0x13).
 pub(super) const EVENT_SRQ_LAST_WQE: u16 = 0x13;
+/// DC over DEVX (DCI QPs and DCT objects, `kernel/devx_qp.rs`) is implemented: the general capability page
+/// announces `dct` when the device has DC (`caps::FEATURES.dc`) and this is on.
+pub(super) const DEVX_DC: bool = true;
 /// The QP-affiliated events a subscription may name (PRM event types).
 const QP_EVENTS: [u16; 8] = [0x01, 0x02, 0x05, 0x06, 0x10, 0x11, 0x12, 0x13];
-
-/// A registered user memory range.
-#[derive(Debug)]
-pub(crate) struct Umem {
-    pub(crate) handle: u32,
-    pub(crate) addr: u64,
-    pub(crate) len: u64,
-    /// QPs whose WQ or doorbell record lies in it (a busy umem cannot be deregistered).
-    pub(crate) users: u32,
-}
-
-/// A DEVX object: what the firmware made, and the umems it holds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Object {
-    /// A QP (RC or DC initiator) by QPN, with its WQ and doorbell umem ids.
-    Qp { qpn: u32, wq: u32, dbr: u32 },
-    /// A DC target by DCT number.
-    Dct { dctn: u32 },
-    /// A receive memory pool (an SRQ on umems) by SRQ number.
-    Rmp { srqn: u32, wq: u32, dbr: u32 },
-}
-
-/// A DEVX event channel: the emulator's end and the user's descriptor.
-#[derive(Debug)]
-pub(crate) struct Channel {
-    pub(crate) ch: EventChannel,
-    /// The channel was created with `OMIT_DATA`: each event is its 8-byte cookie only.
-    pub(crate) omit_data: bool,
-    /// (object, event type, cookie).
-    pub(crate) subs: Vec<(u32, u16, u64)>,
-}
-
-/// A context's DEVX state.
-#[derive(Debug, Default)]
-pub(crate) struct Devx {
-    /// By umem id.
-    pub(crate) umems: std::collections::BTreeMap<u32, Umem>,
-    pub(crate) next_umem: u32,
-    /// By handle.
-    pub(crate) objects: std::collections::BTreeMap<u32, Object>,
-    pub(crate) channels: Vec<Channel>,
-}
 
 /// Write a firmware answer: `out` (produced) into a zeroed mailbox of `len` bytes.
 fn mailbox(len: usize, produced: &[u8]) -> Vec<u8> {
@@ -182,7 +144,7 @@ fn query_hca_cap(w: &World, ctx: u64, cmd: &[u8]) -> FwResult {
             put(hca_cap::CQE_VERSION, 1);
             // No UMR: indirect keys cannot change atomic access.
             put(hca_cap::UMR_MODIFY_ATOMIC_DISABLED, 1);
-            put(hca_cap::DCT, u64::from(f.dc && super::devx_qp::DEVX_DC));
+            put(hca_cap::DCT, u64::from(f.dc && DEVX_DC));
             put(hca_cap::ETH_NET_OFFLOADS, u64::from(roce && f.raw_packet));
             put(hca_cap::ROCE, u64::from(roce));
             put(hca_cap::ATOMIC, u64::from(f.ext_atomics));
@@ -430,8 +392,6 @@ pub(super) fn is_create(opcode: u16) -> bool {
             | op::CREATE_GENERAL_OBJECT
     )
 }
-
-pub(crate) use super::devx_qp::DEVX_UAR_BFREG;
 
 /// mmap of `MLX5_IB_MMAP_ALLOC_WC` page `index` (`pgoff` as mapped): libmlx5's dynamic UAR
 /// on a context with static bfregs, allocated by the mmap itself as mlx5_ib's `uar_mmap`

@@ -9,20 +9,13 @@
 
 use mlx5_ffi::prm::{self, Field, ads, dct, hdr, op, qp, qpc, rmp, status};
 
-use super::devx::{FwResult, Object, fw_error, umem_range, umem_use};
+use super::devx::{DEVX_DC, FwResult, Object, fw_error, umem_range, umem_use};
 use super::{EINVAL, caps, hca_of, next_id};
 use crate::abi::Errno;
 use crate::state::{Path, Qp, Srq, World, access, qps, qpt};
 use crate::xrc_dc::{QpExt, QpKind};
 
-/// DC over DEVX (DCI QPs and DCT objects) is implemented: the general capability page
-/// announces `dct` when the device has DC (`caps::FEATURES.dc`) and this is on.
-pub(super) const DEVX_DC: bool = true;
-
-/// The bfreg value of a QP that rings a DEVX UAR page (`uar_page` of its QPC): a flag bit
-/// and the page id. `uar::rung_shared_register` treats such a register as shared, as a
-/// DEVX UAR is (UCX rings every QP of a worker through one).
-pub(crate) const DEVX_UAR_BFREG: u32 = 1 << 30;
+use crate::uar::DEVX_UAR_BFREG;
 
 /// A QPC field of a command whose QPC starts at `qp::QPC`.
 fn q(f: Field) -> Field {

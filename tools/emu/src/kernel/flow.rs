@@ -9,24 +9,12 @@ use mlx5_ffi::uverbs::{IB_QP_RATE_LIMIT, qp_attr};
 use zerocopy::FromBytes;
 
 use super::{EBUSY, EINVAL, EOPNOTSUPP, EPERM, Req, hca_of, lookup, new_handle, qp_of};
-use crate::abi::Errno;
+use crate::abi::{Errno, has_cap};
 use crate::eth::{Rule, RuleKind, Spec};
 use crate::state::{Obj, World, qps, qpt};
 
 /// `CAP_NET_RAW` (capability number 13).
 const CAP_NET_RAW: u32 = 13;
-
-/// Whether this process holds `CAP_NET_RAW` in its effective set (`CapEff` of
-/// `/proc/thread-self/status`: capabilities are per thread), as `capable(CAP_NET_RAW)` asks for the caller in the kernel.
-pub(crate) fn has_cap(cap: u32) -> bool {
-    let Ok(s) = std::fs::read_to_string("/proc/thread-self/status") else {
-        return false;
-    };
-    s.lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        .is_some_and(|bits| bits & (1 << cap) != 0)
-}
 
 /// The checks before a RAW_PACKET QP is created: `ib_uverbs` refuses it without
 /// `CAP_NET_RAW` (`EPERM`); `mlx5_ib` builds one only on an Ethernet port (`EOPNOTSUPP` on

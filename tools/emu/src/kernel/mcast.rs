@@ -11,21 +11,13 @@
 //! GID is copied to every QP of this emulator attached to that GID (on any of its HCAs),
 //! except the sending QP itself; each copy then travels the fabric as a unicast packet
 //! would (faults, pcap). Groups do not span processes: the UDP fabric carries no multicast.
-
-use std::collections::BTreeMap;
+//! The groups are in the world (`model/mcast.rs`); the fan-out is the device's (`device/wire.rs`).
 
 use mlx5_ffi::ucma::{AttachMcast, DetachMcast};
 
 use super::{EINVAL, Req, hca_of, qp_of};
 use crate::abi::Errno;
 use crate::state::World;
-use crate::transport::Packet;
-
-/// The attachments: (HCA, MGID) -> the QP numbers attached, in attach order.
-pub(crate) type Groups = BTreeMap<(usize, [u8; 16]), Vec<u32>>;
-
-/// The QP number of a UD multicast destination.
-pub(crate) const MCAST_QPN: u32 = 0xff_ffff;
 
 fn checked(
     w: &World,
@@ -78,26 +70,4 @@ pub(super) fn forget_qp(w: &mut World, hca: usize, qpn: u32) {
         }
         !qps.is_empty()
     });
-}
-
-/// The copies of a UD SEND to a multicast group, one per attached QP (None: `pkt` is not
-/// a multicast packet).
-pub(crate) fn fan_out(w: &World, pkt: &Packet) -> Option<Vec<Packet>> {
-    if pkt.dst_qpn != MCAST_QPN || pkt.transport() != 0x60 {
-        return None;
-    }
-    let mgid = pkt.grh.as_ref().map(|g| g.dgid).filter(|g| g[0] == 0xff)?;
-    let mut out = Vec::new();
-    for (&(hca, _), qps) in w.mcast.iter().filter(|((_, g), _)| *g == mgid) {
-        for &qpn in qps {
-            if hca == pkt.src_hca && qpn == pkt.src_qpn {
-                continue;
-            }
-            let mut p = pkt.clone();
-            p.dst_lid = w.hcas[hca].info.lid;
-            p.dst_qpn = qpn;
-            out.push(p);
-        }
-    }
-    Some(out)
 }

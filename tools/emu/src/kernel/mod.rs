@@ -11,8 +11,8 @@
 //! - `xrc`: OPEN/CLOSE_XRCD, CREATE_XSRQ, OPEN_QP, XRC initiator and target QPs
 //! - `dc`: DC initiators and targets (CREATE_QP of `IB_QPT_DRIVER`, a DCT's modify)
 //! - `methods`: the ioctl object methods, mapped onto the same handlers
-//! - `ucma`: the rdma_cm file (`/dev/infiniband/rdma_cm`) and the CM (`ucma_mad`: its
-//!   messages; `ucma_ports`: the host's port space)
+//! - `ucma`: the rdma_cm file (`/dev/infiniband/rdma_cm`) and the CM (its state, messages
+//!   and the host's port space are in `model/`: `cm.rs`, `cm_mad.rs`, `cm_ports.rs`)
 //!
 //! Every request and response is one of the header-checked structs of `mlx5-ffi`, decoded
 //! and encoded through its command table ([`mlx5_ffi::cmd::cmds`]); nothing here reads a
@@ -40,9 +40,11 @@ use mlx5_ffi::uverbs::{
 use zerocopy::{FromBytes, Immutable, IntoBytes};
 
 use crate::abi::{Errno, UverbsSurface};
+use crate::config::Flavour;
+use crate::mem;
+use crate::shared::{Owner, Shared};
 use crate::state::{Obj, World};
 use crate::uar::PAGE;
-use crate::{Flavour, Shared, mem};
 
 mod ah;
 mod context;
@@ -59,12 +61,9 @@ mod pd_mr;
 mod qp;
 mod srq;
 pub(crate) mod ucma;
-mod ucma_mad;
-mod ucma_ports;
 mod xrc;
 
 use crate::state::gid_at;
-pub(crate) use flow::has_cap;
 
 const EINVAL: Errno = Errno(libc::EINVAL);
 const ENOSPC: Errno = Errno(libc::ENOSPC);
@@ -251,12 +250,12 @@ pub(crate) struct EmuFile {
     /// The context was opened as a DEVX context (it has a DEVX uid).
     devx: std::sync::atomic::AtomicBool,
     maps: Mutex<Vec<(usize, usize)>>,
-    /// Dropped after `shared` (the last one joins the device thread: `crate::Owner`).
-    _owner: Arc<crate::Owner>,
+    /// Dropped after `shared` (the last one joins the device thread: `shared.rs`, `Owner`).
+    _owner: Arc<Owner>,
 }
 
 impl EmuFile {
-    pub(crate) fn new(shared: Arc<Shared>, owner: Arc<crate::Owner>, hca: usize) -> Self {
+    pub(crate) fn new(shared: Arc<Shared>, owner: Arc<Owner>, hca: usize) -> Self {
         Self {
             shared,
             hca,

@@ -15,15 +15,15 @@
 //!   `127.1.x.y`; any other loopback address (`127.0.0.1`, `::1`) is this process's first
 //!   HCA, as the kernel binds loopback to the first active device; a connect to a loopback
 //!   address reaches the listener of that port wherever it runs on the host, through the
-//!   host-wide port space of `ucma_ports`.
-//! * **The CM protocol** (`ucma_mad`): REQ/REP/RTU, REJ, DREQ/DREP, SIDR REQ/REP travel as
+//!   host-wide port space of `model/cm_ports.rs`.
+//! * **The CM protocol** (`model/cm_mad.rs`): REQ/REP/RTU, REJ, DREQ/DREP, SIDR REQ/REP travel as
 //!   MADs from QP1 to QP1 on the emulated fabric (the device hands every QP1 packet to
 //!   [`gsi_receive`]); REQ, REP, DREQ and SIDR REQ are retransmitted until answered, then
 //!   the kernel's timeout events follow (`UNREACHABLE`/`DISCONNECTED` with `-ETIMEDOUT`);
 //!   duplicates are answered again; anything that is not a valid CM message for a known
 //!   connection is counted (`rx_bad_packets`, `rx_foreign`) and dropped.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
 use std::sync::{Arc, Condvar};
@@ -41,12 +41,15 @@ use mlx5_ffi::ucma::{
 use mlx5_ffi::uverbs::{IbUverbsAhAttr, IbUverbsGlobalRoute, access, qp_attr as qa, qp_state};
 use zerocopy::{FromBytes, Immutable, IntoBytes};
 
-use super::ucma_mad::{self as mad, CmMsg, GSI_QKEY, cma_hdr_decode, cma_hdr_encode};
-use super::ucma_ports::{self, PortClaim};
 use crate::abi::{Errno, UverbsSurface};
+use crate::mem;
+use crate::model::cm::{Chan, CmId, Conn, Cs, Ev, Mc, St, TRIES};
+use crate::model::cm_mad::{self as mad, CmMsg, GSI_QKEY, cma_hdr_decode, cma_hdr_encode};
+use crate::model::cm_ports::{self as ucma_ports};
+use crate::roce::BASE_GUID;
+use crate::shared::{Emulator, Owner, Shared};
 use crate::state::World;
 use crate::transport::{Packet, Payload, node_ip, op};
-use crate::{BASE_GUID, Emulator, Shared, mem};
 
 const EINVAL: Errno = Errno(libc::EINVAL);
 const ENOENT: Errno = Errno(libc::ENOENT);
@@ -55,130 +58,9 @@ const ENOSPC: Errno = Errno(libc::ENOSPC);
 /// First port of the ephemeral range (Linux `ip_local_port_range`).
 const EPHEMERAL_LO: u16 = 32768;
 const EPHEMERAL_HI: u16 = 60999;
-/// Default time a REQ/REP/DREQ/SIDR REQ is retried before the timeout event.
-const DEFAULT_TIMEOUT_MS: u64 = 4000;
-/// Transmissions of a retried message (the first included).
-const TRIES: u32 = 8;
 /// Packet life time of the emulated paths, and the local ACK timeout the CM gives QPs.
 const PACKET_LIFE_TIME: u8 = 13;
 const ACK_TIMEOUT: u8 = 14;
-
-/// The rdma_cm state of the emulator (in the world).
-#[derive(Debug, Default)]
-pub(crate) struct Cm {
-    chans: BTreeMap<u32, Chan>,
-    ids: BTreeMap<u32, CmId>,
-    mcs: BTreeMap<u32, Mc>,
-    next_id: u32,
-    next_chan: u32,
-    seq: u32,
-    tid: u64,
-    /// Retry interval (ns), from `MLX5_EMU_CM_TIMEOUT_MS` / [`TRIES`].
-    retry_ns: u64,
-}
-
-/// An event channel (one open file).
-#[derive(Debug)]
-struct Chan {
-    queue: VecDeque<Ev>,
-    /// The kernel's end of the eventfd (the user's end is a duplicate of it).
-    efd: OwnedFd,
-    /// The number of the user's descriptor (for MIGRATE_ID; owned by the user).
-    user_fd: RawFd,
-    /// The eventfd counter is non-zero (exactly while `queue` is not empty).
-    signaled: bool,
-    cv: Arc<Condvar>,
-}
-
-#[derive(Debug)]
-struct Ev {
-    /// The id whose `events_reported` counts this event.
-    owner: u32,
-    /// The multicast join it reports (counted there too).
-    mc: Option<u32>,
-    /// A connection request: the new id, ready once the event is read.
-    child: Option<u32>,
-    resp: RdmaUcmEventResp,
-}
-
-#[derive(Debug)]
-struct Mc {
-    id: u32,
-    events_reported: u32,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum St {
-    Idle,
-    Bound,
-    AddrResolved,
-    RouteResolved,
-    Listen,
-    Connect,
-    Connected,
-    Disconnected,
-}
-
-/// The IB CM's state of a connection.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Cs {
-    ReqSent,
-    ReqRcvd,
-    RepSent,
-    RepRcvd,
-    Established,
-    DreqSent,
-    DreqRcvd,
-    SidrReqSent,
-    SidrReqRcvd,
-    Idle,
-}
-
-#[derive(Debug)]
-struct CmId {
-    chan: u32,
-    uid: u64,
-    ps: u16,
-    qp_type: u8,
-    st: St,
-    hca: Option<usize>,
-    src: Option<SockAddr>,
-    dst: Option<SockAddr>,
-    /// The node (LID) of the resolved destination.
-    peer: Option<u16>,
-    claim: Option<PortClaim>,
-    events_reported: u32,
-    tos: u8,
-    conn: Option<Conn>,
-    /// A passive id whose CONNECT_REQUEST has not been read yet (destroyed with its
-    /// listener).
-    pending: bool,
-}
-
-#[derive(Debug)]
-struct Conn {
-    cs: Cs,
-    local_comm: u32,
-    remote_comm: u32,
-    peer_lid: u16,
-    peer_gid: [u8; 16],
-    local_qpn: u32,
-    remote_qpn: u32,
-    local_psn: u32,
-    remote_psn: u32,
-    responder_resources: u8,
-    initiator_depth: u8,
-    retry_count: u8,
-    rnr_retry: u8,
-    mtu: u8,
-    qkey: u32,
-    /// A message to send again until answered: (message, due, transmissions left).
-    retx: Option<(CmMsg, u64, u32)>,
-    /// The last answer sent, for duplicates of what it answered.
-    last: Option<CmMsg>,
-    /// DISCONNECTED (or REJECTED/UNREACHABLE) has been reported.
-    ended: bool,
-}
 
 fn ps_of_sid(sid: u64) -> Option<(u16, u16)> {
     (sid >> 32 == 0 && (sid >> 24) & 0xff == 0x01 || sid >> 16 == u64::from(ps::IPOIB))
@@ -187,42 +69,6 @@ fn ps_of_sid(sid: u64) -> Option<(u16, u16)> {
 
 fn sid_of(ps: u16, port: u16) -> u64 {
     (u64::from(ps) << 16) | u64::from(port)
-}
-
-impl Cm {
-    fn next_id(&mut self) -> u32 {
-        self.next_id = self.next_id.wrapping_add(1).max(1);
-        self.next_id
-    }
-
-    /// A fresh number (communication ids, PSNs, ephemeral ports).
-    fn rand(&mut self) -> u32 {
-        if self.seq == 0 {
-            // Different in every process, as a real CM's communication ids are.
-            let t = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.subsec_nanos());
-            self.seq = (std::process::id().rotate_left(16) ^ t) | 1;
-        }
-        let mut x = self.seq ^ 0x9E37_79B9;
-        x ^= x << 13;
-        x ^= x >> 17;
-        x ^= x << 5;
-        self.seq = x.wrapping_add(0x6D2B_79F5);
-        x
-    }
-
-    fn retry_ns(&mut self) -> u64 {
-        if self.retry_ns == 0 {
-            let ms = std::env::var("MLX5_EMU_CM_TIMEOUT_MS")
-                .ok()
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .filter(|&v| v > 0)
-                .unwrap_or(DEFAULT_TIMEOUT_MS);
-            self.retry_ns = ms * 1_000_000 / u64::from(TRIES);
-        }
-        self.retry_ns
-    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -237,8 +83,8 @@ pub struct RdmaCmFile {
     shared: Arc<Shared>,
     chan: u32,
     user_fd: RawFd,
-    /// Dropped after `shared`: the last user handle joins the device thread (`crate::Owner`).
-    _owner: Arc<crate::Owner>,
+    /// Dropped after `shared`: the last user handle joins the device thread (`shared.rs`, `Owner`).
+    _owner: Arc<Owner>,
 }
 
 /// [`Emulator::open_rdma_cm`]'s answer: the file and the user's descriptor (pollable:
@@ -897,7 +743,7 @@ fn resolve_addr(w: &mut World, id: u32, src: Option<SockAddr>, dst: SockAddr) ->
         (bound.unwrap_or(h), w.hcas[h].info.lid)
     } else if let Some(n) = node_of_ip(dip) {
         let h = bound.unwrap_or(0);
-        if w.cfg.fabric == crate::Fabric::InProcess || !node_exists(n) {
+        if w.cfg.fabric == crate::config::Fabric::InProcess || !node_exists(n) {
             // Nobody has that address: neighbour resolution fails.
             let i = id_mut(w, id)?;
             i.dst = Some(dst);

@@ -250,7 +250,7 @@ pub(crate) mod handler {
             let info_ref = unsafe { &*info };
             // SAFETY: for SIGSEGV the kernel fills si_addr with the faulting address.
             let addr = unsafe { info_ref.si_addr() } as usize;
-            let handled = crate::uar::on_write_fault(addr);
+            let handled = crate::watch::on_write_fault(addr);
             // SAFETY: as above.
             unsafe { *slot = errno };
             if handled {
