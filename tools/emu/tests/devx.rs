@@ -647,3 +647,77 @@ fn forged_devx_mailboxes_never_crash_and_get_a_kernel_or_firmware_errno() {
     // The QP table is back to where it was: the good create still works.
     assert_eq!(obj_create(ctx, &good).0, Ok(()));
 }
+
+/// mlx5_ib (`devx.c`, on `mlx5_cmd_do`): a command the firmware fails returns `-EREMOTEIO`
+/// and the output mailbox reaches the caller anyway (`uverbs_copy_to`, which sets
+/// `UVERBS_ATTR_F_VALID_OUTPUT` in the caller's attribute at once); DEVX_OBJ_CREATE copies it
+/// only then, and its new-object handle is no output. A command refused before the firmware
+/// (EINVAL) leaves the mailbox untouched and unmarked.
+#[test]
+fn a_firmware_failure_is_eremoteio_with_the_mailbox_copied_and_marked() {
+    let e = stepped(1);
+    let r = rig(&e);
+    let ctx = &r.ctx;
+    let valid = |buf: &[u8], id: u16| {
+        parse_ioctl(buf)
+            .unwrap()
+            .find(id)
+            .is_some_and(|(_, a)| a.flags & UVERBS_ATTR_F_VALID_OUTPUT != 0)
+    };
+    // DEVX_OTHER: QUERY_HCA_CAP of a capability type the firmware has no page for.
+    let mut c = [0u8; 16];
+    prm::set(&mut c, hdr::OPCODE, u64::from(op::QUERY_HCA_CAP));
+    prm::set(&mut c, hdr::OP_MOD, u64::from(0x11u16 << 1 | 1));
+    let ids = (
+        MLX5_IB_ATTR_DEVX_OTHER_CMD_IN,
+        MLX5_IB_ATTR_DEVX_OTHER_CMD_OUT,
+    );
+    let (res, out, buf) = prm_call(
+        &ctx.dev,
+        MLX5_IB_OBJECT_DEVX,
+        MLX5_IB_METHOD_DEVX_OTHER,
+        None,
+        ids,
+        &c,
+        64,
+    );
+    assert_eq!(res, Err(EREMOTEIO));
+    assert_eq!(get_status(&out), status::BAD_PARAM);
+    assert!(valid(&buf, MLX5_IB_ATTR_DEVX_OTHER_CMD_OUT));
+    // A general command mlx5_ib does not pass to the firmware: EINVAL, nothing written.
+    prm::set(&mut c, hdr::OPCODE, u64::from(op::CREATE_QP));
+    let (res, out, buf) = prm_call(
+        &ctx.dev,
+        MLX5_IB_OBJECT_DEVX,
+        MLX5_IB_METHOD_DEVX_OTHER,
+        None,
+        ids,
+        &c,
+        64,
+    );
+    assert_eq!(res, Err(EINVAL));
+    assert!(out.iter().all(|&b| b == 0));
+    assert!(!valid(&buf, MLX5_IB_ATTR_DEVX_OTHER_CMD_OUT));
+    // DEVX_OBJ_CREATE of a QP the firmware refuses (a UAR page never mapped).
+    let mut c = create_qp_cmd(&r);
+    prm::set(&mut c, q(qpc::UAR_PAGE), 3);
+    let mut out = vec![0u8; 64];
+    let mut buf = IoctlBuilder::new(MLX5_IB_OBJECT_DEVX_OBJ, MLX5_IB_METHOD_DEVX_OBJ_CREATE)
+        .out_obj(MLX5_IB_ATTR_DEVX_OBJ_CREATE_HANDLE)
+        .in_ptr(
+            MLX5_IB_ATTR_DEVX_OBJ_CREATE_CMD_IN,
+            c.as_ptr() as u64,
+            c.len() as u16,
+        )
+        .out_ptr(
+            MLX5_IB_ATTR_DEVX_OBJ_CREATE_CMD_OUT,
+            out.as_mut_ptr() as u64,
+            out.len() as u16,
+        )
+        .build()
+        .unwrap();
+    assert_eq!(ctx.dev.cmd_ioctl(&mut buf), Err(EREMOTEIO));
+    assert_eq!(get_status(&out), status::BAD_PARAM);
+    assert!(valid(&buf, MLX5_IB_ATTR_DEVX_OBJ_CREATE_CMD_OUT));
+    assert!(!valid(&buf, MLX5_IB_ATTR_DEVX_OBJ_CREATE_HANDLE));
+}
