@@ -12,11 +12,17 @@
 //!    thread's CPU) and the old polling one (`MLX5_EMU_WAKE=poll`): `mlx5 lat
 //!    send` p50/p99, `ibv_rc_pingpong -s 64` and `ib_send_lat` (both unmodified, under the
 //!    preload) against in-process `mlx5 pingpong --loopback` / `mlx5 lat send`, and the CPU
-//!    an idle `ibv_rc_pingpong` server burns in 4 s. Needs the `mlx5` binary next to this
+//!    an idle `ibv_rc_pingpong` server burns in 4 s; `lend`: the waking device with
+//!    `MLX5_EMU_LEND=1` (the ringing thread waits for the device in its fault handler). The two-process `mlx5 lat send` p50 is also given against this run's floor,
+//!    the doorbell fault plus one UDP wake-up of a blocked real-time thread beside busy
+//!    pollers; and qperf's memory-polling `rc_rdma_write_poll_lat` against its CQ-based
+//!    `rc_rdma_write_lat` in the same qperf run. Needs the `mlx5` binary next to this
 //!    example (`cargo build --release -p mlx5-tools -p mlx5-emu-preload`) and the rdma-core
-//!    tools; what is missing is reported and skipped.
+//!    tools and qperf; what is missing is reported and skipped.
 //!
-//! `cargo run --release -p mlx5-emu --example bench [messages] [lat-iters]`
+//! `cargo run --release -p mlx5-emu --example bench [messages] [lat-iters] [modes]`: `modes`
+//! a comma-separated subset of `fault,lend,fair,near,poll` (default all); `messages` 0
+//! skips the in-process figures (1 to 3) and the idle CPU.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -41,7 +47,26 @@ fn main() {
         .nth(2)
         .and_then(|a| a.parse().ok())
         .unwrap_or(2000);
+    let modes: Vec<String> = std::env::args()
+        .nth(3)
+        .unwrap_or_else(|| "fault,lend,fair,near,poll".into())
+        .split(',')
+        .map(str::to_owned)
+        .collect();
     println!("load average at start: {}", loadavg());
+    if n == 0 {
+        let (fault, _) = doorbell_cost(1000);
+        let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let udp = wake_latency(WakeLine::Udp, true, cpus, 2000).map(|w| w.0);
+        println!("application CPU time of a doorbell store onto a protected page: {fault:.2} us");
+        println!(
+            "wake latency, Udp -> blocked SCHED_FIFO 1 thread: p50 {:.1} us",
+            udp.unwrap_or(f64::NAN)
+        );
+        processes(iters, udp.map(|u| fault + u), &modes);
+        println!("load average at end: {}", loadavg());
+        return;
+    }
     let direct = mlx5_emu::set_dma_path(DmaPath::Direct);
     let rate = send_rate(n);
     println!("stepped RC SEND 64 B: {rate:.0} msgs/s ({n} messages, DMA path {direct:?})");
@@ -75,13 +100,19 @@ fn main() {
     // packet's), with every CPU held by a busy-polling fair thread, as the applications
     // hold them; real-time (the waking device's default) against fair.
     let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let mut udp_rt = None;
     for line in [WakeLine::Eventfd, WakeLine::Udp] {
         for rt in [true, false] {
             match wake_latency(line, rt, cpus, 2000) {
-                Some((p50, p99)) => println!(
-                    "wake latency, {line:?} -> blocked {} thread, {cpus} busy pollers: p50 {p50:.1} us, p99 {p99:.1} us",
-                    if rt { "SCHED_FIFO 1" } else { "fair" }
-                ),
+                Some((p50, p99)) => {
+                    if rt && matches!(line, WakeLine::Udp) {
+                        udp_rt = Some(p50);
+                    }
+                    println!(
+                        "wake latency, {line:?} -> blocked {} thread, {cpus} busy pollers: p50 {p50:.1} us, p99 {p99:.1} us",
+                        if rt { "SCHED_FIFO 1" } else { "fair" }
+                    )
+                }
                 None => println!("wake latency, {line:?}, rt {rt}: not measured (no SCHED_FIFO?)"),
             }
         }
@@ -106,7 +137,7 @@ fn main() {
         );
     }
 
-    processes(iters);
+    processes(iters, udp_rt.map(|u| fault + u), &modes);
     println!("load average at end: {}", loadavg());
 }
 
@@ -474,12 +505,14 @@ fn command(program: &Path, args: &[&str], mode: &str, preload: Option<&Path>) ->
     let (wake, rt, avoid) = match mode {
         "fair" => ("fault", "0", "1"),
         "near" => ("fault", "1", "0"),
+        "lend" => ("fault", "1", "1"),
         m => (m, "1", "1"),
     };
     c.args(args)
         .env("MLX5_EMU_WAKE", wake)
         .env("MLX5_EMU_RT", rt)
         .env("MLX5_EMU_AVOID", avoid)
+        .env("MLX5_EMU_LEND", if mode == "lend" { "1" } else { "0" })
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -561,7 +594,9 @@ fn proc_cpu(pid: u32) -> Option<f64> {
     Some((u + k) / hz)
 }
 
-fn processes(iters: u32) {
+/// The two-process figures for each of `modes`; `floor`: this run's doorbell fault plus one
+/// UDP wake-up of a blocked real-time thread [us], the least a one-way trip can cost.
+fn processes(iters: u32, floor: Option<f64>, modes: &[String]) {
     let Some(mlx5) = mlx5_bin() else {
         println!("two-process figures skipped: build the mlx5 binary (-p mlx5-tools) first");
         return;
@@ -571,7 +606,8 @@ fn processes(iters: u32) {
     let perftest = preload.is_some() && on_path("ib_send_lat");
     let n = iters.to_string();
     println!("[mode ] figure (ratios: two-process / in-process, same run)   value   target");
-    for mode in ["fault", "fair", "near", "poll"] {
+    let qperf = preload.is_some() && on_path("qperf");
+    for mode in modes.iter().map(String::as_str) {
         // The polling device is slow between processes: fewer iterations.
         let k = if mode == "poll" {
             (iters / 5).max(100).to_string()
@@ -611,6 +647,26 @@ fn processes(iters: u32) {
             tp99 / ip99,
             "<= 10x / <= 20x",
         );
+        if let Some(f) = floor {
+            row(
+                mode,
+                "  two-process p50 / floor (doorbell fault + UDP wake-up, this run)",
+                tp50 / f,
+                f64::NAN,
+                "<= 1.5x",
+            );
+        }
+        if qperf {
+            let (cq, poll) = qperf_write_lat(&mlx5, mode).unwrap_or((f64::NAN, f64::NAN));
+            row(
+                mode,
+                "qperf rc_rdma_write_lat / rc_rdma_write_poll_lat, one run [us]",
+                cq,
+                poll,
+                "",
+            );
+            row(mode, "  ratio poll / CQ", poll / cq, f64::NAN, "<= 2x");
+        }
         let pp_in = output(
             command(
                 &mlx5,
@@ -692,6 +748,60 @@ fn processes(iters: u32) {
             );
         }
     }
+}
+
+/// qperf's CQ-based and memory-polling RDMA WRITE latencies [us] in one qperf run of two
+/// processes under `mlx5 emu run` (2 s each).
+fn qperf_write_lat(mlx5: &Path, mode: &str) -> Option<(f64, f64)> {
+    let port = free_port().to_string();
+    let emu = |args: &[&str]| {
+        let mut a = vec!["emu", "run", "--", "qperf", "-lp", &port];
+        a.extend_from_slice(args);
+        command(mlx5, &a, mode, None).spawn().ok()
+    };
+    let server = emu(&[])?;
+    std::thread::sleep(Duration::from_millis(1000));
+    let client = emu(&[
+        "-t",
+        "2",
+        "localhost",
+        "rc_rdma_write_lat",
+        "rc_rdma_write_poll_lat",
+    ]);
+    let out = client.map(|c| output(c, Duration::from_secs(60)));
+    // `mlx5 emu run` runs the program as its child: stop the qperf server by its pid, then
+    // the wrapper.
+    let pid = server.id();
+    let children =
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+    for c in children
+        .split_whitespace()
+        .filter_map(|c| c.parse::<i32>().ok())
+    {
+        // SAFETY: kill(2) of our own child's child, by pid, with SIGTERM.
+        unsafe { libc::kill(c, libc::SIGTERM) };
+    }
+    let mut server = server;
+    let _ = server.kill();
+    let _ = server.wait();
+    let out = out?;
+    // "latency  =  1.22 ms" under each test's name, in order.
+    let v: Vec<f64> = out
+        .lines()
+        .filter(|l| l.trim_start().starts_with("latency"))
+        .filter_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            let x: f64 = w.get(2)?.parse().ok()?;
+            Some(match *w.get(3)? {
+                "ns" => x / 1000.0,
+                "us" => x,
+                "ms" => x * 1000.0,
+                "sec" | "s" => x * 1e6,
+                _ => return None,
+            })
+        })
+        .collect();
+    Some((*v.first()?, *v.get(1)?))
 }
 
 fn row(mode: &str, what: &str, a: f64, b: f64, target: &str) {

@@ -486,6 +486,16 @@ fn wake_thread(weak: Weak<Shared>, wake: Arc<watch::Wake>) {
     }
     // `MLX5_EMU_AVOID=0`: leave the device thread's CPUs alone (see `Sched::place`).
     let avoid = std::env::var("MLX5_EMU_AVOID").map_or(true, |v| v.trim() != "0");
+    // Lending (`watch.rs`; `MLX5_EMU_LEND=1`, a real-time device only; off by default, see
+    // `docs/emulator-wake.md`, *Lending*): a thread whose doorbell store faults waits for
+    // this thread, which takes the doorbell from the record and runs on the CPU the waiting
+    // thread leaves. So a doorbell, like an awaited answer, is waited for on the ringing
+    // thread's CPU.
+    let lend =
+        sched.prio.is_some() && std::env::var("MLX5_EMU_LEND").is_ok_and(|v| v.trim() == "1");
+    if lend {
+        watch::set_lend(true);
+    }
     let mut wqes_before: u64 = 0;
     // A WQE ran on a device with a UDP fabric since the last wake-up that was not a
     // timeout: the answer from another process is what comes next (see `Sched::place`).
@@ -611,7 +621,7 @@ fn wake_thread(weak: Weak<Shared>, wake: Arc<watch::Wake>) {
             // from the other CPU while it is being written, see `tests/wake.rs`).
             let c = watch::fault_cpu();
             if awaiting || c == last_fault_cpu {
-                sched.place(c, awaiting);
+                sched.place(c, awaiting || lend);
             }
             last_fault_cpu = c;
         }

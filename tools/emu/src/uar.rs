@@ -128,7 +128,7 @@ impl UarRegion {
             return Err(Errno(libc::ENOMEM));
         };
         if let Some(wake) = watched {
-            if !register(p.as_ptr() as usize, prot, wake) {
+            if !register(p.as_ptr() as usize, prot, wake, self.dev_addr(page)) {
                 // The table is full: give the page its protection and let the device poll.
                 // SAFETY: our fresh mapping of one page.
                 unsafe { libc::mprotect(p.as_ptr().cast(), PAGE, prot) };
@@ -147,6 +147,12 @@ impl UarRegion {
         // address is 8-byte aligned (page aligned base + multiple of 8), and the memory is
         // only ever accessed atomically/volatilely by the device.
         Some(unsafe { AtomicU64::from_ptr(p) })
+    }
+
+    /// The device's own address of page `page` (the key of its user mappings' notes,
+    /// `watch::take_rung`).
+    pub(crate) fn dev_addr(&self, page: usize) -> usize {
+        self.base.wrapping_add(page * PAGE / 8) as usize
     }
 
     /// The 512 words of page `page` (None past the end), for scanning a page without a

@@ -5,7 +5,9 @@
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI32, AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{
+    AtomicBool, AtomicI32, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+};
 
 /// Size of one UAR page (and of the system page we support).
 pub(crate) const PAGE: usize = 4096;
@@ -83,6 +85,14 @@ struct Slot {
     state: AtomicU8,
     /// When the fault handler opened the page (CLOCK_MONOTONIC ns).
     opened: AtomicU64,
+    /// The device's own address of the page (`UarRegion`'s mapping): which page of which
+    /// region this user mapping shows, for the device's look at the notes.
+    key: AtomicUsize,
+    /// Lending: bit `i` = a store to the page's 64-byte block `i` faulted and the device has
+    /// not taken the note yet.
+    rung: AtomicU64,
+    /// Lending: the device's acknowledgements of taken notes (a futex word).
+    acked: AtomicU32,
 }
 
 const SLOTS: usize = 4096;
@@ -94,6 +104,9 @@ const EMPTY: Slot = Slot {
     efd: AtomicI32::new(-1),
     state: AtomicU8::new(FREE),
     opened: AtomicU64::new(0),
+    key: AtomicUsize::new(0),
+    rung: AtomicU64::new(0),
+    acked: AtomicU32::new(0),
 };
 
 /// The process-wide table the fault handler searches (lock-free, up to [`HIGH`]).
@@ -109,7 +122,7 @@ fn edit() -> std::sync::MutexGuard<'static, ()> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-pub(crate) fn register(page: usize, prot: i32, wake: &Wake) -> bool {
+pub(crate) fn register(page: usize, prot: i32, wake: &Wake, key: usize) -> bool {
     let _g = edit();
     let Some(i) = TABLE
         .iter()
@@ -122,6 +135,8 @@ pub(crate) fn register(page: usize, prot: i32, wake: &Wake) -> bool {
     s.prot.store(prot | libc::PROT_READ, Ordering::Relaxed);
     s.efd.store(wake.fd(), Ordering::Relaxed);
     s.state.store(ARMED, Ordering::Relaxed);
+    s.key.store(key, Ordering::Relaxed);
+    s.rung.store(0, Ordering::Relaxed);
     s.page.store(page, Ordering::Release);
     HIGH.fetch_max(i + 1, Ordering::Release);
     true
@@ -223,12 +238,103 @@ pub(crate) fn on_write_fault(addr: usize) -> bool {
         if unsafe { libc::mprotect(page as *mut libc::c_void, PAGE, prot) } != 0 {
             return false;
         }
-        s.opened.store(mono_ns(), Ordering::Relaxed);
+        let lend = LEND.load(Ordering::Relaxed);
+        // A lending thread's grace period starts when it stops waiting (below): the page
+        // must not be re-armed before its store is retried.
+        s.opened
+            .store(if lend { u64::MAX } else { mono_ns() }, Ordering::Relaxed);
         s.state.store(OPEN, Ordering::SeqCst);
         // SAFETY: sched_getcpu has no arguments and takes no lock (an rseq or vDSO read).
         FAULT_CPU.store(unsafe { libc::sched_getcpu() }, Ordering::Relaxed);
-        poke_fd(s.efd.load(Ordering::Relaxed));
+        if lend {
+            // Read the acknowledgement count before the note: an acknowledgement after this
+            // read, of this note or of an earlier one, ends the wait below.
+            let seq = s.acked.load(Ordering::Acquire);
+            s.rung
+                .fetch_or(1 << ((addr & (PAGE - 1)) / 64), Ordering::Release);
+            NOTED.store(true, Ordering::Release);
+            poke_fd(s.efd.load(Ordering::Relaxed));
+            futex_wait(&s.acked, seq, LEND_WAIT);
+            s.opened.store(mono_ns(), Ordering::Relaxed);
+        } else {
+            poke_fd(s.efd.load(Ordering::Relaxed));
+        }
         return true;
     }
     false
+}
+
+// ---------------------------------------------------------------------------------------
+// Lending the ringing thread's CPU to the device (`docs/emulator-wake.md`, *Lending*)
+
+/// The faulting thread waits for the device's acknowledgement of its note (`MLX5_EMU_LEND=1`
+/// with a real-time device, which runs on the CPU the waiting thread leaves; otherwise it
+/// pokes and returns at once). Process-wide: set by the first lending device thread.
+static LEND: AtomicBool = AtomicBool::new(false);
+/// Some slot has a note the device has not taken.
+static NOTED: AtomicBool = AtomicBool::new(false);
+/// How long a faulting thread waits for the device at most: a device that cannot run (or
+/// has nothing to take) costs the ringing thread no more than this.
+pub(crate) const LEND_WAIT: std::time::Duration = std::time::Duration::from_micros(200);
+
+/// Turn lending on or off for this process (the waking device thread, when it starts).
+pub(crate) fn set_lend(on: bool) {
+    LEND.store(on, Ordering::Relaxed);
+}
+
+/// Whether a note may be waiting (clears the flag: the caller then takes every note).
+pub(crate) fn noted() -> bool {
+    NOTED.swap(false, Ordering::AcqRel)
+}
+
+/// Take the notes of the user mappings of the page the device maps at `key`: the blocks
+/// whose stores faulted, ORed. The slots taken from are pushed onto `acks`, to be
+/// acknowledged ([`ack`]) once the device has done what the notes asked.
+pub(crate) fn take_rung(key: usize, acks: &mut Vec<usize>) -> u64 {
+    let mut bits = 0;
+    for (i, s) in TABLE[..HIGH.load(Ordering::Acquire)].iter().enumerate() {
+        if s.key.load(Ordering::Relaxed) != key || s.page.load(Ordering::Acquire) == 0 {
+            continue;
+        }
+        let b = s.rung.swap(0, Ordering::AcqRel);
+        if b != 0 {
+            bits |= b;
+            acks.push(i);
+        }
+    }
+    bits
+}
+
+/// Acknowledge the notes taken from slot `i`: its waiting threads return.
+pub(crate) fn ack(i: usize) {
+    let Some(s) = TABLE.get(i) else { return };
+    s.acked.fetch_add(1, Ordering::Release);
+    // SAFETY: FUTEX_WAKE on a live word of a static; no other memory is touched.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            s.acked.as_ptr(),
+            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+            i32::MAX,
+        )
+    };
+}
+
+/// Wait (async-signal-safe: one futex call) while `word` is `seq`, at most `timeout`.
+fn futex_wait(word: &AtomicU32, seq: u32, timeout: std::time::Duration) {
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: FUTEX_WAIT on a live word of a static with a live relative timespec; it only
+    // reads the word and sleeps.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+            seq,
+            &raw const ts,
+        )
+    };
 }

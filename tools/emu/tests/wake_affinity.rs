@@ -1,7 +1,8 @@
 //! The waking device places itself relative to the CPU of the thread that rang it
-//! (`MLX5_EMU_AVOID`, on by default; `docs/emulator-wake.md`, *Scheduling*): off it while a
-//! doorbell comes next, on it while the answer to a request sent over the UDP fabric comes
-//! next. In its own test binary: the CPU of the last doorbell fault is process-wide, and
+//! (`MLX5_EMU_AVOID`, on by default; `docs/emulator-wake.md`, *Scheduling*): on it while the
+//! answer to a request sent over the UDP fabric comes next; while a doorbell comes next, on
+//! it too when the ringing thread lends its CPU (a real-time device, `MLX5_EMU_LEND=1`:
+//! the thread waits for the device in its fault handler, *Lending*), else off it. In its own test binary: the CPU of the last doorbell fault is process-wide, and
 //! other tests ringing from other CPUs would move it. The two tests run one after the other
 //! (a lock), as each pins its thread and rings from it.
 
@@ -54,6 +55,13 @@ fn device_tid(emu: &Emulator) -> i32 {
     }
 }
 
+/// Whether the device waits for a doorbell on the ringing CPU: a real-time device whose
+/// ringing threads lend it their CPU.
+fn lends(emu: &Emulator) -> bool {
+    matches!(emu.device_sched(), mlx5_emu::DeviceSched::RealTime(_))
+        && std::env::var("MLX5_EMU_LEND").is_ok_and(|v| v.trim() == "1")
+}
+
 /// One test at a time: each pins its thread and expects the last fault to be its own.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
@@ -74,7 +82,7 @@ fn eventually(tid: i32, what: &str, cond: impl Fn(&[usize]) -> bool) {
 }
 
 #[test]
-fn the_device_moves_off_the_cpu_of_the_thread_that_rang() {
+fn the_device_waits_for_a_doorbell_relative_to_the_cpu_of_the_thread_that_rang() {
     let _serial = SERIAL
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -126,7 +134,9 @@ fn the_device_moves_off_the_cpu_of_the_thread_that_rang() {
     }
     std::thread::sleep(Duration::from_millis(20));
     let device = affinity(tid);
-    if avoid && allowed.len() > 1 {
+    if avoid && allowed.len() > 1 && lends(&emu) {
+        assert_eq!(device, [ringer], "lending: on the ringing thread's CPU");
+    } else if avoid && allowed.len() > 1 {
         assert!(
             !device.contains(&ringer),
             "device on {device:?}, the ringing thread on CPU {ringer}"
@@ -139,7 +149,7 @@ fn the_device_moves_off_the_cpu_of_the_thread_that_rang() {
 }
 
 #[test]
-fn the_device_waits_for_an_answer_on_the_ringing_cpu_and_for_a_doorbell_off_it() {
+fn the_device_waits_for_an_answer_on_the_ringing_cpu_and_for_a_doorbell_by_the_rule() {
     let _serial = SERIAL
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -214,7 +224,15 @@ fn the_device_waits_for_an_answer_on_the_ringing_cpu_and_for_a_doorbell_off_it()
             cqb.poll().is_some(),
             "round {round}: b's receive completion"
         );
-        if two {
+        if two && lends(&ea) {
+            // Nothing awaited, but the ringing thread lends its CPU: a waits on it.
+            std::thread::sleep(Duration::from_millis(25));
+            assert_eq!(
+                affinity(tid),
+                [ringer],
+                "round {round}: awaiting a doorbell"
+            );
+        } else if two {
             // Nothing awaited: a waits for the next doorbell off the ringing CPU.
             eventually(tid, "awaiting a doorbell", |c| {
                 !c.contains(&ringer) && !c.is_empty() && c.iter().all(|x| allowed.contains(x))

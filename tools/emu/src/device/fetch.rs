@@ -30,6 +30,9 @@ pub(super) fn bf_half(bf_reg_size: u32) -> usize {
 }
 
 pub(super) fn scan_doorbells(w: &mut World) -> usize {
+    if crate::watch::noted() {
+        take_notes(w);
+    }
     let half = bf_half(w.cfg.bf_reg_size);
     let bf = w.cfg.bf_reg_size != 0;
     let mut found = Vec::new();
@@ -435,6 +438,54 @@ pub(super) fn rung_shared_register(w: &mut World, hca: usize, ctx: u64, qpn: u32
         }
         if let Ok(pi) = crate::mem::read_be32(q.db + 4) {
             q.sq_rung = (pi & mlx5_hw::doorbell::WQ_PI_MASK) as u16;
+        }
+    }
+}
+
+/// Lending (`watch.rs`): a thread whose doorbell store faulted waits in the fault handler,
+/// its store not landed yet, for the device, which runs on the CPU it leaves. The note says
+/// which 64-byte block of which page the store was for; a store to a send register is the
+/// doorbell being written, and the driver writes the doorbell record before it, so every QP
+/// bound to that register is taken as rung up to its doorbell record (as for a shared
+/// register, `rung_shared_register`). The doorbell word itself is counted when it lands.
+/// The notes' slots are acknowledged at the end of the step (`device::step`), once the WQEs
+/// have run and their packets left.
+fn take_notes(w: &mut World) {
+    let reg = 2 * bf_half(w.cfg.bf_reg_size);
+    let mut acks = std::mem::take(&mut w.wire.acks);
+    // (hca, ctx, page, register) of each noted send register.
+    let mut rung: Vec<(usize, u64, usize, usize)> = Vec::new();
+    for (&ctx, c) in &w.contexts {
+        for &page in &c.uar_active {
+            let bits = crate::watch::take_rung(c.uar.dev_addr(page), &mut acks);
+            for i in (0..64).filter(|i| bits & 1 << i != 0) {
+                let off = i * 64;
+                if off >= 0x800 {
+                    rung.push((c.hca, ctx, page, (off - 0x800) / reg));
+                }
+            }
+        }
+    }
+    w.wire.acks = acks;
+    for (hca, ctx, page, k) in rung {
+        let Some(c) = w.contexts.get(&ctx) else {
+            continue;
+        };
+        // The bfreg values that ring this register: a static bfreg (two per page), or a
+        // DEVX UAR by its page id.
+        let fixed = (page < c.uar_pages).then_some((page * 2 + k) as u32);
+        let devx = c
+            .dyn_pages
+            .iter()
+            .find(|(_, d)| d.0 == page)
+            .map(|(&id, _)| crate::uar::DEVX_UAR_BFREG | id);
+        for q in w.hcas[hca].qps.values_mut() {
+            if q.ctx != ctx || !(Some(q.bfreg) == fixed || Some(q.bfreg) == devx) {
+                continue;
+            }
+            if let Ok(pi) = mem::read_be32(q.db + 4) {
+                q.sq_rung = (pi & WQ_PI_MASK) as u16;
+            }
         }
     }
 }

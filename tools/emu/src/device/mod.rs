@@ -92,6 +92,10 @@ pub(crate) fn step(w: &mut World) -> usize {
     work += (w.kernel.cm_tick)(w);
     // wire: datagrams due for other processes.
     work += flush_udp(w);
+    // lending: the threads whose doorbell notes this step took may retry their stores.
+    for i in w.wire.acks.drain(..) {
+        crate::watch::ack(i);
+    }
     if work == 0 && w.cfg.mode == RunMode::Stepped {
         if let Some(t) = next_deadline(w) {
             if t > w.vclock {

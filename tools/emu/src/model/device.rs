@@ -131,6 +131,9 @@ pub(crate) struct Wire {
     pub(crate) recv: Vec<u8>,
     /// Packets a requester is about to transmit.
     pub(crate) tx: Vec<Packet>,
+    /// Lending: the fault-table slots whose notes this step took, acknowledged at its end
+    /// (`device/fetch.rs`, `take_notes`).
+    pub(crate) acks: Vec<usize>,
 }
 
 /// One encoded RoCEv2 datagram bound for another process, not yet sent.
