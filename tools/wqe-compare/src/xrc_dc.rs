@@ -345,7 +345,7 @@ pub fn run_theirs(exe: &Path, corpus_file: &Path, log: &Path, wr_api: bool) -> R
 }
 
 /// Wait for `child` (its output collected) at most `limit`; killed after it.
-fn wait_limited(
+pub(crate) fn wait_limited(
     mut child: std::process::Child,
     limit: Duration,
 ) -> Result<std::process::Output, String> {
