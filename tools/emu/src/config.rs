@@ -1,6 +1,7 @@
 //! How an emulator is configured: run and wake modes, kernel flavour, fabric, faults, and
 //! the identity of each HCA. Plain data, below everything that reads it.
 
+use crate::eth::EthMinInline;
 use crate::eth::tap::TapConfig;
 use crate::roce::{self, GidEntry, GidType, LinkLayer, ROCE_GID_TBL_LEN};
 
@@ -108,6 +109,9 @@ pub struct EmuConfig {
     /// Attach HCA 0's port (Ethernet) to a TAP interface inside a network namespace
     /// (`docs/raw-ethernet.md`); None: not attached.
     pub tap: Option<TapConfig>,
+    /// Ethernet ports: the header bytes a raw send WQE must inline ([`EthMinInline`],
+    /// reported in the ucontext's `eth_min_inline`); default none (ConnectX-5).
+    pub eth_min_inline: EthMinInline,
 }
 
 impl Default for EmuConfig {
@@ -126,6 +130,7 @@ impl Default for EmuConfig {
             dyn_uar: false,
             link_layer: LinkLayer::InfiniBand,
             tap: None,
+            eth_min_inline: EthMinInline::None,
         }
     }
 }

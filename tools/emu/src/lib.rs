@@ -77,6 +77,7 @@ use std::time::Duration;
 pub use abi::{Errno, UverbsSurface};
 pub use config::{EmuConfig, Fabric, FaultConfig, Flavour, HcaInfo, RunMode, WakeMode};
 pub use counters::Counters;
+pub use eth::EthMinInline;
 pub use eth::tap::{NEIGH_NODES, NS_HOST_IP, TapConfig, in_netns, net_down, net_up, ns_hca_ip};
 pub use inspect::{CqView, QpView};
 pub use kernel::ucma::{RdmaCmFile, RdmaCmOpen};
