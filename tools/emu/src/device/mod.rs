@@ -42,6 +42,7 @@ use mlx5_hw::wqe::{
 };
 use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
+use crate::fds::EvObj;
 use crate::state::{Sgl, World, access, ev, qps, qpt};
 use crate::transport::{
     self, AtomicEth, Grh, Packet, Packets, Payload, ROCE_PORT, Reth, UNKNOWN_QPN, aeth, decode,
