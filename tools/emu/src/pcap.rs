@@ -213,7 +213,7 @@ pub(crate) fn capture(w: &mut World, src: [u8; 4], dst: [u8; 4], udp_payload: &[
 /// address), unless the sender writes this capture too and recorded it already.
 pub(crate) fn capture_arrival(w: &mut World, src: [u8; 4], dst: [u8; 4], udp_payload: &[u8]) {
     let lid = u16::from_be_bytes([src[2], src[3]]);
-    if !w.pcap.as_mut().is_some_and(|c| !c.peer_writes(lid)) {
+    if w.pcap.as_mut().is_none_or(|c| c.peer_writes(lid)) {
         return;
     }
     let frame = frame_of(w, src, dst, udp_payload);

@@ -23,8 +23,6 @@ const RC_FETCH_ADD: u8 = 0x14;
 const RC_ATOMIC_ACK: u8 = 0x12;
 const RC_READ_RESPONSE_ONLY: u8 = 0x10;
 const RC_ACK: u8 = 0x11;
-/// `IBV_EVENT_QP_FATAL`.
-const EV_QP_FATAL: u32 = 1;
 /// `IBV_QPS_ERR`.
 const QPS_ERR: u32 = 6;
 
