@@ -112,9 +112,16 @@ fn an_unread_event_of_a_destroyed_qp_neither_blocks_teardown_nor_is_delivered_la
 fn two_cqs_on_one_channel_count_their_own_completion_events() {
     let out = scenario("comp-shared", &[]);
     let l = lines(&out);
-    assert_eq!(l.len(), 3, "{out}");
+    assert_eq!(l.len(), 4, "{out}");
     assert!(matches!(l[0], "cq_event a" | "cq_event b"), "{out}");
-    assert_eq!(&l[1..], ["destroy_cq returned", "done"], "{out}");
+    // The CQ whose event was read is destroyed while the other's event is still unread: a
+    // count of the channel's unread records (the emulated kernel's old rule) made the first
+    // destroy answer 0 events for an event the program had acknowledged, and it hung.
+    assert_eq!(
+        &l[1..],
+        ["other_event pending", "destroy_cq returned", "done"],
+        "{out}"
+    );
 }
 
 /// The SQE scenario's expected output (the received payload after RTS included).
