@@ -5,8 +5,8 @@ mod common;
 
 use common::{PairOpts, Rig, Side, drain, pair, poll_n};
 use mlx5::{
-    Access, QpType, RecvWr, SendFlags, SendWr, Sge, Syndrome, WcOpcode, WcStatus, WorkCompletion,
-    WrOp,
+    Access, Ah, AhAttr, QpAttr, QpState, QpType, RecvWr, SendFlags, SendWr, Sge, Syndrome, UdDest,
+    WcOpcode, WcStatus, WorkCompletion, WrOp,
 };
 
 /// After a failure on `s`'s send queue: post `n` more WRs (half unsignaled) and check that
@@ -71,17 +71,12 @@ fn bad_lkey(rig: &dyn Rig) {
     check_err(&wcs[2], 3, WcStatus::WR_FLUSH_ERR, Syndrome::WR_FLUSH);
     expect_send_flush(rig, &mut a, 10, 4);
     assert_eq!(a.qp.query().unwrap().0, mlx5::QpState::Err);
-    // The QP error is also an async event on the context, naming the QP.
-    let ev = a
-        .ctx
-        .get_async_event(5000)
-        .unwrap()
-        .expect("an async event");
-    assert_eq!(ev.element, a.qp.user_handle());
-    assert_eq!(
-        ev.event_type,
-        mlx5::ffi::uverbs::IB_EVENT_QP_FATAL,
-        "{ev:?}"
+    // The error CQE is the report: a requester error raises no affiliated async event (IBA
+    // 11.6.3: a work queue catastrophic error is one no completion can report).
+    let ev = a.ctx.get_async_event(200).unwrap();
+    assert!(
+        ev.is_none(),
+        "no async event for a CQE-reported error: {ev:?}"
     );
 }
 
@@ -244,7 +239,97 @@ fn cq_overrun_raises_async_event(rig: &dyn Rig) {
     assert_eq!(ev.element, a.cq.user_handle());
 }
 
+/// A UD or UC send error puts the QP in the send queue error state (IBA 10.3.1): the
+/// failing WR completes with LOC_PROT_ERR, the WRs posted after it (in the same chain, and
+/// later ones) complete with WR_FLUSH_ERR and send nothing, the receive queue still works, and
+/// a modify to RTS (the kernel's SQE -> RTS) sends again.
+fn send_queue_error(rig: &dyn Rig, t: QpType) {
+    let (mut a, mut b) = pair(rig, PairOpts::new(t));
+    let ah = Ah::new(
+        &a.pd,
+        AhAttr {
+            dlid: b.ctx.query_port(1).unwrap().lid,
+            port_num: 1,
+            ..AhAttr::default()
+        },
+    )
+    .unwrap();
+    let to = UdDest {
+        ah: &ah,
+        remote_qpn: b.qp.qpn(),
+        remote_qkey: common::QKEY,
+    };
+    fn dest<'a>(t: QpType, to: UdDest<'a>, wr: SendWr<'a>) -> SendWr<'a> {
+        if t == QpType::Ud { wr.to(to) } else { wr }
+    }
+    let grh: u64 = if t == QpType::Ud { 40 } else { 0 };
+    let rsge = [b.mr.sge(0, grh as u32 + 64)];
+    b.qp.post_recv(&[RecvWr {
+        wr_id: 90,
+        sg_list: &rsge,
+    }])
+    .unwrap();
+    a.buf.write(0, b"after-sqe");
+    let bad = [Sge {
+        lkey: a.mr.lkey() ^ 0x00ff_ff00,
+        ..a.mr.sge(0, 9)
+    }];
+    let good = [a.mr.sge(0, 9)];
+    let wrs = [
+        dest(t, to, SendWr::send(1, &bad, SendFlags::SIGNALED)),
+        dest(t, to, SendWr::send(2, &good, SendFlags::SIGNALED)),
+    ];
+    a.qp.post_send(&wrs).unwrap();
+    let wcs = poll_n(rig, &mut a.cq, 2);
+    check_err(&wcs[0], 1, WcStatus::LOC_PROT_ERR, Syndrome::LOCAL_PROT);
+    check_err(&wcs[1], 2, WcStatus::WR_FLUSH_ERR, Syndrome::WR_FLUSH);
+    assert_eq!(a.qp.query_state().unwrap(), QpState::Sqe);
+    // Posted in SQE: accepted (as libmlx5 does) and flushed by the device, signaled or not.
+    let later = [
+        dest(t, to, SendWr::send(3, &good, SendFlags::NONE)),
+        dest(t, to, SendWr::send(4, &good, SendFlags::SIGNALED)),
+    ];
+    a.qp.post_send(&later).expect("posting in SQE is allowed");
+    let wcs = poll_n(rig, &mut a.cq, 2);
+    check_err(&wcs[0], 3, WcStatus::WR_FLUSH_ERR, Syndrome::WR_FLUSH);
+    check_err(&wcs[1], 4, WcStatus::WR_FLUSH_ERR, Syndrome::WR_FLUSH);
+    assert!(
+        drain(rig, &mut b.cq, 50).is_empty(),
+        "nothing was sent in SQE"
+    );
+    assert_eq!(a.qp.query_state().unwrap(), QpState::Sqe, "still SQE");
+    let rts = QpAttr {
+        qp_state: Some(QpState::Rts),
+        ..QpAttr::default()
+    };
+    a.qp.modify(&rts, mlx5::ffi::uverbs::IB_QP_STATE)
+        .expect("SQE -> RTS");
+    assert_eq!(a.qp.query_state().unwrap(), QpState::Rts);
+    a.qp.post_send(&[dest(t, to, SendWr::send(5, &good, SendFlags::SIGNALED))])
+        .unwrap();
+    let wcs = poll_n(rig, &mut a.cq, 1);
+    assert_eq!((wcs[0].wr_id, wcs[0].status), (5, WcStatus::SUCCESS));
+    let r = poll_n(rig, &mut b.cq, 1);
+    assert_eq!(
+        (r[0].wr_id, r[0].status, r[0].byte_len),
+        (90, WcStatus::SUCCESS, grh as u32 + 9)
+    );
+    let mut got = [0u8; 9];
+    b.buf.read(grh as usize, &mut got);
+    assert_eq!(&got, b"after-sqe");
+}
+
+fn ud_send_queue_error(rig: &dyn Rig) {
+    send_queue_error(rig, QpType::Ud);
+}
+
+fn uc_send_queue_error(rig: &dyn Rig) {
+    send_queue_error(rig, QpType::Uc);
+}
+
 scenarios!(
+    ud_send_queue_error,
+    uc_send_queue_error,
     bad_lkey,
     bad_rkey,
     read_without_remote_read,

@@ -913,6 +913,18 @@ fn emu_run(r: &crate::cli::EmuRunArgs) -> Result<(), String> {
         cmd.env("MLX5_EMU_NODE", n.to_string());
     }
     if let Some(p) = &r.pcap {
+        // Refuse an unwritable capture before the program runs (the preload would stop it
+        // at its first device use; this names the option). Opened without truncating: the
+        // capture may be one another process of the fabric is writing.
+        let writable = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(p);
+        match writable.and_then(|f| f.metadata()) {
+            Ok(m) if m.is_file() => {}
+            Ok(_) => return Err(format!("--pcap {}: not a regular file", p.display())),
+            Err(e) => return Err(format!("--pcap {}: cannot write: {e}", p.display())),
+        }
         cmd.env("MLX5_EMU_PCAP", p);
     }
     if r.trace {

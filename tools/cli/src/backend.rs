@@ -95,12 +95,13 @@ fn pick(cfg: &TestbedConfig) -> Result<Target, String> {
     } else {
         Fabric::InProcess
     };
-    let emu = Emulator::new(EmuConfig {
+    let emu = Emulator::try_new(EmuConfig {
         fabric,
         pcap: cfg.pcap.clone(),
         link_layer: emu_link_layer()?,
         ..EmuConfig::default()
-    });
+    })
+    .map_err(|e| format!("--pcap: {e}"))?;
     if let Some(name) = dev {
         let known = (0..emu.num_hcas()).any(|i| emu.hca_info(i).is_some_and(|h| h.name == name));
         if !known {

@@ -98,7 +98,8 @@ pub struct EmuRunArgs {
     /// LID of HCA 0 (1..=254); default: the first free one.
     #[arg(long)]
     pub node: Option<u16>,
-    /// Write every packet the program's HCAs put on the fabric to this pcap file.
+    /// Capture both directions of the program's HCAs to this pcap file (processes of one run
+    /// may share it); tshark: `--disable-protocol rpcordma` (docs/diagnostics.md).
     #[arg(long, value_name = "FILE.pcap")]
     pub pcap: Option<PathBuf>,
     /// One line per intercepted device call on stderr.

@@ -94,7 +94,9 @@ pub struct EmuConfig {
     /// its first object number (`lid << 16`), so QPNs differ between processes.
     /// In-process fabric: `node` (default 1) is the LID of HCA 0 as well.
     pub node: Option<u16>,
-    /// Write every packet put on the fabric to this pcap file (Ethernet/IPv4/UDP 4791).
+    /// Capture to this pcap file (Ethernet/IPv4/UDP 4791): every packet our HCAs send and every
+    /// one that arrives from another process, wall-clock stamped; emulators (processes) given
+    /// the same path write one capture, each packet once (`docs/diagnostics.md`).
     pub pcap: Option<std::path::PathBuf>,
     /// Honour `MLX5_LIB_CAP_DYN_UAR` (Modern flavour only): contexts that ask get
     /// `tot_bfregs = 0`, allocate UARs with the mlx5 UAR object (ioctl `UAR_OBJ_ALLOC`,

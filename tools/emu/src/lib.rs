@@ -124,7 +124,31 @@ impl Emulator {
 
     /// [`Emulator::new`] with the threaded device's wait chosen here instead of by
     /// `MLX5_EMU_WAKE` ([`WakeMode::Fault`] or [`WakeMode::Poll`]; ignored in stepped mode).
+    ///
+    /// A capture that cannot be written (`pcap` names a path that cannot be created or is
+    /// not a regular file) is reported on stderr, loudly, and the emulator runs without it;
+    /// [`Emulator::try_new`] refuses instead.
     pub fn with_wake(cfg: EmuConfig, wake: WakeMode) -> Emulator {
+        let (emu, err) = Emulator::build(cfg, wake);
+        if let Some(e) = err {
+            eprintln!("mlx5-emu: ERROR: {e}: running WITHOUT a packet capture");
+        }
+        emu
+    }
+
+    /// [`Emulator::new`], refusing a configuration whose pcap capture cannot be written.
+    ///
+    /// # Errors
+    /// The capture's path and why it cannot be written.
+    pub fn try_new(cfg: EmuConfig) -> Result<Emulator, String> {
+        match Emulator::build(cfg, WakeMode::from_env()) {
+            (emu, None) => Ok(emu),
+            (_, Some(e)) => Err(e),
+        }
+    }
+
+    /// The emulator, and the error that left it without the capture it was asked for.
+    fn build(cfg: EmuConfig, wake: WakeMode) -> (Emulator, Option<String>) {
         let n = cfg.num_hcas.max(1);
         let mut socks: Vec<Option<std::net::UdpSocket>> = Vec::new();
         let lids: Vec<u16> = match cfg.fabric {
@@ -221,7 +245,11 @@ impl Emulator {
                     .filter_map(|h| h.eth.tap.as_ref().map(eth::tap::Tap::raw_fd)),
             )
             .collect();
-        let pcap = cfg.pcap.as_deref().and_then(pcap::open);
+        let (pcap, pcap_err) = match cfg.pcap.as_deref().map(|p| pcap::open(p, &lids)) {
+            Some(Ok(c)) => (Some(c), None),
+            Some(Err(e)) => (None, Some(e)),
+            None => (None, None),
+        };
         let mode = cfg.mode;
         // The wake path needs the fault handler; without it (or without an eventfd) the
         // device polls as before.
@@ -280,7 +308,7 @@ impl Emulator {
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner) = handle;
         }
-        Emulator { shared, owner }
+        (Emulator { shared, owner }, pcap_err)
     }
 
     /// Open a new "file" on HCA `hca` (like `open("/dev/infiniband/uverbsN")`). It becomes a

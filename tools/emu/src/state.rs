@@ -113,8 +113,6 @@ pub(crate) struct Cq {
     pub(crate) armed: Option<bool>,
     pub(crate) armed_sn: u8,
     pub(crate) last_fired_sn: Option<u8>,
-    pub(crate) events: u64,
-    pub(crate) async_events: u32,
     pub(crate) ignore_overrun: bool,
     pub(crate) in_error: bool,
     pub(crate) users: u32,
@@ -216,7 +214,6 @@ pub(crate) struct Qp {
     pub(crate) rc: crate::model::device::QpTransport,
     /// SQD entered with `en_sqd_async_notify`: raise SQ_DRAINED when the SQ is idle.
     pub(crate) sqd_notify: bool,
-    pub(crate) events_reported: u32,
     /// XRC and DC (`xrc_dc.rs`): what kind of HPC transport this RC-engine QP is.
     pub(crate) hpc: crate::xrc_dc::QpExt,
 }
@@ -262,7 +259,7 @@ pub(crate) struct World {
     /// Reused receive buffer of the UDP fabric.
     pub(crate) rx_buf: Vec<u8>,
     /// pcap capture of every packet put on the fabric.
-    pub(crate) pcap: Option<std::io::BufWriter<std::fs::File>>,
+    pub(crate) pcap: Option<crate::pcap::Capture>,
     /// Recording of fetched send WQEs (tools/wqe-compare), off by default.
     pub(crate) wqe_log: crate::record::Recorder,
     /// The device trace (`trace.rs`), off by default.
@@ -309,8 +306,15 @@ impl World {
         x.wrapping_mul(0x2545_F491_4F6C_DD1D)
     }
 
-    /// Push an async event record `{element, event_type, reserved}` to a context.
-    pub(crate) fn async_event(&mut self, ctx: u64, element: u64, kind: u32) {
+    /// Push an async event record `{element, event_type, reserved}` of `obj` to a context
+    /// (counted for `obj` once the user reads it: `EventChannel::release`).
+    pub(crate) fn async_event(
+        &mut self,
+        ctx: u64,
+        element: u64,
+        kind: u32,
+        obj: crate::fds::EvObj,
+    ) {
         let Some(c) = self.contexts.get(&ctx) else {
             return;
         };
@@ -319,7 +323,7 @@ impl World {
         rec[0..8].copy_from_slice(&element.to_ne_bytes());
         rec[8..12].copy_from_slice(&kind.to_ne_bytes());
         if let Some(Some(chan)) = self.channels.get_mut(ch) {
-            chan.push(&rec);
+            chan.push_for(&rec, obj);
         }
         self.hcas[hca].counters.async_events += 1;
     }

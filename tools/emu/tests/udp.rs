@@ -110,8 +110,9 @@ fn rc_between_two_emulators_over_udp_with_pcap() {
         "the large WRITE arrived intact"
     );
     assert_eq!(ea.counters(0).packets_sent, 2 + 96);
-    // The capture: pcap header + 2 Ethernet/IPv4/UDP 4791 frames whose BTH opcodes are
-    // RC SEND_ONLY_IMM (0x05) and RC READ_REQUEST (0x0C).
+    // The capture: pcap header, then both directions as ibdump records them: what a sent
+    // (SEND_ONLY_IMM, READ_REQUEST, the WRITE) and what arrived from b (its ACKs and the
+    // READ response), each Ethernet/IPv4/UDP 4791.
     drop(big);
     drop(a);
     drop(ea);
@@ -119,15 +120,34 @@ fn rc_between_two_emulators_over_udp_with_pcap() {
     let _ = std::fs::remove_file(&path);
     assert_eq!(&cap[..4], &0xa1b2_c3d4u32.to_le_bytes());
     let mut off = 24;
-    let mut ops = Vec::new();
+    let (mut ops, mut arrived) = (Vec::new(), Vec::new());
+    let ip_of = |lid: u16| [127, 1, (lid >> 8) as u8, lid as u8];
     while off + 16 <= cap.len() {
         let len = u32::from_le_bytes(cap[off + 8..off + 12].try_into().unwrap()) as usize;
         let f = &cap[off + 16..off + 16 + len];
         assert_eq!(&f[12..14], &[0x08, 0x00]);
         assert_eq!(u16::from_be_bytes([f[36], f[37]]), 4791, "UDP dst port");
-        ops.push(f[42]);
+        let (src, dst) = (&f[26..30], &f[30..34]);
+        if src == ip_of(ia.lid) {
+            assert_eq!(dst, ip_of(ib.lid));
+            ops.push(f[42]);
+        } else {
+            assert_eq!((src, dst), (&ip_of(ib.lid)[..], &ip_of(ia.lid)[..]));
+            arrived.push(f[42]);
+        }
         off += 16 + len;
     }
+    assert_eq!(off, cap.len(), "whole records");
+    // b's answers: ACKs (0x11) and the READ response (0x0D..=0x10).
+    assert!(arrived.contains(&0x11), "{arrived:x?}");
+    assert!(
+        arrived.iter().any(|o| (0x0D..=0x10).contains(o)),
+        "{arrived:x?}"
+    );
+    assert!(
+        arrived.iter().all(|o| (0x0D..=0x11).contains(o)),
+        "{arrived:x?}"
+    );
     assert_eq!(ops.len(), 2 + 96);
     assert_eq!(
         ops[..3],

@@ -11,7 +11,7 @@
 //! | `MLX5_EMU_ETH_MIN_INLINE` | Ethernet ports: header bytes a raw send WQE must inline: `none` (ConnectX-5), `l2` (18 bytes) | `none` |
 //! | `MLX5_EMU_FABRIC` | `udp` (RoCEv2 over loopback UDP: processes reach each other), `inprocess` | `udp` |
 //! | `MLX5_EMU_NODE` | LID of HCA 0, 1..=254 (HCA i gets node + i); unset: first free | unset |
-//! | `MLX5_EMU_PCAP` | write every packet this process puts on the fabric to this pcap file | unset |
+//! | `MLX5_EMU_PCAP` | capture both directions of this process's HCAs to this pcap file (processes may share it; unwritable: the process exits with status 1) | unset |
 //! | `MLX5_EMU_FAULT_SEED`, `MLX5_EMU_DROP_PPM`, `MLX5_EMU_DUP_PPM`, `MLX5_EMU_REORDER_PPM`, `MLX5_EMU_CORRUPT_PPM`, `MLX5_EMU_DELAY_NS` | fabric fault injection | 0 |
 //! | `MLX5_EMU_WQE_LOG` | append one line per send WQE the device fetches to this file | unset |
 //! | `MLX5_EMU_TRACE` | `1`: one line per intercepted device call on stderr | off |

@@ -92,7 +92,16 @@ pub(crate) fn emulator() -> &'static Emulator {
 /// Build the process's emulator from the configuration.
 fn new_emulator() -> Emulator {
     let cfg = config();
-    let emu = Emulator::new(cfg.emu.clone());
+    let emu = match Emulator::try_new(cfg.emu.clone()) {
+        Ok(emu) => emu,
+        Err(e) => {
+            // MLX5_EMU_PCAP names a file that cannot be written: a capture asked for and not
+            // made must not pass for a run that captured nothing.
+            log(&format!("MLX5_EMU_PCAP: {e}; exiting"));
+            // SAFETY: _exit ends the process at once; it has no preconditions.
+            unsafe { libc::_exit(1) }
+        }
+    };
     if let Some(path) = &cfg.wqe_log {
         if let Err(e) = emu.log_wqes_to(path) {
             log(&format!(

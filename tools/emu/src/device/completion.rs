@@ -13,10 +13,7 @@ pub(super) fn fire_event(w: &mut World, hca: usize, cqn: u32) {
     let Some(ch) = cq.channel else { return };
     let handle = cq.user_handle;
     if let Some(Some(chan)) = w.channels.get_mut(ch) {
-        if chan.push(&handle.to_ne_bytes()) {
-            if let Some(cq) = w.hcas[hca].cqs.get_mut(&cqn) {
-                cq.events += 1;
-            }
+        if chan.push_for(&handle.to_ne_bytes(), EvObj::Cq(hca, cqn)) {
             w.hcas[hca].counters.comp_events += 1;
         }
     }
@@ -66,9 +63,8 @@ pub(super) fn post_cqe(w: &mut World, hca: usize, cqn: u32, s: &CqeSpec) -> bool
     let ci = cq.ci_seen;
     if !cq.ignore_overrun && (cq.pi.wrapping_sub(ci) & CQ_CI_MASK) >= cq.ncqe {
         cq.in_error = true;
-        cq.async_events += 1;
         let (ctx, uh) = (cq.ctx, cq.user_handle);
-        w.async_event(ctx, uh, ev::CQ_ERR);
+        w.async_event(ctx, uh, ev::CQ_ERR, EvObj::Cq(hca, cqn));
         // The QPs completing into it can report nothing more: each goes to the error
         // state with its fatal event (their flush CQEs are lost with the CQ).
         let mut at = None;
@@ -246,12 +242,19 @@ pub(super) fn requester_error(
         .get(&qpn)
         .is_none_or(|q| q.qp_type == qpt::RC);
     if rc {
-        qp_to_err(w, hca, qpn, ev::QP_FATAL);
+        // The error CQE is the report: mlx5 raises no affiliated async event for an error
+        // its CQE carries (IBA 11.6.3: a work queue catastrophic error is one that cannot
+        // be reported through a completion), so a program that never reads async events
+        // has none to acknowledge before `ibv_destroy_qp` returns.
+        if let Some(q) = w.hcas[hca].qps.get_mut(&qpn) {
+            q.state = qps::ERR;
+        }
         return;
     }
     // A UD or UC QP's send error is not fatal (IBA 10.3.1, the SQEr state): the QP goes to
-    // the send queue error state, where its receive queue goes on and its send queue waits
-    // (no async event, no flush) until a modify back to RTS.
+    // the send queue error state, where its receive queue goes on and every send WQE after
+    // the failed one (outstanding or posted later) completes with a flush error until a
+    // modify back to RTS (`flush_sq`); no async event (the CQE is the report).
     if let Some(q) = w.hcas[hca].qps.get_mut(&qpn) {
         if matches!(q.state, qps::RTS | qps::SQD) {
             q.state = qps::SQE;
@@ -267,9 +270,8 @@ pub(super) fn qp_to_err(w: &mut World, hca: usize, qpn: u32, event: u32) {
         return;
     }
     q.state = qps::ERR;
-    q.events_reported += 1;
     let (ctx, uh) = (q.ctx, q.user_handle);
-    w.async_event(ctx, uh, event);
+    w.async_event(ctx, uh, event, EvObj::Qp(hca, qpn));
 }
 
 pub(super) fn requester_ok(
@@ -318,6 +320,41 @@ pub(super) fn responder_error_cqe(
 }
 
 pub(super) fn flush_qp(w: &mut World, hca: usize, qpn: u32) -> usize {
+    let mut n = flush_sq(w, hca, qpn);
+    // And every posted receive WQE (not SRQ WQEs: the SRQ is shared).
+    for _ in 0..MAX_WQES_PER_QP_STEP {
+        let Some(q) = w.hcas[hca].qps.get(&qpn) else {
+            return n;
+        };
+        if q.srq.is_some() || q.rq_wqe_cnt == 0 {
+            break;
+        }
+        let Ok(pi) = mem::read_be32(q.db) else { break };
+        if (pi & WQ_PI_MASK) as u16 == (q.rq_head as u16) {
+            break;
+        }
+        let ctr = q.rq_head as u16;
+        if let Some(q) = w.hcas[hca].qps.get_mut(&qpn) {
+            q.rq_head = q.rq_head.wrapping_add(1);
+        }
+        responder_error_cqe(
+            w,
+            hca,
+            qpn,
+            ctr,
+            0,
+            Syndrome::WR_FLUSH,
+            VendorSyndrome::WR_FLUSH.0,
+        );
+        n += 1;
+    }
+    n
+}
+
+/// Complete every outstanding request and every WQE rung on the send queue with a flush
+/// error, in order: the error state's send half, and all of the send queue error state
+/// (SQE: the send queue flushes, the receive queue works on; IBA 10.3.1).
+pub(super) fn flush_sq(w: &mut World, hca: usize, qpn: u32) -> usize {
     let mut n = 0;
     // Outstanding requests first (they are older than anything still in the SQ).
     loop {
@@ -351,33 +388,6 @@ pub(super) fn flush_qp(w: &mut World, hca: usize, qpn: u32) -> usize {
         if let Some(q) = w.hcas[hca].qps.get_mut(&qpn) {
             q.sq_head = q.sq_head.wrapping_add(bbs);
         }
-        n += 1;
-    }
-    // And every posted receive WQE (not SRQ WQEs: the SRQ is shared).
-    for _ in 0..MAX_WQES_PER_QP_STEP {
-        let Some(q) = w.hcas[hca].qps.get(&qpn) else {
-            return n;
-        };
-        if q.srq.is_some() || q.rq_wqe_cnt == 0 {
-            break;
-        }
-        let Ok(pi) = mem::read_be32(q.db) else { break };
-        if (pi & WQ_PI_MASK) as u16 == (q.rq_head as u16) {
-            break;
-        }
-        let ctr = q.rq_head as u16;
-        if let Some(q) = w.hcas[hca].qps.get_mut(&qpn) {
-            q.rq_head = q.rq_head.wrapping_add(1);
-        }
-        responder_error_cqe(
-            w,
-            hca,
-            qpn,
-            ctr,
-            0,
-            Syndrome::WR_FLUSH,
-            VendorSyndrome::WR_FLUSH.0,
-        );
         n += 1;
     }
     n

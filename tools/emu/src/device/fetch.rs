@@ -268,15 +268,16 @@ pub(super) fn run_send_queues(w: &mut World) -> usize {
         };
         if q.state == qps::ERR {
             work += flush_qp(w, hca, qpn);
+        } else if q.state == qps::SQE {
+            work += flush_sq(w, hca, qpn);
         } else if q.state == qps::RTS && (q.sq_head as u16) != q.sq_rung {
             work += run_sq(w, hca, qpn);
         } else if q.state == qps::SQD && q.sqd_notify && q.rc.req.outstanding.is_empty() {
             let (ctx, uh) = (q.ctx, q.user_handle);
             if let Some(q) = w.hcas[hca].qps.get_mut(&qpn) {
                 q.sqd_notify = false;
-                q.events_reported += 1;
             }
-            w.async_event(ctx, uh, ev::SQ_DRAINED);
+            w.async_event(ctx, uh, ev::SQ_DRAINED, EvObj::Qp(hca, qpn));
             work += 1;
         }
     });

@@ -43,6 +43,7 @@ use mlx5_hw::wqe::{
 use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
 use crate::config::RunMode;
+use crate::fds::EvObj;
 use crate::mem;
 use crate::state::{Sgl, World, access, ev, qps, qpt};
 use crate::transport::{

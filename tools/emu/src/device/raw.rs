@@ -140,9 +140,8 @@ fn build_frame(
 /// destination MAC names (group addresses: to nodes 1..=[`eth::FLOOD_NODES`]). A frame is
 /// not looped back to the port that sent it.
 pub(super) fn transmit(w: &mut World, src: usize, frame: Vec<u8>) {
-    let now = w.now();
     w.hcas[src].counters.raw_tx_frames += 1;
-    capture(w, &frame, now);
+    crate::pcap::write_frame(w, &frame);
     let mut dmac = [0u8; 6];
     dmac.copy_from_slice(&frame[..6]);
     let group = eth::is_group(&dmac);
@@ -182,20 +181,6 @@ pub(super) fn transmit(w: &mut World, src: usize, frame: Vec<u8>) {
 /// `BASE_GUID + node` without its bytes 3 and 4).
 fn node_of_mac(mac: &[u8; 6]) -> Option<u16> {
     (1..=254u16).find(|&n| crate::roce::mac_of_guid(crate::roce::BASE_GUID + u64::from(n)) == *mac)
-}
-
-/// Write `frame` to the pcap capture, if there is one.
-fn capture(w: &mut World, frame: &[u8], now_ns: u64) {
-    use std::io::Write;
-    let Some(out) = w.pcap.as_mut() else { return };
-    let mut rec = Vec::with_capacity(16 + frame.len());
-    rec.extend_from_slice(&((now_ns / 1_000_000_000) as u32).to_le_bytes());
-    rec.extend_from_slice(&(((now_ns / 1000) % 1_000_000) as u32).to_le_bytes());
-    rec.extend_from_slice(&(frame.len() as u32).to_le_bytes());
-    rec.extend_from_slice(&(frame.len() as u32).to_le_bytes());
-    rec.extend_from_slice(frame);
-    let _ = out.write_all(&rec);
-    let _ = out.flush();
 }
 
 /// Frames from other processes (the raw-frame sockets) and from TAP interfaces: each goes

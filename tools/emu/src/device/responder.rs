@@ -50,7 +50,7 @@ pub(super) fn fetch_recv_wqe(
         if s.limit > 0 && avail < s.limit {
             s.limit = 0;
             let (ctx, uh) = (s.ctx, s.user_handle);
-            w.async_event(ctx, uh, 14); // IBV_EVENT_SRQ_LIMIT_REACHED
+            w.async_event(ctx, uh, 14, EvObj::Srq(hca, srqn)); // IBV_EVENT_SRQ_LIMIT_REACHED
         }
         out.drain(..16.min(out.len()));
         return Some((idx, srqn));

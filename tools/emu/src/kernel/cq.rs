@@ -121,8 +121,6 @@ pub(super) fn create_cq(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> {
             armed: None,
             armed_sn: 0,
             last_fired_sn: None,
-            events: 0,
-            async_events: 0,
             ignore_overrun: c.flags & IB_UVERBS_CQ_FLAGS_IGNORE_OVERRUN != 0,
             in_error: false,
             users: 0,
@@ -139,13 +137,13 @@ pub(super) fn destroy_cq(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> 
     if cq.users > 0 {
         return Err(EBUSY);
     }
-    let queued = cq
-        .channel
-        .and_then(|c| w.channels[c].as_ref())
-        .map_or(0, |c| c.queued());
+    let channel = cq.channel;
+    let obj = crate::fds::EvObj::Cq(hca, cqn);
+    let comp_events_reported = super::events::release_events(w, channel, obj);
+    let async_events_reported = super::events::release_async_events(w, ctx, obj);
     r.respond(&IbUverbsDestroyCqResp {
-        comp_events_reported: cq.events.saturating_sub(queued) as u32,
-        async_events_reported: cq.async_events,
+        comp_events_reported,
+        async_events_reported,
     })?;
     w.hcas[hca].cqs.remove(&cqn);
     remove_handle(w, ctx, handle);

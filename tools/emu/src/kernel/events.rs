@@ -4,7 +4,7 @@ use mlx5_ffi::uverbs::IbUverbsCreateCompChannelResp;
 
 use super::Req;
 use crate::abi::Errno;
-use crate::fds::EventChannel;
+use crate::fds::{EvObj, EventChannel};
 use crate::state::World;
 
 /// A new event channel carrying `record`-byte records: (slot in `w.channels`, user fd).
@@ -79,4 +79,20 @@ pub(super) fn create_comp_channel(w: &mut World, ctx: u64, r: &Req) -> Result<()
         c.comp_by_fd.insert(fd, ch);
     }
     Ok(())
+}
+
+/// `obj` is being destroyed: the events of it the user has read from channel `ch` (the
+/// `events_reported` of its DESTROY answer; libibverbs waits until it has acknowledged
+/// that many), its unread ones taken off the channel (`ib_uverbs_release_uevent`).
+pub(super) fn release_events(w: &mut World, ch: Option<usize>, obj: EvObj) -> u32 {
+    match ch.and_then(|c| w.channels.get_mut(c)) {
+        Some(Some(chan)) => chan.release(obj),
+        _ => 0,
+    }
+}
+
+/// [`release_events`] on the async event channel of context `ctx`.
+pub(super) fn release_async_events(w: &mut World, ctx: u64, obj: EvObj) -> u32 {
+    let ch = w.contexts.get(&ctx).map(|c| c.async_ch);
+    release_events(w, ch, obj)
 }

@@ -304,7 +304,6 @@ pub(super) fn create_qp(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> {
             rq_prefetch: (0, Vec::new()),
             rc: Default::default(),
             sqd_notify: false,
-            events_reported: 0,
             hpc: crate::xrc_dc::QpExt {
                 kind,
                 ..Default::default()
@@ -667,10 +666,9 @@ pub(super) fn destroy_qp(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> 
     if super::xrc::close_shared_qp(w, ctx, handle, qpn) {
         return r.respond(&IbUverbsDestroyQpResp { events_reported: 0 });
     }
-    let q = &w.hcas[hca].qps[&qpn];
-    r.respond(&IbUverbsDestroyQpResp {
-        events_reported: q.events_reported,
-    })?;
+    let events_reported =
+        super::events::release_async_events(w, ctx, crate::fds::EvObj::Qp(hca, qpn));
+    r.respond(&IbUverbsDestroyQpResp { events_reported })?;
     let q = w.hcas[hca].qps.remove(&qpn).ok_or(EINVAL)?;
     super::mcast::forget_qp(w, hca, qpn);
     qp_refs(w, hca, (q.pdn, q.send_cq, q.recv_cq, q.srq), -1);

@@ -113,7 +113,9 @@ pub(super) fn destroy_srq(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno>
     if w.hcas[hca].srqs[&srqn].users > 0 {
         return Err(EBUSY);
     }
-    r.respond(&IbUverbsDestroySrqResp { events_reported: 0 })?;
+    let events_reported =
+        super::events::release_async_events(w, ctx, crate::fds::EvObj::Srq(hca, srqn));
+    r.respond(&IbUverbsDestroySrqResp { events_reported })?;
     if let Some(s) = w.hcas[hca].srqs.remove(&srqn) {
         pd_use(w, hca, s.pdn, -1);
     }
