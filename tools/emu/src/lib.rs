@@ -71,6 +71,7 @@ use std::time::Duration;
 
 pub use abi::{Errno, UverbsSurface};
 pub use eth::tap::{NEIGH_NODES, NS_HOST_IP, TapConfig, in_netns, net_down, net_up, ns_hca_ip};
+pub use device::{FAILED_CHECKS_KEPT, FailedCheck, KeyFault, access_names};
 pub use inspect::{CqView, QpView};
 pub use kernel::ucma::{RdmaCmFile, RdmaCmOpen};
 pub use mem::{DmaPath, dma_path, set_dma_path};
@@ -789,6 +790,7 @@ impl Emulator {
             wake: wake.clone(),
             cm: Default::default(),
             mcast: Default::default(),
+            checks: Default::default(),
         };
         let shared = Arc::new(Shared {
             world: Mutex::new(world),

@@ -336,6 +336,8 @@ pub(crate) struct World {
     pub(crate) cm: crate::kernel::ucma::Cm,
     /// Multicast attachments (`kernel/mcast.rs`).
     pub(crate) mcast: crate::kernel::mcast::Groups,
+    /// The device's view of its failed checks (`device/dma.rs`).
+    pub(crate) checks: crate::device::Checks,
 }
 
 impl World {

@@ -4,8 +4,248 @@
 // The stages share the device's imports and one another's `pub(super)` items (device/mod.rs).
 use super::*;
 
+/// Which check of a memory key failed, with the values compared: the device's own view of a
+/// protection error (the CQE carries only its code; the trace and
+/// [`crate::Emulator::failed_checks`] carry this).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyFault {
+    /// No MR has this key (never registered, deregistered, or its variant byte differs).
+    Unknown {
+        /// The key used.
+        key: u32,
+    },
+    /// The MR is another protection domain's than the QP's.
+    Pd {
+        /// The key used.
+        key: u32,
+        /// The MR's PD.
+        mr_pdn: u32,
+        /// The QP's (or SRQ's) PD.
+        qp_pdn: u32,
+    },
+    /// The MR lacks an access right the operation needs.
+    Rights {
+        /// The key used.
+        key: u32,
+        /// The MR's access flags.
+        have: u32,
+        /// The flags the operation needs.
+        need: u32,
+    },
+    /// The QP's own remote access flags (qp_access_flags) lack the right.
+    QpRights {
+        /// The QP's access flags.
+        have: u32,
+        /// The flag the operation needs.
+        need: u32,
+    },
+    /// `[va, va+len)` is not inside the MR.
+    Range {
+        /// The key used.
+        key: u32,
+        /// The address used.
+        va: u64,
+        /// The length used.
+        len: u64,
+        /// The MR's first address (its iova, or 0 when zero-based).
+        start: u64,
+        /// The MR's end (first address after it).
+        end: u64,
+    },
+}
+
+/// Access flags by name, `A|B|C` (`none` for 0).
+pub fn access_names(flags: u32) -> String {
+    const NAMES: [(u32, &str); 6] = [
+        (access::LOCAL_WRITE, "LOCAL_WRITE"),
+        (access::REMOTE_WRITE, "REMOTE_WRITE"),
+        (access::REMOTE_READ, "REMOTE_READ"),
+        (access::REMOTE_ATOMIC, "REMOTE_ATOMIC"),
+        (access::MW_BIND, "MW_BIND"),
+        (access::ZERO_BASED, "ZERO_BASED"),
+    ];
+    let v: Vec<&str> = NAMES
+        .iter()
+        .filter(|(f, _)| flags & f != 0)
+        .map(|&(_, n)| n)
+        .collect();
+    if v.is_empty() {
+        "none".to_owned()
+    } else {
+        v.join("|")
+    }
+}
+
+impl KeyFault {
+    /// The 3-bit detail of the memory-translation vendor syndrome for this fault (the low bits
+    /// of 0x30 data buffer / 0x50 gather list): 0 unspecified (key unknown: the public decoder
+    /// has no code of its own for it), 2 protection-domain violation, 3 access-rights
+    /// violation, 4 length violation.
+    pub fn tpt_detail(self) -> u8 {
+        match self {
+            KeyFault::Unknown { .. } => 0,
+            KeyFault::Pd { .. } => 2,
+            KeyFault::Rights { .. } | KeyFault::QpRights { .. } => 3,
+            KeyFault::Range { .. } => 4,
+        }
+    }
+
+    /// The check's short name: `key`, `PD`, `rights`, `range`.
+    pub fn check(self) -> &'static str {
+        match self {
+            KeyFault::Unknown { .. } => "key",
+            KeyFault::Pd { .. } => "PD",
+            KeyFault::Rights { .. } | KeyFault::QpRights { .. } => "rights",
+            KeyFault::Range { .. } => "range",
+        }
+    }
+
+    /// What failed, with the expected and the actual value (printed after `check(): `);
+    /// `kind` names the key ("lkey", "rkey") and `side` where it was checked ("at the
+    /// requester", "at the responder").
+    pub fn describe(self, kind: &str, side: &str) -> String {
+        match self {
+            KeyFault::Unknown { key } => format!(
+                "{kind} {key:#010x} unknown {side}: no MR has this key (index {:#x}, variant {:#04x})",
+                key >> 8,
+                key & 0xff
+            ),
+            KeyFault::Pd {
+                key,
+                mr_pdn,
+                qp_pdn,
+            } => format!(
+                "{kind} {key:#010x} is an MR of PD {mr_pdn:#x}, the QP's PD is {qp_pdn:#x} (PD mismatch {side})"
+            ),
+            KeyFault::Rights { key, have, need } => format!(
+                "the MR of {kind} {key:#010x} lacks {} (access flags: {}) {side}",
+                access_names(need & !have),
+                access_names(have)
+            ),
+            KeyFault::QpRights { have, need } => format!(
+                "the QP's qp_access_flags lack {} (qp_access_flags: {}) {side}",
+                access_names(need & !have),
+                access_names(have)
+            ),
+            KeyFault::Range {
+                key,
+                va,
+                len,
+                start,
+                end,
+            } => {
+                let last = va.wrapping_add(len);
+                if va < start {
+                    format!(
+                        "addr {va:#x} below the start {start:#x} of the MR of {kind} {key:#010x} {side}"
+                    )
+                } else {
+                    format!(
+                        "addr+len {last:#x} beyond the MR's end {end:#x} ({kind} {key:#010x}, addr {va:#x} len {len}) {side}"
+                    )
+                }
+            }
+        }
+    }
+}
+
+/// A check the device made that failed: its view of an error, kept for
+/// [`crate::Emulator::failed_checks`] (the last [`FAILED_CHECKS_KEPT`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FailedCheck {
+    /// The HCA.
+    pub hca: usize,
+    /// The QP that made the check.
+    pub qpn: u32,
+    /// "requester" or "responder".
+    pub side: &'static str,
+    /// The check: `key`, `PD`, `rights`, `range`, `receive WQE`, `length`, `ACK`.
+    pub check: &'static str,
+    /// What was compared (expected and actual values).
+    pub detail: String,
+}
+
+/// How many failed checks the device keeps.
+pub const FAILED_CHECKS_KEPT: usize = 32;
+
+/// The device's record of failed checks (errors only: nothing here is touched on success).
+#[derive(Debug, Default)]
+pub struct Checks {
+    /// The last key fault found by [`check_key`], until an error path takes it.
+    pub(crate) last: std::cell::Cell<Option<KeyFault>>,
+    /// The failed checks, oldest first.
+    pub(crate) failed: VecDeque<FailedCheck>,
+}
+
+/// Note a failed check (cold: error paths only).
+#[cold]
+pub(super) fn note_failed(
+    w: &mut World,
+    hca: usize,
+    qpn: u32,
+    side: &'static str,
+    check: &'static str,
+    detail: String,
+) {
+    if w.checks.failed.len() >= FAILED_CHECKS_KEPT {
+        w.checks.failed.pop_front();
+    }
+    w.checks.failed.push_back(FailedCheck {
+        hca,
+        qpn,
+        side,
+        check,
+        detail,
+    });
+}
+
 /// Translate `[va, va+len)` under key `key` for a QP in PD `pdn`; `need` are the access
-/// bits the MR must grant. Returns the process address.
+/// bits the MR must grant. Returns the process address, or which check failed.
+pub(super) fn check_key(
+    w: &World,
+    hca: usize,
+    key: u32,
+    pdn: u32,
+    va: u64,
+    len: u64,
+    need: u32,
+) -> Result<u64, KeyFault> {
+    let fault = match w.hcas[hca].mrs.get(&(key >> 8)) {
+        None => KeyFault::Unknown { key },
+        Some(mr) if mr.key != key => KeyFault::Unknown { key },
+        Some(mr) if mr.pdn != pdn => KeyFault::Pd {
+            key,
+            mr_pdn: mr.pdn,
+            qp_pdn: pdn,
+        },
+        Some(mr) if mr.access & need != need => KeyFault::Rights {
+            key,
+            have: mr.access,
+            need,
+        },
+        Some(mr) => {
+            let zero_based = mr.access & access::ZERO_BASED != 0;
+            let base = if zero_based { 0 } else { mr.iova };
+            let end = base.saturating_add(mr.length);
+            match va.checked_sub(base) {
+                Some(off) if off.checked_add(len).is_some_and(|e| e <= mr.length) => {
+                    return Ok(mr.start + off);
+                }
+                _ => KeyFault::Range {
+                    key,
+                    va,
+                    len,
+                    start: base,
+                    end,
+                },
+            }
+        }
+    };
+    w.checks.last.set(Some(fault));
+    Err(fault)
+}
+
+/// [`check_key`] without the reason.
 pub(super) fn translate(
     w: &World,
     hca: usize,
@@ -15,20 +255,10 @@ pub(super) fn translate(
     len: u64,
     need: u32,
 ) -> Option<u64> {
-    let mr = w.hcas[hca].mrs.get(&(key >> 8))?;
-    if mr.key != key || mr.pdn != pdn || mr.access & need != need {
-        return None;
-    }
-    let zero_based = mr.access & access::ZERO_BASED != 0;
-    let base = if zero_based { 0 } else { mr.iova };
-    let off = va.checked_sub(base)?;
-    if off.checked_add(len)? > mr.length {
-        return None;
-    }
-    Some(mr.start + off)
+    check_key(w, hca, key, pdn, va, len, need).ok()
 }
 
-/// A remote access by a peer: the MR checks of [`translate`] plus the QP's own remote
+/// A remote access by a peer: the MR checks of [`check_key`] plus the QP's own remote
 /// access flags (`need` is one of REMOTE_READ, REMOTE_WRITE, REMOTE_ATOMIC).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn remote(
@@ -40,8 +270,14 @@ pub(super) fn remote(
     va: u64,
     len: u64,
     need: u32,
-) -> Option<u64> {
-    translate(w, hca, rkey, pdn, va, len, need).filter(|_| qacc & need != 0)
+) -> Result<u64, KeyFault> {
+    let a = check_key(w, hca, rkey, pdn, va, len, need)?;
+    if qacc & need == 0 {
+        let f = KeyFault::QpRights { have: qacc, need };
+        w.checks.last.set(Some(f));
+        return Err(f);
+    }
+    Ok(a)
 }
 
 /// [`remote`] for a RETH: a zero-length access needs no valid rkey (address 0).
@@ -52,11 +288,22 @@ pub(super) fn remote_reth(
     qacc: u32,
     r: Reth,
     need: u32,
-) -> Option<u64> {
+) -> Result<u64, KeyFault> {
     if r.len == 0 {
-        Some(0)
+        Ok(0)
     } else {
         remote(w, hca, pdn, qacc, r.rkey, r.va, u64::from(r.len), need)
+    }
+}
+
+/// The vendor syndrome of a local protection error: `base` (0x50 gather list, 0x30 data
+/// buffer) with the 3-bit detail of the key fault just found, taken (cleared); 0x51 (gather
+/// list: PCIe error) / `base | 1` when no key check failed (the buffer was unreachable:
+/// unmapped behind the device's back).
+pub(super) fn take_tpt_vendor(w: &World, base: u8) -> u8 {
+    match w.checks.last.take() {
+        Some(f) => base | f.tpt_detail(),
+        None => base | 1,
     }
 }
 
