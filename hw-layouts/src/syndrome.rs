@@ -407,7 +407,9 @@ impl Pointer {
 
     /// Whether `cause` (one item of [`Explanation::causes`]) is the one this points at.
     pub fn supports(self, cause: &str) -> bool {
-        self.keywords().iter().any(|k| contains_ignore_case(cause, k))
+        self.keywords()
+            .iter()
+            .any(|k| contains_ignore_case(cause, k))
     }
 
     /// What the CQE's vendor syndrome points at, if it narrows the cause: a memory-translation

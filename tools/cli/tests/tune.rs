@@ -106,6 +106,7 @@ fn measured(knob: &'static str, value: &str, p50: f64, per_msg: Vec<f64>) -> Mea
         per_msg: Some(per_msg),
         totals: None,
         instr_per_msg: None,
+        runs: Vec::new(),
     }
 }
 

@@ -70,8 +70,8 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 pub use abi::{Errno, UverbsSurface};
-pub use eth::tap::{NEIGH_NODES, NS_HOST_IP, TapConfig, in_netns, net_down, net_up, ns_hca_ip};
 pub use device::{FAILED_CHECKS_KEPT, FailedCheck, KeyFault, access_names};
+pub use eth::tap::{NEIGH_NODES, NS_HOST_IP, TapConfig, in_netns, net_down, net_up, ns_hca_ip};
 pub use inspect::{CqView, QpView};
 pub use kernel::ucma::{RdmaCmFile, RdmaCmOpen};
 pub use mem::{DmaPath, dma_path, set_dma_path};

@@ -336,7 +336,13 @@ impl Emulator {
     /// expected and the actual value; no receive WQE; no ACK; length), oldest first, the last
     /// [`crate::FAILED_CHECKS_KEPT`]. Recorded with tracing on or off (error paths only).
     pub fn failed_checks(&self) -> Vec<crate::FailedCheck> {
-        self.shared.lock_quiet().checks.failed.iter().cloned().collect()
+        self.shared
+            .lock_quiet()
+            .checks
+            .failed
+            .iter()
+            .cloned()
+            .collect()
     }
 
     /// The emulated clock (ns): virtual in stepped mode.

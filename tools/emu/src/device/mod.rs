@@ -61,13 +61,13 @@ use timers::*;
 use wire::*;
 use xrc::*;
 
+pub use dma::{Checks, FAILED_CHECKS_KEPT, FailedCheck, KeyFault, access_names};
 pub(crate) use requester::ReqState;
 pub(crate) use responder::RespState;
 pub(crate) use timers::{TimerState, next_deadline};
 /// The CM's MADs leave through the same wire (`kernel/ucma.rs`).
 pub(crate) use wire::send_packet as send_gsi;
 pub(crate) use wire::{Outgoing, Wire};
-pub use dma::{Checks, FAILED_CHECKS_KEPT, FailedCheck, KeyFault, access_names};
 
 /// Transport state of one QP, each part owned by its stage. The retry counters are the
 /// kernel's to reset (modify to RTS); the rest is the device's.

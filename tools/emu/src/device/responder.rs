@@ -276,7 +276,9 @@ fn recv_key_refused(w: &mut World, hca: usize, qpn: u32) -> u8 {
     if let Some(f) = w.checks.last.get() {
         let d = f.describe("lkey", "at the responder (receive WQE)");
         let clock = tclock(w);
-        rcheck(&mut w.trace, clock, hca, qpn, f.check(), false, || d.clone());
+        rcheck(&mut w.trace, clock, hca, qpn, f.check(), false, || {
+            d.clone()
+        });
         note_failed(w, hca, qpn, "responder", f.check(), d);
     }
     take_tpt_vendor(w, 0x30)
@@ -285,9 +287,8 @@ fn recv_key_refused(w: &mut World, hca: usize, qpn: u32) -> u8 {
 /// A message longer than the receive WQE's scatter list (cold).
 #[cold]
 fn recv_too_long(w: &mut World, hca: usize, qpn: u32, len: u64, cap: u64) {
-    let d = format!(
-        "message of at least {len} B longer than the receive WQE's scatter list ({cap} B)"
-    );
+    let d =
+        format!("message of at least {len} B longer than the receive WQE's scatter list ({cap} B)");
     let clock = tclock(w);
     rcheck(&mut w.trace, clock, hca, qpn, "length", false, || d.clone());
     note_failed(w, hca, qpn, "responder", "length", d);
