@@ -157,7 +157,7 @@ pub const MAX_TRACE_SIZE: u32 = 1 << 20;
 pub struct Stage {
     /// Which operation (0-based) of the `-n` traced.
     pub op_index: u32,
-    /// Stage name, as in the article: "work request", "checks", "WQE", ...
+    /// Stage name: "work request", "checks", "WQE", ... (`docs/trace-and-tune.md`)
     pub name: &'static str,
     /// Wall-clock ns since tracing began.
     pub t_ns: u64,

@@ -1,17 +1,19 @@
-//! `mlx5 tune`: the article's tuning knobs as an experiment on the current device, one knob at
+//! `mlx5 tune`: the tuning knobs as an experiment on the current device, one knob at
 //! a time from a baseline.
 //!
-//! Each setting opens a fresh connected pair (`backend.rs`) and runs two measurements of RC
-//! SENDs of one size:
+//! Each setting is run `reps` times; each run opens a fresh connected pair (`backend.rs`) and
+//! makes two measurements of RC SENDs of one size:
 //! - a ping-pong (as `mlx5 lat send`) for the latency percentiles;
 //! - a stream (as `mlx5 bw send`) with the setting's SQ depth, post list and signaling
 //!   interval, around which the emulated device's counters are read: doorbells, BlueFlame
 //!   writes, WQE fetches, payload DMA reads, CQEs and the link traffic as PCIe would carry it
 //!   (`tools/emu/src/trace.rs`), each divided by the messages streamed.
 //!
-//! Then one line per knob says which figures moved between its settings and why; the figures
-//! and the reasons are chosen from the measured numbers. CQ moderation is reported as not
-//! supported: neither the driver nor the emulated device moderates CQ events.
+//! Then one line per knob judges each setting against the first: the timed figures
+//! (message rate, p50, p99, p99.9) are better or worse only beyond the spread measured
+//! between the runs ([`judge`]), noisy runs are flagged, and the device figures that moved are
+//! named with the reason. CQ moderation is reported as not supported: neither the driver nor
+//! the emulated device moderates CQ events.
 
 use std::io::Write;
 
@@ -22,7 +24,7 @@ use crate::bench::{self, Op, RunParams};
 use crate::cli::PollMode;
 use crate::stats::LatencyStats;
 
-/// The knobs, in the article's order.
+/// The knobs, in the order they are tried.
 pub const KNOBS: [&str; 7] = [
     "inline",
     "sq_depth",
@@ -802,14 +804,16 @@ pub fn knob_line(knob: &str, rows: &[&Measured]) -> String {
         if knob == "poll" && worse.iter().any(|w| w.starts_with("latency")) {
             verdict.push_str(" (the poller sleeps or waits for an event between polls)");
         }
-        let noisy: Vec<&str> = base.noisy().into_iter().chain(r.noisy()).collect();
+        let noisy: Vec<String> = [(&base.value, base.noisy()), (&r.value, r.noisy())]
+            .into_iter()
+            .filter(|(_, n)| !n.is_empty())
+            .map(|(v, n)| format!("{v}: {}", n.join(", ")))
+            .collect();
         if !noisy.is_empty() {
-            let mut n = noisy.clone();
-            n.dedup();
             verdict.push_str(&format!(
-                " [noisy run: {} spread over {}% between runs]",
-                n.join(", "),
-                (NOISY * 100.0) as u32
+                " [noisy runs, spread over {}%: {}]",
+                (NOISY * 100.0) as u32,
+                noisy.join("; ")
             ));
         }
         moved.push(verdict);
