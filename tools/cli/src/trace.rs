@@ -841,7 +841,7 @@ fn fault_setup(
             n
         }
         Fault::Range => {
-            let va = end - u64::from(size / 2 & !7);
+            let va = end - u64::from((size / 2) & !7);
             f.remote = Some((va, b.mr.rkey()));
             format!(
                 "remote addr {va:#x} + len {size} runs past the end {end:#x} of the responder's MR"

@@ -150,8 +150,11 @@ pub struct Timed {
     pub p99_9: f64,
 }
 
-/// The timed figures tune judges: name, unit, whether higher is better, the value of a run.
-pub const TIMED: [(&str, &str, bool, fn(&Timed) -> f64); 4] = [
+/// One timed figure: name, unit, whether higher is better, its value in a run.
+pub type TimedFigure = (&'static str, &'static str, bool, fn(&Timed) -> f64);
+
+/// The timed figures tune judges.
+pub const TIMED: [TimedFigure; 4] = [
     ("message rate", "msg/s", true, |t| t.msg_rate),
     ("latency p50", "us", false, |t| t.p50),
     ("latency p99", "us", false, |t| t.p99),

@@ -596,10 +596,7 @@ fn the_fault_command_prints_the_explanation_in_text_and_json() {
         .iter()
         .filter_map(|l| l.as_str())
         .collect();
-    assert!(
-        lines.iter().any(|l| *l == "causes, most likely first:"),
-        "{lines:?}"
-    );
+    assert!(lines.contains(&"causes, most likely first:"), "{lines:?}");
     assert!(lines.iter().any(|l| l.starts_with("check: ")), "{lines:?}");
     assert!(last["data"]["explanation"]["causes"].is_string());
     assert!(last["data"]["first_cause"].is_string());
