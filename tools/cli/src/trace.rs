@@ -498,7 +498,7 @@ fn rig_rnr(size: u32, inline: u32, bf: bool, depth: u32, rnr_retry: u8) -> Resul
     let (ra, rb) = (remote(&a, 0x100), remote(&b, 0x200));
     let acc = Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
     for (e, r) in [(&mut a, &rb), (&mut b, &ra)] {
-        e.qp.to_init(1, acc, 0).map_err(err("INIT"))?;
+        e.qp.to_init(1, acc).map_err(err("INIT"))?;
         e.qp.to_rtr(r, 3, 0).map_err(err("RTR"))?;
     }
     a.qp.to_rts(0x100, rnr_retry).map_err(err("RTS"))?;
@@ -569,7 +569,7 @@ fn rig_hw(
     let (ra, rb) = (remote(&a, 0x100), remote(&b, 0x200));
     let acc = Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
     for (e, r) in [(&mut a, &rb), (&mut b, &ra)] {
-        e.qp.to_init(1, acc, 0).map_err(err("INIT"))?;
+        e.qp.to_init(1, acc).map_err(err("INIT"))?;
         e.qp.to_rtr_with(r, &p).map_err(err("RTR"))?;
     }
     a.qp.to_rts_with(0x100, &p.rnr_retry(rnr_retry))
