@@ -78,7 +78,7 @@ pub static EXPLANATIONS: &[Explanation] = &[
          send: the gather list is longer than the port's max message size, or a UD/UC message is larger than the path MTU; \
          an inline payload larger than the QP's max_inline_data",
         "the receive buffer sizes posted against the peer's send sizes; sge lengths (0 means 2 GiB on some ops); \
-         for UD, the payload against the path MTU minus the 40-byte GRH; the QP's max_inline_data",
+         for UD, the payload against the path MTU (a UD payload may fill the whole MTU; the 40-byte GRH area comes on top of it in the receive buffer); the QP's max_inline_data",
     ),
     e(
         Syndrome::LOCAL_QP_OP,

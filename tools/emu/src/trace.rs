@@ -334,8 +334,8 @@ impl Emulator {
 
     /// The device's view of its errors: the checks that failed (which key check, with the
     /// expected and the actual value; no receive WQE; no ACK; length), oldest first, the last
-    /// [`crate::FAILED_CHECKS_KEPT`]. Recorded with tracing on or off (error paths only).
-    pub fn failed_checks(&self) -> Vec<crate::FailedCheck> {
+    /// [`crate::device::FAILED_CHECKS_KEPT`]. Recorded with tracing on or off (error paths only).
+    pub fn failed_checks(&self) -> Vec<crate::device::FailedCheck> {
         self.shared
             .lock_quiet()
             .checks

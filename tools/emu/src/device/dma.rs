@@ -6,7 +6,7 @@ use super::*;
 
 /// Which check of a memory key failed, with the values compared: the device's own view of a
 /// protection error (the CQE carries only its code; the trace and
-/// [`crate::Emulator::failed_checks`] carry this).
+/// `Emulator::failed_checks` carry this).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KeyFault {
     /// No MR has this key (never registered, deregistered, or its variant byte differs).
@@ -150,7 +150,7 @@ impl KeyFault {
 }
 
 /// A check the device made that failed: its view of an error, kept for
-/// [`crate::Emulator::failed_checks`] (the last [`FAILED_CHECKS_KEPT`]).
+/// `Emulator::failed_checks` (the last [`FAILED_CHECKS_KEPT`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FailedCheck {
     /// The HCA.
