@@ -1631,7 +1631,26 @@ fn device_stages(
                 lines.push(format!(
                     "64 B CQE written at {addr:#x}: CQ {cqn:#08x} entry {index}"
                 ));
-                lines.extend(dec.to_text().lines().skip(1).map(str::to_owned));
+                // The decoder's explanation of an error CQE is the table's alone: the work
+                // completion below prints it ranked by all the evidence instead.
+                let text = dec.to_text();
+                let mut explained = false;
+                for l in text.lines().skip(1) {
+                    if ["meaning: ", "causes: ", "check: "]
+                        .iter()
+                        .any(|k| l.starts_with(k))
+                    {
+                        explained = true;
+                    } else {
+                        lines.push(l.to_owned());
+                    }
+                }
+                if explained {
+                    lines.push(
+                        "(explained with the work completion below, ranked by the evidence)"
+                            .to_owned(),
+                    );
+                }
                 s(
                     name,
                     f,

@@ -714,6 +714,16 @@ fn every_fault_kind_is_named_first() {
             }
         }
         assert_eq!(wc.data["first_cause"], first, "{}", f.name());
+        // The first causes the whole trace prints are these: no stage before the work
+        // completion prints the table's unranked order.
+        let text = mlx5_tools::trace::to_text(&st);
+        let at = text.find("causes").unwrap();
+        assert!(
+            text[at..].starts_with("causes, most likely first:"),
+            "{}: {}",
+            f.name(),
+            &text[at.saturating_sub(200)..at + 200]
+        );
         // The device's view: a failed check of this kind, with what it compared.
         let checks = wc.data["device_checks"].as_array().unwrap();
         assert!(
