@@ -339,17 +339,38 @@ open_enum! {
     /// are the ones real ConnectX (mlx5) devices report, as recorded in public logs (UCX
     /// `ib_mlx5_log` lines "synd 0x.. vend 0x..", kernel `mlx5_poll_one` / `dump_cqe` output,
     /// NCCL "vendor err N" messages, perftest reports); each const says where it was seen.
-    /// No public record was found for LOCAL_LENGTH, MW_BIND, BAD_RESP, LOCAL_ACCESS,
-    /// RNR_RETRY_EXC and REMOTE_ABORTED (other than ODP): for those the emulator reports 0.
-    /// (Raw-packet QPs report other local-protection codes, e.g. 0x52 / 0x53; not mirrored.)
-    /// [`VendorSyndrome::for_syndrome`] gives the value the emulator pairs with a syndrome.
+    /// No public record was found for LOCAL_LENGTH, MW_BIND, BAD_RESP, LOCAL_ACCESS and
+    /// REMOTE_ABORTED (other than ODP): for those the emulator reports 0.
+    /// [`VendorSyndrome::for_syndrome`] gives the value the emulator pairs with a syndrome when
+    /// it knows no more; for a key check that failed it reports the memory-translation code of
+    /// that check instead (gather list 0x50 + detail, data buffer 0x30 + detail: the decoder's
+    /// layout, `syndrome::vendor_meaning`), and 0x87 for RNR retries exceeded
+    /// (`docs/diagnostics.md`, "Vendor syndromes per cause").
     pub struct VendorSyndrome(pub u8);
     /// Responder: a receive WQE's scatter entry names an lkey/range it may not write (UCX SRQ
     /// log "Local protection error (synd 0x4 vend 0x32)").
     LOCAL_PROT_RESP = 0x32, "";
-    /// Requester: a gather entry names an invalid lkey/range (NCCL "error 4 ... vendor err 81",
-    /// perftest "status 4 ... syndrom 0x51").
+    /// Responder: a receive WQE's scatter entry names a key no MR has (data buffer, detail 0).
+    LOCAL_PROT_RESP_KEY = 0x30, "";
+    /// Responder: a receive buffer's MR lacks LOCAL_WRITE (data buffer, access rights).
+    LOCAL_PROT_RESP_RIGHTS = 0x33, "";
+    /// Responder: a receive sge's range is outside its MR (data buffer, length violation).
+    LOCAL_PROT_RESP_RANGE = 0x34, "";
+    /// Requester: a gather entry names a key no MR has (gather list, detail 0: the decoder
+    /// has no code for an unknown key; the emulator's choice, `docs/diagnostics.md`).
+    LOCAL_PROT_KEY = 0x50, "";
+    /// Requester: the device could not read a gather buffer (gather list, PCIe error; NCCL
+    /// "error 4 ... vendor err 81", perftest "status 4 ... syndrom 0x51").
     LOCAL_PROT = 0x51, "";
+    /// Requester: a gather entry's MR is another PD's (gather list, PD violation).
+    LOCAL_PROT_PD = 0x52, "";
+    /// Requester: the key's MR lacks the access the device needs (gather list, access rights).
+    LOCAL_PROT_RIGHTS = 0x53, "";
+    /// Requester: a gather entry's range is outside its MR (gather list, length violation).
+    LOCAL_PROT_RANGE = 0x54, "";
+    /// RNR retry counter exceeded (the decoder's "receiver-not-ready NAK, retry limit
+    /// exceeded"; no public log pairs it with the syndrome).
+    RNR_RETRY_EXC = 0x87, "";
     /// Requester local QP operation error, e.g. an opcode the QP cannot execute (UCX
     /// "Local QP operation (synd 0x2 vend 0x68) opcode MASKED_COMPARE_SWAP").
     LOCAL_QP_OP = 0x68, "";
@@ -380,7 +401,17 @@ impl VendorSyndrome {
             Self::LOCAL_PROT_RESP => {
                 "responder local protection: receive buffer lkey/range not writable"
             }
-            Self::LOCAL_PROT => "requester local protection: gather lkey/range invalid",
+            Self::LOCAL_PROT_RESP_KEY => "responder local protection: receive lkey unknown",
+            Self::LOCAL_PROT_RESP_RIGHTS => {
+                "responder local protection: receive buffer's MR lacks LOCAL_WRITE"
+            }
+            Self::LOCAL_PROT_RESP_RANGE => "responder local protection: receive sge outside its MR",
+            Self::LOCAL_PROT_KEY => "requester local protection: gather lkey unknown",
+            Self::LOCAL_PROT => "requester local protection: gather buffer unreachable (PCIe)",
+            Self::LOCAL_PROT_PD => "requester local protection: gather MR of another PD",
+            Self::LOCAL_PROT_RIGHTS => "requester local protection: MR lacks the access needed",
+            Self::LOCAL_PROT_RANGE => "requester local protection: gather sge outside its MR",
+            Self::RNR_RETRY_EXC => "RNR retry exceeded: the responder had no receive WQE",
             Self::LOCAL_QP_OP => "requester local QP operation: WQE cannot be executed on this QP",
             Self::TRANSPORT_RETRY_EXC => "transport retry exceeded: peer did not acknowledge",
             Self::REMOTE_ACCESS => "remote access: responder rejected rkey, range or rights",

@@ -78,7 +78,7 @@ pub static EXPLANATIONS: &[Explanation] = &[
          send: the gather list is longer than the port's max message size, or a UD/UC message is larger than the path MTU; \
          an inline payload larger than the QP's max_inline_data",
         "the receive buffer sizes posted against the peer's send sizes; sge lengths (0 means 2 GiB on some ops); \
-         for UD, the payload against the path MTU minus the 40-byte GRH; the QP's max_inline_data",
+         for UD, the payload against the path MTU (a UD payload may fill the whole MTU; the 40-byte GRH area comes on top of it in the receive buffer); the QP's max_inline_data",
     ),
     e(
         Syndrome::LOCAL_QP_OP,
@@ -94,9 +94,9 @@ pub static EXPLANATIONS: &[Explanation] = &[
         Syndrome::LOCAL_PROT,
         None,
         "local protection error: a local memory key in the WQE does not allow the access",
-        "an lkey that was never registered, was deregistered, or belongs to another PD; \
-         the address range [addr, addr+len) is outside the memory region; \
-         a receive buffer registered without IBV_ACCESS_LOCAL_WRITE",
+        "an lkey no MR has (never registered, or deregistered); an lkey of an MR of another PD than the QP's; \
+         the address range [addr, addr+len) is outside the memory region (addr+len beyond its end); \
+         a buffer the device writes (receive, READ/atomic destination) registered without IBV_ACCESS_LOCAL_WRITE",
         "every sge's lkey, addr and length against the MR it came from (ibv_reg_mr result); the MR's access flags; \
          that the MR and the QP share a PD; that the buffer was not freed or deregistered while the WR was in flight",
     ),
@@ -137,7 +137,7 @@ pub static EXPLANATIONS: &[Explanation] = &[
         None,
         "remote invalid request: the responder found the request invalid",
         "the remote QP does not allow this operation (RDMA WRITE/READ/atomic without IBV_ACCESS_REMOTE_* in its qp_access_flags); \
-         a message longer than the responder accepts; an opcode the responder does not support; \
+         a message longer than the responder's receive WQE (a SEND larger than the receive buffer); an opcode the responder does not support; \
          max_dest_rd_atomic of 0 on the responder for READ/atomics; misaligned atomic address",
         "the peer QP's qp_access_flags and max_dest_rd_atomic (set at INIT->RTR); the message length against the peer's limits; \
          8-byte alignment of atomic remote addresses",
@@ -146,9 +146,10 @@ pub static EXPLANATIONS: &[Explanation] = &[
         Syndrome::REMOTE_ACCESS,
         None,
         "remote access error: the responder rejected the rkey, the address range or the access rights",
-        "a wrong or stale rkey (the peer re-registered or deregistered its buffer); \
-         remote address or length outside the peer's MR; the peer's MR lacks IBV_ACCESS_REMOTE_WRITE/READ/ATOMIC",
-        "the rkey and remote address exchanged out of band against the peer's current MR; the length; the access flags the peer registered with",
+        "the responder's MR lacks the access flag the operation needs (IBV_ACCESS_REMOTE_WRITE/READ/ATOMIC), or its QP's qp_access_flags do; \
+         a wrong or stale rkey (no MR has it: the peer re-registered or deregistered its buffer); \
+         remote address or length outside the peer's MR (addr+len beyond its end); an rkey of an MR of another PD than the peer's QP",
+        "the access flags the peer registered its MR with and its QP's qp_access_flags; the rkey and remote address exchanged out of band against the peer's current MR; the length",
     ),
     e(
         Syndrome::REMOTE_OP,
@@ -199,7 +200,7 @@ pub static EXPLANATIONS: &[Explanation] = &[
         Some(0x51),
         "local protection error in the gather list, PCIe error (vendor 0x51): the device could not read a send buffer over PCIe",
         "a send buffer in GPU or other device memory the NIC cannot reach (peer-memory module not loaded, BAR/MMIO window or IOMMU/ACS settings); \
-         host memory unmapped or freed while the WR was in flight; an invalid lkey (the emulator reports 0x51 for every requester key error)",
+         host memory unmapped or freed while the WR was in flight",
         "for GPU buffers, the peer-memory support and the platform's PCIe, BIOS MMIO and IOMMU settings; that the buffer stays mapped until its completion; \
          each send sge's lkey, addr and length against its MR",
     ),
@@ -214,8 +215,45 @@ pub static EXPLANATIONS: &[Explanation] = &[
         Syndrome::LOCAL_PROT,
         Some(0x53),
         "local protection error in the gather list, access-rights violation (vendor 0x53): the key does not allow the device to read the buffer",
-        "the MR was registered without the access the operation needs (local read is always allowed; memory windows and device memory may restrict it); a key of a memory window used as lkey",
-        "the access flags of the MR or window behind the gather lkey",
+        "the MR lacks IBV_ACCESS_LOCAL_WRITE where the device writes through the key (the destination of an RDMA READ or atomic); memory windows and device memory that restrict reads; a key of a memory window used as lkey",
+        "the access flags of the MR or window behind the lkey (ibv_reg_mr's access argument)",
+    ),
+    e(
+        Syndrome::LOCAL_PROT,
+        Some(0x50),
+        "local protection error in the gather list, key unknown (vendor 0x50, no violation detail): no memory region has the sge's lkey",
+        "an lkey no MR has: never registered, already deregistered (ibv_dereg_mr before the completion), or a key corrupted or taken from another process or device; \
+         a memory-window or device-memory key used where an MR's lkey belongs",
+        "each sge's lkey against mr->lkey of the ibv_reg_mr that covers the buffer; that the MR is still registered until the WR completes",
+    ),
+    e(
+        Syndrome::LOCAL_PROT,
+        Some(0x54),
+        "local protection error in the gather list, length violation (vendor 0x54): the sge's range is outside its memory region",
+        "the range [addr, addr+len) of an sge runs outside the MR of its lkey (addr+len beyond the MR's end, or addr below its start); \
+         a length of 0 (2 GiB) or an offset computed past the buffer",
+        "each sge's addr and length against the MR's addr and length (ibv_reg_mr); the lkey names the MR that covers the buffer",
+    ),
+    e(
+        Syndrome::LOCAL_PROT,
+        Some(0x30),
+        "local protection error on a data buffer, key unknown (vendor 0x30): no memory region has the lkey of a receive (or destination) buffer",
+        "an lkey no MR has in the receive WQE's scatter list (never registered, deregistered while posted); a key corrupted in the WQE",
+        "each receive sge's lkey against the MR that covers the buffer; that the MR stays registered while the receive is posted",
+    ),
+    e(
+        Syndrome::LOCAL_PROT,
+        Some(0x33),
+        "local protection error on a data buffer, access-rights violation (vendor 0x33): the receive buffer's MR does not allow the device to write it",
+        "the MR of a receive buffer lacks IBV_ACCESS_LOCAL_WRITE (registered read-only)",
+        "the access flags the receive buffers were registered with: IBV_ACCESS_LOCAL_WRITE is needed",
+    ),
+    e(
+        Syndrome::LOCAL_PROT,
+        Some(0x34),
+        "local protection error on a data buffer, length violation (vendor 0x34): a receive sge's range is outside its memory region",
+        "the range [addr, addr+len) of a receive sge runs outside its MR (addr+len beyond the MR's end)",
+        "each receive sge's addr and length against its MR",
     ),
     e(
         Syndrome::LOCAL_QP_OP,
@@ -244,15 +282,17 @@ pub static EXPLANATIONS: &[Explanation] = &[
         Syndrome::REMOTE_INVAL_REQ,
         Some(0x8A),
         "remote invalid request (vendor 0x8a, invalid-request NAK): the responder answered the request with an invalid-request NAK",
-        "remote access rights missing on the responder QP (qp_access_flags); READ/atomic with max_dest_rd_atomic 0; a message too long for the responder; an opcode it does not support",
+        "remote access rights missing on the responder QP (qp_access_flags); READ/atomic with max_dest_rd_atomic 0; \
+         a message longer than the responder's receive WQE (a SEND larger than the receive buffer); an opcode it does not support",
         "the peer's qp_access_flags and max_dest_rd_atomic; the requested length; that the peer's QP went through INIT->RTR with the intended attributes",
     ),
     e(
         Syndrome::REMOTE_ACCESS,
         Some(0x88),
         "remote access error (vendor 0x88, remote-access NAK): the responder rejected the rkey, range or rights",
-        "a stale or wrong rkey; an address or length outside the peer's MR; missing remote access flags on the peer's MR",
-        "the rkey and address the peer sent against its live MR; the access flags it registered with",
+        "the responder's MR lacks the access flag the operation needs (IBV_ACCESS_REMOTE_WRITE/READ/ATOMIC), or its QP's qp_access_flags do; \
+         a wrong or stale rkey (no MR has it); an address or length outside the peer's MR (addr+len beyond its end); an rkey of an MR of another PD than the peer's QP",
+        "the access flags the peer registered with (and its qp_access_flags); the rkey and address the peer sent against its live MR; the length",
     ),
     e(
         Syndrome::REMOTE_OP,
@@ -309,6 +349,175 @@ pub fn explain(syndrome: Syndrome, vendor: VendorSyndrome) -> Option<&'static Ex
     } else {
         None
     })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Ranking the causes by the evidence
+
+/// What a piece of evidence points at: one of the distinct causes of an error. The CQE's
+/// vendor syndrome gives one ([`Pointer::from_vendor`]: the memory-translation detail, the
+/// transport codes), the device's view another ([`Pointer::from_check`]: the emulator names
+/// the check that failed), the failing WQE a third (the tools: a SEND cannot lack remote
+/// access rights, so its remote invalid request points at the length).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pointer {
+    /// The key is no MR's.
+    KeyUnknown,
+    /// The MR is another protection domain's.
+    PdMismatch,
+    /// The MR (or the QP) lacks an access right.
+    Rights,
+    /// The address range is outside the MR.
+    Range,
+    /// The message is longer than the buffer (or a limit).
+    Length,
+    /// No receive WQE at the responder.
+    NoReceive,
+    /// No acknowledgement from the peer.
+    NoAck,
+}
+
+impl Pointer {
+    /// Short name: `key unknown`, `PD mismatch`, `access rights`, `range`, `length`,
+    /// `no receive WQE`, `no ACK`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Pointer::KeyUnknown => "key unknown",
+            Pointer::PdMismatch => "PD mismatch",
+            Pointer::Rights => "access rights",
+            Pointer::Range => "range",
+            Pointer::Length => "length",
+            Pointer::NoReceive => "no receive WQE",
+            Pointer::NoAck => "no ACK",
+        }
+    }
+
+    /// Words a cause that this pointer supports contains (lowercase).
+    fn keywords(self) -> &'static [&'static str] {
+        match self {
+            Pointer::KeyUnknown => &["no mr has", "never registered", "stale", "unknown"],
+            Pointer::PdMismatch => &["another pd", "other pd", "protection domain"],
+            Pointer::Rights => &["lacks", "access flag", "ibv_access", "qp_access_flags"],
+            Pointer::Range => &["outside", "beyond"],
+            Pointer::Length => &["longer", "larger than", "too long"],
+            Pointer::NoReceive => &["receive wqe", "posts no receive", "post receives"],
+            Pointer::NoAck => &["peer is gone", "not in rtr", "wrong remote", "lossy"],
+        }
+    }
+
+    /// Whether `cause` (one item of [`Explanation::causes`]) is the one this points at.
+    pub fn supports(self, cause: &str) -> bool {
+        self.keywords()
+            .iter()
+            .any(|k| contains_ignore_case(cause, k))
+    }
+
+    /// What the CQE's vendor syndrome points at, if it narrows the cause: a memory-translation
+    /// code's detail (0 unspecified: key unknown, 2 PD, 3 rights, 4 length: range), the
+    /// RNR and retry codes.
+    pub fn from_vendor(syndrome: Syndrome, vendor: VendorSyndrome) -> Option<Pointer> {
+        let c = vendor.0;
+        if matches!(syndrome, Syndrome::LOCAL_PROT | Syndrome::LOCAL_ACCESS)
+            && TPT_BASES.iter().any(|(b, _)| *b == c & !0x07)
+        {
+            return match c & 0x07 {
+                0 => Some(Pointer::KeyUnknown),
+                2 => Some(Pointer::PdMismatch),
+                3 => Some(Pointer::Rights),
+                4 => Some(Pointer::Range),
+                _ => None,
+            };
+        }
+        match (syndrome, c) {
+            (Syndrome::RNR_RETRY_EXC, _) => Some(Pointer::NoReceive),
+            (Syndrome::TRANSPORT_RETRY_EXC, _) => Some(Pointer::NoAck),
+            (Syndrome::LOCAL_LENGTH, _) => Some(Pointer::Length),
+            _ => None,
+        }
+    }
+
+    /// What a check the device reports as failed points at (the emulator's names: `key`,
+    /// `PD`, `rights`, `range`, `length`, `receive WQE`, `ACK`).
+    pub fn from_check(check: &str) -> Option<Pointer> {
+        Some(match check {
+            "key" => Pointer::KeyUnknown,
+            "PD" => Pointer::PdMismatch,
+            "rights" => Pointer::Rights,
+            "range" => Pointer::Range,
+            "length" => Pointer::Length,
+            "receive WQE" => Pointer::NoReceive,
+            "ACK" => Pointer::NoAck,
+            _ => return None,
+        })
+    }
+}
+
+fn contains_ignore_case(hay: &str, needle: &str) -> bool {
+    let (h, n) = (hay.as_bytes(), needle.as_bytes());
+    n.is_empty() || h.windows(n.len()).any(|w| w.eq_ignore_ascii_case(n))
+}
+
+/// The most causes an explanation lists.
+pub const MAX_CAUSES: usize = 8;
+
+/// An explanation's causes, most likely first by the evidence: each cause with the pointer
+/// that supports it (`None`: no evidence for it, kept in the table's order after the
+/// supported ones).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RankedCauses {
+    items: [(&'static str, Option<Pointer>); MAX_CAUSES],
+    len: usize,
+}
+
+impl RankedCauses {
+    /// The causes in rank order, each with the evidence pointer that supports it.
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, Option<Pointer>)> + '_ {
+        self.items[..self.len].iter().copied()
+    }
+
+    /// The first (most likely) cause.
+    pub fn first(&self) -> Option<&'static str> {
+        self.items[..self.len].first().map(|x| x.0)
+    }
+
+    /// Number of causes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// No causes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// Rank `x`'s causes by `evidence` (most telling first: the device's view, then the CQE's
+/// vendor syndrome, then the WQE): a cause supported by an earlier pointer comes before one
+/// supported by a later one, unsupported causes keep the table's order after them.
+pub fn rank_causes(x: &Explanation, evidence: &[Pointer]) -> RankedCauses {
+    let mut items = [("", None); MAX_CAUSES];
+    let mut len = 0;
+    for c in x.causes.split("; ") {
+        if len == MAX_CAUSES {
+            break;
+        }
+        let by = evidence.iter().copied().find(|p| p.supports(c));
+        items[len] = (c, by);
+        len += 1;
+    }
+    let rank = |p: Option<Pointer>| {
+        p.and_then(|p| evidence.iter().position(|&q| q == p))
+            .unwrap_or(usize::MAX)
+    };
+    // A stable insertion sort (no allocation, no_std).
+    for i in 1..len {
+        let mut j = i;
+        while j > 0 && rank(items[j - 1].1) > rank(items[j].1) {
+            items.swap(j - 1, j);
+            j -= 1;
+        }
+    }
+    RankedCauses { items, len }
 }
 
 /// The general explanation of a syndrome alone (ignoring any vendor syndrome).

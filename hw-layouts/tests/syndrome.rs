@@ -174,3 +174,88 @@ fn vendor_bytes_decode_with_translation_detail_and_rnr_timer() {
     // 11 translation groups of 8, 32 RNR NAK codes, 100 single codes (0x00 included)
     assert_eq!(known, 11 * 8 + 32 + 100);
 }
+
+#[test]
+fn causes_rank_by_the_evidence_and_keep_the_rest_in_order() {
+    use mlx5_hw::syndrome::{MAX_CAUSES, Pointer, rank_causes};
+    let x = explain(Syndrome::REMOTE_ACCESS, VendorSyndrome(0x88)).unwrap();
+    let plain: Vec<&str> = x.causes.split("; ").collect();
+    // No evidence: the table's order, nothing marked.
+    let r = rank_causes(x, &[]);
+    assert_eq!(r.iter().map(|c| c.0).collect::<Vec<_>>(), plain);
+    assert!(r.iter().all(|c| c.1.is_none()));
+    // The table names the responder MR's access flags first.
+    assert!(plain[0].contains("access flag"), "{plain:?}");
+    // An unknown key, then range: those first, in the evidence's order; the rest after, in
+    // the table's order; every cause kept once.
+    let r = rank_causes(x, &[Pointer::KeyUnknown, Pointer::Range]);
+    let got: Vec<_> = r.iter().collect();
+    assert_eq!(got.len(), plain.len());
+    assert_eq!(got[0].1, Some(Pointer::KeyUnknown), "{got:?}");
+    assert!(got[0].0.contains("no MR has"), "{got:?}");
+    assert_eq!(got[1].1, Some(Pointer::Range), "{got:?}");
+    assert!(got[2..].iter().all(|c| c.1.is_none()), "{got:?}");
+    for c in &plain {
+        assert_eq!(got.iter().filter(|g| g.0 == *c).count(), 1, "{c}");
+    }
+    assert!(r.len() <= MAX_CAUSES && !r.is_empty());
+    // Every entry ranks without a panic, whatever the evidence.
+    let all = [
+        Pointer::KeyUnknown,
+        Pointer::PdMismatch,
+        Pointer::Rights,
+        Pointer::Range,
+        Pointer::Length,
+        Pointer::NoReceive,
+        Pointer::NoAck,
+    ];
+    for e in EXPLANATIONS {
+        let r = rank_causes(e, &all);
+        assert_eq!(r.len(), e.causes.split("; ").count().min(MAX_CAUSES));
+    }
+}
+
+#[test]
+fn vendor_codes_point_at_their_check() {
+    use mlx5_hw::syndrome::Pointer;
+    let p = |s: Syndrome, v: u8| Pointer::from_vendor(s, VendorSyndrome(v));
+    for (base, s) in [(0x50, Syndrome::LOCAL_PROT), (0x30, Syndrome::LOCAL_PROT)] {
+        assert_eq!(p(s, base), Some(Pointer::KeyUnknown));
+        assert_eq!(p(s, base | 1), None, "PCIe error: no key check");
+        assert_eq!(p(s, base | 2), Some(Pointer::PdMismatch));
+        assert_eq!(p(s, base | 3), Some(Pointer::Rights));
+        assert_eq!(p(s, base | 4), Some(Pointer::Range));
+    }
+    // A memory-translation-looking byte with another syndrome is not a key check.
+    assert_eq!(p(Syndrome::REMOTE_ACCESS, 0x52), None);
+    assert_eq!(p(Syndrome::RNR_RETRY_EXC, 0x87), Some(Pointer::NoReceive));
+    assert_eq!(p(Syndrome::TRANSPORT_RETRY_EXC, 0x81), Some(Pointer::NoAck));
+    for c in [
+        "key",
+        "PD",
+        "rights",
+        "range",
+        "length",
+        "receive WQE",
+        "ACK",
+    ] {
+        assert!(Pointer::from_check(c).is_some(), "{c}");
+    }
+    assert_eq!(Pointer::from_check("QP type and state"), None);
+    // Every new code has its own entry, which names its cause first.
+    for (v, ptr) in [
+        (0x50, Pointer::KeyUnknown),
+        (0x52, Pointer::PdMismatch),
+        (0x53, Pointer::Rights),
+        (0x54, Pointer::Range),
+        (0x30, Pointer::KeyUnknown),
+        (0x32, Pointer::PdMismatch),
+        (0x33, Pointer::Rights),
+        (0x34, Pointer::Range),
+    ] {
+        let x = explain(Syndrome::LOCAL_PROT, VendorSyndrome(v)).unwrap();
+        assert_eq!(x.vendor, Some(VendorSyndrome(v)));
+        let first = x.causes.split("; ").next().unwrap();
+        assert!(ptr.supports(first), "{v:#x}: {first}");
+    }
+}

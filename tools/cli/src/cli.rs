@@ -1030,6 +1030,15 @@ pub struct TuneArgs {
     /// Messages per setting (default: 2000, 300 with --quick).
     #[arg(short = 'n', long = "iters")]
     pub iters: Option<u64>,
+    /// Runs of each setting: a change counts only beyond the spread between them (1: not
+    /// judged).
+    #[arg(short = 'r', long = "reps", default_value_t = crate::tune::DEFAULT_REPS,
+          value_parser = clap::value_parser!(u32).range(1..=50))]
+    pub reps: u32,
+    /// Test knob: also measure a setting whose every post waits this many microseconds (a
+    /// deliberately slowed setting: tune must call it worse).
+    #[arg(long, hide = true, value_name = "US")]
+    pub slow_us: Option<u64>,
     /// JSON instead of the table.
     #[arg(long)]
     pub json: bool,

@@ -496,6 +496,183 @@ fn find_recv_wqe(d: &Dump, qpn: u32, wc: u16, seq: u64) -> Option<usize> {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The explanation, ranked by the evidence
+
+/// One check the device reports as failed: the emulator's view of an error
+/// (`Emulator::failed_checks`); hardware shows none.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceCheck {
+    /// "requester" or "responder".
+    pub side: String,
+    /// The QP that made the check.
+    pub qpn: u32,
+    /// The check (`key`, `PD`, `rights`, `range`, `length`, `receive WQE`, `ACK`).
+    pub check: String,
+    /// What was compared.
+    pub detail: String,
+}
+
+impl From<&mlx5_emu::FailedCheck> for DeviceCheck {
+    fn from(c: &mlx5_emu::FailedCheck) -> Self {
+        Self {
+            side: c.side.to_owned(),
+            qpn: c.qpn,
+            check: c.check.to_owned(),
+            detail: c.detail.clone(),
+        }
+    }
+}
+
+/// The evidence about one error: the CQE, the failing WQE (from the flight recorder or the
+/// ring), the device's view.
+#[derive(Clone, Debug, Default)]
+pub struct Evidence {
+    /// The CQE's syndrome.
+    pub syndrome: Syndrome,
+    /// The CQE's vendor syndrome.
+    pub vendor: u8,
+    /// The failing WQE's opcode (send side), when known.
+    pub opcode: Option<mlx5_hw::opcodes::SendOpcode>,
+    /// Where the WQE came from and what it says (one line), when known.
+    pub wqe: Option<String>,
+    /// The checks the device reports as failed (`None`: the device's view is not available,
+    /// e.g. on hardware or from a dump).
+    pub device: Option<Vec<DeviceCheck>>,
+}
+
+/// What the evidence points at, most telling first: the device's failed checks, the CQE's
+/// vendor syndrome, the failing WQE's opcode (a SEND has no remote key: its remote invalid
+/// request points at the length; a remote access error most often is the MR's access flags).
+pub fn pointers(e: &Evidence) -> Vec<mlx5_hw::syndrome::Pointer> {
+    use mlx5_hw::syndrome::Pointer;
+    let mut v = Vec::new();
+    let mut add = |p: Pointer| {
+        if !v.contains(&p) {
+            v.push(p);
+        }
+    };
+    for c in e.device.iter().flatten() {
+        if let Some(p) = Pointer::from_check(&c.check) {
+            add(p);
+        }
+    }
+    if let Some(p) = Pointer::from_vendor(e.syndrome, e.vendor.into()) {
+        add(p);
+    }
+    let send = e.opcode.is_some_and(|o| {
+        matches!(
+            o,
+            mlx5_hw::opcodes::SendOpcode::SEND
+                | mlx5_hw::opcodes::SendOpcode::SEND_IMM
+                | mlx5_hw::opcodes::SendOpcode::SEND_INVAL
+        )
+    });
+    if e.syndrome == Syndrome::REMOTE_INVAL_REQ && send {
+        add(Pointer::Length);
+    }
+    if e.syndrome == Syndrome::REMOTE_ACCESS {
+        add(Pointer::Rights);
+    }
+    v
+}
+
+/// The explanation of an error ranked by `e`: the evidence used, `meaning:`, the causes most
+/// likely first (`causes, most likely first:` then `  1. ...`), `check:`.
+pub fn ranked_text(e: &Evidence) -> String {
+    let mut s = String::new();
+    let vm = mlx5_hw::syndrome::vendor_meaning(e.vendor.into());
+    let ptr = pointers(e);
+    let _ = writeln!(s, "evidence used:");
+    let _ = writeln!(
+        s,
+        "  CQE: syndrome {:?} vendor_err {:#04x}{}{}",
+        e.syndrome,
+        e.vendor,
+        vm.map_or(String::new(), |m| format!(" ({m})")),
+        mlx5_hw::syndrome::Pointer::from_vendor(e.syndrome, e.vendor.into())
+            .map_or(String::new(), |p| format!(" -> {}", p.name()))
+    );
+    match &e.wqe {
+        Some(w) => {
+            let _ = writeln!(s, "  WQE: {w}");
+        }
+        None => {
+            let _ = writeln!(s, "  WQE: not available");
+        }
+    }
+    match &e.device {
+        Some(v) if v.is_empty() => {
+            let _ = writeln!(s, "  device: no failed check reported");
+        }
+        Some(v) => {
+            for c in v {
+                let _ = writeln!(
+                    s,
+                    "  device: {} QP {:#x} check `{}` failed: {}",
+                    c.side, c.qpn, c.check, c.detail
+                );
+            }
+        }
+        None => {
+            let _ = writeln!(
+                s,
+                "  device: not observable (a dump or real hardware: only the CQE and the WQE)"
+            );
+        }
+    }
+    let Some(x) = explain(e.syndrome, e.vendor.into()) else {
+        let _ = writeln!(s, "no explanation for this syndrome pair");
+        return s;
+    };
+    let _ = writeln!(s, "meaning: {}", x.meaning);
+    let _ = writeln!(s, "causes, most likely first:");
+    for (k, (c, by)) in mlx5_hw::syndrome::rank_causes(x, &ptr).iter().enumerate() {
+        let _ = writeln!(
+            s,
+            "  {}. {c}{}",
+            k + 1,
+            by.map_or(String::new(), |p| format!("  [evidence: {}]", p.name()))
+        );
+    }
+    let _ = writeln!(s, "check: {}", x.check);
+    s
+}
+
+/// The first cause [`ranked_text`] prints (tests and JSON).
+pub fn first_cause(e: &Evidence) -> Option<&'static str> {
+    let x = explain(e.syndrome, e.vendor.into())?;
+    mlx5_hw::syndrome::rank_causes(x, &pointers(e)).first()
+}
+
+/// One line on a send WQE: its opcode and the first data segment's key and range.
+pub fn wqe_line(bytes: &[u8], ud: bool) -> (Option<mlx5_hw::opcodes::SendOpcode>, String) {
+    let op = bytes.get(3).map(|&b| mlx5_hw::opcodes::SendOpcode(b));
+    let line = match decode_wqe(bytes, WqeOptions { ud }) {
+        Ok(d) => {
+            let mut l = format!("opcode {}", d.text("ctrl", "opcode").unwrap_or("?"));
+            if let Some(k) = d.text("data[0]", "lkey") {
+                let _ = write!(
+                    l,
+                    ", data[0] lkey {k} addr {} byte_count {}",
+                    d.text("data[0]", "addr").unwrap_or("?"),
+                    d.text("data[0]", "byte_count").unwrap_or("?")
+                );
+            }
+            if let Some(k) = d.text("raddr", "rkey") {
+                let _ = write!(
+                    l,
+                    ", remote rkey {k} addr {}",
+                    d.text("raddr", "raddr").unwrap_or("?")
+                );
+            }
+            l
+        }
+        Err(e) => format!("not decodable: {e}"),
+    };
+    (op, line)
+}
+
+// ---------------------------------------------------------------------------------------------
 // Printing
 
 fn indent(s: &str, pad: &str) -> String {
@@ -629,7 +806,7 @@ fn entry_text(d: &Dump, e: &Entry, mark: &str) -> String {
 
 /// The findings block: each error CQE, the WQE it points to, and the explanation of the first
 /// non-flush error (the cause; the flushes after it are its consequence).
-fn findings_text(d: &Dump, f: &[Finding]) -> String {
+fn findings_text(d: &Dump, f: &[Finding], device: Option<&[DeviceCheck]>) -> String {
     let mut s = String::new();
     if f.is_empty() {
         s.push_str("no error CQE in the dump\n");
@@ -692,18 +869,48 @@ fn findings_text(d: &Dump, f: &[Finding]) -> String {
             d.entries[first.cqe].seq
         );
     }
-    if let Some(x) = explain(first.syndrome, first.vendor.into()) {
-        for (k, t) in x.lines() {
-            let _ = writeln!(s, "{k}: {t}");
-        }
-    }
+    s.push_str(&ranked_text(&evidence_of(d, first, device)));
     s
 }
 
+/// The evidence of finding `f` of dump `d`: the CQE, the WQE the recorder kept, and `device`
+/// (the device's view, when there is one).
+pub fn evidence_of(d: &Dump, f: &Finding, device: Option<&[DeviceCheck]>) -> Evidence {
+    let (opcode, wqe) = match f.wqe.map(|w| &d.entries[w]) {
+        Some(we) if we.kind == Kind::Wqe => {
+            let ud = qp_type_of(d, we.queue) == Some("UD");
+            let (op, line) = wqe_line(&we.bytes, ud);
+            (op, Some(format!("flight recorder, seq {}: {line}", we.seq)))
+        }
+        Some(we) => (
+            None,
+            Some(format!(
+                "flight recorder, receive WQE seq {}: {}",
+                we.seq,
+                decode_rwqe(&we.bytes).lines().next().unwrap_or("")
+            )),
+        ),
+        None => (None, None),
+    };
+    Evidence {
+        syndrome: f.syndrome,
+        vendor: f.vendor,
+        opcode,
+        wqe,
+        device: device.map(<[DeviceCheck]>::to_vec),
+    }
+}
+
 /// The findings of a dump alone: each error CQE, the record it points to, and the explanation
-/// of the cause.
+/// of the cause ranked by the evidence.
 pub fn findings(d: &Dump) -> String {
-    findings_text(d, &analyze(d))
+    findings_text(d, &analyze(d), None)
+}
+
+/// [`findings`] with the device's view of the run that made the dump (the emulator's failed
+/// checks).
+pub fn findings_with_device(d: &Dump, device: &[DeviceCheck]) -> String {
+    findings_text(d, &analyze(d), Some(device))
 }
 
 /// The whole report for a dump: reason, state, the ring records in sequence order (the error
@@ -775,7 +982,7 @@ pub fn report_around(d: &Dump, around: Option<usize>) -> String {
         );
     }
     s.push('\n');
-    s.push_str(&findings_text(d, &f));
+    s.push_str(&findings_text(d, &f, None));
     s
 }
 
@@ -871,11 +1078,19 @@ pub fn report_json(d: &Dump) -> Value {
         })
         .collect();
     let explanation = cause
-        .and_then(|c| explain(f[c].syndrome, f[c].vendor.into()))
-        .map_or(
-            Value::Null,
-            |x| json!({ "meaning": x.meaning, "causes": x.causes, "check": x.check }),
-        );
+        .and_then(|c| {
+            let ev = evidence_of(d, &f[c], None);
+            explain(f[c].syndrome, f[c].vendor.into()).map(|x| (x, ev))
+        })
+        .map_or(Value::Null, |(x, ev)| {
+            let ranked: Vec<Value> = mlx5_hw::syndrome::rank_causes(x, &pointers(&ev))
+                .iter()
+                .map(|(c, p)| json!({ "cause": c, "evidence": p.map(|p| p.name()) }))
+                .collect();
+            json!({ "meaning": x.meaning, "causes": x.causes, "check": x.check,
+                    "ranked_causes": ranked, "evidence_wqe": ev.wqe,
+                    "evidence_vendor": mlx5_hw::syndrome::Pointer::from_vendor(ev.syndrome, ev.vendor.into()).map(|p| p.name()) })
+        });
     json!({
         "reason": d.reason, "qps": qps, "cqs": cqs, "records": records,
         "findings": findings, "explanation": explanation, "skipped_lines": d.skipped,

@@ -488,10 +488,25 @@ pub fn diag_run() -> Result<(String, DemoFacts), String> {
         error.syndrome,
         error.vendor_err.0
     );
+    let device: Vec<crate::diag::DeviceCheck> = p
+        .emu
+        .failed_checks()
+        .iter()
+        .filter(|c| c.qpn == qpn || c.qpn == peer)
+        .map(Into::into)
+        .collect();
     let _ = writeln!(
         s,
-        "  the WQE at counter {pi_before} is the failing one: its gather entry's lkey is the bad key (explained with the work completion above)"
+        "  the WQE at counter {pi_before} is the failing one (its gather entry carries lkey {:#010x})",
+        bad[0].lkey
     );
+    for c in &device {
+        let _ = writeln!(
+            s,
+            "  the device's view: {} check `{}` failed: {}",
+            c.side, c.check, c.detail
+        );
+    }
     // The send CQ ring around its indices, as the device wrote it.
     let _ = writeln!(
         s,
@@ -596,7 +611,7 @@ pub fn diag_run() -> Result<(String, DemoFacts), String> {
                     "\nthe driver's flight recorder dumped on the error CQE ({} records); mlx5 diag reads it as:",
                     d.entries.len()
                 );
-                s.push_str(&crate::diag::findings(&d));
+                s.push_str(&crate::diag::findings_with_device(&d, &device));
             }
             Err(e) => {
                 let _ = writeln!(s, "\nthe driver's flight recorder dump does not parse: {e}");

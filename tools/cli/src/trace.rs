@@ -48,21 +48,86 @@ pub enum TraceOp {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Fault {
     /// The local SGE carries a key that is no MR's: the device's gather (SEND/WRITE) or
-    /// scatter of the response (READ/atomic) is refused, the CQE is LOCAL_PROT. Forces the
-    /// payload to be gathered (an inline payload has no lkey).
+    /// scatter of the response (READ/atomic) is refused, the CQE is LOCAL_PROT (vendor 0x50).
+    /// Forces the payload to be gathered (an inline payload has no lkey).
     BadLkey,
     /// The remote key of a WRITE/READ/atomic is no MR's: the responder's rkey check fails, it
     /// answers with a NAK and the requester's CQE is REM_ACCESS_ERR.
     BadRkey,
+    /// The local SGE's key is an MR of another protection domain than the QP's: LOCAL_PROT,
+    /// vendor 0x52 (PD violation).
+    PdMismatch,
+    /// WRITE/READ/atomic into a responder MR registered without the right the operation needs
+    /// (e.g. a WRITE into an MR of LOCAL_WRITE|REMOTE_READ): NAK, REM_ACCESS_ERR.
+    Rights,
+    /// WRITE/READ/atomic whose remote range runs past the end of the responder's MR: NAK,
+    /// REM_ACCESS_ERR.
+    Range,
+    /// SEND with no receive posted at the responder and an RNR retry count of 1: RNR NAKs,
+    /// then RNR_RETRY_EXC_ERR.
+    Rnr,
+    /// The responder's QP is in the error state (it drops every request): no ACK, the
+    /// requester retransmits retry_cnt times, then RETRY_EXC_ERR.
+    Retry,
+    /// SEND one byte longer than the receive posted at the responder: its receive completes
+    /// with LOC_LEN_ERR, the requester's with REM_INV_REQ_ERR.
+    Length,
 }
 
 impl Fault {
+    /// Every fault kind.
+    pub const ALL: [Fault; 8] = [
+        Fault::BadLkey,
+        Fault::BadRkey,
+        Fault::PdMismatch,
+        Fault::Rights,
+        Fault::Range,
+        Fault::Rnr,
+        Fault::Retry,
+        Fault::Length,
+    ];
+
     /// The name on the command line.
     pub fn name(self) -> &'static str {
         match self {
             Fault::BadLkey => "bad-lkey",
             Fault::BadRkey => "bad-rkey",
+            Fault::PdMismatch => "pd-mismatch",
+            Fault::Rights => "rights",
+            Fault::Range => "range",
+            Fault::Rnr => "rnr",
+            Fault::Retry => "retry",
+            Fault::Length => "length",
         }
+    }
+
+    /// What the fault points at: the cause a correct diagnosis names first.
+    pub fn pointer(self) -> mlx5_hw::syndrome::Pointer {
+        use mlx5_hw::syndrome::Pointer;
+        match self {
+            Fault::BadLkey | Fault::BadRkey => Pointer::KeyUnknown,
+            Fault::PdMismatch => Pointer::PdMismatch,
+            Fault::Rights => Pointer::Rights,
+            Fault::Range => Pointer::Range,
+            Fault::Rnr => Pointer::NoReceive,
+            Fault::Retry => Pointer::NoAck,
+            Fault::Length => Pointer::Length,
+        }
+    }
+
+    /// Whether it needs a remote key (WRITE, READ, atomic).
+    fn remote(self) -> bool {
+        matches!(self, Fault::BadRkey | Fault::Rights | Fault::Range)
+    }
+
+    /// Whether it is about a SEND's receive.
+    fn send_only(self) -> bool {
+        matches!(self, Fault::Rnr | Fault::Length)
+    }
+
+    /// Whether it is about the local key (the payload is then gathered, not inline).
+    fn local(self) -> bool {
+        matches!(self, Fault::BadLkey | Fault::PdMismatch)
     }
 }
 
@@ -92,7 +157,7 @@ pub const MAX_TRACE_SIZE: u32 = 1 << 20;
 pub struct Stage {
     /// Which operation (0-based) of the `-n` traced.
     pub op_index: u32,
-    /// Stage name, as in the article: "work request", "checks", "WQE", ...
+    /// Stage name: "work request", "checks", "WQE", ... (`docs/trace-and-tune.md`)
     pub name: &'static str,
     /// Wall-clock ns since tracing began.
     pub t_ns: u64,
@@ -247,6 +312,18 @@ pub fn decode_packet(b: &[u8]) -> Result<PacketHeaders, String> {
     Ok(h)
 }
 
+/// The name of an AETH NAK code (IBA 9.7.5.2.8, table 45).
+pub fn nak_name(code: u8) -> &'static str {
+    match code {
+        0 => "PSN sequence error",
+        1 => "invalid request",
+        2 => "remote access error",
+        3 => "remote operational error",
+        4 => "invalid RD request",
+        _ => "reserved",
+    }
+}
+
 impl PacketHeaders {
     /// One line per header.
     pub fn lines(&self) -> Vec<String> {
@@ -273,8 +350,8 @@ impl PacketHeaders {
         if let Some((syn, msn)) = self.aeth {
             let kind = match syn >> 5 {
                 0 => "ACK".to_owned(),
-                1 => format!("RNR NAK (timer {})", syn & 0x1f),
-                3 => format!("NAK code {}", syn & 0x1f),
+                1 => format!("RNR NAK (timer code {})", syn & 0x1f),
+                3 => format!("NAK {} (code {})", nak_name(syn & 0x1f), syn & 0x1f),
                 _ => "reserved".to_owned(),
             };
             v.push(format!("AETH    syndrome {syn:#04x} {kind}  MSN {msn}"));
@@ -386,6 +463,11 @@ impl std::fmt::Debug for Rig {
 /// # Errors
 /// The emulator or the driver refused a step (named).
 pub fn rig(size: u32, inline: u32, bf: bool, depth: u32) -> Result<Rig, String> {
+    rig_rnr(size, inline, bf, depth, 7)
+}
+
+/// [`rig`] with the requester's RNR retry count `rnr_retry` (7: for ever).
+fn rig_rnr(size: u32, inline: u32, bf: bool, depth: u32, rnr_retry: u8) -> Result<Rig, String> {
     let emu = Emulator::new(EmuConfig {
         mode: RunMode::Stepped,
         ..EmuConfig::default()
@@ -419,7 +501,7 @@ pub fn rig(size: u32, inline: u32, bf: bool, depth: u32) -> Result<Rig, String> 
         e.qp.to_init(1, acc).map_err(err("INIT"))?;
         e.qp.to_rtr(r, 3, 0).map_err(err("RTR"))?;
     }
-    a.qp.to_rts(0x100, 7).map_err(err("RTS"))?;
+    a.qp.to_rts(0x100, rnr_retry).map_err(err("RTS"))?;
     b.qp.to_rts(0x200, 7).map_err(err("RTS"))?;
     emu.run_until_idle();
     Ok(Rig {
@@ -444,7 +526,13 @@ struct HwRig {
 
 /// A [`HwRig`] on `dev`: as [`rig`], with the port's RoCE v2 GID on the path when the port is
 /// Ethernet.
-fn rig_hw(dev: &mlx5::Device, size: u32, inline: u32, bf: bool) -> Result<HwRig, String> {
+fn rig_hw(
+    dev: &mlx5::Device,
+    size: u32,
+    inline: u32,
+    bf: bool,
+    rnr_retry: u8,
+) -> Result<HwRig, String> {
     let ctx = dev.open().map_err(|e| format!("{}: {e}", dev.name))?;
     let pd = Pd::new(&ctx).map_err(err("ALLOC_PD"))?;
     let area = (size as usize).max(8).next_multiple_of(64);
@@ -484,7 +572,8 @@ fn rig_hw(dev: &mlx5::Device, size: u32, inline: u32, bf: bool) -> Result<HwRig,
         e.qp.to_init(1, acc).map_err(err("INIT"))?;
         e.qp.to_rtr_with(r, &p).map_err(err("RTR"))?;
     }
-    a.qp.to_rts_with(0x100, &p).map_err(err("RTS"))?;
+    a.qp.to_rts_with(0x100, &p.rnr_retry(rnr_retry))
+        .map_err(err("RTS"))?;
     b.qp.to_rts_with(0x200, &p).map_err(err("RTS"))?;
     Ok(HwRig {
         a,
@@ -566,10 +655,24 @@ fn check_opts(o: &TraceOpts) -> Result<u32, String> {
                 o.n
             ));
         }
-        Some(Fault::BadRkey) if o.op == TraceOp::Send => {
+        Some(f) if f.remote() && o.op == TraceOp::Send => {
+            return Err(format!(
+                "--fault {} with send: a SEND carries no remote key (use write, read or atomic)",
+                f.name()
+            ));
+        }
+        Some(f) if f.send_only() && o.op != TraceOp::Send => {
+            return Err(format!(
+                "--fault {} with {:?}: the fault is about the receive a SEND consumes (use send)",
+                f.name(),
+                o.op
+            )
+            .to_lowercase());
+        }
+        Some(Fault::Length) if size < 2 => {
             return Err(
-                "--fault bad-rkey with send: a SEND carries no remote key (use write, read or \
-                 atomic)"
+                "--fault length with -s 1: the receive must be one byte shorter than the message \
+                 (and a length of 0 means 2 GiB): use -s 2 or more"
                     .to_owned(),
             );
         }
@@ -597,17 +700,31 @@ fn trace_checked(
     let pattern: Vec<u8> = (0..size).map(|i| b'A' + (i % 26) as u8).collect();
     let start = Instant::now();
     let mut stages = Vec::new();
+    let rnr = if o.fault == Some(Fault::Rnr) { 1 } else { 7 };
     if let Some(d) = dev {
-        let mut r = rig_hw(d, size, o.inline, o.bf)?;
+        let mut r = rig_hw(d, size, o.inline, o.bf, rnr)?;
         r.a.buf.write(0, &pattern);
+        let fs = fault_setup((&r._ctx, &r._pd), &mut r.a, &mut r.b, o, size, r.area)?;
         for i in 0..o.n {
             let ends = (&mut r.a, &mut r.b);
-            trace_one(None, start, ends, o, size, r.area, &pattern, i, &mut stages)?;
+            trace_one(
+                None,
+                start,
+                ends,
+                o,
+                &fs,
+                size,
+                r.area,
+                &pattern,
+                i,
+                &mut stages,
+            )?;
         }
         return Ok(stages);
     }
-    let mut r = rig(size, o.inline, o.bf, 64)?;
+    let mut r = rig_rnr(size, o.inline, o.bf, 64, rnr)?;
     r.a.buf.write(0, &pattern);
+    let fs = fault_setup((&r._ctx, &r._pd), &mut r.a, &mut r.b, o, size, r.area)?;
     r.emu.run_until_idle();
     r.emu.trace(true);
     for i in 0..o.n {
@@ -617,6 +734,7 @@ fn trace_checked(
             start,
             ends,
             o,
+            &fs,
             size,
             r.area,
             &pattern,
@@ -626,6 +744,128 @@ fn trace_checked(
     }
     r.emu.trace(false);
     Ok(stages)
+}
+
+/// What a fault changes in the traced operation, and the objects it needs alive (an MR of
+/// another PD, an MR without a right).
+struct FaultSetup {
+    /// The local key to use instead of the MR's.
+    lkey: Option<u32>,
+    /// The remote key and address to use instead of the responder MR's.
+    remote: Option<(u64, u32)>,
+    /// The length of the responder's receive instead of its whole area.
+    recv_len: Option<u32>,
+    /// Post no receive at the responder.
+    no_recv: bool,
+    /// What the fault did, for the work request stage.
+    note: Option<String>,
+    _mr: Option<mlx5::Mr>,
+    _pd: Option<Pd>,
+}
+
+/// Prepare fault `o.fault` on the pair (`a` sends to `b`).
+fn fault_setup(
+    (ctx, pd): (&Context, &Pd),
+    a: &mut End,
+    b: &mut End,
+    o: &TraceOpts,
+    size: u32,
+    area: usize,
+) -> Result<FaultSetup, String> {
+    let mut f = FaultSetup {
+        lkey: None,
+        remote: None,
+        recv_len: None,
+        no_recv: false,
+        note: None,
+        _mr: None,
+        _pd: None,
+    };
+    // A key no MR has: the index bits (above the 8-bit variant) flipped.
+    let bad = |k: u32| k ^ 0x00ff_ff00;
+    let end = b.mr.addr() + b.mr.len();
+    let Some(fault) = o.fault else {
+        return Ok(f);
+    };
+    let note = match fault {
+        Fault::BadLkey => {
+            let k = bad(a.mr.lkey());
+            f.lkey = Some(k);
+            format!(
+                "lkey {k:#010x} is no MR's (the MR's is {:#010x}); the payload is gathered (an \
+                 inline one carries no lkey)",
+                a.mr.lkey()
+            )
+        }
+        Fault::BadRkey => {
+            let k = bad(b.mr.rkey());
+            f.remote = Some((b.mr.addr() + area as u64, k));
+            format!(
+                "rkey {k:#010x} is no MR's (the remote MR's is {:#010x})",
+                b.mr.rkey()
+            )
+        }
+        Fault::PdMismatch => {
+            let pd2 = Pd::new(ctx).map_err(err("ALLOC_PD (a second PD)"))?;
+            let mr = pd2
+                .reg_mr(&a.buf, Access::ALL)
+                .map_err(err("REG_MR on the second PD"))?;
+            f.lkey = Some(mr.lkey());
+            let n = format!(
+                "lkey {:#010x} is an MR of another PD (same buffer) than the QP's; the payload is \
+                 gathered",
+                mr.lkey()
+            );
+            f._mr = Some(mr);
+            f._pd = Some(pd2);
+            n
+        }
+        Fault::Rights => {
+            let (acc, lacks) = match o.op {
+                TraceOp::Read => (Access::LOCAL_WRITE | Access::REMOTE_WRITE, "REMOTE_READ"),
+                TraceOp::Atomic => (
+                    Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
+                    "REMOTE_ATOMIC",
+                ),
+                _ => (Access::LOCAL_WRITE | Access::REMOTE_READ, "REMOTE_WRITE"),
+            };
+            let mr = pd
+                .reg_mr(&b.buf, acc)
+                .map_err(err("REG_MR without the right"))?;
+            f.remote = Some((mr.addr() + area as u64, mr.rkey()));
+            let n = format!(
+                "rkey {:#010x} is a responder MR registered without {lacks}",
+                mr.rkey()
+            );
+            f._mr = Some(mr);
+            n
+        }
+        Fault::Range => {
+            let va = end - u64::from((size / 2) & !7);
+            f.remote = Some((va, b.mr.rkey()));
+            format!(
+                "remote addr {va:#x} + len {size} runs past the end {end:#x} of the responder's MR"
+            )
+        }
+        Fault::Rnr => {
+            f.no_recv = true;
+            "no receive posted at the responder; the requester's rnr_retry is 1".to_owned()
+        }
+        Fault::Retry => {
+            b.qp.to_error().map_err(err("responder QP to ERR"))?;
+            "the responder's QP is in the error state: it drops every request, no ACK comes back"
+                .to_owned()
+        }
+        Fault::Length => {
+            f.recv_len = Some(size - 1);
+            format!(
+                "the responder's receive is {} B, one byte shorter than the {size} B SEND",
+                size - 1
+            )
+        }
+    };
+    f.note = Some(note);
+    Ok(f)
 }
 
 /// Stage builder.
@@ -654,6 +894,7 @@ fn trace_one(
     start: Instant,
     (a, b): (&mut End, &mut End),
     o: &TraceOpts,
+    fs: &FaultSetup,
     size: u32,
     area: usize,
     pattern: &[u8],
@@ -663,14 +904,14 @@ fn trace_one(
     // An inline payload carries no lkey: a bad-lkey fault gathers.
     let inline = matches!(o.op, TraceOp::Send | TraceOp::Write)
         && size <= o.inline
-        && o.fault != Some(Fault::BadLkey);
+        && !o.fault.is_some_and(Fault::local);
     let wr_id = 0x1000 + u64::from(i);
     let (a_qpn, b_qpn) = (a.qp.qpn(), b.qp.qpn());
     // The responder's receive for a SEND (set up before the trace of this operation).
-    if o.op == TraceOp::Send {
+    if o.op == TraceOp::Send && !fs.no_recv {
         let sge = [Sge {
             addr: b.mr.addr() + area as u64,
-            length: area as u32,
+            length: fs.recv_len.unwrap_or(area as u32),
             lkey: b.mr.lkey(),
         }];
         b.qp.post_recv(&[RecvWr {
@@ -690,12 +931,10 @@ fn trace_one(
             Emulator::trace_clock,
         )
     };
-    // A key no MR has: the index bits (above the 8-bit variant) flipped.
-    let bad = |k: u32| k ^ 0x00ff_ff00;
-    let (raddr, mut rkey) = (b.mr.addr() + area as u64, b.mr.rkey());
-    if o.fault == Some(Fault::BadRkey) {
-        rkey = bad(rkey);
-    }
+    let (raddr, rkey) = fs
+        .remote
+        .unwrap_or((b.mr.addr() + area as u64, b.mr.rkey()));
+    let failed_before = emu.map_or(0, |e| e.failed_checks().len());
     let local = Sge {
         addr: a.mr.addr()
             + if matches!(o.op, TraceOp::Read | TraceOp::Atomic) {
@@ -704,11 +943,7 @@ fn trace_one(
                 0
             },
         length: size,
-        lkey: if o.fault == Some(Fault::BadLkey) {
-            bad(a.mr.lkey())
-        } else {
-            a.mr.lkey()
-        },
+        lkey: fs.lkey.unwrap_or(a.mr.lkey()),
     };
     let sg = [local];
     let inl: [&[u8]; 1] = [pattern];
@@ -756,23 +991,8 @@ fn trace_one(
         lines.push(format!("remote: addr {raddr:#x} rkey {rkey:#010x}"));
     }
     lines.push(format!("QP {a_qpn:#08x} (RC) -> QP {b_qpn:#08x}"));
-    if let Some(f) = o.fault {
-        lines.push(format!(
-            "fault {}: {}",
-            f.name(),
-            match f {
-                Fault::BadLkey => format!(
-                    "lkey {:#010x} is no MR's (the MR's is {:#010x}); the payload is gathered \
-                     (an inline one carries no lkey)",
-                    local.lkey,
-                    a.mr.lkey()
-                ),
-                Fault::BadRkey => format!(
-                    "rkey {rkey:#010x} is no MR's (the remote MR's is {:#010x})",
-                    b.mr.rkey()
-                ),
-            }
-        ));
+    if let (Some(f), Some(n)) = (o.fault, &fs.note) {
+        lines.push(format!("fault {}: {n}", f.name()));
     }
     out.push(stage(
         i,
@@ -937,8 +1157,16 @@ fn trace_one(
         emu.run_until_idle();
         let events = emu.take_trace();
         device_stages(i, &events, a_qpn, b_qpn, wqe, ring_fn, out)?;
-        if o.fault == Some(Fault::BadLkey) {
-            local_key_check(i, &events, &local, o.op, out);
+        let failed = emu.failed_checks();
+        let mine: Vec<_> = failed
+            .get(failed_before.min(failed.len())..)
+            .unwrap_or_default()
+            .iter()
+            .filter(|c| c.side == "requester" && c.qpn == a_qpn)
+            .filter(|c| matches!(c.check, "key" | "PD" | "rights" | "range"))
+            .collect();
+        if let Some(c) = mine.first() {
+            local_key_check(i, &events, &local, o.op, c, out);
         }
     } else {
         out.push(hw_mmio_stage(i, t1, ring_fn, a, wqe, stats0, stats1));
@@ -985,11 +1213,38 @@ fn trace_one(
     let wc = wcs[0];
     // The completion prints through `WorkCompletion`'s Display: an error brings its
     // explanation (`meaning:`, `causes:`, `check:` lines).
-    let wc_lines: Vec<String> = if n == 0 {
-        vec!["no work completion".to_owned()]
-    } else {
-        wc.to_string().lines().map(str::to_owned).collect()
+    // An error: the completion's first line, then its explanation ranked by the evidence
+    // (the CQE, the WQE as written, the device's failed checks of this operation).
+    let device = emu.map(|e| {
+        let all = e.failed_checks();
+        all.get(failed_before.min(all.len())..)
+            .unwrap_or_default()
+            .iter()
+            .filter(|c| c.qpn == a_qpn || c.qpn == b_qpn)
+            .map(crate::diag::DeviceCheck::from)
+            .collect::<Vec<_>>()
+    });
+    let evidence = (n > 0 && !wc.is_ok()).then(|| {
+        let (opcode, line) = crate::diag::wqe_line(wqe, false);
+        crate::diag::Evidence {
+            syndrome: wc.syndrome,
+            vendor: wc.vendor_err.0,
+            opcode,
+            wqe: Some(format!("as written to the send ring: {line}")),
+            device: device.clone(),
+        }
+    });
+    let wc_lines: Vec<String> = match (&evidence, n) {
+        (_, 0) => vec!["no work completion".to_owned()],
+        (Some(ev), _) => {
+            let text = wc.to_string();
+            let mut v: Vec<String> = text.lines().take(1).map(str::to_owned).collect();
+            v.extend(crate::diag::ranked_text(ev).lines().map(str::to_owned));
+            v
+        }
+        (None, _) => wc.to_string().lines().map(str::to_owned).collect(),
     };
+    let first_cause = evidence.as_ref().and_then(crate::diag::first_cause);
     let explanation = (n > 0 && !wc.is_ok())
         .then(|| mlx5_hw::cqe::explain(wc.syndrome, wc.vendor_err))
         .flatten()
@@ -1003,7 +1258,9 @@ fn trace_one(
         json!({"wr_id": wc.wr_id, "status": wc.status.0, "opcode": wc.opcode.0,
                "byte_len": wc.byte_len, "qp_num": wc.qp_num, "returned": n,
                "syndrome": wc.syndrome.0, "vendor_err": wc.vendor_err.0,
-               "explanation": explanation}),
+               "explanation": explanation, "first_cause": first_cause,
+               "device_checks": device.unwrap_or_default().iter().map(|c| json!({
+                   "side": c.side, "qpn": c.qpn, "check": c.check, "detail": c.detail})).collect::<Vec<_>>()}),
     ));
     Ok(())
 }
@@ -1071,12 +1328,19 @@ fn hw_mmio_stage(
     )
 }
 
-/// For a bad-lkey fault: the device's local key check, placed after the WQE fetch. The
-/// emulator refuses the WQE whose local key is no MR's before any payload DMA or packet (for a
-/// READ/atomic too: its scatter list is checked before the request goes out), and no trace
-/// event carries the check itself; the stage says what was checked and what the events show
-/// (a DMA read with the key or none, the packets, the error CQE).
-fn local_key_check(i: u32, events: &[TraceEvent], local: &Sge, op: TraceOp, out: &mut Vec<Stage>) {
+/// For a local key fault: the device's key check, placed after the WQE fetch. The emulator
+/// refuses the WQE whose local key fails before any payload DMA or packet (for a READ/atomic
+/// too: its scatter list is checked before the request goes out); `c` is the device's record
+/// of the check (which one, the expected and the actual value), the stage adds what the
+/// events show (a DMA read with the key or none, the packets, the error CQE).
+fn local_key_check(
+    i: u32,
+    events: &[TraceEvent],
+    local: &Sge,
+    op: TraceOp,
+    c: &mlx5_emu::FailedCheck,
+    out: &mut Vec<Stage>,
+) {
     let read = events
         .iter()
         .any(|e| matches!(&e.what, TraceWhat::DmaRead { key, .. } if *key == local.lkey));
@@ -1090,18 +1354,18 @@ fn local_key_check(i: u32, events: &[TraceEvent], local: &Sge, op: TraceOp, out:
         "gather list"
     };
     let lines = vec![
+        format!("FAIL {}: {}", c.check, c.detail),
         format!(
-            "FAIL lkey {:#010x} is not the key of a registered MR: the WQE's {what}, {} B at \
-             {:#x}, is refused",
-            local.lkey, local.length, local.addr
+            "the WQE's {what}, {} B at {:#x} with lkey {:#010x}, is refused",
+            local.length, local.addr, local.lkey
         ),
         format!(
             "seen: {} DMA read with this key, {packets} packet(s) on the wire, then the error CQE",
             if read { "a" } else { "no" }
         ),
     ];
-    let data = json!({"check": "lkey", "ok": false, "lkey": local.lkey, "dma_read": read,
-                      "packets": packets, "what": what});
+    let data = json!({"check": c.check, "detail": c.detail, "ok": false, "lkey": local.lkey,
+                      "dma_read": read, "packets": packets, "what": what});
     let at = out
         .iter()
         .rposition(|s| s.op_index == i && s.name == "WQE fetch")
@@ -1113,7 +1377,7 @@ fn local_key_check(i: u32, events: &[TraceEvent], local: &Sge, op: TraceOp, out:
         i,
         "local key check",
         t,
-        "mlx5_emu::device::dma::data_segs",
+        "mlx5_emu::device::dma::check_key",
         lines,
         data,
     );
@@ -1367,7 +1631,26 @@ fn device_stages(
                 lines.push(format!(
                     "64 B CQE written at {addr:#x}: CQ {cqn:#08x} entry {index}"
                 ));
-                lines.extend(dec.to_text().lines().skip(1).map(str::to_owned));
+                // The decoder's explanation of an error CQE is the table's alone: the work
+                // completion below prints it ranked by all the evidence instead.
+                let text = dec.to_text();
+                let mut explained = false;
+                for l in text.lines().skip(1) {
+                    if ["meaning: ", "causes: ", "check: "]
+                        .iter()
+                        .any(|k| l.starts_with(k))
+                    {
+                        explained = true;
+                    } else {
+                        lines.push(l.to_owned());
+                    }
+                }
+                if explained {
+                    lines.push(
+                        "(explained with the work completion below, ranked by the evidence)"
+                            .to_owned(),
+                    );
+                }
                 s(
                     name,
                     f,

@@ -1,17 +1,19 @@
-//! `mlx5 tune`: the article's tuning knobs as an experiment on the current device, one knob at
+//! `mlx5 tune`: the tuning knobs as an experiment on the current device, one knob at
 //! a time from a baseline.
 //!
-//! Each setting opens a fresh connected pair (`backend.rs`) and runs two measurements of RC
-//! SENDs of one size:
+//! Each setting is run `reps` times; each run opens a fresh connected pair (`backend.rs`) and
+//! makes two measurements of RC SENDs of one size:
 //! - a ping-pong (as `mlx5 lat send`) for the latency percentiles;
 //! - a stream (as `mlx5 bw send`) with the setting's SQ depth, post list and signaling
 //!   interval, around which the emulated device's counters are read: doorbells, BlueFlame
 //!   writes, WQE fetches, payload DMA reads, CQEs and the link traffic as PCIe would carry it
 //!   (`tools/emu/src/trace.rs`), each divided by the messages streamed.
 //!
-//! Then one line per knob says which figures moved between its settings and why; the figures
-//! and the reasons are chosen from the measured numbers. CQ moderation is reported as not
-//! supported: neither the driver nor the emulated device moderates CQ events.
+//! Then one line per knob judges each setting against the first: the timed figures
+//! (message rate, p50, p99, p99.9) are better or worse only beyond the spread measured
+//! between the runs ([`judge`]), noisy runs are flagged, and the device figures that moved are
+//! named with the reason. CQ moderation is reported as not supported: neither the driver nor
+//! the emulated device moderates CQ events.
 
 use std::io::Write;
 
@@ -22,7 +24,7 @@ use crate::bench::{self, Op, RunParams};
 use crate::cli::PollMode;
 use crate::stats::LatencyStats;
 
-/// The knobs, in the article's order.
+/// The knobs, in the order they are tried.
 pub const KNOBS: [&str; 7] = [
     "inline",
     "sq_depth",
@@ -48,6 +50,9 @@ pub struct Setting {
     pub poll: PollMode,
     /// BlueFlame allowed.
     pub bf: bool,
+    /// A test knob, 0 in every real setting: a busy wait of this many nanoseconds before
+    /// every post, on both sides (a setting made slower on purpose, to check the verdicts).
+    pub post_delay_ns: u64,
 }
 
 /// The baseline every knob starts from.
@@ -58,6 +63,7 @@ pub const BASELINE: Setting = Setting {
     signal_interval: 1,
     poll: PollMode::Busy,
     bf: true,
+    post_delay_ns: 0,
 };
 
 /// The settings of one knob (the first is the baseline's value).
@@ -130,6 +136,108 @@ pub const FIGURES: [(&str, &str); 14] = [
     ("dma_write_bytes", "DMA write bytes"),
 ];
 
+/// The timed figures of one run of a setting (they vary from run to run; the device's
+/// counters do not).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Timed {
+    /// Stream rate (messages per second).
+    pub msg_rate: f64,
+    /// Ping-pong latency p50 (µs).
+    pub p50: f64,
+    /// p99 (µs).
+    pub p99: f64,
+    /// p99.9 (µs).
+    pub p99_9: f64,
+}
+
+/// One timed figure: name, unit, whether higher is better, its value in a run.
+pub type TimedFigure = (&'static str, &'static str, bool, fn(&Timed) -> f64);
+
+/// The timed figures tune judges.
+pub const TIMED: [TimedFigure; 4] = [
+    ("message rate", "msg/s", true, |t| t.msg_rate),
+    ("latency p50", "us", false, |t| t.p50),
+    ("latency p99", "us", false, |t| t.p99),
+    ("latency p99.9", "us", false, |t| t.p99_9),
+];
+
+/// A figure's change counts only when it is at least this (relative to the baseline's
+/// median) and beyond both settings' run-to-run spread.
+pub const MIN_EFFECT: f64 = 0.10;
+
+/// A figure whose runs spread by more than this (relative to their median) is flagged noisy.
+pub const NOISY: f64 = 0.25;
+
+/// What the runs of a setting say about one figure against the baseline's runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Better beyond the spread of both.
+    Better,
+    /// Worse beyond the spread of both.
+    Worse,
+    /// The change is within the run-to-run spread (or below [`MIN_EFFECT`]).
+    NoChange,
+    /// Too few runs to measure a spread (one run each).
+    NotJudged,
+}
+
+/// Median of `v` (mean of the two middle values for an even count); 0 for none.
+pub fn median(v: &[f64]) -> f64 {
+    let mut s: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
+    s.sort_by(f64::total_cmp);
+    match s.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => s[n / 2],
+        n => (s[n / 2 - 1] + s[n / 2]) / 2.0,
+    }
+}
+
+/// Relative spread of `v`: (max - min) / median; 0 for fewer than two values or a zero
+/// median.
+pub fn spread(v: &[f64]) -> f64 {
+    let m = median(v);
+    if v.len() < 2 || m == 0.0 {
+        return 0.0;
+    }
+    let (lo, hi) = v
+        .iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| {
+            (a.min(x), b.max(x))
+        });
+    (hi - lo) / m.abs()
+}
+
+/// Judge runs `other` of a setting against the baseline's runs `base` for a figure where
+/// higher is better (`higher_better`) or lower is. Better or worse only when every run of one
+/// is beyond every run of the other (the ranges do not overlap) and the medians differ by at
+/// least [`MIN_EFFECT`] and by more than either setting's relative spread. Returns the
+/// verdict and the relative change of the medians.
+pub fn judge(base: &[f64], other: &[f64], higher_better: bool) -> (Verdict, f64) {
+    let (m0, m1) = (median(base), median(other));
+    let change = if m0 == 0.0 { 0.0 } else { (m1 - m0) / m0.abs() };
+    if base.len() < 2 || other.len() < 2 {
+        return (Verdict::NotJudged, change);
+    }
+    let lo = |v: &[f64]| v.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = |v: &[f64]| v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let up = lo(other) > hi(base);
+    let down = hi(other) < lo(base);
+    let margin = MIN_EFFECT.max(spread(base)).max(spread(other));
+    if (up || down) && change.abs() >= margin {
+        let better = up == higher_better;
+        (
+            if better {
+                Verdict::Better
+            } else {
+                Verdict::Worse
+            },
+            change,
+        )
+    } else {
+        (Verdict::NoChange, change)
+    }
+}
+
 /// What one setting measured.
 #[derive(Clone, Debug)]
 pub struct Measured {
@@ -151,6 +259,25 @@ pub struct Measured {
     pub totals: Option<Vec<u64>>,
     /// Host instructions per message (callgrind), when measured.
     pub instr_per_msg: Option<f64>,
+    /// The timed figures of every run (repetition) of the setting; `lat` pools the latency
+    /// samples of all of them, `msg_rate` is their median.
+    pub runs: Vec<Timed>,
+}
+
+impl Measured {
+    /// One timed figure over the runs.
+    pub fn timed(&self, f: fn(&Timed) -> f64) -> Vec<f64> {
+        self.runs.iter().map(f).collect()
+    }
+
+    /// Whether any timed figure spreads by more than [`NOISY`] over the runs.
+    pub fn noisy(&self) -> Vec<&'static str> {
+        TIMED
+            .iter()
+            .filter(|(_, _, _, f)| spread(&self.timed(*f)) > NOISY)
+            .map(|(n, ..)| *n)
+            .collect()
+    }
 }
 
 impl Measured {
@@ -172,7 +299,13 @@ pub struct TuneOpts {
     pub dev: Option<String>,
     /// Force the emulator.
     pub force_emu: bool,
+    /// Runs (repetitions) of each setting; the spread between them is what a change must
+    /// exceed.
+    pub reps: u32,
 }
+
+/// Runs per setting by default (and with `--quick`).
+pub const DEFAULT_REPS: u32 = 3;
 
 fn config(o: &TuneOpts, s: &Setting) -> TestbedConfig {
     TestbedConfig {
@@ -209,44 +342,17 @@ pub fn measure(
     value: &str,
     s: &Setting,
 ) -> Result<Measured, String> {
-    let mut tb = crate::backend::open(&config(o, s))?;
-    let lat_iters = (o.iters / 4).max(50);
-    let p = RunParams {
-        size: o.size,
-        iters: lat_iters,
-        duration: None,
-        inline_max: s.inline,
-        tx_depth: 1,
-        post_list: 1,
-        cq_mod: 1,
-        poll: s.poll,
-        warm_up: 10,
-        patience: Some(std::time::Duration::from_secs(10)),
-        rx_depth: 1,
-    };
-    let (a, b) = tb.sides();
-    let run = bench::lat_pingpong(Op::Send, a, b, &p, "")?;
-    let lat = LatencyStats::from_samples(&run.samples_us).ok_or("no latency samples")?;
-    let sp = RunParams {
-        iters: o.iters,
-        tx_depth: s.sq_depth,
-        post_list: s.post_list,
-        cq_mod: s.signal_interval,
-        rx_depth: s.sq_depth,
-        ..p
-    };
-    let (a, b) = tb.sides();
-    let bw = bench::bw_stream(Op::Send, a, Some(b), &sp, "")?;
-    let emulated = tb.emu_counters().is_some();
-    drop(tb);
-    let span = bw
-        .completed_ns
-        .last()
-        .map_or(0, |&l| {
-            l.saturating_sub(bw.posted_ns.first().copied().unwrap_or(0))
-        })
-        .max(1);
-    let msg_rate = o.iters as f64 * 1e9 / span as f64;
+    let mut runs = Vec::new();
+    let mut samples = Vec::new();
+    let mut emulated = false;
+    for _ in 0..o.reps.max(1) {
+        let (t, lat, emu) = measure_once(o, s)?;
+        runs.push(t);
+        samples.extend(lat);
+        emulated = emu;
+    }
+    let lat = LatencyStats::from_samples(&samples).ok_or("no latency samples")?;
+    let msg_rate = median(&runs.iter().map(|t| t.msg_rate).collect::<Vec<_>>());
     let totals = if emulated {
         Some(device_figures(o.size, s, o.iters)?)
     } else {
@@ -265,7 +371,107 @@ pub fn measure(
         per_msg,
         totals,
         instr_per_msg: None,
+        runs,
     })
+}
+
+/// A side whose every post first waits `delay` (busy): the test knob `post_delay_ns`.
+struct Slowed<'a> {
+    inner: &'a mut dyn bench::Side,
+    delay: std::time::Duration,
+}
+
+impl bench::Side for Slowed<'_> {
+    fn post_send(&mut self, wrs: &[bench::Wr]) -> bench::BenchResult<()> {
+        let t = std::time::Instant::now();
+        while t.elapsed() < self.delay {
+            std::hint::spin_loop();
+        }
+        self.inner.post_send(wrs)
+    }
+    fn post_recv(&mut self, n: u32, len: u32) -> bench::BenchResult<()> {
+        self.inner.post_recv(n, len)
+    }
+    fn recv_outstanding(&self) -> u32 {
+        self.inner.recv_outstanding()
+    }
+    fn poll_send(&mut self, max: usize) -> bench::BenchResult<usize> {
+        self.inner.poll_send(max)
+    }
+    fn poll_recv(&mut self, max: usize) -> bench::BenchResult<usize> {
+        self.inner.poll_recv(max)
+    }
+    fn arm(&mut self, recv: bool) -> bench::BenchResult<()> {
+        self.inner.arm(recv)
+    }
+    fn wait_event(&mut self, recv: bool) -> bench::BenchResult<()> {
+        self.inner.wait_event(recv)
+    }
+    fn read_byte(&self, off: usize) -> u8 {
+        self.inner.read_byte(off)
+    }
+    fn write_byte(&mut self, off: usize, v: u8) {
+        self.inner.write_byte(off, v);
+    }
+    fn read_rx(&self, off: usize, out: &mut [u8]) {
+        self.inner.read_rx(off, out);
+    }
+    fn write_rx(&mut self, off: usize, data: &[u8]) {
+        self.inner.write_rx(off, data);
+    }
+}
+
+/// One run of setting `s` on a fresh testbed: its timed figures, its latency samples, and
+/// whether the device is the emulated one.
+fn measure_once(o: &TuneOpts, s: &Setting) -> Result<(Timed, Vec<f64>, bool), String> {
+    let mut tb = crate::backend::open(&config(o, s))?;
+    let lat_iters = (o.iters / 4).max(50);
+    let p = RunParams {
+        size: o.size,
+        iters: lat_iters,
+        duration: None,
+        inline_max: s.inline,
+        tx_depth: 1,
+        post_list: 1,
+        cq_mod: 1,
+        poll: s.poll,
+        warm_up: 10,
+        patience: Some(std::time::Duration::from_secs(10)),
+        rx_depth: 1,
+    };
+    let delay = std::time::Duration::from_nanos(s.post_delay_ns);
+    let (a, b) = tb.sides();
+    let (mut a, mut b) = (Slowed { inner: a, delay }, Slowed { inner: b, delay });
+    let run = bench::lat_pingpong(Op::Send, &mut a, &mut b, &p, "")?;
+    let lat = LatencyStats::from_samples(&run.samples_us).ok_or("no latency samples")?;
+    let sp = RunParams {
+        iters: o.iters,
+        tx_depth: s.sq_depth,
+        post_list: s.post_list,
+        cq_mod: s.signal_interval,
+        rx_depth: s.sq_depth,
+        ..p
+    };
+    let (a, b) = tb.sides();
+    let (mut a, mut b) = (Slowed { inner: a, delay }, Slowed { inner: b, delay });
+    let bw = bench::bw_stream(Op::Send, &mut a, Some(&mut b), &sp, "")?;
+    let emulated = tb.emu_counters().is_some();
+    drop(tb);
+    let span = bw
+        .completed_ns
+        .last()
+        .map_or(0, |&l| {
+            l.saturating_sub(bw.posted_ns.first().copied().unwrap_or(0))
+        })
+        .max(1);
+    let msg_rate = o.iters as f64 * 1e9 / span as f64;
+    let t = Timed {
+        msg_rate,
+        p50: lat.p50,
+        p99: lat.p99,
+        p99_9: lat.p99_9,
+    };
+    Ok((t, run.samples_us, emulated))
 }
 
 /// The device's counters (in [`FIGURES`] order) over a stream of `n` RC SENDs of `size`
@@ -541,9 +747,10 @@ fn reason(name: &str, up: bool, knob: &str) -> &'static str {
     }
 }
 
-/// The line of one knob: which figures moved from its first setting to each other one, and
-/// why. A figure moved when it changed by at least 10% and by at least 0.05 per message
-/// (latency: 10% and 0.2 µs).
+/// The line of one knob: for each setting against the first, first the verdict on the timed
+/// figures (message rate, latency p50, p99, p99.9: better or worse only beyond the
+/// run-to-run spread, [`judge`]; noisy runs flagged), then which device figures moved and why
+/// (exact counters: a move is at least 10% and 0.05 per message).
 pub fn knob_line(knob: &str, rows: &[&Measured]) -> String {
     let Some(base) = rows.first() else {
         return format!("{knob}: no settings measured");
@@ -551,16 +758,68 @@ pub fn knob_line(knob: &str, rows: &[&Measured]) -> String {
     let mut parts = Vec::new();
     for r in rows.iter().skip(1) {
         let mut moved = Vec::new();
-        let (l0, l1) = (base.lat.p50, r.lat.p50);
-        if (l1 - l0).abs() >= 0.2 && (l1 - l0).abs() >= 0.1 * l0.abs() {
-            moved.push(format!(
-                "latency p50 {l0:.2} -> {l1:.2} us{}",
-                match (knob, l1 > l0) {
-                    ("poll", true) => " (the poller sleeps or waits for an event between polls)",
-                    _ => " (timing of the threaded device on this machine; the device figures did not cause it unless they moved too)",
+        let mut better = Vec::new();
+        let mut worse = Vec::new();
+        let mut within = Vec::new();
+        for (name, unit, higher, f) in TIMED {
+            let (x, y) = (base.timed(f), r.timed(f));
+            let (v, change) = judge(&x, &y, higher);
+            let (mx, my) = (median(&x), median(&y));
+            let fmt = |m: f64| {
+                if unit == "msg/s" {
+                    format!("{m:.0}")
+                } else {
+                    format!("{m:.2}")
                 }
+            };
+            let what = format!(
+                "{name} {} -> {} {unit} ({:+.0}%, run-to-run spread {:.0}%/{:.0}%)",
+                fmt(mx),
+                fmt(my),
+                change * 100.0,
+                spread(&x) * 100.0,
+                spread(&y) * 100.0
+            );
+            match v {
+                Verdict::Better => better.push(what),
+                Verdict::Worse => worse.push(what),
+                Verdict::NoChange => within.push(name),
+                Verdict::NotJudged => within.push(name),
+            }
+        }
+        let judged = r.runs.len() >= 2 && base.runs.len() >= 2;
+        let mut verdict = match (better.is_empty(), worse.is_empty()) {
+            (false, true) => format!("better: {}", better.join("; ")),
+            (true, false) => format!("worse: {}", worse.join("; ")),
+            (false, false) => format!(
+                "mixed: better {}; worse {}",
+                better.join("; "),
+                worse.join("; ")
+            ),
+            (true, true) if judged => format!(
+                "no change beyond the run-to-run spread in {}",
+                within.join(", ")
+            ),
+            (true, true) => {
+                "timed figures not judged (one run each: no spread measured)".to_owned()
+            }
+        };
+        if knob == "poll" && worse.iter().any(|w| w.starts_with("latency")) {
+            verdict.push_str(" (the poller sleeps or waits for an event between polls)");
+        }
+        let noisy: Vec<String> = [(&base.value, base.noisy()), (&r.value, r.noisy())]
+            .into_iter()
+            .filter(|(_, n)| !n.is_empty())
+            .map(|(v, n)| format!("{v}: {}", n.join(", ")))
+            .collect();
+        if !noisy.is_empty() {
+            verdict.push_str(&format!(
+                " [noisy runs, spread over {}%: {}]",
+                (NOISY * 100.0) as u32,
+                noisy.join("; ")
             ));
         }
+        moved.push(verdict);
         if let (Some(x), Some(y)) = (base.instr_per_msg, r.instr_per_msg) {
             let d = (y - x).abs();
             if d >= 1.0 && d >= 0.1 * x.abs() {
@@ -593,12 +852,15 @@ pub fn knob_line(knob: &str, rows: &[&Measured]) -> String {
                 }
             }
         }
-        let what = if moved.is_empty() {
-            "no figure moved by 10% or more".to_owned()
-        } else {
+        if moved.len() == 1 {
+            moved.push("no device figure moved by 10% or more".to_owned());
+        }
+        parts.push(format!(
+            "{} -> {}: {}",
+            base.value,
+            r.value,
             moved.join("; ")
-        };
-        parts.push(format!("{} -> {}: {what}", base.value, r.value));
+        ));
     }
     format!("{knob}: {}", parts.join(" | "))
 }
@@ -613,11 +875,26 @@ pub const CQ_MODERATION: &str = "cq_moderation: not supported (the driver has no
 pub fn run(o: &TuneOpts, mut progress: impl FnMut(&Measured)) -> Result<Vec<Measured>, String> {
     let mut out = Vec::new();
     for knob in KNOBS {
-        for (value, s) in settings(knob) {
-            let m = measure(o, knob, &value, &s)?;
-            progress(&m);
-            out.push(m);
-        }
+        out.extend(run_settings(o, knob, &settings(knob), &mut progress)?);
+    }
+    Ok(out)
+}
+
+/// Measure `set` (the first is the one the others are judged against) as knob `knob`.
+///
+/// # Errors
+/// A setting failed.
+pub fn run_settings(
+    o: &TuneOpts,
+    knob: &'static str,
+    set: &[(String, Setting)],
+    mut progress: impl FnMut(&Measured),
+) -> Result<Vec<Measured>, String> {
+    let mut out = Vec::new();
+    for (value, s) in set {
+        let m = measure(o, knob, value, s)?;
+        progress(&m);
+        out.push(m);
     }
     Ok(out)
 }
@@ -625,13 +902,14 @@ pub fn run(o: &TuneOpts, mut progress: impl FnMut(&Measured)) -> Result<Vec<Meas
 /// The table (one row per setting).
 pub fn table(rows: &[Measured]) -> String {
     let mut s = format!(
-        "{:<16} {:>9} {:>8} {:>8} {:>8} {:>10} {:>6} {:>6} {:>6} {:>7} {:>6} {:>9} {:>8} {:>8} {:>9} {:>7} {:>9} {:>7}\n",
+        "{:<16} {:>9} {:>8} {:>8} {:>8} {:>10} {:>12} {:>6} {:>6} {:>6} {:>7} {:>6} {:>9} {:>8} {:>8} {:>9} {:>7} {:>9} {:>7}\n",
         "knob",
         "value",
         "p50 us",
         "p99 us",
         "p99.9",
         "msg/s",
+        "spread",
         "db",
         "bf",
         "fetch",
@@ -647,14 +925,16 @@ pub fn table(rows: &[Measured]) -> String {
     );
     for r in rows {
         let f = |n: &str| r.figure(n).map_or("-".to_owned(), |v| format!("{v:.2}"));
+        let sp = |f: fn(&Timed) -> f64| format!("{:.0}", spread(&r.timed(f)) * 100.0);
         s.push_str(&format!(
-            "{:<16} {:>9} {:>8.2} {:>8.2} {:>8.2} {:>10.0} {:>6} {:>6} {:>6} {:>7} {:>6} {:>9} {:>8} {:>8} {:>9} {:>7} {:>9} {:>7}\n",
+            "{:<16} {:>9} {:>8.2} {:>8.2} {:>8.2} {:>10.0} {:>12} {:>6} {:>6} {:>6} {:>7} {:>6} {:>9} {:>8} {:>8} {:>9} {:>7} {:>9} {:>7}\n",
             r.knob,
             r.value,
-            r.lat.p50,
-            r.lat.p99,
-            r.lat.p99_9,
+            median(&r.timed(|t| t.p50)),
+            median(&r.timed(|t| t.p99)),
+            median(&r.timed(|t| t.p99_9)),
             r.msg_rate,
+            format!("{}%/{}%", sp(|t| t.msg_rate), sp(|t| t.p50)),
             f("doorbells"),
             f("bf_writes"),
             f("wqe_fetches"),
@@ -683,6 +963,22 @@ pub fn lines(rows: &[Measured]) -> Vec<String> {
             let rs: Vec<&Measured> = rows.iter().filter(|r| r.knob == k).collect();
             knob_line(k, &rs)
         })
+        .chain({
+            // Knobs outside the standard list (the test knob), each once, in row order.
+            let mut extra: Vec<&str> = Vec::new();
+            for r in rows {
+                if !KNOBS.contains(&r.knob) && !extra.contains(&r.knob) {
+                    extra.push(r.knob);
+                }
+            }
+            extra
+                .into_iter()
+                .map(|k| {
+                    let rs: Vec<&Measured> = rows.iter().filter(|r| r.knob == k).collect();
+                    knob_line(k, &rs)
+                })
+                .collect::<Vec<_>>()
+        })
         .collect()
 }
 
@@ -691,6 +987,7 @@ pub fn to_json(o: &TuneOpts, rows: &[Measured], instr_note: &str) -> Value {
     json!({
         "size": o.size,
         "messages_per_setting": o.iters,
+        "runs_per_setting": o.reps,
         "baseline": setting_json(&BASELINE),
         "instructions_per_message": instr_note,
         "settings": rows.iter().map(|r| {
@@ -705,6 +1002,11 @@ pub fn to_json(o: &TuneOpts, rows: &[Measured], instr_note: &str) -> Value {
                 "latency_us": {"p50": r.lat.p50, "p99": r.lat.p99, "p99_9": r.lat.p99_9,
                                 "avg": r.lat.avg, "min": r.lat.min, "max": r.lat.max},
                 "messages": r.messages, "msg_rate": r.msg_rate, "instr_per_msg": r.instr_per_msg,
+                "runs": r.runs.iter().map(|t| json!({"msg_rate": t.msg_rate, "p50": t.p50,
+                    "p99": t.p99, "p99_9": t.p99_9})).collect::<Vec<_>>(),
+                "spread": TIMED.iter().map(|(n, _, _, f)| ((*n).to_owned(), json!(spread(&r.timed(*f)))))
+                    .collect::<serde_json::Map<String, Value>>(),
+                "noisy": r.noisy(),
                 "per_message": figs, "totals": totals,
             })
         }).collect::<Vec<_>>(),
@@ -717,52 +1019,86 @@ fn setting_json(s: &Setting) -> Value {
            "signal_interval": s.signal_interval, "poll": s.poll.to_string(), "bf": s.bf})
 }
 
-/// An SVG plot: per knob, bars of latency p50 (µs) and link bytes per message (MMIO + DMA
-/// read + DMA write) for each setting.
+/// The figures [`plot`] draws, one row of panels each: title, value of a setting, and the
+/// runs' values (timed figures: drawn as a min..max whisker over the bar).
+type PlotRow = (
+    &'static str,
+    fn(&Measured) -> f64,
+    Option<fn(&Timed) -> f64>,
+);
+
+fn link_bytes(r: &Measured) -> f64 {
+    ["mmio_bytes", "dma_read_bytes", "dma_write_bytes"]
+        .iter()
+        .filter_map(|n| r.figure(n))
+        .sum::<f64>()
+}
+
+const PLOT_ROWS: [PlotRow; 4] = [
+    (
+        "latency p50 (us)",
+        |r| median(&r.timed(|t| t.p50)),
+        Some(|t| t.p50),
+    ),
+    (
+        "latency p99 (us)",
+        |r| median(&r.timed(|t| t.p99)),
+        Some(|t| t.p99),
+    ),
+    ("message rate (msg/s)", |r| r.msg_rate, Some(|t| t.msg_rate)),
+    ("link bytes/msg", link_bytes, None),
+];
+
+/// An SVG plot: one column per knob, one row per figure (latency p50, latency p99, message
+/// rate, link bytes per message), a bar per setting. Every panel has its own y scale (0 to
+/// its largest value, printed at its top), so that a knob whose latency is microseconds is
+/// not flattened by one whose latency is milliseconds; timed figures carry the min..max of
+/// their runs as a whisker.
 pub fn plot(rows: &[Measured]) -> String {
-    let knobs: Vec<&str> = KNOBS
+    let mut knobs: Vec<&str> = KNOBS
         .iter()
         .copied()
         .filter(|k| rows.iter().any(|r| r.knob == *k))
         .collect();
-    let (pw, ph) = (220.0, 200.0);
+    for r in rows {
+        if !knobs.contains(&r.knob) {
+            knobs.push(r.knob);
+        }
+    }
+    let (pw, ph) = (220.0, 170.0);
     let w = pw * knobs.len().max(1) as f64 + 20.0;
-    let h = ph * 2.0 + 60.0;
+    let h = ph * PLOT_ROWS.len() as f64 + 60.0;
     let mut s = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"10\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"10\" y=\"15\" font-size=\"13\">mlx5 tune: latency p50 (us, top) and link bytes per message (bottom) per setting</text>\n"
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"10\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"10\" y=\"15\" font-size=\"13\">mlx5 tune: per knob and setting, latency p50, latency p99, message rate (medians of the runs, whisker = min..max) and link bytes per message; each panel on its own y scale</text>\n"
     );
-    let link = |r: &Measured| {
-        ["mmio_bytes", "dma_read_bytes", "dma_write_bytes"]
-            .iter()
-            .filter_map(|n| r.figure(n))
-            .sum::<f64>()
-    };
-    for (row, (title, get)) in [
-        (
-            "latency p50 (us)",
-            &(|r: &Measured| r.lat.p50) as &dyn Fn(&Measured) -> f64,
-        ),
-        ("link bytes/msg", &link as &dyn Fn(&Measured) -> f64),
-    ]
-    .iter()
-    .enumerate()
-    {
-        let max = rows.iter().map(get).fold(0.0f64, f64::max).max(1e-9);
-        let y0 = 40.0 + row as f64 * ph;
+    for (row, (title, get, runs)) in PLOT_ROWS.iter().enumerate() {
+        let y0 = 30.0 + row as f64 * ph;
         for (k, knob) in knobs.iter().enumerate() {
             let x0 = 10.0 + k as f64 * pw;
             let rs: Vec<&Measured> = rows.iter().filter(|r| r.knob == *knob).collect();
+            // This panel's own scale: its largest bar or whisker.
+            let top = rs
+                .iter()
+                .map(|r| {
+                    let v = get(r);
+                    runs.map_or(v, |f| r.timed(f).into_iter().fold(v, f64::max))
+                })
+                .filter(|v| v.is_finite())
+                .fold(0.0f64, f64::max)
+                .max(1e-9);
             s.push_str(&format!(
-                "<text x=\"{}\" y=\"{}\">{knob}: {title}</text>\n",
-                x0,
-                y0 + 10.0
+                "<text x=\"{x0}\" y=\"{}\">{knob}: {title}</text>\n<text x=\"{x0}\" y=\"{}\" fill=\"#666\">scale 0..{top:.1}</text>\n",
+                y0 + 10.0,
+                y0 + 22.0
             ));
             let bw = (pw - 40.0) / rs.len().max(1) as f64;
+            let base = y0 + ph - 30.0;
+            let hgt = ph - 70.0;
             for (j, r) in rs.iter().enumerate() {
                 let v = get(r);
-                let bh = (ph - 60.0) * v / max;
+                let v = if v.is_finite() { v.max(0.0) } else { 0.0 };
+                let bh = hgt * v / top;
                 let x = x0 + j as f64 * bw;
-                let base = y0 + ph - 30.0;
                 s.push_str(&format!(
                     "<rect x=\"{x:.1}\" y=\"{:.1}\" width=\"{:.1}\" height=\"{bh:.1}\" fill=\"#4a7bd0\"/>\n<text x=\"{x:.1}\" y=\"{:.1}\">{}</text>\n<text x=\"{x:.1}\" y=\"{:.1}\">{v:.1}</text>\n",
                     base - bh,
@@ -771,6 +1107,19 @@ pub fn plot(rows: &[Measured]) -> String {
                     r.value,
                     base - bh - 3.0
                 ));
+                if let Some(f) = runs {
+                    let t = r.timed(*f);
+                    if t.len() >= 2 {
+                        let lo = t.iter().copied().fold(f64::INFINITY, f64::min).max(0.0);
+                        let hi = t.iter().copied().fold(0.0f64, f64::max);
+                        let cx = x + bw * 0.4;
+                        s.push_str(&format!(
+                            "<line x1=\"{cx:.1}\" x2=\"{cx:.1}\" y1=\"{:.1}\" y2=\"{:.1}\" stroke=\"black\"/>\n",
+                            base - hgt * lo / top,
+                            base - hgt * hi / top
+                        ));
+                    }
+                }
             }
         }
     }
@@ -788,16 +1137,31 @@ pub fn command(a: &crate::cli::TuneArgs) -> Result<(), String> {
         iters: a.iters.unwrap_or(if a.quick { 300 } else { 2000 }).max(16),
         dev: a.dev.clone(),
         force_emu: a.emu,
+        reps: a.reps,
     };
     if let Some(spec) = &a.instr_one {
         return instr_one(spec, o.size, o.iters);
     }
     let json = a.json;
-    let mut rows = run(&o, |m| {
+    let progress = |m: &Measured| {
         if !json {
-            eprintln!("  measured {} = {}", m.knob, m.value);
+            eprintln!(
+                "  measured {} = {} ({} runs)",
+                m.knob,
+                m.value,
+                m.runs.len()
+            );
         }
-    })?;
+    };
+    let mut rows = run(&o, progress)?;
+    if let Some(us) = a.slow_us {
+        let slow = Setting {
+            post_delay_ns: us.saturating_mul(1000),
+            ..BASELINE
+        };
+        let set = [("0".to_owned(), BASELINE), (format!("{us}us"), slow)];
+        rows.extend(run_settings(&o, "post_delay", &set, progress)?);
+    }
     let instr_n = o.iters.min(INSTR_MESSAGES);
     let instr_note = if a.quick {
         "not measured (--quick)".to_owned()
@@ -841,8 +1205,9 @@ pub fn command(a: &crate::cli::TuneArgs) -> Result<(), String> {
     w(
         &mut out,
         &format!(
-            "mlx5 tune: RC SEND {} B, {} messages streamed per setting (ping-pong: {}), baseline inline {} / SQ depth {} / post list {} / signal every {} / {} / BlueFlame {}\nper-message figures are the emulated device's counters over the stream divided by the messages; link = PCIe model (MMIO writes, DMA read requests/completions, DMA writes)\ninstructions per message: {instr_note}\n\n",
+            "mlx5 tune: RC SEND {} B, {} runs per setting of {} messages streamed (ping-pong: {}), baseline inline {} / SQ depth {} / post list {} / signal every {} / {} / BlueFlame {}\nper-message figures are the emulated device's counters over the stream divided by the messages (exact: the same in every run); link = PCIe model (MMIO writes, DMA read requests/completions, DMA writes)\ntimed figures (msg/s, p50, p99, p99.9) are the medians of the runs; spread = (max - min) / median of msg/s and p50 over the runs; a setting is better or worse only beyond both settings' spread and by {}% or more; runs spreading over {}% are flagged noisy\ninstructions per message: {instr_note}\n\n",
             o.size,
+            o.reps,
             o.iters,
             (o.iters / 4).max(50),
             BASELINE.inline,
@@ -851,6 +1216,8 @@ pub fn command(a: &crate::cli::TuneArgs) -> Result<(), String> {
             BASELINE.signal_interval,
             BASELINE.poll,
             if BASELINE.bf { "on" } else { "off" },
+            (MIN_EFFECT * 100.0) as u32,
+            (NOISY * 100.0) as u32,
         ),
     )?;
     w(&mut out, &table(&rows))?;

@@ -187,8 +187,16 @@ fn report_marks_and_explains_the_failing_pair() {
     );
     assert!(has("error CQE: cq 0x21 ci 4 seq 6: REQ_ERR"), "{r}");
     assert!(has("2 error CQEs, 1 of them flushes"), "{r}");
-    let causes = lines.iter().find(|l| l.starts_with("causes: ")).expect(&r);
-    assert!(causes.contains("rkey"), "{causes}");
+    // Ranked by the evidence (a dump: the CQE and the WQE, no device view): a remote access
+    // error names the responder MR's access flags first, the rkey after.
+    assert!(has("causes, most likely first:"), "{r}");
+    let first = lines.iter().find(|l| l.starts_with("  1. ")).expect(&r);
+    assert!(first.contains("lacks the access flag"), "{first}");
+    let second = lines.iter().find(|l| l.starts_with("  2. ")).expect(&r);
+    assert!(second.contains("rkey"), "{second}");
+    assert!(has("evidence used:"), "{r}");
+    assert!(has("  WQE: flight recorder, seq 2: opcode"), "{r}");
+    assert!(has("  device: not observable"), "{r}");
     assert!(has("check: "), "{r}");
     assert!(has("meaning: remote access error"), "{r}");
     assert!(
@@ -436,7 +444,11 @@ fn binary_reads_a_dump_file_and_names_bad_lines() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(so.contains(">>  seq 2 wqe  qp 0x1c2d index 3"), "{so}");
-    assert!(so.lines().any(|l| l.starts_with("causes: ")), "{so}");
+    assert!(
+        so.lines()
+            .any(|l| l.starts_with("causes, most likely first:")),
+        "{so}"
+    );
 
     let p = scratch("bad.dump");
     std::fs::write(&p, "mlx5-flight-recorder v1\ncqe 0x21 0 1 abc\n").unwrap();
@@ -459,10 +471,30 @@ fn binary_reads_a_dump_file_and_names_bad_lines() {
 #[test]
 fn live_emulator_run_shows_the_forced_error_from_both_sides() {
     let (text, f) = mlx5_tools::live::diag_run().unwrap();
-    // the bad lkey: requester local protection, vendor 0x51; the WR after it is flushed
+    // the bad lkey: requester local protection, vendor 0x50 (gather list, key unknown); the
+    // WR after it is flushed
     assert_eq!(f.error.status, WcStatus::LOC_PROT_ERR);
     assert_eq!(f.error.syndrome, Syndrome::LOCAL_PROT);
-    assert_eq!(f.error.vendor_err, VendorSyndrome::LOCAL_PROT);
+    assert_eq!(f.error.vendor_err, VendorSyndrome::LOCAL_PROT_KEY);
+    // Finding 1: the explanation names the invalid lkey first, never PCIe/IOMMU; it says which
+    // evidence it used, the device's failed key check included.
+    let first = text
+        .lines()
+        .find(|l| l.starts_with("  1. "))
+        .unwrap_or_else(|| panic!("no ranked causes:\n{text}"));
+    assert!(first.contains("an lkey no MR has"), "{first}");
+    assert!(
+        !text.contains("IOMMU") && !text.contains("PCIe error"),
+        "{text}"
+    );
+    assert!(text.contains("evidence used:"), "{text}");
+    assert!(
+        text.contains(&format!(
+            "  device: requester QP {:#x} check `key` failed: lkey {:#010x} unknown at the requester",
+            f.qpn, f.bad_lkey
+        )),
+        "{text}"
+    );
     assert_eq!(f.flushed.len(), 1);
     assert_eq!(f.flushed[0].status, WcStatus::WR_FLUSH_ERR);
     // the device's view: QP in ERR, doorbell record = driver's producer mod 2^16, every WQEBB
@@ -500,7 +532,7 @@ fn live_emulator_run_shows_the_forced_error_from_both_sides() {
     );
     assert!(
         marked[1].starts_with(
-            ">> counter 3    opcode 0xd REQ_ERR wqe_counter 3 syndrome 0x04 LOCAL_PROT vendor 0x51"
+            ">> counter 3    opcode 0xd REQ_ERR wqe_counter 3 syndrome 0x04 LOCAL_PROT vendor 0x50 LOCAL_PROT_KEY"
         ),
         "{text}"
     );
@@ -591,7 +623,7 @@ fn live_run_saves_a_dump_that_diag_reads_back() {
         marked[1].contains(" cqe  cq ") && marked[1].contains(" ci 3 "),
         "{so}"
     );
-    assert!(so.lines().any(|l| l.starts_with("ERROR CQE: ") && l.contains("LOCAL_PROT(0x04) vendor_err 0x51")), "{so}");
+    assert!(so.lines().any(|l| l.starts_with("ERROR CQE: ") && l.contains("LOCAL_PROT(0x04) vendor_err 0x50")), "{so}");
     remove_scratch(&p);
 }
 
@@ -713,4 +745,60 @@ fn around_limits_the_records_decoded_to_the_neighbourhood_of_the_error() {
     // the findings are there whatever is hidden
     let d = parse_dump(&sample_dump()).unwrap();
     assert!(report_around(&d, Some(0)).contains("ERROR CQE: cq 0x21 ci 3 seq 5"));
+}
+
+/// A dump alone (no device view): the CQE's vendor syndrome and the WQE rank the causes. Each
+/// key fault's code puts its own cause first; a SEND's remote invalid request is its length.
+#[test]
+fn dump_findings_rank_the_causes_by_the_cqe_and_the_wqe() {
+    use mlx5_hw::syndrome::Pointer;
+    let first_of = |op: SendOpcode, syn: Syndrome, ven: u8| -> String {
+        let e = hex(&err_cqe(CqeOpcode::REQ_ERR, 3, syn, ven));
+        let text = format!(
+            "mlx5-flight-recorder v1\n{QP_LINE}\n{CQ_LINE}\nwqe 0x1c2d 3 1 {}\ncqe 0x21 3 2 {e}\n",
+            wqe(op, 3, 0x1234)
+        );
+        let r = report(&parse_dump(&text).unwrap());
+        r.lines()
+            .find_map(|l| l.strip_prefix("  1. "))
+            .unwrap_or_else(|| panic!("no ranked cause:\n{r}"))
+            .split("  [evidence: ")
+            .next()
+            .unwrap()
+            .to_owned()
+    };
+    for (ven, p) in [
+        (0x50, Pointer::KeyUnknown),
+        (0x52, Pointer::PdMismatch),
+        (0x53, Pointer::Rights),
+        (0x54, Pointer::Range),
+        (0x30, Pointer::KeyUnknown),
+        (0x32, Pointer::PdMismatch),
+        (0x33, Pointer::Rights),
+        (0x34, Pointer::Range),
+    ] {
+        let c = first_of(SendOpcode::SEND, Syndrome::LOCAL_PROT, ven);
+        assert!(p.supports(&c), "vendor {ven:#x}: {c}");
+        for q in [
+            Pointer::KeyUnknown,
+            Pointer::PdMismatch,
+            Pointer::Rights,
+            Pointer::Range,
+        ] {
+            assert!(q == p || !q.supports(&c), "vendor {ven:#x}: {c} also {q:?}");
+        }
+    }
+    // Remote invalid request: a SEND's is its length; an RDMA WRITE's the QP's access flags.
+    let c = first_of(SendOpcode::SEND, Syndrome::REMOTE_INVAL_REQ, 0x8a);
+    assert!(Pointer::Length.supports(&c), "{c}");
+    let c = first_of(SendOpcode::RDMA_WRITE, Syndrome::REMOTE_INVAL_REQ, 0x8a);
+    assert!(c.contains("qp_access_flags"), "{c}");
+    // RNR and retry exceeded name the receive and the peer.
+    let c = first_of(SendOpcode::SEND, Syndrome::RNR_RETRY_EXC, 0x87);
+    assert!(Pointer::NoReceive.supports(&c), "{c}");
+    let c = first_of(SendOpcode::SEND, Syndrome::TRANSPORT_RETRY_EXC, 0x81);
+    assert!(Pointer::NoAck.supports(&c), "{c}");
+    // Vendor 0 (nothing narrows it): the general entry, in the table's order.
+    let c = first_of(SendOpcode::SEND, Syndrome::LOCAL_PROT, 0);
+    assert!(c.contains("lkey no MR has"), "{c}");
 }

@@ -391,7 +391,7 @@ fn assert_error_end(st: &[Stage], syndrome: u64, wc_status: &str) {
     let wc = &st[n - 1];
     assert_eq!(wc.data["syndrome"], syndrome);
     assert!(wc.lines[0].contains(wc_status), "{:?}", wc.lines);
-    for k in ["meaning: ", "causes: ", "check: "] {
+    for k in ["meaning: ", "check: "] {
         assert!(
             wc.lines
                 .iter()
@@ -400,6 +400,17 @@ fn assert_error_end(st: &[Stage], syndrome: u64, wc_status: &str) {
             wc.lines
         );
     }
+    let at = wc
+        .lines
+        .iter()
+        .position(|l| l == "causes, most likely first:")
+        .unwrap_or_else(|| panic!("no ranked causes: {:?}", wc.lines));
+    assert!(wc.lines[at + 1].starts_with("  1. "), "{:?}", wc.lines);
+    assert!(
+        wc.lines.iter().any(|l| l == "evidence used:"),
+        "{:?}",
+        wc.lines
+    );
     for k in ["meaning", "causes", "check"] {
         assert!(
             wc.data["explanation"][k]
@@ -449,7 +460,13 @@ fn a_bad_lkey_send_ends_in_local_prot_with_its_explanation() {
     assert_eq!(chk.data["lkey"], bad);
     assert_eq!(chk.data["dma_read"], false);
     assert_eq!(chk.data["packets"], 0);
-    assert!(chk.lines[0].starts_with("FAIL lkey"), "{:?}", chk.lines);
+    assert!(
+        chk.lines[0].starts_with(&format!(
+            "FAIL key: lkey {bad:#010x} unknown at the requester"
+        )),
+        "{:?}",
+        chk.lines
+    );
     assert_error_end(&st, 0x04, "LOC_PROT_ERR");
     // The decoded CQE names the syndrome.
     let cqe = st.iter().find(|s| s.name == "requester CQE").unwrap();
@@ -489,7 +506,7 @@ fn a_bad_rkey_write_is_naked_and_ends_in_rem_access_err() {
     assert!(
         wc.lines
             .iter()
-            .any(|l| l.starts_with("causes:") && l.contains("rkey")),
+            .any(|l| l.starts_with("  1. ") && l.contains("rkey")),
         "{:?}",
         wc.lines
     );
@@ -565,7 +582,7 @@ fn the_fault_command_prints_the_explanation_in_text_and_json() {
     let text = run(false);
     assert!(text.contains("--fault bad-lkey"), "{text}");
     assert!(text.contains("syndrome        : 0x04 LOCAL_PROT"), "{text}");
-    assert!(text.contains("      causes: "), "{text}");
+    assert!(text.contains("      causes, most likely first:"), "{text}");
     assert!(text.contains("      check: "), "{text}");
     let v: serde_json::Value = serde_json::from_str(&run(true)).unwrap();
     assert_eq!(v["fault"], "bad-lkey");
@@ -579,9 +596,10 @@ fn the_fault_command_prints_the_explanation_in_text_and_json() {
         .iter()
         .filter_map(|l| l.as_str())
         .collect();
-    assert!(lines.iter().any(|l| l.starts_with("causes: ")), "{lines:?}");
+    assert!(lines.contains(&"causes, most likely first:"), "{lines:?}");
     assert!(lines.iter().any(|l| l.starts_with("check: ")), "{lines:?}");
     assert!(last["data"]["explanation"]["causes"].is_string());
+    assert!(last["data"]["first_cause"].is_string());
 }
 
 /// On a real ConnectX: only the host's stages, the note that the device's are not observable,
@@ -626,5 +644,195 @@ fn a_real_nic_shows_the_host_stages_only() {
     let st = trace_on(&o, Some(&dev)).unwrap();
     let wc = st.last().unwrap();
     assert_eq!(wc.data["syndrome"], 0x13, "{:?}", wc.lines);
-    assert!(wc.lines.iter().any(|l| l.starts_with("causes:")));
+    assert!(wc.lines.iter().any(|l| l.starts_with("  1. ")));
+}
+
+/// The operation a fault kind is traced on: a SEND for the receive faults, a WRITE for the
+/// remote-key ones, and the local key on a SEND.
+fn op_for(f: Fault) -> TraceOp {
+    match f {
+        Fault::BadRkey | Fault::Rights | Fault::Range => TraceOp::Write,
+        _ => TraceOp::Send,
+    }
+}
+
+/// The ranked causes the work completion stage prints, in order.
+fn ranked(st: &[Stage]) -> Vec<String> {
+    let wc = st.last().unwrap();
+    let at = wc
+        .lines
+        .iter()
+        .position(|l| l == "causes, most likely first:")
+        .unwrap_or_else(|| panic!("no ranked causes: {:?}", wc.lines));
+    wc.lines[at + 1..]
+        .iter()
+        .take_while(|l| l.starts_with("  "))
+        .map(|l| l.trim_start().to_owned())
+        .collect()
+}
+
+/// Every fault kind: the first cause the trace prints is the injected one (the pointer of
+/// the fault supports it; for key faults no other key pointer does), the device's failed
+/// check is reported with the values compared, and the work completion is an error.
+#[test]
+fn every_fault_kind_is_named_first() {
+    use mlx5_hw::syndrome::Pointer;
+    let key_kinds = [
+        Pointer::KeyUnknown,
+        Pointer::PdMismatch,
+        Pointer::Rights,
+        Pointer::Range,
+    ];
+    for f in Fault::ALL {
+        let op = op_for(f);
+        let st = faulty(op, 64, 0, f);
+        let wc = st.last().unwrap();
+        assert_ne!(wc.data["status"], 0, "{}: {:?}", f.name(), wc.lines);
+        let causes = ranked(&st);
+        // The cause itself, without the evidence note the line ends with.
+        let first = causes[0].strip_prefix("1. ").unwrap();
+        let (first, note) = first.split_once("  [evidence: ").unwrap_or((first, ""));
+        assert_eq!(
+            note.trim_end_matches(']'),
+            f.pointer().name(),
+            "{}: {causes:?}",
+            f.name()
+        );
+        assert!(
+            f.pointer().supports(first),
+            "{}: first cause {first:?} is not the injected one ({:?})",
+            f.name(),
+            causes
+        );
+        if key_kinds.contains(&f.pointer()) {
+            for other in key_kinds.iter().filter(|&&p| p != f.pointer()) {
+                assert!(
+                    !other.supports(first),
+                    "{}: the first cause {first:?} also names {other:?}",
+                    f.name()
+                );
+            }
+        }
+        assert_eq!(wc.data["first_cause"], first, "{}", f.name());
+        // The first causes the whole trace prints are these: no stage before the work
+        // completion prints the table's unranked order.
+        let text = mlx5_tools::trace::to_text(&st);
+        let at = text.find("causes").unwrap();
+        assert!(
+            text[at..].starts_with("causes, most likely first:"),
+            "{}: {}",
+            f.name(),
+            &text[at.saturating_sub(200)..at + 200]
+        );
+        // The device's view: a failed check of this kind, with what it compared.
+        let checks = wc.data["device_checks"].as_array().unwrap();
+        assert!(
+            checks.iter().any(|c| {
+                c["check"]
+                    .as_str()
+                    .and_then(Pointer::from_check)
+                    .is_some_and(|p| p == f.pointer())
+            }),
+            "{}: {checks:?}",
+            f.name()
+        );
+    }
+}
+
+/// The failing check's line names the check and the values compared, as the brief asks: an
+/// unknown rkey, a range past the MR's end, the MR's missing right and flags, a PD mismatch.
+#[test]
+fn the_failed_check_shows_expected_and_actual_values() {
+    let fail_lines = |f: Fault, op: TraceOp| -> Vec<String> {
+        faulty(op, 64, 0, f)
+            .iter()
+            .flat_map(|s| s.lines.iter().cloned())
+            .filter(|l| l.starts_with("FAIL"))
+            .collect()
+    };
+    let l = fail_lines(Fault::BadRkey, TraceOp::Write);
+    assert!(
+        l.iter()
+            .any(|l| l.starts_with("FAIL key: WRITE rkey 0x")
+                && l.contains("unknown at the responder")),
+        "{l:?}"
+    );
+    let l = fail_lines(Fault::Range, TraceOp::Write);
+    assert!(
+        l.iter()
+            .any(|l| l.starts_with("FAIL range: WRITE addr+len 0x")
+                && l.contains("beyond the MR's end 0x")),
+        "{l:?}"
+    );
+    let l = fail_lines(Fault::Rights, TraceOp::Write);
+    assert!(
+        l.iter()
+            .any(|l| l.starts_with("FAIL rights: WRITE the MR of rkey 0x")
+                && l.ends_with(
+                    "lacks REMOTE_WRITE (access flags: LOCAL_WRITE|REMOTE_READ) at the responder"
+                )),
+        "{l:?}"
+    );
+    let l = fail_lines(Fault::Rights, TraceOp::Atomic);
+    assert!(l.iter().any(|l| l.contains("lacks REMOTE_ATOMIC")), "{l:?}");
+    let l = fail_lines(Fault::PdMismatch, TraceOp::Write);
+    assert!(
+        l.iter().any(|l| l.starts_with("FAIL PD: lkey 0x")
+            && l.contains("is an MR of PD 0x")
+            && l.contains("the QP's PD is 0x")),
+        "{l:?}"
+    );
+    let l = fail_lines(Fault::Length, TraceOp::Send);
+    assert!(
+        l.iter()
+            .any(|l| l.starts_with("FAIL length:") && l.contains("(63 B)")),
+        "{l:?}"
+    );
+}
+
+/// NAKs print by name: the AETH of a remote access error, an invalid request, an RNR NAK.
+#[test]
+fn naks_are_printed_by_name() {
+    let aeth = |f: Fault, op: TraceOp| -> Vec<String> {
+        faulty(op, 64, 0, f)
+            .iter()
+            .flat_map(|s| s.lines.iter().cloned())
+            .filter(|l| l.starts_with("AETH"))
+            .collect()
+    };
+    let l = aeth(Fault::BadRkey, TraceOp::Write);
+    assert!(
+        l.iter()
+            .any(|l| l.contains("NAK remote access error (code 2)")),
+        "{l:?}"
+    );
+    let l = aeth(Fault::Length, TraceOp::Send);
+    assert!(
+        l.iter().any(|l| l.contains("NAK invalid request (code 1)")),
+        "{l:?}"
+    );
+    let l = aeth(Fault::Rnr, TraceOp::Send);
+    assert!(l.iter().any(|l| l.contains("RNR NAK (timer code")), "{l:?}");
+    assert!(l.iter().all(|l| !l.contains("NAK code")), "{l:?}");
+}
+
+/// Faults that do not fit the operation are refused by name.
+#[test]
+fn faults_that_do_not_fit_the_operation_are_refused() {
+    for f in [Fault::Rights, Fault::Range] {
+        let mut o = opts(TraceOp::Send, 64, 0, true, 1);
+        o.fault = Some(f);
+        let e = trace(&o).unwrap_err();
+        assert!(e.contains(f.name()) && e.contains("SEND"), "{e}");
+    }
+    for f in [Fault::Rnr, Fault::Length] {
+        let mut o = opts(TraceOp::Write, 64, 0, true, 1);
+        o.fault = Some(f);
+        let e = trace(&o).unwrap_err();
+        assert!(e.contains(f.name()) && e.contains("use send"), "{e}");
+    }
+    let mut o = opts(TraceOp::Send, 1, 0, true, 1);
+    o.fault = Some(Fault::Length);
+    let e = trace(&o).unwrap_err();
+    assert!(e.contains("-s 2"), "{e}");
 }

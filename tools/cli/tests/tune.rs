@@ -3,7 +3,9 @@
 
 use mlx5_tools::cli::PollMode;
 use mlx5_tools::stats::LatencyStats;
-use mlx5_tools::tune::{BASELINE, FIGURES, Measured, Setting, device_figures, knob_line};
+use mlx5_tools::tune::{
+    BASELINE, FIGURES, Measured, Setting, Timed, TuneOpts, device_figures, knob_line,
+};
 
 fn fig(v: &[u64], name: &str) -> u64 {
     v[FIGURES.iter().position(|f| f.0 == name).unwrap()]
@@ -106,6 +108,7 @@ fn measured(knob: &'static str, value: &str, p50: f64, per_msg: Vec<f64>) -> Mea
         per_msg: Some(per_msg),
         totals: None,
         instr_per_msg: None,
+        runs: Vec::new(),
     }
 }
 
@@ -131,14 +134,161 @@ fn knob_lines_report_what_moved_and_only_that() {
     let z = measured("inline", "128", 3.0, x.per_msg.clone().unwrap());
     let line = knob_line("inline", &[&x, &z]);
     assert!(
-        line.ends_with("0 -> 128: no figure moved by 10% or more"),
+        line.ends_with(
+            "0 -> 128: timed figures not judged (one run each: no spread measured); no device figure moved by 10% or more"
+        ),
         "{line}"
     );
-    let p = measured("poll", "busy", 2.0, vec![1.0; FIGURES.len()]);
-    let q = measured("poll", "interval:50", 52.0, vec![1.0; FIGURES.len()]);
+    let mut p = measured("poll", "busy", 2.0, vec![1.0; FIGURES.len()]);
+    let mut q = measured("poll", "interval:50", 52.0, vec![1.0; FIGURES.len()]);
+    p.runs = runs(1e6, 2.0, &[0.0, 0.01, -0.01]);
+    q.runs = runs(1e6, 52.0, &[0.0, 0.01, -0.01]);
     let line = knob_line("poll", &[&p, &q]);
-    assert!(line.contains("latency p50 2.00 -> 52.00 us"), "{line}");
+    assert!(
+        line.contains("worse: latency p50 2.00 -> 52.00 us"),
+        "{line}"
+    );
     let _ = PollMode::Busy;
+}
+
+/// Runs around `rate` msg/s and `p50` us (p99 = 2 x p50, p99.9 = 3 x p50), each scaled by
+/// 1 + one of `jitter`.
+fn runs(rate: f64, p50: f64, jitter: &[f64]) -> Vec<Timed> {
+    jitter
+        .iter()
+        .map(|j| Timed {
+            msg_rate: rate * (1.0 + j),
+            p50: p50 * (1.0 + j),
+            p99: 2.0 * p50 * (1.0 + j),
+            p99_9: 3.0 * p50 * (1.0 + j),
+        })
+        .collect()
+}
+
+/// The verdicts: better or worse only beyond the spread of both and by 10%; finding 3's case
+/// (SQ depth 1024 at 59,920 msg/s against 688,536 at 128) is worse on message rate.
+#[test]
+fn verdicts_need_a_change_beyond_the_spread() {
+    use mlx5_tools::tune::{Verdict, judge, median, spread};
+    assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+    assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+    assert!((spread(&[90.0, 100.0, 110.0]) - 0.2).abs() < 1e-12);
+    assert_eq!(spread(&[5.0]), 0.0);
+    // Clearly apart: worse (rate, higher is better), better (latency, lower is better).
+    assert_eq!(
+        judge(
+            &[688_536.0, 690_000.0, 680_000.0],
+            &[59_920.0, 61_000.0, 60_500.0],
+            true
+        )
+        .0,
+        Verdict::Worse
+    );
+    assert_eq!(
+        judge(&[10.0, 10.2, 9.9], &[5.0, 5.1, 4.9], false).0,
+        Verdict::Better
+    );
+    // Overlapping ranges: no change, however far the medians.
+    assert_eq!(
+        judge(&[10.0, 14.0, 6.0], &[13.0, 7.0, 20.0], false).0,
+        Verdict::NoChange
+    );
+    // Apart but by less than either spread: no change.
+    assert_eq!(
+        judge(&[100.0, 80.0, 120.0], &[121.0, 125.0, 160.0], true).0,
+        Verdict::NoChange
+    );
+    // Apart by less than 10%: no change.
+    assert_eq!(
+        judge(&[100.0, 100.5, 99.5], &[105.0, 105.5, 104.5], true).0,
+        Verdict::NoChange
+    );
+    // One run: not judged.
+    assert_eq!(judge(&[100.0], &[10.0], true).0, Verdict::NotJudged);
+
+    // Finding 3 in a knob line: the SQ depth that streams 11x slower is called worse on the
+    // message rate, even though no device figure moved.
+    let figs = vec![1.0; FIGURES.len()];
+    let mut a = measured("sq_depth", "128", 1.8, figs.clone());
+    let mut b = measured("sq_depth", "1024", 1.8, figs);
+    a.runs = runs(688_536.0, 1.8, &[0.0, 0.03, -0.02]);
+    b.runs = runs(59_920.0, 1.8, &[0.0, 0.04, -0.03]);
+    let line = knob_line("sq_depth", &[&a, &b]);
+    assert!(
+        line.contains("128 -> 1024: worse: message rate 688536 -> 59920 msg/s (-91%"),
+        "{line}"
+    );
+    assert!(line.contains("no device figure moved"), "{line}");
+    assert!(!line.contains("better"), "{line}");
+    // A noisy run is flagged.
+    b.runs = runs(59_920.0, 1.8, &[0.0, 0.5, -0.3]);
+    let line = knob_line("sq_depth", &[&a, &b]);
+    assert!(
+        line.contains("[noisy runs, spread over 25%: 1024: message rate"),
+        "{line}"
+    );
+}
+
+fn quick_opts(reps: u32) -> TuneOpts {
+    TuneOpts {
+        size: 64,
+        iters: 200,
+        dev: None,
+        force_emu: true,
+        reps,
+    }
+}
+
+/// A setting slowed on purpose (every post waits 30 us) is called worse on the message rate
+/// and the latency; a setting identical to the baseline is not called better.
+#[test]
+fn a_slowed_setting_is_worse_and_an_unchanged_one_is_not_better() {
+    use mlx5_tools::tune::run_settings;
+    let o = quick_opts(3);
+    let slow = Setting {
+        post_delay_ns: 30_000,
+        ..BASELINE
+    };
+    let set = [("0".to_owned(), BASELINE), ("30us".to_owned(), slow)];
+    let rows = run_settings(&o, "post_delay", &set, |_| {}).unwrap();
+    assert!(rows.iter().all(|r| r.runs.len() == 3));
+    let line = knob_line("post_delay", &[&rows[0], &rows[1]]);
+    assert!(line.contains("0 -> 30us: worse: message rate"), "{line}");
+    assert!(line.contains("latency p50"), "{line}");
+    assert!(!line.contains("better"), "{line}");
+    // No change: the baseline against itself, five runs each.
+    let o = quick_opts(5);
+    let set = [("a".to_owned(), BASELINE), ("b".to_owned(), BASELINE)];
+    let rows = run_settings(&o, "same", &set, |_| {}).unwrap();
+    let line = knob_line("same", &[&rows[0], &rows[1]]);
+    assert!(!line.contains("better"), "{line}");
+}
+
+/// The plot draws every latency panel on its own scale: a knob whose latency is 50x another's
+/// does not flatten the other's bars.
+#[test]
+fn plot_panels_have_their_own_scale() {
+    use mlx5_tools::tune::plot;
+    let figs = vec![1.0; FIGURES.len()];
+    let mut a = measured("inline", "0", 2.0, figs.clone());
+    let mut b = measured("poll", "busy", 100.0, figs);
+    a.runs = runs(1e6, 2.0, &[0.0, 0.1]);
+    b.runs = runs(1e6, 100.0, &[0.0, 0.1]);
+    let svg = plot(&[a, b]);
+    // Each knob's p50 panel tops at its own largest run: 2.2 and 110.
+    assert!(svg.contains("inline: latency p50 (us)"), "{svg}");
+    assert!(svg.contains("scale 0..2.2"), "{svg}");
+    assert!(svg.contains("scale 0..110.0"), "{svg}");
+    // The inline bar of the p50 panel is not flattened: its height is most of the panel's.
+    let bar_heights: Vec<f64> = svg
+        .lines()
+        .filter(|l| l.starts_with("<rect x=") && l.contains("fill=\"#4a7bd0\""))
+        .filter_map(|l| {
+            let h = l.split("height=\"").nth(1)?.split('"').next()?;
+            h.parse().ok()
+        })
+        .collect();
+    assert!(bar_heights[0] > 50.0, "{bar_heights:?}");
 }
 
 /// Every "LABEL/msg X -> Y" in a knob's line is the baseline's and that setting's figure.

@@ -167,6 +167,20 @@ impl Emulator {
         })
     }
 
+    /// The device's view of its errors: the checks that failed (which key check, with the
+    /// expected and the actual value; no receive WQE; no ACK; length), oldest first, the last
+    /// [`FAILED_CHECKS_KEPT`](crate::model::checks::FAILED_CHECKS_KEPT). Recorded with tracing
+    /// on or off (error paths only).
+    pub fn failed_checks(&self) -> Vec<crate::model::checks::FailedCheck> {
+        self.shared
+            .lock_quiet()
+            .checks
+            .failed
+            .iter()
+            .cloned()
+            .collect()
+    }
+
     /// The emulated clock (ns): virtual in stepped mode.
     pub fn clock(&self) -> u64 {
         self.shared.lock_quiet().now()

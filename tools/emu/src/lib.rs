@@ -77,6 +77,7 @@ use std::time::Duration;
 pub use abi::{Errno, UverbsSurface};
 pub use config::{EmuConfig, Fabric, FaultConfig, Flavour, HcaInfo, RunMode, WakeMode};
 pub use counters::Counters;
+pub use model::checks::{FAILED_CHECKS_KEPT, FailedCheck, KeyFault, access_names};
 pub use eth::EthMinInline;
 pub use eth::tap::{NEIGH_NODES, NS_HOST_IP, TapConfig, in_netns, net_down, net_up, ns_hca_ip};
 pub use inspect::{CqView, QpView};
@@ -281,6 +282,7 @@ impl Emulator {
                 cm_deadline: kernel::ucma::next_deadline,
                 gsi_receive: kernel::ucma::gsi_receive,
             },
+            checks: Default::default(),
         };
         let shared = Arc::new(Shared {
             world: Mutex::new(world),

@@ -272,6 +272,8 @@ pub(crate) struct World {
     pub(crate) mcast: crate::model::mcast::Groups,
     /// The kernel's parts that run on the device's clock and wire.
     pub(crate) kernel: KernelHooks,
+    /// The device's view of its failed checks (`model/checks.rs`, written by `device/dma.rs`).
+    pub(crate) checks: crate::model::checks::Checks,
 }
 
 /// The kernel's parts that run on the device's clock and wire (the CM, `kernel/ucma.rs`),

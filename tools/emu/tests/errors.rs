@@ -94,7 +94,7 @@ fn local_protection_on_a_bad_lkey_then_flush() {
     let ca = drain(&mut p.cqa);
     assert_eq!(
         (ca[0].opcode, ca[0].syndrome, ca[0].vendor),
-        (13, Syndrome::LOCAL_PROT.0, VendorSyndrome::LOCAL_PROT.0)
+        (13, Syndrome::LOCAL_PROT.0, VendorSyndrome::LOCAL_PROT_KEY.0)
     );
     assert_eq!((ca[0].wqe_counter, ca[0].send_op), (i, SendOpcode::SEND.0));
     // The CQE is the report: no affiliated async event for a requester error (IBA 11.6.3;
@@ -228,7 +228,7 @@ fn bad_receive_lkey_is_remote_operation_error() {
     let cb = drain(&mut p.cqb);
     assert_eq!(
         (cb[0].opcode, cb[0].syndrome, cb[0].vendor),
-        (14, 0x04, VendorSyndrome::LOCAL_PROT_RESP.0)
+        (14, 0x04, VendorSyndrome::LOCAL_PROT_RESP_KEY.0)
     );
     let ca = drain(&mut p.cqa);
     assert_eq!(
@@ -300,10 +300,7 @@ fn rnr_retry_exceeded_without_a_receive_then_success_with_one() {
     let ca = drain(&mut p.cqa);
     assert_eq!(
         (ca[0].syndrome, ca[0].vendor),
-        (
-            0x16,
-            VendorSyndrome::for_syndrome(Syndrome::RNR_RETRY_EXC).0
-        )
+        (0x16, VendorSyndrome::RNR_RETRY_EXC.0)
     );
     assert_eq!(p.emu.counters(0).rnr_nak_retry_err, 3);
     assert_eq!(p.emu.counters(0).req_rnr_retries_exceeded, 1);

@@ -210,7 +210,32 @@ pub(super) fn req_err_cqe(
     send_op: u8,
     synd: Syndrome,
 ) {
-    let err = Some((synd.0, VendorSyndrome::for_syndrome(synd).0));
+    let vend = match synd {
+        // A local protection error: the memory-translation code of the key check that failed
+        // (gather list 0x50 | detail), noted as the device's view.
+        Syndrome::LOCAL_PROT => {
+            if let Some(f) = w.checks.last.get() {
+                let d = f.describe("lkey", "at the requester");
+                note_failed(w, hca, qpn, "requester", f.check(), d);
+            }
+            take_tpt_vendor(w, 0x50)
+        }
+        // The decoder's code for an RNR NAK with the retry limit exceeded (no public log
+        // pairs it with the syndrome; docs/diagnostics.md).
+        Syndrome::RNR_RETRY_EXC => {
+            let d = "RNR NAKs from the responder after rnr_retry retries: it had no receive WQE"
+                .to_owned();
+            note_failed(w, hca, qpn, "requester", "receive WQE", d);
+            0x87
+        }
+        Syndrome::TRANSPORT_RETRY_EXC => {
+            let d = "no ACK from the responder after retry_cnt retransmissions".to_owned();
+            note_failed(w, hca, qpn, "requester", "ACK", d);
+            VendorSyndrome::for_syndrome(synd).0
+        }
+        _ => VendorSyndrome::for_syndrome(synd).0,
+    };
+    let err = Some((synd.0, vend));
     let spec = CqeSpec {
         opcode: CqeOpcode::REQ_ERR.0,
         wqe_counter: idx,

@@ -4,8 +4,75 @@
 // The stages share the device's imports and one another's `pub(super)` items (device/mod.rs).
 use super::*;
 
+/// Note a failed check (cold: error paths only).
+#[cold]
+pub(super) fn note_failed(
+    w: &mut World,
+    hca: usize,
+    qpn: u32,
+    side: &'static str,
+    check: &'static str,
+    detail: String,
+) {
+    if w.checks.failed.len() >= FAILED_CHECKS_KEPT {
+        w.checks.failed.pop_front();
+    }
+    w.checks.failed.push_back(FailedCheck {
+        hca,
+        qpn,
+        side,
+        check,
+        detail,
+    });
+}
+
 /// Translate `[va, va+len)` under key `key` for a QP in PD `pdn`; `need` are the access
-/// bits the MR must grant. Returns the process address.
+/// bits the MR must grant. Returns the process address, or which check failed.
+pub(super) fn check_key(
+    w: &World,
+    hca: usize,
+    key: u32,
+    pdn: u32,
+    va: u64,
+    len: u64,
+    need: u32,
+) -> Result<u64, KeyFault> {
+    let fault = match w.hcas[hca].mrs.get(&(key >> 8)) {
+        None => KeyFault::Unknown { key },
+        Some(mr) if mr.key != key => KeyFault::Unknown { key },
+        Some(mr) if mr.pdn != pdn => KeyFault::Pd {
+            key,
+            mr_pdn: mr.pdn,
+            qp_pdn: pdn,
+        },
+        Some(mr) if mr.access & need != need => KeyFault::Rights {
+            key,
+            have: mr.access,
+            need,
+        },
+        Some(mr) => {
+            let zero_based = mr.access & access::ZERO_BASED != 0;
+            let base = if zero_based { 0 } else { mr.iova };
+            let end = base.saturating_add(mr.length);
+            match va.checked_sub(base) {
+                Some(off) if off.checked_add(len).is_some_and(|e| e <= mr.length) => {
+                    return Ok(mr.start + off);
+                }
+                _ => KeyFault::Range {
+                    key,
+                    va,
+                    len,
+                    start: base,
+                    end,
+                },
+            }
+        }
+    };
+    w.checks.last.set(Some(fault));
+    Err(fault)
+}
+
+/// [`check_key`] without the reason.
 pub(super) fn translate(
     w: &World,
     hca: usize,
@@ -15,20 +82,10 @@ pub(super) fn translate(
     len: u64,
     need: u32,
 ) -> Option<u64> {
-    let mr = w.hcas[hca].mrs.get(&(key >> 8))?;
-    if mr.key != key || mr.pdn != pdn || mr.access & need != need {
-        return None;
-    }
-    let zero_based = mr.access & access::ZERO_BASED != 0;
-    let base = if zero_based { 0 } else { mr.iova };
-    let off = va.checked_sub(base)?;
-    if off.checked_add(len)? > mr.length {
-        return None;
-    }
-    Some(mr.start + off)
+    check_key(w, hca, key, pdn, va, len, need).ok()
 }
 
-/// A remote access by a peer: the MR checks of [`translate`] plus the QP's own remote
+/// A remote access by a peer: the MR checks of [`check_key`] plus the QP's own remote
 /// access flags (`need` is one of REMOTE_READ, REMOTE_WRITE, REMOTE_ATOMIC).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn remote(
@@ -40,8 +97,14 @@ pub(super) fn remote(
     va: u64,
     len: u64,
     need: u32,
-) -> Option<u64> {
-    translate(w, hca, rkey, pdn, va, len, need).filter(|_| qacc & need != 0)
+) -> Result<u64, KeyFault> {
+    let a = check_key(w, hca, rkey, pdn, va, len, need)?;
+    if qacc & need == 0 {
+        let f = KeyFault::QpRights { have: qacc, need };
+        w.checks.last.set(Some(f));
+        return Err(f);
+    }
+    Ok(a)
 }
 
 /// [`remote`] for a RETH: a zero-length access needs no valid rkey (address 0).
@@ -52,11 +115,22 @@ pub(super) fn remote_reth(
     qacc: u32,
     r: Reth,
     need: u32,
-) -> Option<u64> {
+) -> Result<u64, KeyFault> {
     if r.len == 0 {
-        Some(0)
+        Ok(0)
     } else {
         remote(w, hca, pdn, qacc, r.rkey, r.va, u64::from(r.len), need)
+    }
+}
+
+/// The vendor syndrome of a local protection error: `base` (0x50 gather list, 0x30 data
+/// buffer) with the 3-bit detail of the key fault just found, taken (cleared); 0x51 (gather
+/// list: PCIe error) / `base | 1` when no key check failed (the buffer was unreachable:
+/// unmapped behind the device's back).
+pub(super) fn take_tpt_vendor(w: &World, base: u8) -> u8 {
+    match w.checks.last.take() {
+        Some(f) => base | f.tpt_detail(),
+        None => base | 1,
     }
 }
 

@@ -63,6 +63,7 @@ use timers::*;
 use wire::*;
 use xrc::*;
 
+use crate::model::checks::{FAILED_CHECKS_KEPT, FailedCheck, KeyFault};
 use crate::model::device::{Outgoing, Outstanding, RxMsg};
 pub(crate) use timers::next_deadline;
 /// The CM's MADs leave through the same wire (`kernel/ucma.rs`).

@@ -228,6 +228,59 @@ fn trace_checks(w: &mut World, pkt: &Packet) {
     });
 }
 
+/// A remote access refused by the responder's key check `f` (`op` READ, WRITE, atomic): the
+/// trace's failed check and the device's record of it, both naming the check with the
+/// expected and the actual value (cold: error paths only).
+#[cold]
+fn remote_refused(w: &mut World, hca: usize, qpn: u32, op: &str, f: KeyFault) {
+    w.checks.last.set(None);
+    let d = f.describe("rkey", "at the responder");
+    let clock = tclock(w);
+    rcheck(&mut w.trace, clock, hca, qpn, f.check(), false, || {
+        format!("{op} {d}")
+    });
+    note_failed(w, hca, qpn, "responder", f.check(), format!("{op} {d}"));
+}
+
+/// A receive WQE whose scatter list failed its key check: the device's record of it and the
+/// vendor syndrome (data buffer 0x30 | the check's detail).
+#[cold]
+fn recv_key_refused(w: &mut World, hca: usize, qpn: u32) -> u8 {
+    if let Some(f) = w.checks.last.get() {
+        let d = f.describe("lkey", "at the responder (receive WQE)");
+        let clock = tclock(w);
+        rcheck(&mut w.trace, clock, hca, qpn, f.check(), false, || {
+            d.clone()
+        });
+        note_failed(w, hca, qpn, "responder", f.check(), d);
+    }
+    take_tpt_vendor(w, 0x30)
+}
+
+/// A message longer than the receive WQE's scatter list (cold).
+#[cold]
+fn recv_too_long(w: &mut World, hca: usize, qpn: u32, len: u64, cap: u64) {
+    let d =
+        format!("message of at least {len} B longer than the receive WQE's scatter list ({cap} B)");
+    let clock = tclock(w);
+    rcheck(&mut w.trace, clock, hca, qpn, "length", false, || d.clone());
+    note_failed(w, hca, qpn, "responder", "length", d);
+}
+
+/// No receive WQE for a SEND: the device's record (once per run of RNR NAKs of a QP).
+#[cold]
+fn no_recv_wqe(w: &mut World, hca: usize, qpn: u32) {
+    let repeat = w
+        .checks
+        .failed
+        .back()
+        .is_some_and(|c| c.hca == hca && c.qpn == qpn && c.check == "receive WQE");
+    if !repeat {
+        let d = "no receive WQE posted when a SEND arrived: RNR NAK".to_owned();
+        note_failed(w, hca, qpn, "responder", "receive WQE", d);
+    }
+}
+
 pub(super) fn responder(w: &mut World, pkt: &mut Packet) {
     let hca = pkt.dst_hca;
     if w.trace.on() {
@@ -399,8 +452,13 @@ pub(super) fn read_response(
     let q = &w.hcas[hca].qps[&qpn];
     let (pdn, qacc, mtu) = (q.pdn, q.access, transport::mtu_bytes(q.path_mtu) as usize);
     let r = req.reth.unwrap_or_default();
-    let addr = remote_reth(w, hca, pdn, qacc, r, access::REMOTE_READ)
-        .ok_or(RespErr::Nak(aeth::NAK_REM_ACCESS, ev::QP_ACCESS_ERR))?;
+    let addr = match remote_reth(w, hca, pdn, qacc, r, access::REMOTE_READ) {
+        Ok(a) => a,
+        Err(f) => {
+            remote_refused(w, hca, qpn, "READ", f);
+            return Err(RespErr::Nak(aeth::NAK_REM_ACCESS, ev::QP_ACCESS_ERR));
+        }
+    };
     let clock = tclock(w);
     rcheck(
         &mut w.trace,
@@ -471,7 +529,7 @@ pub(super) fn execute_request(
         if a.va % u64::from(size) != 0 {
             return Err(RespErr::Nak(aeth::NAK_INV_REQ, ev::QP_REQ_ERR));
         }
-        let addr = remote(
+        let found = remote(
             w,
             hca,
             pdn,
@@ -480,8 +538,14 @@ pub(super) fn execute_request(
             a.va,
             u64::from(size),
             access::REMOTE_ATOMIC,
-        )
-        .ok_or(RespErr::Nak(aeth::NAK_REM_ACCESS, ev::QP_ACCESS_ERR))?;
+        );
+        let addr = match found {
+            Ok(a) => a,
+            Err(f) => {
+                remote_refused(w, hca, qpn, "atomic", f);
+                return Err(RespErr::Nak(aeth::NAK_REM_ACCESS, ev::QP_ACCESS_ERR));
+            }
+        };
         let clock = tclock(w);
         rcheck(
             &mut w.trace,
@@ -556,37 +620,43 @@ pub(super) fn execute_request(
             w.hcas[hca].counters.rx_write_requests += 1;
             let r = pkt.reth.unwrap_or_default();
             let found = remote_reth(w, hca, pdn, qacc, r, access::REMOTE_WRITE);
-            let clock = tclock(w);
-            rcheck(
-                &mut w.trace,
-                clock,
-                hca,
-                qpn,
-                "rkey and access",
-                found.is_some(),
-                || {
-                    format!(
-                        "WRITE rkey {:#010x} va {:#x} len {}: inside an MR with remote write",
-                        r.rkey, r.va, r.len
-                    )
-                },
-            );
-            let Some(addr) = found else {
-                // A WRITE with immediate consumes a receive WQE even when its rkey check
-                // fails: that WQE completes with a local access error.
-                if pkt.imm.is_some() {
-                    if let Some((segs, ctr, srqn)) = take_recv_wqe(w, hca, qpn) {
-                        recv_done(w, segs);
-                        let s = Syndrome::LOCAL_ACCESS;
-                        let vend = VendorSyndrome::for_responder_syndrome(s).0;
-                        responder_error_cqe(w, hca, qpn, ctr, srqn, s, vend);
+            if found.is_ok() {
+                let clock = tclock(w);
+                rcheck(
+                    &mut w.trace,
+                    clock,
+                    hca,
+                    qpn,
+                    "rkey and access",
+                    true,
+                    || {
+                        format!(
+                            "WRITE rkey {:#010x} va {:#x} len {}: inside an MR with remote write",
+                            r.rkey, r.va, r.len
+                        )
+                    },
+                );
+            }
+            let addr = match found {
+                Ok(a) => a,
+                Err(f) => {
+                    remote_refused(w, hca, qpn, "WRITE", f);
+                    // A WRITE with immediate consumes a receive WQE even when its rkey check
+                    // fails: that WQE completes with a local access error.
+                    if pkt.imm.is_some() {
+                        if let Some((segs, ctr, srqn)) = take_recv_wqe(w, hca, qpn) {
+                            recv_done(w, segs);
+                            let s = Syndrome::LOCAL_ACCESS;
+                            let vend = VendorSyndrome::for_responder_syndrome(s).0;
+                            responder_error_cqe(w, hca, qpn, ctr, srqn, s, vend);
+                        }
                     }
+                    return Err(if qt == qpt::RC {
+                        RespErr::Nak(aeth::NAK_REM_ACCESS, ev::QP_ACCESS_ERR)
+                    } else {
+                        RespErr::Silent
+                    });
                 }
-                return Err(if qt == qpt::RC {
-                    RespErr::Nak(aeth::NAK_REM_ACCESS, ev::QP_ACCESS_ERR)
-                } else {
-                    RespErr::Silent
-                });
             };
             RxMsg {
                 write: true,
@@ -603,6 +673,7 @@ pub(super) fn execute_request(
                         "no receive WQE posted: RNR NAK".into()
                     });
                 }
+                no_recv_wqe(w, hca, qpn);
                 return Err(RespErr::Rnr);
             };
             if w.trace.on() {
@@ -636,15 +707,12 @@ pub(super) fn execute_request(
             let sgl = match sgl {
                 Ok(s) => s,
                 Err(s) => {
-                    responder_error_cqe(
-                        w,
-                        hca,
-                        qpn,
-                        ctr,
-                        srqn,
-                        s,
-                        VendorSyndrome::for_responder_syndrome(s).0,
-                    );
+                    let vend = if s == Syndrome::LOCAL_PROT {
+                        recv_key_refused(w, hca, qpn)
+                    } else {
+                        VendorSyndrome::for_responder_syndrome(s).0
+                    };
+                    responder_error_cqe(w, hca, qpn, ctr, srqn, s, vend);
                     qp_to_err(w, hca, qpn, ev::QP_ACCESS_ERR);
                     return Err(if qt == qpt::RC {
                         RespErr::Nak(aeth::NAK_REM_OP, ev::QP_ACCESS_ERR)
@@ -704,6 +772,7 @@ pub(super) fn execute_request(
     } else if first && last && scatter_ok && !ud && pkt.payload.len() <= limit() {
         let cap: u64 = msg.sgl.iter().map(|s| u64::from(s.1)).sum();
         if pkt.payload.len() as u64 > cap {
+            recv_too_long(w, hca, qpn, pkt.payload.len() as u64, cap);
             responder_error_cqe(
                 w,
                 hca,
@@ -724,6 +793,10 @@ pub(super) fn execute_request(
         msg.offset += pkt.payload.len() as u64;
     } else {
         if let Err(s) = scatter_at(&msg.sgl, msg.offset, &pkt.payload) {
+            if s == Syndrome::LOCAL_LENGTH {
+                let cap: u64 = msg.sgl.iter().map(|s| u64::from(s.1)).sum();
+                recv_too_long(w, hca, qpn, msg.offset + pkt.payload.len() as u64, cap);
+            }
             responder_error_cqe(
                 w,
                 hca,

@@ -5,6 +5,7 @@
 //! `kernel/` or the world (`state.rs`, which holds all of it): the layering is in
 //! `docs/architecture.md` and checked by `tests/layering.rs`.
 
+pub(crate) mod checks;
 pub(crate) mod cm;
 pub(crate) mod cm_mad;
 pub(crate) mod cm_ports;
