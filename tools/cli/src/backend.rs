@@ -632,7 +632,7 @@ impl End {
             };
             let qkey = if self.conn == Conn::Ud { UD_QKEY } else { 0 };
             self.qp
-                .to_init(self.port, access, qkey)
+                .to_init_with(self.port, access, qkey, &Default::default())
                 .map_err(err("INIT"))?;
         }
         Ok(())
