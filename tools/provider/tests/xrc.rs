@@ -30,6 +30,7 @@ fn run(side: Side, args: &[&str]) -> (bool, String, String) {
     );
     let mut child = std::process::Command::new(&exe)
         .args(args)
+        .current_dir(&dir)
         .envs(preload_env(side))
         .env("MLX5_EMU_FABRIC", "inprocess")
         .stdout(std::process::Stdio::piped())

@@ -106,7 +106,7 @@ int main(int argc, char **argv)
 	if (!pd || !mr || !scq || !rcq)
 		fail("pd/mr/cq");
 
-	char path[] = "/tmp/mlx5rs-xrc-XXXXXX";
+	char path[] = "mlx5rs-xrc-XXXXXX"; /* in the working directory */
 	int fd = mkstemp(path);
 	if (fd < 0)
 		fail("mkstemp");
