@@ -11,7 +11,8 @@ fn ud_words(s: u64) -> u64 {
 }
 
 /// `tests/c/port_counters.c`: N UD SENDs of S bytes from a QP to itself, the counters read
-/// by the program from `$SYSFS_PATH` before and after.
+/// by the program from `$SYSFS_PATH` before and after; then 3 with no receive posted, which
+/// the port receives and `hw_counters/out_of_buffer` counts.
 fn port_counters(side: Side, n: u64, s: u64) -> String {
     let dir = std::env::temp_dir().join(format!(
         "mlx5rs-counters-{}-{}-{s}",
@@ -56,7 +57,7 @@ fn a_program_reads_n_ud_sends_of_s_bytes_in_its_sysfs_port_counters() {
         for (n, s) in [(100, 512), (37, 1001), (5, 0)] {
             let w = n * ud_words(s);
             let want = format!(
-                "port_xmit_packets +{n}\nport_xmit_data +{w}\nport_rcv_packets +{n}\nport_rcv_data +{w}\nport_rcv_errors +0\nport_xmit_discards +0\n"
+                "port_xmit_packets +{n}\nport_xmit_data +{w}\nport_rcv_packets +{n}\nport_rcv_data +{w}\nport_rcv_errors +0\nport_xmit_discards +0\nno receive posted: out_of_buffer +3 port_rcv_packets +3\n"
             );
             assert_eq!(port_counters(side, n, s), want, "{side:?} N={n} S={s}");
         }

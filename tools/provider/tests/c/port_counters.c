@@ -2,7 +2,8 @@
  * sysfs; the emulator's preload points it at its tree) class/infiniband/<dev>/ports/1/
  * counters/. N UD SENDs of S bytes from a QP to itself (the port transmits and receives each
  * packet); the program prints the counters' growth across the traffic, once the tree has
- * been refreshed. Usage: port_counters N S. */
+ * been refreshed; then 3 more with no receive posted (hw_counters/out_of_buffer).
+ * Usage: port_counters N S. */
 #define _GNU_SOURCE
 #include <infiniband/verbs.h>
 #include <stdio.h>
@@ -18,6 +19,19 @@ static void fail(const char *what)
 {
 	printf("FAIL %s\n", what);
 	exit(1);
+}
+
+static unsigned long long read_one(const char *dev, const char *group, const char *name)
+{
+	const char *root = getenv("SYSFS_PATH");
+	char p[512];
+	unsigned long long v;
+	snprintf(p, sizeof p, "%s/class/infiniband/%s/ports/1/%s/%s", root ? root : "/sys", dev, group, name);
+	FILE *f = fopen(p, "r");
+	if (!f || fscanf(f, "%llu", &v) != 1)
+		fail(p);
+	fclose(f);
+	return v;
 }
 
 static void read_all(const char *dev, unsigned long long *v)
@@ -106,6 +120,37 @@ int main(int argc, char **argv)
 	read_all(dev, after);
 	for (unsigned i = 0; i < NC; i++)
 		printf("%s +%llu\n", names[i], after[i] - before[i]);
+
+	/* Then 3 SENDs with no receive posted: the port receives them, the QP has no WQE for
+	 * them (hw_counters/out_of_buffer), UD drops them. */
+	unsigned long long oob0 = read_one(dev, "hw_counters", "out_of_buffer");
+	unsigned long long rcv0 = read_one(dev, "counters", "port_rcv_packets");
+	for (int i = 0; i < 3; i++) {
+		struct ibv_sge s = { (uintptr_t)buf, sz, mr->lkey };
+		struct ibv_send_wr w = { .wr_id = i, .sg_list = &s, .num_sge = 1, .opcode = IBV_WR_SEND,
+					 .send_flags = IBV_SEND_SIGNALED }, *bw;
+		w.wr.ud.ah = ah;
+		w.wr.ud.remote_qpn = qp->qp_num;
+		w.wr.ud.remote_qkey = 0x11111111;
+		if (ibv_post_send(qp, &w, &bw))
+			fail("post_send");
+		struct ibv_wc wc;
+		int k;
+		while ((k = ibv_poll_cq(cq, 1, &wc)) == 0)
+			;
+		if (k < 0 || wc.status != IBV_WC_SUCCESS)
+			fail("completion");
+	}
+	unsigned long long oob = oob0, rcv = rcv0;
+	for (int tries = 0; tries < 100 && (oob < oob0 + 3 || rcv < rcv0 + 3); tries++) {
+		usleep(100000);
+		oob = read_one(dev, "hw_counters", "out_of_buffer");
+		rcv = read_one(dev, "counters", "port_rcv_packets");
+	}
+	usleep(300000);
+	oob = read_one(dev, "hw_counters", "out_of_buffer");
+	rcv = read_one(dev, "counters", "port_rcv_packets");
+	printf("no receive posted: out_of_buffer +%llu port_rcv_packets +%llu\n", oob - oob0, rcv - rcv0);
 	ibv_destroy_qp(qp);
 	ibv_destroy_ah(ah);
 	ibv_destroy_cq(cq);
