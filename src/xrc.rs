@@ -329,6 +329,16 @@ impl XrcSendQp {
         res
     }
 
+    /// Write the WQE of one WR without ringing the doorbell: a caller posting a chain (a
+    /// libibverbs provider's `ibv_post_send`, the `ibv_wr_*` builders) writes each WR and
+    /// rings once with [`SendQueue::ring`] on [`sq`](Self::sq).
+    ///
+    /// # Errors
+    /// Why the WR is refused ([`PostError`]); it is not posted.
+    pub fn post_unrung(&mut self, w: &XrcWr<'_>) -> Result<(), PostError> {
+        post_one(self.qp.sq(), &xrc_segment(w.srqn), &w.wr)
+    }
+
     /// The send queue (low-level API: [`SendQueue::ring`], statistics, `retire`).
     pub fn sq(&mut self) -> &mut SendQueue {
         self.qp.sq()

@@ -1097,6 +1097,11 @@ pub struct CountersArgs {
     /// The emulated device's own counters (an in-process emulator).
     #[arg(long)]
     pub emu: bool,
+    /// The counters of the emulated devices of process PID (a program running under the
+    /// emulator's preload, e.g. `mlx5 emu run`): its emulated sysfs tree, which the preload
+    /// refreshes every 100 ms.
+    #[arg(long, value_name = "PID", conflicts_with = "emu")]
+    pub emu_pid: Option<u32>,
     /// With --emu: traffic between samples, so the deltas show something: `send` runs
     /// --ops SENDs (64 bytes) between two QPs of the emulated device per interval.
     #[arg(long, value_name = "KIND", requires = "emu", value_parser = ["send"])]

@@ -90,7 +90,9 @@ pub fn parse_value(text: &str) -> Result<u64, String> {
 fn read_group(s: &mut Sample, dir: &Path, group: &str) -> Result<(), String> {
     for name in list(dir)? {
         let p = dir.join(&name);
-        if p.is_dir() {
+        // sysfs has no hidden files; a writer's temporary one (`.NAME.new`, the emulator's
+        // preload) is no counter.
+        if p.is_dir() || name.starts_with('.') {
             continue;
         }
         match std::fs::read(&p) {
@@ -495,7 +497,46 @@ impl Source {
 /// # Errors
 /// A bad interval, no device, unreadable or garbled counters, a failing load.
 pub fn command(a: &crate::cli::CountersArgs) -> Result<(), String> {
-    run(a, &sysfs_root(), &mut |s| print!("{s}"))
+    let root = match a.emu_pid {
+        Some(pid) => emu_pid_root(pid)?,
+        None => sysfs_root(),
+    };
+    run(a, &root, &mut |s| print!("{s}"))
+}
+
+/// The emulated sysfs tree of process `pid`: the preload writes it in the temporary
+/// directory as `mlx5-emu-sysfs.<pid>` (tools/preload/src/shim.rs) and keeps its
+/// `ports/1/counters/` and `hw_counters/` current (tools/preload/src/counters.rs).
+///
+/// `pid` may also be that of `mlx5 emu run`, whose child is the program: the tree of the
+/// first child that has one.
+///
+/// # Errors
+/// No such tree (the process is not under the preload, has not opened a device yet, or
+/// has exited), naming the path looked at.
+pub fn emu_pid_root(pid: u32) -> Result<PathBuf, String> {
+    let tree = |p: u32| std::env::temp_dir().join(format!("mlx5-emu-sysfs.{p}"));
+    // A tree being written has no device yet.
+    let ready = |r: &PathBuf| list(&r.join("class/infiniband")).is_ok_and(|v| !v.is_empty());
+    let root = tree(pid);
+    if !ready(&root) {
+        // `mlx5 emu run` runs the program as its child: PID may be that of `mlx5 emu run`.
+        let children =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        if let Some(r) = children
+            .split_whitespace()
+            .filter_map(|c| c.parse::<u32>().ok())
+            .map(tree)
+            .find(ready)
+        {
+            return Ok(r);
+        }
+        return Err(format!(
+            "--emu-pid {pid}: no emulated sysfs tree at {} (is process {pid} running under the emulator's preload, and has it opened a device?)",
+            root.display()
+        ));
+    }
+    Ok(root)
 }
 
 /// The command on the sysfs tree at `root`, its output going to `out` (one call per sample).
@@ -523,7 +564,9 @@ pub fn run(
     }
     // Without --emu, a machine with no RDMA device in sysfs gets the emulated one, as the other
     // commands do.
-    let no_devices = !a.emu && list(&root.join("class/infiniband")).map_or(true, |v| v.is_empty());
+    let no_devices = !a.emu
+        && a.emu_pid.is_none()
+        && list(&root.join("class/infiniband")).map_or(true, |v| v.is_empty());
     if no_devices {
         out(&format!(
             "no RDMA device under {}: showing the emulated device (--emu; --load send gives it traffic)\n",

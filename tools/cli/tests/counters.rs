@@ -24,6 +24,8 @@ fn tree(tag: &str) -> PathBuf {
     put(&format!("{d}/1/counters/port_xmit_data"), "123456\n");
     put(&format!("{d}/1/counters/port_rcv_packets"), "7\n");
     put(&format!("{d}/1/counters/symbol_error"), "0\n");
+    // A writer's temporary file, empty: not a counter (and no error).
+    put(&format!("{d}/1/counters/.port_rcv_packets.new"), "");
     put(&format!("{d}/1/hw_counters/out_of_sequence"), "0\n");
     put(&format!("{d}/1/hw_counters/rnr_nak_retry_err"), "5\n");
     put(
@@ -44,6 +46,7 @@ fn args() -> CountersArgs {
         count: None,
         port: None,
         emu: false,
+        emu_pid: None,
         load: None,
         ops: 100,
         all: false,
@@ -242,6 +245,7 @@ fn emulator_deltas_match_the_sends_done() {
 fn emulator_load_through_the_command() {
     let a = CountersArgs {
         emu: true,
+        emu_pid: None,
         load: Some("send".into()),
         ops: 40,
         interval: Some(0.0),
@@ -281,6 +285,7 @@ fn emulator_load_through_the_command() {
     let e = run(
         &CountersArgs {
             emu: true,
+            emu_pid: None,
             dev: Some("mlx5_7".into()),
             ..args()
         },

@@ -49,6 +49,14 @@ pub struct Counters {
     /// Responses (ACK, NAK, READ data, atomic results) naming a PSN beyond the last one
     /// the requester transmitted: forged or corrupt. Dropped.
     pub rx_out_of_window: u64,
+    /// Port counter: packets put on the fabric (`port_xmit_packets`; `device/counters.rs`).
+    pub port_xmit_packets: u64,
+    /// Port counter: their octets as IB counts them, LRH to ICRC (`port_xmit_data` is this / 4).
+    pub port_xmit_octets: u64,
+    /// Port counter: packets delivered to this HCA (`port_rcv_packets`).
+    pub port_rcv_packets: u64,
+    /// Port counter: their octets (`port_rcv_data` is this / 4).
+    pub port_rcv_octets: u64,
     /// hw_counter: packets received with a PSN beyond the expected one.
     pub out_of_sequence: u64,
     /// hw_counter: NAK-sequence-error packets received by the requester.
@@ -177,6 +185,10 @@ impl Counters {
             "rx_bad_packets" => self.rx_bad_packets,
             "rx_foreign" => self.rx_foreign,
             "rx_out_of_window" => self.rx_out_of_window,
+            "port_xmit_packets" => self.port_xmit_packets,
+            "port_xmit_octets" => self.port_xmit_octets,
+            "port_rcv_packets" => self.port_rcv_packets,
+            "port_rcv_octets" => self.port_rcv_octets,
             "out_of_sequence" => self.out_of_sequence,
             "packet_seq_err" => self.packet_seq_err,
             "duplicate_request" => self.duplicate_request,

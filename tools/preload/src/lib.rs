@@ -51,6 +51,7 @@
 #![cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 
 mod config;
+mod counters;
 mod registry;
 mod sysfs;
 mod trap;

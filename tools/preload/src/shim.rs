@@ -460,6 +460,11 @@ pub(crate) fn fini() {
             let written = TREE_STATE.load(Ordering::Acquire) != TREE_NEW;
             if written && tree.pid == std::process::id() && !config().keep_sysfs {
                 let _ = std::fs::remove_dir_all(&tree.root);
+            } else if written && tree.pid == std::process::id() {
+                // Kept: the counters as they are at exit.
+                if let Some(emu) = EMULATOR.get() {
+                    let _ = crate::counters::write_all(&tree.root, emu);
+                }
             }
         }
     });
@@ -511,6 +516,7 @@ fn write_tree() {
     let res = std::fs::create_dir(&tree.root)
         .and_then(|()| sysfs::write_tree(&tree.root, &hcas))
         .and_then(|()| crate::ucma::write_sysfs(&tree.root))
+        .and_then(|()| crate::counters::write_all(&tree.root, emu))
         .and_then(|()| match config().keep_sysfs {
             true => std::fs::write(tree.root.join(KEEP_MARKER), "MLX5_EMU_KEEP_SYSFS\n"),
             false => Ok(()),
@@ -523,6 +529,7 @@ fn write_tree() {
         let _ = std::fs::remove_dir_all(&tree.root);
         return;
     }
+    crate::counters::start_refresher(tree.root.clone(), emu);
     trace(|| {
         let lids: Vec<u16> = hcas.iter().map(|h| h.lid).collect();
         format!(

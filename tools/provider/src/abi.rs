@@ -166,6 +166,66 @@ pub struct ibv_srq {
     pub events_completed: u32,
 }
 
+/// `struct ibv_xrcd`.
+#[repr(C)]
+pub struct ibv_xrcd {
+    pub context: *mut ibv_context,
+}
+
+/// `struct verbs_xrcd` (driver.h of rdma-core v44): the `ibv_xrcd`, then the kernel handle.
+#[repr(C)]
+pub struct verbs_xrcd {
+    pub xrcd: ibv_xrcd,
+    pub comp_mask: u32,
+    pub handle: u32,
+}
+
+#[repr(C)]
+pub struct ibv_xrcd_init_attr {
+    pub comp_mask: u32,
+    pub fd: c_int,
+    pub oflags: c_int,
+}
+
+/// `struct verbs_srq` (driver.h of rdma-core v44): the `ibv_srq`, its type, domain, CQ and
+/// number.
+#[repr(C)]
+pub struct verbs_srq {
+    pub srq: ibv_srq,
+    pub srq_type: c_uint,
+    pub xrcd: *mut verbs_xrcd,
+    pub cq: *mut ibv_cq,
+    pub srq_num: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct ibv_tm_cap {
+    pub max_num_tags: u32,
+    pub max_ops: u32,
+}
+
+#[repr(C)]
+pub struct ibv_srq_init_attr_ex {
+    pub srq_context: *mut c_void,
+    pub attr: ibv_srq_attr,
+    pub comp_mask: u32,
+    pub srq_type: c_uint,
+    pub pd: *mut ibv_pd,
+    pub xrcd: *mut ibv_xrcd,
+    pub cq: *mut ibv_cq,
+    pub tm_cap: ibv_tm_cap,
+}
+
+#[repr(C)]
+pub struct ibv_qp_open_attr {
+    pub comp_mask: u32,
+    pub qp_num: u32,
+    pub xrcd: *mut ibv_xrcd,
+    pub qp_context: *mut c_void,
+    pub qp_type: c_uint,
+}
+
 #[repr(C)]
 pub struct ibv_qp {
     pub context: *mut ibv_context,
@@ -203,7 +263,7 @@ pub struct ibv_qp_ex {
     pub wr_send_inv: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32)>,
     pub wr_send_tso: Fp,
     pub wr_set_ud_addr: Option<unsafe extern "C" fn(*mut ibv_qp_ex, *mut ibv_ah, u32, u32)>,
-    pub wr_set_xrc_srqn: Fp,
+    pub wr_set_xrc_srqn: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32)>,
     pub wr_set_inline_data: Option<unsafe extern "C" fn(*mut ibv_qp_ex, *mut c_void, usize)>,
     pub wr_set_inline_data_list:
         Option<unsafe extern "C" fn(*mut ibv_qp_ex, usize, *const ibv_data_buf)>,
@@ -279,6 +339,7 @@ pub struct ibv_send_wr {
     /// `imm_data` (big-endian) or `invalidate_rkey`.
     pub imm_data: u32,
     pub wr: ibv_send_wr_wr,
+    /// `qp_type.xrc.remote_srqn`: the remote XRC SRQ of an XRC_SEND QP's WR.
     pub qp_type: u32,
     /// `bind_mw` / `tso`: unused here.
     pub tail: [u64; 6],

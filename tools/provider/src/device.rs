@@ -8,7 +8,7 @@ use crate::abi::*;
 use crate::config::{self, Choice};
 use crate::private::Private;
 use crate::surface::BorrowedCmdFd;
-use crate::{cq, fast, guard, objects, qp};
+use crate::{cq, fast, guard, objects, qp, xrc};
 
 /// `RDMA_DRIVER_MLX5` (`rdma/ib_user_ioctl_verbs.h`, enum rdma_driver_id).
 pub const RDMA_DRIVER_MLX5: u64 = 1;
@@ -489,6 +489,7 @@ fn context_ops(single_threaded: bool) -> *const verbs_context_ops {
         objects::fill_ops(&mut s);
         cq::fill_ops(&mut s);
         qp::fill_ops(&mut s);
+        xrc::fill_ops(&mut s);
         fast::fill_ops(&mut s, !single_threaded);
         Sync(verbs_context_ops { slots: s })
     });

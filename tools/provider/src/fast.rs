@@ -89,7 +89,7 @@ pub const IBV_WR_ATOMIC_FETCH_AND_ADD: u32 = 6;
 pub const IBV_WR_SEND_WITH_INV: u32 = 9;
 const IBV_SEND_INLINE: u32 = 8;
 
-fn errno_of_post(e: PostError) -> c_int {
+pub fn errno_of_post(e: PostError) -> c_int {
     match e {
         PostError::Full { .. } => libc::ENOMEM,
         _ => libc::EINVAL,
@@ -381,8 +381,29 @@ fn post_general(
 ) -> Result<(), PostError> {
     // SAFETY: the verbs contract: `sg_list` has `num_sge` entries.
     let list = unsafe { sges(wr.sg_list, wr.num_sge) };
+    let op = op_of(wr)?;
+    let ud = (q.qp_type == mlx5::QpType::Ud).then(|| {
+        // SAFETY: the `ud` member is the live one for UD QPs.
+        let u = unsafe { wr.wr.ud };
+        (u.ah, u.remote_qpn, u.remote_qkey)
+    });
+    build(q, sq, op, flags, wr.wr_id, ud, Payload::Ibv(list, inline))
+}
+
+/// A C send WR's operation, flags and payload (the XRC path's decoding).
+pub fn decode(wr: &ibv_send_wr) -> Result<(Op, SendFlags, Payload<'_>), PostError> {
+    let flags = SendFlags(wr.send_flags & 0x7);
+    let inline = wr.send_flags & IBV_SEND_INLINE != 0;
+    // SAFETY: the verbs contract: `sg_list` has `num_sge` entries.
+    let list = unsafe { sges(wr.sg_list, wr.num_sge) };
+    Ok((op_of(wr)?, flags, Payload::Ibv(list, inline)))
+}
+
+/// The operation of a C send WR.
+#[inline(always)]
+fn op_of(wr: &ibv_send_wr) -> Result<Op, PostError> {
     let imm = wr.imm_data.to_ne_bytes();
-    let op = match wr.opcode {
+    Ok(match wr.opcode {
         IBV_WR_SEND => Op::Send,
         IBV_WR_SEND_WITH_IMM => Op::SendImm(imm),
         IBV_WR_SEND_WITH_INV => Op::SendInv(wr.imm_data),
@@ -415,13 +436,7 @@ fn post_general(
             }
         }
         _ => return Err(PostError::BadOpcode),
-    };
-    let ud = (q.qp_type == mlx5::QpType::Ud).then(|| {
-        // SAFETY: the `ud` member is the live one for UD QPs.
-        let u = unsafe { wr.wr.ud };
-        (u.ah, u.remote_qpn, u.remote_qkey)
-    });
-    build(q, sq, op, flags, wr.wr_id, ud, Payload::Ibv(list, inline))
+    })
 }
 
 /// `ibv_post_send`. `LOCKS` is false only in the table of a single-threaded process
@@ -436,7 +451,12 @@ unsafe extern "C" fn post_send<const LOCKS: bool>(
     let q = unsafe { qp_of(qp) };
     let _g = LOCKS.then(|| q.sq_lock.lock());
     // SAFETY: exclusive under the send lock (or by the single-threaded promise).
-    let sq = unsafe { (*q.inner.get()).sq() };
+    let inner = unsafe { &mut *q.inner.get() };
+    let sq = match inner {
+        crate::qp::QpInner::Plain(p) => p.sq(),
+        // SAFETY: the application's chain; `bad` its out pointer.
+        _ => return unsafe { crate::xrc::post_send(inner, wr, bad) },
+    };
     if !wr.is_null() {
         // SAFETY: the application's live WR.
         let w = unsafe { &*wr };
@@ -519,7 +539,10 @@ unsafe extern "C" fn post_recv<const LOCKS: bool>(
     let q = unsafe { qp_of(qp) };
     let _g = LOCKS.then(|| q.rq_lock.lock());
     // SAFETY: exclusive under the receive lock.
-    let Some(rq) = (unsafe { (*q.inner.get()).rq() }) else {
+    let Some(rq) = (match unsafe { &mut *q.inner.get() } {
+        crate::qp::QpInner::Plain(p) => p.rq(),
+        _ => None,
+    }) else {
         // SAFETY: the caller's out pointer.
         unsafe { *bad = wr };
         return libc::EINVAL;
@@ -638,6 +661,13 @@ pub unsafe fn install_wr_ops(q: *mut ProvQp) {
     x.wr_atomic_cmp_swp = Some(wr_atomic_cmp_swp);
     x.wr_atomic_fetch_add = Some(wr_atomic_fetch_add);
     x.wr_set_ud_addr = Some(wr_set_ud_addr);
+    if matches!(
+        // SAFETY: as above (the QP's inner is written before its ops are installed).
+        unsafe { &*(*q).inner.get() },
+        crate::qp::QpInner::XrcSend(_)
+    ) {
+        x.wr_set_xrc_srqn = Some(wr_set_xrc_srqn);
+    }
     x.wr_set_sge = Some(wr_set_sge);
     x.wr_set_sge_list = Some(wr_set_sge_list);
     x.wr_set_inline_data = Some(wr_set_inline_data);

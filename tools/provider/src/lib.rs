@@ -43,6 +43,7 @@ mod private;
 mod qp;
 pub mod surface;
 mod wr;
+mod xrc;
 
 pub use config::{Choice, choice_for};
 

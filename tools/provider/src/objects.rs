@@ -21,11 +21,35 @@ pub struct ProvMr {
     pub inner: mlx5::Mr,
 }
 
+/// Our SRQ: libibverbs' `verbs_srq` (whose head is the `ibv_srq`) first.
 #[repr(C)]
 pub struct ProvSrq {
-    pub srq: ibv_srq,
+    pub srq: verbs_srq,
     pub lock: Lock,
-    pub inner: UnsafeCell<mlx5::Srq>,
+    pub inner: UnsafeCell<SrqInner>,
+}
+
+/// A basic SRQ, or an XRC SRQ with the domain it counts in.
+pub enum SrqInner {
+    Basic(mlx5::Srq),
+    Xrc(mlx5::XrcSrq, *mut crate::xrc::ProvXrcd),
+}
+
+impl SrqInner {
+    #[inline(always)]
+    pub fn post_recv(&mut self, wrs: &[mlx5::RecvWr<'_>]) -> Result<(), (usize, mlx5::PostError)> {
+        match self {
+            SrqInner::Basic(s) => s.post_recv(wrs),
+            SrqInner::Xrc(s, _) => s.post_recv(wrs),
+        }
+    }
+
+    pub fn capacity(&self) -> u32 {
+        match self {
+            SrqInner::Basic(s) => s.capacity(),
+            SrqInner::Xrc(s, _) => s.capacity(),
+        }
+    }
 }
 
 #[repr(C)]
@@ -157,42 +181,68 @@ unsafe extern "C" fn dereg_mr(vmr: *mut verbs_mr) -> c_int {
 }
 
 unsafe extern "C" fn create_srq(pd: *mut ibv_pd, attr: *mut ibv_srq_init_attr) -> *mut ibv_srq {
-    guard("create_srq", || {
-        // SAFETY: `pd` is ours; `attr` is the caller's live attribute struct.
-        let (p, a) = unsafe { (pd_of(pd), &mut *attr) };
-        // SAFETY: the PD's context is ours.
-        let s = unsafe { st(p.pd.context) };
-        let mut b: Box<MaybeUninit<ProvSrq>> = Box::new(MaybeUninit::uninit());
-        let ptr = b.as_mut_ptr();
-        let made = mlx5::with_user_handle(ptr as u64, || {
-            mlx5::Srq::new(&p.inner, a.attr.max_wr, a.attr.max_sge)
-        });
-        match made {
-            Ok(inner) => {
-                a.attr.max_wr = inner.capacity();
-                let mut srq: ibv_srq = zeroed();
-                srq.context = p.pd.context;
-                srq.pd = pd;
-                srq.srq_context = a.srq_context;
-                b.write(ProvSrq {
-                    srq,
-                    lock: Lock::new(s.single_threaded),
-                    inner: UnsafeCell::new(inner),
-                });
-                Box::into_raw(b).cast()
-            }
-            Err(e) => {
-                set_errno(errno_of(s, "create_srq", &e));
-                core::ptr::null_mut()
-            }
+    // SAFETY: the caller's live attribute struct.
+    guard("create_srq", || create_srq_basic(pd, unsafe { &mut *attr }))
+}
+
+/// A basic SRQ (`ibv_create_srq`, or `ibv_create_srq_ex` of type BASIC).
+pub fn create_srq_basic(pd: *mut ibv_pd, a: &mut ibv_srq_init_attr) -> *mut ibv_srq {
+    // SAFETY: `pd` is ours.
+    let p = unsafe { pd_of(pd) };
+    // SAFETY: the PD's context is ours.
+    let s = unsafe { st(p.pd.context) };
+    let mut b: Box<MaybeUninit<ProvSrq>> = Box::new(MaybeUninit::uninit());
+    let ptr = b.as_mut_ptr();
+    let made = mlx5::with_user_handle(ptr as u64, || {
+        mlx5::Srq::new(&p.inner, a.attr.max_wr, a.attr.max_sge)
+    });
+    match made {
+        Ok(inner) => {
+            a.attr.max_wr = inner.capacity();
+            let mut srq: verbs_srq = zeroed();
+            srq.srq.context = p.pd.context;
+            srq.srq.pd = pd;
+            srq.srq.srq_context = a.srq_context;
+            srq.srq_num = inner.srqn();
+            b.write(ProvSrq {
+                srq,
+                lock: Lock::new(s.single_threaded),
+                inner: UnsafeCell::new(SrqInner::Basic(inner)),
+            });
+            let ptr = Box::into_raw(b).cast::<ProvSrq>();
+            // SAFETY: the SRQ just made; its mutex and condition variable are initialized
+            // in place (where they stay).
+            unsafe { init_mutex_cond(&raw mut (*ptr).srq.srq.mutex, &raw mut (*ptr).srq.srq.cond) };
+            ptr.cast()
         }
-    })
+        Err(e) => {
+            set_errno(errno_of(s, "create_srq", &e));
+            core::ptr::null_mut()
+        }
+    }
 }
 
 unsafe extern "C" fn destroy_srq(srq: *mut ibv_srq) -> c_int {
     guard("destroy_srq", || {
-        // SAFETY: `srq` is ours, from create_srq.
-        drop(unsafe { Box::from_raw(srq.cast::<ProvSrq>()) });
+        // SAFETY: `srq` is ours, from create_srq or create_srq_ex, handed back once.
+        let mut b = unsafe { Box::from_raw(srq.cast::<ProvSrq>()) };
+        let xrc = match b.inner.get_mut() {
+            SrqInner::Basic(_) => None,
+            SrqInner::Xrc(_, d) => Some(*d),
+        };
+        match xrc {
+            None => drop(b),
+            Some(d) => {
+                // Dropping an XRC SRQ unroutes it from its CQ: hold the CQ's lock.
+                // SAFETY: the CQ outlives the SRQ (the kernel refuses to destroy it before).
+                let cq = unsafe { crate::cq::cq_of(b.srq.cq) };
+                let g = cq.lock.lock();
+                drop(b);
+                drop(g);
+                // SAFETY: the domain the SRQ counted in, alive while it counts it.
+                unsafe { crate::xrc::release(d) };
+            }
+        }
         0
     })
 }

@@ -9,7 +9,7 @@ use crate::cq::cq_of;
 use crate::device::{errno_of, op, set_errno};
 use crate::fast::Lock;
 use crate::guard;
-use crate::objects::{ProvSrq, ah_attr, init_mutex_cond, pd_of, st, to_ibv_ah_attr};
+use crate::objects::{ProvSrq, SrqInner, ah_attr, init_mutex_cond, pd_of, st, to_ibv_ah_attr};
 
 pub const IBV_QPT_RC: u32 = 2;
 pub const IBV_QPT_UC: u32 = 3;
@@ -23,9 +23,49 @@ pub struct ProvQp {
     pub rq_lock: Lock,
     pub qp_type: mlx5::QpType,
     pub srq: *mut ProvSrq,
-    pub inner: UnsafeCell<mlx5::Qp>,
+    pub inner: UnsafeCell<QpInner>,
     /// The `ibv_wr_*` WR being built (under the send lock).
     pub pending: UnsafeCell<crate::wr::Pending>,
+}
+
+/// The crate's QP behind a `ProvQp`: RC, UC or UD (`qp_type` says which), or an XRC
+/// initiator, or an XRC target (with the domain it counts in).
+pub enum QpInner {
+    Plain(mlx5::Qp),
+    XrcSend(mlx5::XrcSendQp),
+    XrcRecv(mlx5::XrcTgtQp, *mut crate::xrc::ProvXrcd),
+}
+
+impl QpInner {
+    /// The send queue (none on an XRC target).
+    #[inline(always)]
+    pub fn sq(&mut self) -> Option<&mut mlx5::SendQueue> {
+        match self {
+            QpInner::Plain(q) => Some(q.sq()),
+            QpInner::XrcSend(q) => Some(q.sq()),
+            QpInner::XrcRecv(..) => None,
+        }
+    }
+
+    fn modify(&mut self, attr: &mlx5::QpAttr, mask: u32) -> mlx5::Result<()> {
+        match self {
+            QpInner::Plain(q) => q.modify(attr, mask),
+            QpInner::XrcSend(q) => q.modify(attr, mask),
+            QpInner::XrcRecv(q, _) => q.modify(attr, mask),
+        }
+    }
+
+    /// State, attributes, capabilities. An XRC target reports the state last set through
+    /// this handle and no queues (the crate keeps no more of a kernel-only QP).
+    fn query_attr(&self) -> mlx5::Result<(mlx5::QpState, mlx5::QpAttr, mlx5::QpCap)> {
+        match self {
+            QpInner::Plain(q) => q.query_attr(),
+            QpInner::XrcSend(q) => q.qp().query_attr(),
+            QpInner::XrcRecv(q, _) => {
+                Ok((q.state(), mlx5::QpAttr::default(), mlx5::QpCap::default()))
+            }
+        }
+    }
 }
 
 /// # Safety
@@ -86,10 +126,13 @@ fn create(
     let p = unsafe { pd_of(pd) };
     // SAFETY: its context is ours.
     let s = unsafe { st(p.pd.context) };
+    if ty == crate::xrc::IBV_QPT_XRC_SEND {
+        return crate::xrc::create_send(pd, qp_context, send_cq, cap, sq_sig_all);
+    }
     let Some(t) = qp_type(ty) else {
         if s.log {
             eprintln!(
-                "libmlx5rs: {}: create_qp: QP type {ty} is not served (RC, UC, UD are)",
+                "libmlx5rs: {}: create_qp: QP type {ty} is not served (RC, UC, UD, XRC_SEND, XRC_RECV are)",
                 s.name
             );
         }
@@ -112,7 +155,20 @@ fn create(
         // SAFETY: shared access under the CQ locks.
         let (sc, rc) = unsafe { (&*scq.inner.get(), &*rcq.inner.get()) };
         // SAFETY: an SRQ of ours, if any.
-        let srq_ref = (!psrq.is_null()).then(|| unsafe { &*(*psrq).inner.get() });
+        let srq_ref = match (!psrq.is_null()).then(|| unsafe { &*(*psrq).inner.get() }) {
+            None => None,
+            Some(SrqInner::Basic(srq)) => Some(srq),
+            Some(SrqInner::Xrc(..)) => {
+                if s.log {
+                    eprintln!(
+                        "libmlx5rs: {}: create_qp: an XRC SRQ receives for XRC_RECV QPs only",
+                        s.name
+                    );
+                }
+                set_errno(libc::EINVAL);
+                return core::ptr::null_mut();
+            }
+        };
         let mut init = mlx5::QpInitAttr::new(t, sc, rc);
         init.srq = srq_ref;
         init.cap = mlx5::QpCap {
@@ -141,30 +197,66 @@ fn create(
         max_recv_sge: real.max_recv_sge,
         max_inline_data: real.max_inline_data,
     };
-    // SAFETY: the box is zeroed (valid for the C parts); we fill the C fields and write the
+    let qpn = inner.qpn();
+    // SAFETY: the box is zeroed (valid for the C parts); `fill` writes the C fields and the
     // Rust ones before anyone sees the QP.
     unsafe {
+        fill(
+            ptr,
+            s,
+            p.pd.context,
+            qp_context,
+            pd,
+            (send_cq, recv_cq),
+            qpn,
+            ty,
+            t,
+            QpInner::Plain(inner),
+            real.max_inline_data as usize,
+        );
+        (*ptr).vqp.qp_ex.qp_base.srq = srq;
+        (&raw mut (*ptr).srq).write(psrq);
+    }
+    Box::into_raw(b).cast()
+}
+
+/// Fill a new QP's libibverbs fields and our own (its SRQ pointer null).
+///
+/// # Safety
+/// `ptr` is a zeroed `ProvQp` that nothing else sees yet.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn fill(
+    ptr: *mut ProvQp,
+    s: &crate::device::CtxState,
+    context: *mut ibv_context,
+    qp_context: *mut core::ffi::c_void,
+    pd: *mut ibv_pd,
+    (send_cq, recv_cq): (*mut ibv_cq, *mut ibv_cq),
+    qpn: u32,
+    ty: u32,
+    t: mlx5::QpType,
+    inner: QpInner,
+    max_inline: usize,
+) {
+    // SAFETY: per the contract.
+    unsafe {
         let q = &mut (*ptr).vqp.qp_ex.qp_base;
-        q.context = p.pd.context;
+        q.context = context;
         q.qp_context = qp_context;
         q.pd = pd;
         q.send_cq = send_cq;
         q.recv_cq = recv_cq;
-        q.srq = srq;
-        q.qp_num = inner.qpn();
+        q.qp_num = qpn;
         q.state = 0;
         q.qp_type = ty;
         init_mutex_cond(&raw mut q.mutex, &raw mut q.cond);
         (&raw mut (*ptr).sq_lock).write(Lock::new(s.single_threaded));
         (&raw mut (*ptr).rq_lock).write(Lock::new(s.single_threaded));
         (&raw mut (*ptr).qp_type).write(t);
-        (&raw mut (*ptr).srq).write(psrq);
+        (&raw mut (*ptr).srq).write(core::ptr::null_mut());
         (&raw mut (*ptr).inner).write(UnsafeCell::new(inner));
-        (&raw mut (*ptr).pending).write(UnsafeCell::new(crate::wr::Pending::new(
-            real.max_inline_data as usize,
-        )));
+        (&raw mut (*ptr).pending).write(UnsafeCell::new(crate::wr::Pending::new(max_inline)));
     }
-    Box::into_raw(b).cast()
 }
 
 unsafe extern "C" fn create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> *mut ibv_qp {
@@ -195,6 +287,19 @@ unsafe extern "C" fn create_qp_ex(
         let a = unsafe { &mut *attr };
         // SAFETY: `c` is ours.
         let s = unsafe { st(c) };
+        if a.qp_type == crate::xrc::IBV_QPT_XRC_RECV {
+            if a.comp_mask != crate::xrc::IBV_QP_INIT_ATTR_XRCD {
+                if s.log {
+                    eprintln!(
+                        "libmlx5rs: {}: create_qp_ex: an XRC_RECV QP takes comp_mask XRCD alone, not {:#x}",
+                        s.name, a.comp_mask
+                    );
+                }
+                set_errno(libc::EINVAL);
+                return core::ptr::null_mut();
+            }
+            return crate::xrc::create_recv(c, a);
+        }
         let known = IBV_QP_INIT_ATTR_PD | crate::fast::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
         if a.comp_mask & IBV_QP_INIT_ATTR_PD == 0 || a.comp_mask & !known != 0 || a.pd.is_null() {
             if s.log {
@@ -242,16 +347,22 @@ unsafe extern "C" fn create_qp_ex(
 unsafe extern "C" fn destroy_qp(qp: *mut ibv_qp) -> c_int {
     guard("destroy_qp", || {
         // SAFETY: `qp` is ours, from create_qp, handed back once.
-        let b = unsafe { Box::from_raw(qp.cast::<ProvQp>()) };
-        // Dropping the QP touches its CQs' tables: hold their locks.
+        let mut b = unsafe { Box::from_raw(qp.cast::<ProvQp>()) };
+        if let QpInner::XrcRecv(_, d) = b.inner.get_mut() {
+            // A target QP has no queues of ours and no CQ.
+            let d = *d;
+            drop(b);
+            // SAFETY: the domain the QP counted in, alive while it counts it.
+            unsafe { crate::xrc::release(d) };
+            return 0;
+        }
+        // Dropping the QP touches its CQs' tables: hold their locks (an XRC initiator's
+        // receive side is its send CQ).
+        let (s, r) = (b.vqp.qp_ex.qp_base.send_cq, b.vqp.qp_ex.qp_base.recv_cq);
+        let r = if r.is_null() { s } else { r };
         // SAFETY: the CQs outlive their QPs (libibverbs refuses to destroy a CQ in use... and
         // the kernel does too).
-        let (scq, rcq) = unsafe {
-            (
-                cq_of(b.vqp.qp_ex.qp_base.send_cq),
-                cq_of(b.vqp.qp_ex.qp_base.recv_cq),
-            )
-        };
+        let (scq, rcq) = unsafe { (cq_of(s), cq_of(r)) };
         let _g1 = scq.lock.lock();
         let _g2 = (!core::ptr::eq(scq, rcq)).then(|| rcq.lock.lock());
         drop(b);

@@ -17,7 +17,7 @@ use mlx5::{SendFlags, Sge};
 
 use crate::abi::*;
 use crate::fast::{Op, Payload, build};
-use crate::qp::ProvQp;
+use crate::qp::{ProvQp, QpInner};
 
 /// Most SGEs one `ibv_wr_set_sge_list` may carry.
 pub const MAX_WR_SGE: usize = 32;
@@ -28,6 +28,8 @@ pub struct Pending {
     pub wr_id: u64,
     pub flags: u32,
     pub ud: Option<(*mut ibv_ah, u32, u32)>,
+    /// The remote XRC SRQ (`ibv_wr_set_xrc_srqn`), XRC_SEND QPs only.
+    pub xrc_srqn: Option<u32>,
     pub sges: [Sge; MAX_WR_SGE],
     pub nsge: usize,
     pub inline: Vec<u8>,
@@ -42,6 +44,7 @@ impl Pending {
             wr_id: 0,
             flags: 0,
             ud: None,
+            xrc_srqn: None,
             sges: [Sge::default(); MAX_WR_SGE],
             nsge: 0,
             inline: Vec::with_capacity(max_inline),
@@ -70,15 +73,23 @@ fn flush(q: &ProvQp, p: &mut Pending) {
     if p.err != 0 {
         return;
     }
-    // SAFETY: the send lock is held (ibv_wr_start).
-    let sq = unsafe { (*q.inner.get()).sq() };
     let payload = if p.is_inline {
         Payload::Bytes(&p.inline)
     } else {
         Payload::Sges(&p.sges[..p.nsge])
     };
     let flags = SendFlags(p.flags & 0x7);
-    if let Err(e) = build(q, sq, op, flags, p.wr_id, p.ud, payload) {
+    // SAFETY: the send lock is held (ibv_wr_start).
+    let r = match unsafe { &mut *q.inner.get() } {
+        QpInner::Plain(qp) => build(q, qp.sq(), op, flags, p.wr_id, p.ud, payload),
+        QpInner::XrcSend(x) => match p.xrc_srqn {
+            Some(n) => crate::xrc::build(x, op, flags, p.wr_id, n, payload),
+            // An XRC WR names its SRQ: without ibv_wr_set_xrc_srqn it has no destination.
+            None => Err(mlx5::PostError::BadDestination),
+        },
+        QpInner::XrcRecv(..) => Err(mlx5::PostError::BadOpcode),
+    };
+    if let Err(e) = r {
         p.err = match e {
             mlx5::PostError::Full { .. } => libc::ENOMEM,
             _ => libc::EINVAL,
@@ -97,6 +108,7 @@ fn begin(x: *mut ibv_qp_ex, op: Op) {
     p.wr_id = wr_id;
     p.flags = flags;
     p.ud = None;
+    p.xrc_srqn = None;
     p.nsge = 0;
     p.is_inline = false;
     p.inline.clear();
@@ -117,7 +129,9 @@ pub unsafe extern "C" fn wr_complete(x: *mut ibv_qp_ex) -> c_int {
     let (q, p) = unsafe { parts(x) };
     flush(q, p);
     // SAFETY: under the lock.
-    unsafe { (*q.inner.get()).sq().ring() };
+    if let Some(sq) = unsafe { (*q.inner.get()).sq() } {
+        sq.ring();
+    }
     let err = p.err;
     q.sq_lock.unlock();
     err
@@ -202,6 +216,12 @@ pub unsafe extern "C" fn wr_set_ud_addr(x: *mut ibv_qp_ex, ah: *mut ibv_ah, qpn:
     // SAFETY: between wr_start and wr_complete.
     let (_, p) = unsafe { parts(x) };
     p.ud = Some((ah, qpn, qkey));
+}
+
+pub unsafe extern "C" fn wr_set_xrc_srqn(x: *mut ibv_qp_ex, srqn: u32) {
+    // SAFETY: between wr_start and wr_complete.
+    let (_, p) = unsafe { parts(x) };
+    p.xrc_srqn = Some(srqn);
 }
 
 pub unsafe extern "C" fn wr_set_sge(x: *mut ibv_qp_ex, lkey: u32, addr: u64, length: u32) {

@@ -62,6 +62,11 @@ fn public_mirrors_match_the_installed_verbs_h() {
     probe!(p, ibv_cq = "struct ibv_cq" { context, channel, cq_context, handle, cqe, mutex, cond, comp_events_completed, async_events_completed });
     probe!(p, ibv_cq_ex = "struct ibv_cq_ex" { cq => "context" @o, comp_mask, status, wr_id, start_poll, next_poll, end_poll, read_opcode, read_vendor_err, read_byte_len, read_imm_data, read_qp_num, read_src_qp, read_wc_flags, read_slid, read_sl, read_dlid_path_bits, read_completion_ts, read_cvlan, read_flow_tag, read_tm_info, read_completion_wallclock_ns });
     probe!(p, ibv_srq = "struct ibv_srq" { context, srq_context, pd, handle, mutex, cond, events_completed });
+    probe!(p, ibv_xrcd = "struct ibv_xrcd" { context });
+    probe!(p, ibv_xrcd_init_attr = "struct ibv_xrcd_init_attr" { comp_mask, fd, oflags });
+    probe!(p, ibv_tm_cap = "struct ibv_tm_cap" { max_num_tags, max_ops });
+    probe!(p, ibv_srq_init_attr_ex = "struct ibv_srq_init_attr_ex" { srq_context, attr, comp_mask, srq_type, pd, xrcd, cq, tm_cap });
+    probe!(p, ibv_qp_open_attr = "struct ibv_qp_open_attr" { comp_mask, qp_num, xrcd, qp_context, qp_type });
     probe!(p, ibv_qp = "struct ibv_qp" { context, qp_context, pd, send_cq, recv_cq, srq, handle, qp_num, state, qp_type, mutex, cond, events_completed });
     probe!(p, ibv_qp_ex = "struct ibv_qp_ex" { qp_base, comp_mask, wr_id, wr_flags, wr_atomic_cmp_swp, wr_atomic_fetch_add, wr_bind_mw, wr_local_inv, wr_rdma_read, wr_rdma_write, wr_rdma_write_imm, wr_send, wr_send_imm, wr_send_inv, wr_send_tso, wr_set_ud_addr, wr_set_xrc_srqn, wr_set_inline_data, wr_set_inline_data_list, wr_set_sge, wr_set_sge_list, wr_start, wr_complete, wr_abort, wr_atomic_write });
     probe!(p, ibv_data_buf = "struct ibv_data_buf" { addr, length });

@@ -85,3 +85,24 @@ fn ibv_rc_pingpong_with_completion_timestamps_in_all_pairings() {
         "40960 bytes in",
     );
 }
+
+#[test]
+fn ibv_xsrq_pingpong_in_all_pairings() {
+    // XRC: each side opens a domain on a file, an XRC SRQ completing into its receive CQ, an
+    // XRC_RECV target QP (create_qp_ex with the domain) and an XRC_SEND initiator (through
+    // create_qp: comp_mask PD alone); each SEND names the peer's SRQ number
+    // (`qp_type.xrc.remote_srqn`), which the peer read with ibv_get_srq_num. The program
+    // prints "success" only when every receive arrived through the SRQ on the target QP
+    // it looked up by the completion's qp_num.
+    all_pairings("ibv_xsrq_pingpong", &["-n", "50", "-s", "1024"], "success");
+}
+
+#[test]
+fn ibv_xsrq_pingpong_with_events_in_all_pairings() {
+    // -e: the SRQ's CQ armed and woken through the completion channel.
+    all_pairings(
+        "ibv_xsrq_pingpong",
+        &["-n", "20", "-s", "64", "-e"],
+        "success",
+    );
+}

@@ -20,6 +20,7 @@
 //! crash.
 
 mod completion;
+pub(crate) mod counters;
 mod dc;
 mod dma;
 mod execute;

@@ -42,6 +42,7 @@ pub(crate) fn send_packet(w: &mut World, mut pkt: Packet) {
     let f = w.cfg.fault;
     let src = pkt.src_hca;
     w.hcas[src].counters.packets_sent += 1;
+    super::counters::transmitted(w, src, &pkt);
     let local = w
         .hcas
         .iter()
@@ -256,6 +257,7 @@ pub(super) fn deliver_wire(w: &mut World) -> usize {
         let Some((_, mut pkt)) = taken else {
             break;
         };
+        super::counters::received(w, pkt.dst_hca, &pkt);
         if pkt.dst_qpn == 1 && pkt.transport() == 0x60 {
             // QP1 (GSI): the CM's MADs go to the emulated kernel's CM.
             (w.kernel.gsi_receive)(w, &pkt);
