@@ -159,7 +159,7 @@ impl<'a> SendWr<'a> {
     /// The same request with an inline payload instead of the gather list.
     pub fn with_inline(mut self, data: &'a [&'a [u8]]) -> Self {
         self.inline = data;
-        self.flags = self.flags | SendFlags::INLINE;
+        self.flags |= SendFlags::INLINE;
         self
     }
 

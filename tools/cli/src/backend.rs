@@ -356,7 +356,7 @@ impl Side for End {
             self.wr_id += 1;
             slot.wr_id = self.wr_id;
             if wr.signaled {
-                slot.flags = slot.flags | SendFlags::SIGNALED;
+                slot.flags |= SendFlags::SIGNALED;
             }
             // inline payloads come from the tx area's shadow; echoed SENDs are never inline
             if wr.inline && !self.echo {

@@ -714,7 +714,7 @@ fn trace_one(
     let inl: [&[u8]; 1] = [pattern];
     let mut flags = SendFlags::SIGNALED;
     if inline {
-        flags = flags | SendFlags::INLINE;
+        flags |= SendFlags::INLINE;
     }
     let op = match o.op {
         TraceOp::Send => WrOp::Send,
