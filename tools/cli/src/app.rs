@@ -107,6 +107,10 @@ pub trait Testbed {
 pub fn run(cmd: Command) -> Result<(), String> {
     match cmd {
         Command::Lat(a) => {
+            if a.op == LatOp::Raw {
+                return crate::raw_lat::run(&a);
+            }
+            a.raw.refuse()?;
             let op = match (a.op, a.atomic_type) {
                 (LatOp::Atomic, None | Some(AtomicType::FETCH_AND_ADD)) => Op::FetchAdd,
                 (LatOp::Atomic, Some(AtomicType::CMP_AND_SWAP)) => Op::CmpSwap,
@@ -114,10 +118,12 @@ pub fn run(cmd: Command) -> Result<(), String> {
                 (LatOp::Send, None) => Op::Send,
                 (LatOp::Write, None) => Op::Write,
                 (LatOp::Read, None) => Op::Read,
+                (LatOp::Raw, None) => return crate::raw_lat::run(&a),
             };
             run_test(op, true, &a)
         }
         Command::Bw(a) => {
+            a.raw.refuse()?;
             let op = match (a.op, a.atomic_type) {
                 (BwOp::Atomic, None | Some(AtomicType::FETCH_AND_ADD)) => Op::FetchAdd,
                 (BwOp::Atomic, Some(AtomicType::CMP_AND_SWAP)) => Op::CmpSwap,

@@ -207,6 +207,9 @@ pub enum LatOp {
     Read,
     /// Atomic round trips (fetch-and-add or compare-and-swap).
     Atomic,
+    /// Raw Ethernet frames ping-pong on RAW_PACKET QPs, as raw_ethernet_lat (-Z/-P, -B/-E;
+    /// -J/-j/-K/-k for IPv4/UDP headers): `tools/cli/src/raw_lat.rs`.
+    Raw,
 }
 
 /// Bandwidth test operations.
@@ -449,6 +452,9 @@ pub struct TestArgs<Op: ValueEnum + Clone + Send + Sync + 'static> {
     /// they are refused by name.
     #[command(flatten)]
     pub unsupported: Unsupported,
+    /// perftest's raw Ethernet options (`lat raw` only).
+    #[command(flatten)]
+    pub raw: crate::raw_lat::RawArgs,
 }
 
 /// perftest's TCP port of the address exchange.

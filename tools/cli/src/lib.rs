@@ -16,6 +16,7 @@ pub mod exchange_cm;
 pub mod live;
 pub mod net;
 pub mod progress;
+pub mod raw_lat;
 pub mod remote;
 pub mod report;
 pub mod stats;
