@@ -341,7 +341,19 @@ where
     if tx_depth == 0 || a.post_list == 0 {
         return Err("-t and -l must be at least 1".into());
     }
-    let cq_mod = a.cq_mod.unwrap_or(if lat { 1 } else { 100 });
+    // perftest (force_dependecies): messages over 8 KiB get a CQE each unless -Q is given
+    // (not UD, not -a, not with events); the moderation is at most the send queue's depth
+    let large = max_size > CQ_MOD_SIZE_LIMIT && conn != Conn::Ud && !a.all && !a.events;
+    let cq_mod = match a.cq_mod {
+        Some(q) => q,
+        None if lat || large => 1,
+        None => 100,
+    };
+    let cq_mod = if lat {
+        cq_mod
+    } else {
+        cq_mod.min(a.tx_depth.unwrap_or(128).max(1))
+    };
     if cq_mod == 0 {
         return Err("-Q must be at least 1".into());
     }
@@ -426,6 +438,9 @@ where
         testbed,
     })
 }
+
+/// perftest's `MSG_SIZE_CQ_MOD_LIMIT`: above it bandwidth tests signal every WR by default.
+pub const CQ_MOD_SIZE_LIMIT: u64 = 8192;
 
 /// Most QPs per side (`-q`), as perftest's `MAX_QP_NUM`.
 pub const MAX_QPS: u32 = 16_384;
@@ -1200,14 +1215,23 @@ mod tests {
         assert_eq!(p.sizes, vec![65536]);
         assert_eq!(p.params.iters, DEFAULT_BW_ITERS);
         assert_eq!(p.params.inline_max, 0);
-        assert_eq!((p.params.tx_depth, p.params.cq_mod), (128, 100));
+        // perftest: over 8 KiB every WR is signaled unless -Q says otherwise
+        assert_eq!((p.params.tx_depth, p.params.cq_mod), (128, 1));
+        let p = parse(&["mlx5", "bw", "write", "-s", "8192"]).unwrap();
+        assert_eq!(p.params.cq_mod, 100);
+        let p = parse(&["mlx5", "bw", "write", "-s", "8193", "-Q", "16"]).unwrap();
+        assert_eq!(p.params.cq_mod, 16);
+        let p = parse(&["mlx5", "bw", "write", "-a"]).unwrap();
+        assert_eq!(p.params.cq_mod, 100);
+        let p = parse(&["mlx5", "bw", "write", "-s", "64", "-t", "32"]).unwrap();
+        assert_eq!(p.params.cq_mod, 32);
         // unsignaled WRs need send-queue room until a CQE retires them
         let p = parse(&["mlx5", "lat", "send", "-Q", "50", "-t", "4"]).unwrap();
         assert_eq!(p.testbed.sq_depth, 50);
         // bandwidth cq_mod is capped so the queue cannot fill with unsignaled WRs
         let p = parse(&["mlx5", "bw", "write", "-Q", "500", "-t", "64"]).unwrap();
         assert_eq!(p.params.cq_mod, 64);
-        let p = parse(&["mlx5", "bw", "write", "-l", "64", "-t", "128"]).unwrap();
+        let p = parse(&["mlx5", "bw", "write", "-l", "64", "-t", "128", "-s", "64"]).unwrap();
         assert_eq!(p.params.cq_mod, 65);
         assert!(parse(&["mlx5", "bw", "write", "-l", "65", "-t", "128"]).is_err());
         assert!(parse(&["mlx5", "bw", "write", "-l", "8", "-t", "4"]).is_err());

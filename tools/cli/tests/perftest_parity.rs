@@ -215,6 +215,13 @@ fn write_bw_server_prints_no_depth_line_as_perftest() {
     );
     assert_eq!(depth_lines(&p_srv), (false, false), "{p_srv}");
     assert_eq!(depth_lines(&srv), (false, false), "{srv}");
+    // 64 KiB messages: perftest signals every WR unless -Q is given; so do we
+    assert_eq!(
+        line_with(&srv, " CQ Moderation"),
+        line_with(&p_srv, " CQ Moderation"),
+        "{srv}\n{p_srv}"
+    );
+    assert_eq!(line_with(&srv, " CQ Moderation"), " CQ Moderation   : 1");
     assert_eq!(row(&srv, "65536")[1], 50.0, "{srv}");
 }
 
