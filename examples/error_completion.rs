@@ -144,7 +144,7 @@ fn connect(ctx: &Context, a: &mut Qp, b: &mut Qp) -> Result<(), Box<dyn Error>> 
     };
     let (ra, rb) = (addr(a, 0x100), addr(b, 0x200));
     for (qp, remote) in [(&mut *a, &rb), (&mut *b, &ra)] {
-        qp.to_init(1, Access::LOCAL_WRITE | Access::REMOTE_WRITE, 0)?;
+        qp.to_init(1, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?;
         qp.to_rtr(remote, mlx5::Mtu::M1024, sgid)?;
     }
     a.to_rts(0x100, 3)?;

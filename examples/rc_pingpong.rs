@@ -134,7 +134,7 @@ fn run() -> Result<(), Box<dyn Error>> {
     let (addr_a, sgid_a) = a.address(&ctx, 0x100)?;
     let (addr_b, sgid_b) = b.address(&ctx, 0x200)?;
     for (end, remote, sgid) in [(&mut a, &addr_b, sgid_a), (&mut b, &addr_a, sgid_b)] {
-        end.qp.to_init(1, Access::LOCAL_WRITE, 0)?;
+        end.qp.to_init(1, Access::LOCAL_WRITE)?;
         end.qp.to_rtr(remote, mlx5::Mtu::M1024, sgid)?;
     }
     // rnr_retry 3: a SEND that finds no receive posted is retried 3 times, then fails with an

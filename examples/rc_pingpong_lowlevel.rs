@@ -385,7 +385,7 @@ fn connect(ctx: &Context, a: &mut Qp, b: &mut Qp) -> Res<()> {
     };
     let (ra, rb) = (addr(a, 0x100), addr(b, 0x200));
     for (qp, remote) in [(&mut *a, &rb), (&mut *b, &ra)] {
-        qp.to_init(1, Access::LOCAL_WRITE, 0)?;
+        qp.to_init(1, Access::LOCAL_WRITE)?;
         qp.to_rtr(remote, mlx5::Mtu::M1024, sgid)?;
     }
     // rnr_retry 3: never retry for ever (the credits keep a receive posted for every SEND).

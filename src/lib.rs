@@ -95,7 +95,7 @@
 //! let port = ctx.query_port(1)?;
 //! let gid = if port.is_roce() { ctx.find_gid(1)? } else { None }; // RoCE needs a GID
 //! let me = RemoteQp { qpn: qp.qpn(), psn: 0, lid: port.lid, gid: gid.map(|g| g.1) };
-//! qp.to_init(1, Access::LOCAL_WRITE, 0)?;
+//! qp.to_init(1, Access::LOCAL_WRITE)?;
 //! qp.to_rtr(&me, mlx5::Mtu::M1024, gid.map_or(0, |g| g.0 as u8))?; // loopback
 //! qp.to_rts(0, 0)?; // rnr_retry 0: a SEND without a receive posted fails at once
 //! // The receive first (bytes 1024..), then the SEND of bytes 0..5.
@@ -176,8 +176,8 @@ pub use qp::{ConnectParams, Mtu, Qp, QpAttr, QpCap, QpInitAttr, QpState, QpType,
 pub use recorder::{RecorderCallback, RecorderConfig, RecorderDump};
 pub use srq::Srq;
 pub use wr::{
-    PostError, RecvWr, SendFlags, SendWr, Sge, Syndrome, UdDest, VendorSyndrome, WcFlags, WcOpcode,
-    WcStatus, WorkCompletion, WrOp,
+    PostError, RecvWr, SendFlags, SendWr, Sge, Syndrome, UD_GRH_BYTES, UdDest, VendorSyndrome,
+    WcFlags, WcOpcode, WcStatus, WorkCompletion, WrOp,
 };
 pub use xrc::{XrcDomain, XrcSendQp, XrcSrq, XrcSrqNum, XrcTgtQp, XrcWr, XrcdOpen};
 

@@ -70,7 +70,7 @@ pub enum FramePayload<'a> {
 pub enum RawSendError {
     /// Fewer header bytes than the device's minimum inline size (`eth_min_inline`).
     HeadersTooShort {
-        /// Header bytes given.
+        /// Header bytes given (with the tag of a VLAN the driver inserts into them).
         len: usize,
         /// The device's minimum.
         min: usize,
@@ -488,9 +488,15 @@ impl RawQp {
         off: TxOffload,
         seg: &mut [u8; 32],
     ) -> core::result::Result<usize, RawSendError> {
-        if headers.len() < self.min_inline {
+        // A tag the driver writes into inline headers counts towards the device's minimum.
+        let tag = if off.vlan.is_some() && !headers.is_empty() {
+            4
+        } else {
+            0
+        };
+        if headers.len() + tag < self.min_inline {
             return Err(RawSendError::HeadersTooShort {
-                len: headers.len(),
+                len: headers.len() + tag,
                 min: self.min_inline,
             });
         }

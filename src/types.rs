@@ -211,9 +211,39 @@ pub struct Sge {
 macro_rules! bit_set {
     ($name:ident) => {
         impl $name {
+            /// The empty set (no bit set), as `bitflags` types spell it.
+            pub const fn empty() -> Self {
+                Self(0)
+            }
+
+            /// Whether no bit is set.
+            pub const fn is_empty(self) -> bool {
+                self.0 == 0
+            }
+
+            /// The raw bits, as the verbs ABI carries them.
+            pub const fn bits(self) -> u32 {
+                self.0
+            }
+
             /// Whether every bit of `other` is set.
             pub const fn contains(self, other: Self) -> bool {
                 self.0 & other.0 == other.0
+            }
+
+            /// Whether any bit of `other` is set.
+            pub const fn intersects(self, other: Self) -> bool {
+                self.0 & other.0 != 0
+            }
+
+            /// The bits of `self` and of `other`.
+            pub const fn union(self, other: Self) -> Self {
+                Self(self.0 | other.0)
+            }
+
+            /// The bits of `self` that are not in `other`.
+            pub const fn difference(self, other: Self) -> Self {
+                Self(self.0 & !other.0)
             }
         }
 
@@ -221,6 +251,19 @@ macro_rules! bit_set {
             type Output = Self;
             fn bitor(self, rhs: Self) -> Self {
                 Self(self.0 | rhs.0)
+            }
+        }
+
+        impl core::ops::BitOrAssign for $name {
+            fn bitor_assign(&mut self, rhs: Self) {
+                self.0 |= rhs.0;
+            }
+        }
+
+        impl core::ops::BitAnd for $name {
+            type Output = Self;
+            fn bitand(self, rhs: Self) -> Self {
+                Self(self.0 & rhs.0)
             }
         }
     };

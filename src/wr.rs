@@ -159,7 +159,7 @@ impl<'a> SendWr<'a> {
     /// The same request with an inline payload instead of the gather list.
     pub fn with_inline(mut self, data: &'a [&'a [u8]]) -> Self {
         self.inline = data;
-        self.flags = self.flags | SendFlags::INLINE;
+        self.flags |= SendFlags::INLINE;
         self
     }
 
@@ -170,7 +170,17 @@ impl<'a> SendWr<'a> {
     }
 }
 
-/// A receive work request (`struct ibv_recv_wr` without `next`).
+/// Bytes a UD receive buffer reserves in front of the payload: the device writes the 40-byte
+/// Global Route Header there (InfiniBand with a GRH, or RoCE, where bytes 20..40 carry the
+/// IPv4 header of a RoCE v2 packet) and leaves it alone otherwise
+/// ([`WcFlags::GRH`] tells which). A UD receive of up to `n` payload bytes needs a scatter
+/// list of `UD_GRH_BYTES + n` bytes; the completion's `byte_len` counts both. The payload
+/// limit itself is the port's path MTU (a 4096-byte datagram fits MTU 4096): the GRH is not
+/// part of it.
+pub const UD_GRH_BYTES: u32 = 40;
+
+/// A receive work request (`struct ibv_recv_wr` without `next`). On a UD QP the first
+/// [`UD_GRH_BYTES`] of the scatter list receive the GRH, not payload.
 #[derive(Clone, Copy, Debug)]
 pub struct RecvWr<'a> {
     /// Returned in the completion.
@@ -205,7 +215,8 @@ impl WcOpcode {
 pub struct WcFlags(pub u32);
 
 impl WcFlags {
-    /// A GRH (40 bytes) precedes the payload in the receive buffer (UD).
+    /// A GRH precedes the payload in the receive buffer (UD): the first [`UD_GRH_BYTES`] hold
+    /// it. Without the flag those bytes are reserved all the same and left unwritten.
     pub const GRH: Self = Self(1);
     /// `imm_data` is valid.
     pub const WITH_IMM: Self = Self(2);

@@ -42,7 +42,7 @@ fn looped(access: Access) -> Loop {
     };
     let (a, b) = (addr(&qp), addr(&peer));
     for (q, remote) in [(&mut qp, &b), (&mut peer, &a)] {
-        q.to_init(1, Access::ALL, 0).unwrap();
+        q.to_init(1, Access::ALL).unwrap();
         q.to_rtr(remote, mlx5::Mtu::M1024, 0).unwrap();
         q.to_rts(0, 0).unwrap();
     }

@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use mlx5::ffi::surface::{Errno, UverbsSurface};
 use mlx5::{
-    Access, Ah, AhAttr, Context, Cq, CqInit, Error, Mtu, Pd, PostError, Qp, QpInitAttr, QpType,
-    RemoteQp, SendFlags, SendWr, Srq, UdDest,
+    Ah, AhAttr, Context, Cq, CqInit, Error, Mtu, Pd, PostError, Qp, QpInitAttr, QpType, RemoteQp,
+    SendFlags, SendWr, Srq, UdDest,
 };
 use mlx5_emu::{EmuConfig, Emulator, RunMode};
 
@@ -212,7 +212,7 @@ fn ud_send_with_ah_of_another_context_is_refused() {
     let (pd_a, pd_b) = (Pd::new(&a).unwrap(), Pd::new(&b).unwrap());
     let cq_a = cq(&a);
     let mut qp = Qp::new(&pd_a, &QpInitAttr::new(QpType::Ud, &cq_a, &cq_a)).unwrap();
-    qp.to_init(1, Access::LOCAL_WRITE, 0x1111).unwrap();
+    qp.to_init_ud(1, 0x1111).unwrap();
     let me = RemoteQp {
         qpn: qp.qpn(),
         psn: 0,

@@ -369,7 +369,7 @@ fn rtr_carries_the_service_level(rig: &dyn Rig) {
     let mut b = side(rig, 1, &o);
     let (to_a, sgid_a) = common::address(&a.qp, &a.ctx, 0);
     let (to_b, sgid_b) = common::address(&b.qp, &b.ctx, 0);
-    a.qp.to_init(1, Access::ALL, common::QKEY).unwrap();
+    a.qp.to_init(1, Access::ALL).unwrap();
     let e = a.qp.to_rtr_with_sl(&to_b, 3, sgid_a, 16).unwrap_err();
     assert!(
         matches!(e, mlx5::Error::InvalidArgument { attr: "sl", .. }),
@@ -379,7 +379,7 @@ fn rtr_carries_the_service_level(rig: &dyn Rig) {
     a.qp.to_rtr_with_sl(&to_b, 3, sgid_a, 5).unwrap();
     let (st, q) = a.qp.query().unwrap();
     assert_eq!((st, q.dest.sl), (mlx5::QpState::Rtr, 5));
-    b.qp.to_init(1, Access::ALL, common::QKEY).unwrap();
+    b.qp.to_init(1, Access::ALL).unwrap();
     b.qp.to_rtr(&to_a, 3, sgid_b).unwrap();
     assert_eq!(b.qp.query().unwrap().1.dest.sl, 0);
 }

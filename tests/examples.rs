@@ -239,7 +239,58 @@ fn the_readme_lists_every_example_and_ci_runs_its_test_command() {
     assert!(!ci.contains("cargo test --workspace"), "{ci}");
     let script = std::fs::read_to_string(root.join("tools/test.sh")).unwrap();
     assert!(
-        script.contains("exec cargo test --workspace --release"),
+        script.contains("cargo test --workspace --release --no-fail-fast")
+            && script.contains("awk -f tools/test-summary.awk"),
         "{script}"
     );
+}
+
+/// tools/test.sh's closing line sums every binary's result, failed ones included, and each
+/// binary's start is stamped; everything else passes through unchanged.
+#[test]
+fn the_test_script_ends_with_one_summary_line() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let cargo_output = "\
+   Compiling mlx5 v0.1.0
+     Running tests/a.rs (target/release/deps/a-1)
+
+running 3 tests
+test x ... ok
+test result: ok. 3 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 0.01s
+
+     Running tests/b.rs (target/release/deps/b-2)
+test result: FAILED. 10 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out; finished in 1s
+   Doc-tests mlx5
+test result: ok. 4 passed; 0 failed; 5 ignored; 0 measured; 0 filtered out; finished in 2s
+";
+    let mut child = Command::new("awk")
+        .arg("-f")
+        .arg(root.join("tools/test-summary.awk"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("awk");
+    use std::io::Write as _;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(cargo_output.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let last = lines.last().unwrap();
+    assert!(
+        last.starts_with("tools/test.sh: 17 passed, 2 failed, 6 ignored (test binaries: 3, ["),
+        "{text}"
+    );
+    assert_eq!(lines.len(), cargo_output.lines().count() + 1, "{text}");
+    assert!(
+        lines[1].starts_with("[00:0")
+            && lines[1].ends_with("Running tests/a.rs (target/release/deps/a-1)"),
+        "{text}"
+    );
+    assert!(lines.contains(&"test result: FAILED. 10 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out; finished in 1s"));
 }

@@ -189,7 +189,7 @@ fn missing_modify_attribute_is_named(rig: &dyn Rig) {
         ),
         "{e:?}"
     );
-    s.qp.to_init(1, mlx5::Access::ALL, 0).unwrap();
+    s.qp.to_init(1, mlx5::Access::ALL).unwrap();
     let e =
         s.qp.modify(
             &QpAttr {
@@ -237,7 +237,7 @@ fn the_reported_receive_depth_is_what_the_queue_holds(rig: &dyn Rig) {
     assert_eq!(told.max_recv_wr, 4, "{told:?}");
     let (_, _, queried) = qp.query_attr().unwrap();
     assert_eq!(queried, told, "QUERY_QP reports the queue as created");
-    qp.to_init(1, mlx5::Access::LOCAL_WRITE, 0).unwrap();
+    qp.to_init(1, mlx5::Access::LOCAL_WRITE).unwrap();
     let sge = [s.mr.sge(0, 16)];
     let rq = qp.rq().unwrap();
     for id in 0..u64::from(told.max_recv_wr) {

@@ -486,7 +486,8 @@ impl World {
         let (ra, sa) = common::address(&p.a_qp, &p._ctx.0, psn_a);
         let (rb, sb) = common::address(&p.b_qp, &p._ctx.1, psn_b);
         for (qp, r, sgid) in [(&mut p.a_qp, &rb, sa), (&mut p.b_qp, &ra, sb)] {
-            qp.to_init(1, Access::ALL, common::QKEY).expect("to INIT");
+            qp.to_init_with(1, Access::ALL, common::QKEY, &Default::default())
+                .expect("to INIT");
             qp.to_rtr(r, 3, sgid).expect("to RTR");
         }
         p.a_qp.to_rts(psn_a, 7).expect("to RTS");

@@ -58,7 +58,8 @@ impl Rig {
         let mut qp = self.qp(t);
         let me = self.me(&qp);
         if rank(st) >= 1 {
-            qp.to_init(1, Access::ALL, 0x1111).unwrap();
+            qp.to_init_with(1, Access::ALL, 0x1111, &Default::default())
+                .unwrap();
         }
         if rank(st) >= 2 {
             qp.to_rtr(&me, Mtu::M1024, 0).unwrap();
@@ -422,7 +423,7 @@ fn connect_params_reach_the_kernel() {
     // The documented defaults are what the convenience calls send.
     let mut qp = r.qp(QpType::Rc);
     let me = r.me(&qp);
-    qp.to_init(1, Access::ALL, 0).unwrap();
+    qp.to_init(1, Access::ALL).unwrap();
     qp.to_rtr(&me, Mtu::M1024, 0).unwrap();
     qp.to_rts(0, 6).unwrap();
     let (_, a, _) = qp.query_attr().unwrap();

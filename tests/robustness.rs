@@ -83,7 +83,7 @@ fn attempt(emu: &Emulator, seed: u64) -> Result<usize, mlx5::Error> {
     let buf = Arc::new(mlx5::DmaBuf::new(4096)?);
     let mr = pd.reg_mr(&buf, mlx5::Access::ALL)?;
     let lid = ctx.query_port(1)?.lid;
-    qp.to_init(1, mlx5::Access::ALL, 0)?;
+    qp.to_init(1, mlx5::Access::ALL)?;
     qp.to_rtr(
         &RemoteQp {
             qpn: qp.qpn(),

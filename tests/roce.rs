@@ -194,7 +194,7 @@ fn rtr_without_grh_is_refused_with_a_clear_error() {
     let o = PairOpts::new(QpType::Rc);
     let mut a = side(&rig, 0, &o);
     let b = side(&rig, 1, &o);
-    a.qp.to_init(1, Access::ALL, QKEY).unwrap();
+    a.qp.to_init(1, Access::ALL).unwrap();
     let mut remote = RemoteQp {
         qpn: b.qp.qpn(),
         psn: 0x200,
@@ -236,7 +236,7 @@ fn rtr_without_grh_is_refused_with_a_clear_error() {
     let ib = EmuRig::stepped();
     let mut x = side(&ib, 0, &o);
     let y = side(&ib, 1, &o);
-    x.qp.to_init(1, Access::ALL, QKEY).unwrap();
+    x.qp.to_init(1, Access::ALL).unwrap();
     let lid = y.ctx.query_port(1).unwrap().lid;
     x.qp.to_rtr(
         &RemoteQp {

@@ -178,7 +178,7 @@ fn posting_follows_qp_state(rig: &dyn Rig) {
         }]),
         Err((0, PostError::BadState { .. }))
     ));
-    s.qp.to_init(1, mlx5::Access::ALL, 0).unwrap();
+    s.qp.to_init(1, mlx5::Access::ALL).unwrap();
     s.qp.post_recv(&[RecvWr {
         wr_id: 1,
         sg_list: &sge,

@@ -74,7 +74,7 @@ fn child() {
     let mut line = String::new();
     std::io::stdin().lock().read_line(&mut line).unwrap();
     let (plid, pqpn) = parse(&line);
-    s.qp.to_init(1, mlx5::Access::ALL, 0).unwrap();
+    s.qp.to_init(1, mlx5::Access::ALL).unwrap();
     s.qp.to_rtr(
         &RemoteQp {
             qpn: pqpn,
@@ -171,7 +171,7 @@ fn two_processes_over_a_lossy_udp_fabric() {
     );
     writeln!(kid_in, "{TAG} {lid} {}", s.qp.qpn()).unwrap();
     kid_in.flush().unwrap();
-    s.qp.to_init(1, mlx5::Access::ALL, 0).unwrap();
+    s.qp.to_init(1, mlx5::Access::ALL).unwrap();
     s.qp.to_rtr(
         &RemoteQp {
             qpn: cqpn,

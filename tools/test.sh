@@ -43,5 +43,10 @@ if [ "${#missing[@]}" -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive "${SUDO[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
-echo "== cargo test --workspace --release $*"
-exec cargo test --workspace --release "$@"
+# Every test binary runs even after one fails (so the summary counts them all); each binary's
+# start is stamped with the time since this script began, and one line closes the run.
+echo "== cargo test --workspace --release --no-fail-fast $*"
+set +e
+cargo test --workspace --release --no-fail-fast "$@" 2>&1 | awk -f tools/test-summary.awk
+rc=${PIPESTATUS[0]}
+exit "$rc"

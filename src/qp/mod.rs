@@ -739,7 +739,8 @@ impl Qp {
         self.sq.post_send(wrs)
     }
 
-    /// Post receive WRs (QP in INIT or later).
+    /// Post receive WRs (QP in INIT or later). On a UD QP each scatter list starts with the
+    /// [`UD_GRH_BYTES`](crate::UD_GRH_BYTES) the device reserves for the GRH.
     ///
     /// # Errors
     /// The index of the first refused WR and why.
@@ -908,12 +909,37 @@ impl Qp {
         self.sq.clear_dbrec();
     }
 
-    /// RESET -> INIT with the given port and remote access (P_Key index 0; UD: Q_Key `qkey`).
+    /// RESET -> INIT of a connected QP (RC, UC, XRC, DC initiator, raw) on `port` with the
+    /// remote `access` its peers get, at P_Key index 0. A UD QP takes a Q_Key instead:
+    /// [`to_init_ud`](Self::to_init_ud).
     ///
     /// # Errors
-    /// As [`modify`](Self::modify).
-    pub fn to_init(&mut self, port: u8, access: Access, qkey: u32) -> Result<()> {
-        self.to_init_with(port, access, qkey, &ConnectParams::default())
+    /// [`Error::InvalidArgument`] naming `qkey` on a UD QP; otherwise as
+    /// [`modify`](Self::modify).
+    pub fn to_init(&mut self, port: u8, access: Access) -> Result<()> {
+        if self.qp_type == QpType::Ud {
+            return Err(Error::InvalidArgument {
+                attr: "qkey",
+                reason: "a UD QP's INIT needs its Q_Key: use to_init_ud(port, qkey)",
+            });
+        }
+        self.to_init_with(port, access, 0, &ConnectParams::default())
+    }
+
+    /// RESET -> INIT of a UD QP on `port` with Q_Key `qkey` (the key a datagram's DETH must
+    /// carry to be accepted; `ibv_ud_pingpong` uses `0x11111111`), at P_Key index 0.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming `qkey` on any other QP type (they take remote access
+    /// rights: [`to_init`](Self::to_init)); otherwise as [`modify`](Self::modify).
+    pub fn to_init_ud(&mut self, port: u8, qkey: u32) -> Result<()> {
+        if self.qp_type != QpType::Ud {
+            return Err(Error::InvalidArgument {
+                attr: "qkey",
+                reason: "only a UD QP takes a Q_Key at INIT: use to_init(port, access)",
+            });
+        }
+        self.to_init_with(port, Access::empty(), qkey, &ConnectParams::default())
     }
 
     /// RESET -> INIT with the given port, remote access (RC, UC) or Q_Key (UD), and the P_Key
@@ -945,7 +971,30 @@ impl Qp {
         self.modify(&attr, mask)
     }
 
-    /// INIT -> RTR towards `remote` (RC/UC); UD needs no address. `mtu` is an [`Mtu`] or its
+    /// INIT -> RTR of a UD QP: a datagram QP has no remote and no path MTU (each send names
+    /// its destination through an address handle), so there is nothing to give.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming `qp_type` on a connected QP (it needs its remote:
+    /// [`to_rtr`](Self::to_rtr)); otherwise as [`modify`](Self::modify).
+    pub fn to_rtr_ud(&mut self) -> Result<()> {
+        if self.qp_type != QpType::Ud {
+            return Err(Error::InvalidArgument {
+                attr: "qp_type",
+                reason: "a connected QP's RTR needs its remote: use to_rtr(remote, mtu, sgid_index)",
+            });
+        }
+        self.modify(
+            &QpAttr {
+                qp_state: Some(QpState::Rtr),
+                ..QpAttr::default()
+            },
+            IB_QP_STATE,
+        )
+    }
+
+    /// INIT -> RTR towards `remote` (RC/UC); UD needs no address (see
+    /// [`to_rtr_ud`](Self::to_rtr_ud): the arguments are not used). `mtu` is an [`Mtu`] or its
     /// `IB_MTU_*` code (1 = 256 ... 5 = 4096 bytes). With `remote.gid` set (RoCE, or global IB)
     /// the path carries a GRH with source GID index `sgid_index`. Every other knob has the
     /// [`ConnectParams`] default.

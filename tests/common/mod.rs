@@ -286,7 +286,8 @@ pub fn connect(a: (&mut Qp, &Context), b: (&mut Qp, &Context), access: Access, r
     let (ra, sgid_a) = address(a.0, a.1, 0x100);
     let (rb, sgid_b) = address(b.0, b.1, 0x200);
     for (qp, r, sgid) in [(&mut *a.0, &rb, sgid_a), (&mut *b.0, &ra, sgid_b)] {
-        qp.to_init(1, access, QKEY).expect("to INIT");
+        qp.to_init_with(1, access, QKEY, &Default::default())
+            .expect("to INIT");
         qp.to_rtr(r, 3, sgid).expect("to RTR");
     }
     a.0.to_rts(0x100, rnr_retry).expect("to RTS");

@@ -379,7 +379,7 @@ impl Rig {
         let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
         let mr = pd.reg_mr(&buf, access)?;
         let lid = ctx.query_port(1)?.lid;
-        qp.to_init(1, access, 0)?;
+        qp.to_init(1, access)?;
         let me = RemoteQp {
             qpn: qp.qpn(),
             psn: 0,

@@ -356,7 +356,7 @@ impl Side for End {
             self.wr_id += 1;
             slot.wr_id = self.wr_id;
             if wr.signaled {
-                slot.flags = slot.flags | SendFlags::SIGNALED;
+                slot.flags |= SendFlags::SIGNALED;
             }
             // inline payloads come from the tx area's shadow; echoed SENDs are never inline
             if wr.inline && !self.echo {
@@ -632,7 +632,7 @@ impl End {
             };
             let qkey = if self.conn == Conn::Ud { UD_QKEY } else { 0 };
             self.qp
-                .to_init(self.port, access, qkey)
+                .to_init_with(self.port, access, qkey, &Default::default())
                 .map_err(err("INIT"))?;
         }
         Ok(())

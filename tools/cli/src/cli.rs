@@ -5,9 +5,11 @@ use std::str::FromStr;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-/// The mlx5 tool: devices, info, latency and bandwidth tests on a ConnectX or the emulated one.
+/// The mlx5 tool, on a ConnectX or the emulated one: devices, info, lat and bw (perftest's
+/// tests and options), pingpong, decode (WQEs, CQEs), diag, counters, trace, tune, and emu
+/// (run any program on the emulated HCA).
 #[derive(Debug, Parser)]
-#[command(name = "mlx5", version, about, long_about = None)]
+#[command(name = "mlx5", version, long_about = None)]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]

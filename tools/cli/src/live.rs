@@ -136,7 +136,7 @@ impl Pair {
         let mtu = port.active_mtu.clamp(1, 3);
         for (e, r) in [(&mut a, &rb), (&mut b, &ra)] {
             let access = Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
-            e.qp.to_init(1, access, 0).map_err(err("INIT"))?;
+            e.qp.to_init(1, access).map_err(err("INIT"))?;
             e.qp.to_rtr(r, mtu, 0).map_err(err("RTR"))?;
             e.qp.to_rts(0, 7).map_err(err("RTS"))?;
         }

@@ -416,7 +416,7 @@ pub fn rig(size: u32, inline: u32, bf: bool, depth: u32) -> Result<Rig, String> 
     let (ra, rb) = (remote(&a, 0x100), remote(&b, 0x200));
     let acc = Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
     for (e, r) in [(&mut a, &rb), (&mut b, &ra)] {
-        e.qp.to_init(1, acc, 0).map_err(err("INIT"))?;
+        e.qp.to_init(1, acc).map_err(err("INIT"))?;
         e.qp.to_rtr(r, 3, 0).map_err(err("RTR"))?;
     }
     a.qp.to_rts(0x100, 7).map_err(err("RTS"))?;
@@ -481,7 +481,7 @@ fn rig_hw(dev: &mlx5::Device, size: u32, inline: u32, bf: bool) -> Result<HwRig,
     let (ra, rb) = (remote(&a, 0x100), remote(&b, 0x200));
     let acc = Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
     for (e, r) in [(&mut a, &rb), (&mut b, &ra)] {
-        e.qp.to_init(1, acc, 0).map_err(err("INIT"))?;
+        e.qp.to_init(1, acc).map_err(err("INIT"))?;
         e.qp.to_rtr_with(r, &p).map_err(err("RTR"))?;
     }
     a.qp.to_rts_with(0x100, &p).map_err(err("RTS"))?;
@@ -714,7 +714,7 @@ fn trace_one(
     let inl: [&[u8]; 1] = [pattern];
     let mut flags = SendFlags::SIGNALED;
     if inline {
-        flags = flags | SendFlags::INLINE;
+        flags |= SendFlags::INLINE;
     }
     let op = match o.op {
         TraceOp::Send => WrOp::Send,

@@ -334,7 +334,7 @@ pub fn device_figures(size: u32, s: &Setting, n: u64) -> Result<Vec<u64>, String
                         SendFlags::NONE
                     };
                     if inline {
-                        f = f | SendFlags::INLINE;
+                        f |= SendFlags::INLINE;
                     }
                     let w = SendWr::new(idx, WrOp::Send, &tx, f);
                     if inline { w.with_inline(&inl) } else { w }

@@ -41,7 +41,7 @@ fn child() {
     };
     let (ra, rb) = (addr(&a), addr(&b));
     for (qp, r) in [(&mut a, &rb), (&mut b, &ra)] {
-        qp.to_init(1, Access::LOCAL_WRITE, 0).unwrap();
+        qp.to_init(1, Access::LOCAL_WRITE).unwrap();
         qp.to_rtr(r, mlx5::Mtu::M1024, 0).unwrap();
         qp.to_rts(0, 0).unwrap();
     }

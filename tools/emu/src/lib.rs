@@ -70,6 +70,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 pub use abi::{Errno, UverbsSurface};
+pub use eth::EthMinInline;
 pub use eth::tap::{NEIGH_NODES, NS_HOST_IP, TapConfig, in_netns, net_down, net_up, ns_hca_ip};
 pub use inspect::{CqView, QpView};
 pub use kernel::ucma::{RdmaCmFile, RdmaCmOpen};
@@ -206,6 +207,9 @@ pub struct EmuConfig {
     /// Attach HCA 0's port (Ethernet) to a TAP interface inside a network namespace
     /// (`docs/raw-ethernet.md`); None: not attached.
     pub tap: Option<TapConfig>,
+    /// Ethernet ports: the header bytes a raw send WQE must inline ([`EthMinInline`],
+    /// reported in the ucontext's `eth_min_inline`); default none (ConnectX-5).
+    pub eth_min_inline: EthMinInline,
 }
 
 /// GUID of node 0; node (LID) n has GUID `BASE_GUID + n`.
@@ -227,6 +231,7 @@ impl Default for EmuConfig {
             dyn_uar: false,
             link_layer: LinkLayer::InfiniBand,
             tap: None,
+            eth_min_inline: EthMinInline::None,
         }
     }
 }

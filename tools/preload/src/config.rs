@@ -8,6 +8,7 @@
 //! | `MLX5_EMU_BF_REG_SIZE` | BlueFlame register size in bytes, 0 = no BlueFlame | 512 |
 //! | `MLX5_EMU_DYN_UAR` | `1`: contexts asking for dynamic UARs get them (`tot_bfregs = 0`, `UAR_OBJ_ALLOC`; modern flavour) | off |
 //! | `MLX5_EMU_LINK_LAYER` | `ib` (InfiniBand port), `eth` (Ethernet: a RoCE port with RoCE v1/v2 GIDs; aliases `ethernet`, `roce`) | `ib` |
+//! | `MLX5_EMU_ETH_MIN_INLINE` | Ethernet ports: header bytes a raw send WQE must inline: `none` (ConnectX-5), `l2` (18 bytes) | `none` |
 //! | `MLX5_EMU_FABRIC` | `udp` (RoCEv2 over loopback UDP: processes reach each other), `inprocess` | `udp` |
 //! | `MLX5_EMU_NODE` | LID of HCA 0, 1..=254 (HCA i gets node + i); unset: first free | unset |
 //! | `MLX5_EMU_PCAP` | write every packet this process puts on the fabric to this pcap file | unset |
@@ -90,6 +91,15 @@ impl Config {
                 "ib" | "infiniband" => emu.link_layer = LinkLayer::InfiniBand,
                 "eth" | "ethernet" | "roce" => emu.link_layer = LinkLayer::Ethernet,
                 _ => warnings.push(format!("MLX5_EMU_LINK_LAYER={v:?} is not ib|eth; using ib")),
+            }
+        }
+        if let Some(v) = get("MLX5_EMU_ETH_MIN_INLINE") {
+            match v.trim().to_ascii_lowercase().as_str() {
+                "none" => emu.eth_min_inline = mlx5_emu::EthMinInline::None,
+                "l2" => emu.eth_min_inline = mlx5_emu::EthMinInline::L2,
+                _ => warnings.push(format!(
+                    "MLX5_EMU_ETH_MIN_INLINE={v:?} is not none|l2; using none"
+                )),
             }
         }
         if let Some(v) = get("MLX5_EMU_FABRIC") {
@@ -206,6 +216,7 @@ mod tests {
             ("MLX5_EMU_WQE_LOG", "/tmp/wqes.log"),
             ("MLX5_EMU_DYN_UAR", "1"),
             ("MLX5_EMU_LINK_LAYER", "RoCE"),
+            ("MLX5_EMU_ETH_MIN_INLINE", "L2"),
             ("MLX5_EMU_SYSCALL_TRAP", "0"),
         ]);
         assert!(warnings.is_empty(), "{warnings:?}");
@@ -222,6 +233,7 @@ mod tests {
         assert!(cfg.emu.dyn_uar);
         assert!(!cfg.syscall_trap);
         assert_eq!(cfg.emu.link_layer, LinkLayer::Ethernet);
+        assert_eq!(cfg.emu.eth_min_inline, mlx5_emu::EthMinInline::L2);
         assert_eq!(cfg.emu.node, Some(7));
         assert_eq!(
             cfg.emu.pcap.as_deref(),
@@ -251,8 +263,9 @@ mod tests {
             ("MLX5_EMU_NODE", "255"),
             ("MLX5_EMU_DROP_PPM", "1000001"),
             ("MLX5_EMU_LINK_LAYER", "fddi"),
+            ("MLX5_EMU_ETH_MIN_INLINE", "tcp"),
         ]);
-        assert_eq!(warnings.len(), 8, "{warnings:?}");
+        assert_eq!(warnings.len(), 9, "{warnings:?}");
         assert!(warnings[0].contains("ancient"));
         assert_eq!(cfg, parse(&[]).0);
         assert!(!cfg.trace);

@@ -165,7 +165,7 @@ pub fn run(corpus: &Corpus, knobs: &Knobs) -> Result<SideRun, String> {
                 QpSel::Uc => (Access::LOCAL_WRITE | Access::REMOTE_WRITE, 0),
                 QpSel::Ud => (Access::LOCAL_WRITE, QKEY),
             };
-            qp.to_init(1, access, qkey)
+            qp.to_init_with(1, access, qkey, &Default::default())
                 .map_err(|e| err(&format!("{} INIT", sel.name()), e))?;
             let r = RemoteQp {
                 qpn: remote,

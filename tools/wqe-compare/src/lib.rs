@@ -38,6 +38,7 @@ pub mod compare;
 pub mod corpus;
 pub mod driver;
 pub mod harness;
+pub mod raw;
 pub mod xrc_dc;
 
 use std::collections::BTreeMap;

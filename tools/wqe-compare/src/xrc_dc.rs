@@ -345,7 +345,7 @@ pub fn run_theirs(exe: &Path, corpus_file: &Path, log: &Path, wr_api: bool) -> R
 }
 
 /// Wait for `child` (its output collected) at most `limit`; killed after it.
-fn wait_limited(
+pub(crate) fn wait_limited(
     mut child: std::process::Child,
     limit: Duration,
 ) -> Result<std::process::Output, String> {
@@ -411,13 +411,13 @@ fn wr_op(w: &Wr, rkey: u32) -> WrOp {
 fn send_flags(f: u8) -> SendFlags {
     let mut s = SendFlags::NONE;
     if f & flag::SIGNALED != 0 {
-        s = s | SendFlags::SIGNALED;
+        s |= SendFlags::SIGNALED;
     }
     if f & flag::FENCE != 0 {
-        s = s | SendFlags::FENCE;
+        s |= SendFlags::FENCE;
     }
     if f & flag::SOLICITED != 0 {
-        s = s | SendFlags::SOLICITED;
+        s |= SendFlags::SOLICITED;
     }
     s
 }

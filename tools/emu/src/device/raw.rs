@@ -287,10 +287,14 @@ pub(super) fn receive(w: &mut World, hca: usize, frame: &[u8]) {
 /// Keep a frame in the port's receive buffer until its QP posts a receive; drop it
 /// (`out_of_buffer`) when the buffer is full.
 fn hold(w: &mut World, hca: usize, qpn: u32, frame: &[u8]) {
+    let now = w.now();
     let port = &mut w.hcas[hca].eth;
     if port.held.len() >= eth::HELD_FRAMES {
         w.hcas[hca].counters.out_of_buffer += 1;
         return;
+    }
+    if port.held.is_empty() {
+        port.held_since = now;
     }
     port.held.push_back((qpn, frame.to_vec()));
 }
@@ -319,10 +323,37 @@ pub(super) fn release_held(w: &mut World) -> usize {
                 break;
             }
             n += 1;
+            w.hcas[hca].eth.held_since = w.now();
         }
     }
     n
 }
+
+/// When the device next looks at the receive doorbell records of the QPs whose frames
+/// wait in a port's receive buffer. Posting a receive only writes the doorbell record
+/// (no doorbell register, no wake-up), and a NIC sees it at once; the device thread polls
+/// instead: 1 us after the buffer's last progress, backing off to 1/64 of the time since,
+/// at most 1 ms. Threaded mode only: in stepped mode the caller steps after posting, and
+/// a virtual clock advanced for a receive that never comes would never go idle.
+pub(crate) fn held_deadline(w: &World) -> Option<u64> {
+    if w.cfg.mode != crate::RunMode::Threaded {
+        return None;
+    }
+    let now = w.now();
+    w.hcas
+        .iter()
+        .filter(|h| !h.eth.held.is_empty())
+        .map(|h| {
+            let quiet = now.saturating_sub(h.eth.held_since);
+            now + (quiet / 64).clamp(HELD_POLL_MIN_NS, HELD_POLL_MAX_NS)
+        })
+        .min()
+}
+
+/// See [`held_deadline`].
+const HELD_POLL_MIN_NS: u64 = 1_000;
+/// See [`held_deadline`].
+const HELD_POLL_MAX_NS: u64 = 1_000_000;
 
 /// Place `frame` into the next receive WQE of `qpn` and write its CQE; false (nothing
 /// done) if no receive is posted.
@@ -359,4 +390,55 @@ fn place(w: &mut World, hca: usize, qpn: u32, frame: &[u8], p: &eth::Parsed) -> 
     };
     post_cqe(w, hca, recv_cq, &spec);
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{EmuConfig, Emulator, LinkLayer, RunMode};
+
+    fn emu(mode: RunMode) -> Emulator {
+        Emulator::new(EmuConfig {
+            mode,
+            link_layer: LinkLayer::Ethernet,
+            ..EmuConfig::default()
+        })
+    }
+
+    /// A frame held for want of a receive makes the device look again soon (posting a
+    /// receive rings nothing), more slowly the longer nothing moved; in stepped mode the
+    /// caller's next step does it.
+    #[test]
+    fn held_frames_bring_the_device_back_to_the_receive_doorbell() {
+        let e = emu(RunMode::Threaded);
+        let mut w = e.shared.lock_quiet();
+        let now = w.now();
+        assert_eq!(super::held_deadline(&w), None, "nothing held");
+        w.hcas[0].eth.held.push_back((0x42, vec![0; 60]));
+        w.hcas[0].eth.held_since = now;
+        let d = super::super::next_deadline(&w).expect("a deadline while a frame waits");
+        let now2 = w.now();
+        assert!(
+            d >= now && d <= now2 + 1_000 + (now2 - now) / 64,
+            "soon after the last progress: {d} vs {now}..{now2}"
+        );
+        // Nothing moved for 70 ms (more than 64 ms): 1 ms between looks, no more. (The
+        // world stays locked: the device thread would drop the frame of no QP.)
+        std::thread::sleep(std::time::Duration::from_millis(70));
+        let before = w.now();
+        let d = super::held_deadline(&w).expect("deadline");
+        let after = w.now();
+        assert!(
+            d >= before + 1_000_000 && d <= after + 1_000_000,
+            "{d} vs {before}..{after}"
+        );
+        drop(w);
+        let s = emu(RunMode::Stepped);
+        let mut w = s.shared.lock_quiet();
+        w.hcas[0].eth.held.push_back((0x42, vec![0; 60]));
+        assert_eq!(
+            super::held_deadline(&w),
+            None,
+            "stepped: no virtual deadline"
+        );
+    }
 }

@@ -145,6 +145,7 @@ pub(crate) fn next_deadline(w: &World) -> Option<u64> {
         .map(|(t, _)| *t)
         .chain(w.outbox.iter().map(|o| o.due))
         .chain(super::raw::pacing_deadline(w))
+        .chain(super::raw::held_deadline(w))
         .min();
     let timers = w
         .hcas

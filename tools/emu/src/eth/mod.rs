@@ -576,6 +576,29 @@ impl Rule {
     }
 }
 
+/// How many header bytes the device needs inline in a raw send WQE's Ethernet segment (the
+/// ucontext's `eth_min_inline`, the minimum inline mode + 1). `None`: ConnectX-5 and later,
+/// the device reads the whole frame from the data segments; `L2`: ConnectX-4 Lx style, the
+/// Ethernet header with one VLAN tag (18 bytes, libmlx5's `MLX5_ETH_L2_INLINE_HEADER_SIZE`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum EthMinInline {
+    /// No header bytes inline (`MLX5_USER_INLINE_MODE_NONE`).
+    #[default]
+    None,
+    /// The L2 header inline (`MLX5_USER_INLINE_MODE_L2`).
+    L2,
+}
+
+impl EthMinInline {
+    /// The ucontext's `eth_min_inline` on an Ethernet port (`MLX5_USER_INLINE_MODE_*`).
+    pub(crate) fn ucontext_value(self) -> u8 {
+        match self {
+            EthMinInline::None => mlx5_ffi::mlx5::MLX5_USER_INLINE_MODE_NONE,
+            EthMinInline::L2 => mlx5_ffi::mlx5::MLX5_USER_INLINE_MODE_L2,
+        }
+    }
+}
+
 /// The Ethernet state of one HCA's port.
 #[derive(Debug, Default)]
 pub(crate) struct Port {
@@ -590,6 +613,11 @@ pub(crate) struct Port {
     /// Frames steered to a QP that had no receive posted, in arrival order, waiting in
     /// the port's receive buffer (at most [`HELD_FRAMES`]): (QPN, frame).
     pub(crate) held: std::collections::VecDeque<(u32, Vec<u8>)>,
+    /// Device time (ns) of the receive buffer's last progress: when its first frame was
+    /// held, or a held frame was last placed. The device polls the waiting QPs' receive
+    /// doorbell records more slowly the longer nothing moved (`device/raw.rs`
+    /// `held_deadline`).
+    pub(crate) held_since: u64,
     /// Packet pacing (`IB_QP_RATE_LIMIT`): per raw QP, the rate in kbit/s and the device
     /// time before which its next frame may not leave (`device/raw.rs`).
     pub(crate) pacing: std::collections::BTreeMap<u32, Pacing>,

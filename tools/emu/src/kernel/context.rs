@@ -125,7 +125,11 @@ pub(super) fn get_context(w: &mut World, hca: usize, r: &Req) -> Result<(u64, bo
         // asks for it only there).
         cmds_supp_uhw: MLX5_USER_CMDS_SUPP_UHW_QUERY_DEVICE | MLX5_USER_CMDS_SUPP_UHW_CREATE_AH,
         // On Ethernet the minimum inline mode + 1 (ConnectX-5: none -> 1), 0 otherwise.
-        eth_min_inline: u8::from(roce),
+        eth_min_inline: if roce {
+            w.cfg.eth_min_inline.ucontext_value()
+        } else {
+            0
+        },
         clock_info_versions: 1,
         hca_core_clock_offset: caps::CORE_CLOCK_OFFSET,
         log_uar_size: 12,
