@@ -262,7 +262,6 @@ fn one_median_and_rounded_json_in_one_report() {
             .map(|c| c.parse().unwrap())
             .collect();
         assert!((lat[4] - e[2]).abs() <= 0.005 + 1e-9, "{table}");
-        assert_eq!(format!("{:.2}", e[2]), format!("{:.2}", lat[4]), "{table}");
         // perftest's keys carry 2 decimals, ours 3: the digits the text prints
         for k in [
             "t_min",
