@@ -221,8 +221,28 @@ where
     if a.bind.is_some() && !a.server {
         return Err("--bind: the address a server listens on; add --server".into());
     }
-    if a.num_qps != 1 {
-        return Err(format!("-q {}: one QP per side only, for now", a.num_qps));
+    if a.num_qps == 0 || a.num_qps > MAX_QPS {
+        return Err(format!("-q {}: 1..={MAX_QPS} QPs per side", a.num_qps));
+    }
+    if a.num_qps > 1 && lat {
+        // perftest's parser: "Multiple QPs only available on bw tests"
+        return Err(format!(
+            "-q {}: several QPs are for bandwidth tests only (as perftest)",
+            a.num_qps
+        ));
+    }
+    if a.num_qps > 1 && !peer {
+        return Err(format!(
+            "-q {}: several QPs per side need a peer (HOST or --server): \
+             in one process both sides share the CPU and the sum would measure nothing",
+            a.num_qps
+        ));
+    }
+    if a.num_qps > 1 && a.rdma_cm {
+        return Err(format!(
+            "-q {} with -R/--rdma_cm: one connection per side only, for now",
+            a.num_qps
+        ));
     }
     if a.ib_port == 0 {
         return Err("-i: ports are numbered from 1".into());
@@ -327,7 +347,19 @@ where
     if tx_depth == 0 || a.post_list == 0 {
         return Err("-t and -l must be at least 1".into());
     }
-    let cq_mod = a.cq_mod.unwrap_or(if lat { 1 } else { 100 });
+    // perftest (force_dependecies): messages over 8 KiB get a CQE each unless -Q is given
+    // (not UD, not -a, not with events); the moderation is at most the send queue's depth
+    let large = max_size > CQ_MOD_SIZE_LIMIT && conn != Conn::Ud && !a.all && !a.events;
+    let cq_mod = match a.cq_mod {
+        Some(q) => q,
+        None if lat || large => 1,
+        None => 100,
+    };
+    let cq_mod = if lat {
+        cq_mod
+    } else {
+        cq_mod.min(a.tx_depth.unwrap_or(128).max(1))
+    };
     if cq_mod == 0 {
         return Err("-Q must be at least 1".into());
     }
@@ -362,6 +394,7 @@ where
             "-c UD: a datagram is at most one MTU ({mtu} bytes): -s {max_size} is larger"
         ));
     }
+    let rx_depth = perftest_rx_depth(op, conn, a.rx_depth, duration.is_none().then_some(iters));
     // Unsignaled WRs hold their send-queue slot until a later CQE retires them.
     let sq_depth = tx_depth.max(cq_mod).max(a.post_list).max(2);
     let params = RunParams {
@@ -379,14 +412,14 @@ where
             0
         },
         patience: (a.peer_timeout > 0).then(|| Duration::from_secs(a.peer_timeout)),
-        rx_depth: a.rx_depth.unwrap_or(DEFAULT_RX_DEPTH),
+        rx_depth,
     };
     let testbed = TestbedConfig {
         dev: a.dev.clone(),
         force_emu: a.emu,
         max_size,
         sq_depth,
-        rq_depth: a.rx_depth.unwrap_or(DEFAULT_RX_DEPTH).max(tx_depth).max(2),
+        rq_depth: rx_depth.max(tx_depth).max(2),
         max_inline: inline_max,
         bf: a.bf.map(|b| b == OnOff::On),
         events: poll == PollMode::Event,
@@ -410,6 +443,34 @@ where
         params,
         testbed,
     })
+}
+
+/// perftest's `MSG_SIZE_CQ_MOD_LIMIT`: above it bandwidth tests signal every WR by default.
+pub const CQ_MOD_SIZE_LIMIT: u64 = 8192;
+
+/// Most QPs per side (`-q`), as perftest's `MAX_QP_NUM`.
+pub const MAX_QPS: u32 = 16_384;
+
+/// perftest's UC and UD receive depth cap (`UC_MAX_RX`).
+const UC_MAX_RX: u32 = 16_000;
+
+/// The receive queue depth perftest works with (`force_dependecies` in its
+/// `perftest_parameters.c`): `-r` or 512 (1 for RDMA tests); in an iterations run of SEND at
+/// most the iterations, UC and UD taking the iterations (at most 16000) when `-r` is not given;
+/// rounded up to even for SEND.
+pub fn perftest_rx_depth(op: Op, conn: Conn, given: Option<u32>, iters: Option<u64>) -> u32 {
+    let mut r = given.unwrap_or(DEFAULT_RX_DEPTH);
+    if op != Op::Send {
+        return r;
+    }
+    if let Some(n) = iters {
+        let n = u32::try_from(n).unwrap_or(u32::MAX);
+        r = r.min(n);
+        if given.is_none() && matches!(conn, Conn::Uc | Conn::Ud) {
+            r = n.min(UC_MAX_RX);
+        }
+    }
+    if r % 2 == 1 { r + 1 } else { r }
 }
 
 fn run_test<O>(op: Op, lat: bool, a: &TestArgs<O>) -> Result<(), String>
@@ -495,6 +556,14 @@ pub struct Reporter {
     written: Vec<PathBuf>,
     /// Connection type for the header.
     conn: &'static str,
+    /// This side is `--server` of a peer run.
+    server: bool,
+    /// In one process both sides are here (perftest's duplex lines).
+    loopback: bool,
+    /// QPs per side.
+    qps: u32,
+    /// Iterations of the run (`None` with `-D`).
+    iters: Option<u64>,
 }
 
 impl std::fmt::Debug for Reporter {
@@ -542,6 +611,10 @@ impl Reporter {
             },
             written: Vec::new(),
             conn: plan.testbed.conn.name(),
+            server: a.server,
+            loopback: a.host.is_none() && !a.server,
+            qps: a.num_qps,
+            iters: plan.params.duration.is_none().then_some(plan.params.iters),
         }
     }
 
@@ -563,7 +636,20 @@ impl Reporter {
             title: title(op, plan.lat).to_owned(),
             device,
             connection: self.conn,
-            tx_depth: plan.params.tx_depth,
+            // perftest's lines: TX depth on the client (and in duplex runs: one process holds
+            // both sides here), RX depth in SEND tests on the server (and duplex), each as
+            // perftest clamps it to the iterations of the run
+            tx_depth: (!self.server).then(|| {
+                let t = u64::from(plan.params.tx_depth);
+                match plan.params.duration {
+                    None => t.min(plan.params.iters) as u32,
+                    Some(_) => t as u32,
+                }
+            }),
+            rx_depth: (op == Op::Send && (self.server || self.loopback))
+                .then_some(plan.params.rx_depth),
+            qps: self.qps,
+            more: Vec::new(),
             cq_mod: (!plan.lat).then_some(plan.params.cq_mod),
             mtu: plan.testbed.mtu,
             ethernet: false,
@@ -610,12 +696,11 @@ impl Reporter {
     pub fn lat_result(&mut self, size: u64, samples_us: &[f64]) -> Result<(), String> {
         let st = LatencyStats::from_samples(samples_us)
             .ok_or_else(|| format!("size {size}: no samples"))?;
-        self.w(&format!(
-            "{}\n",
-            report::lat_row(size, st.samples as u64, &st)
-        ))?;
-        self.json_rows
-            .push(report::lat_json(size, st.samples as u64, &st));
+        // perftest prints the iterations of the run (`-n`), whatever number of intervals
+        // its side measured (a SEND latency server times n-1 of them); `samples` says that
+        let iterations = self.iters.unwrap_or(st.samples as u64);
+        self.w(&format!("{}\n", report::lat_row(size, iterations, &st)))?;
+        self.json_rows.push(report::lat_json(size, iterations, &st));
         if let Some(sorted) = self.all_samples {
             let mut v = samples_us.to_vec();
             if sorted {
@@ -681,6 +766,9 @@ impl Reporter {
             self.w(&f)?;
         } else {
             self.w(&format!("{}\n", report::SEPARATOR))?;
+            if !self.lat && !self.gbits && !self.json_rows.is_empty() {
+                self.w(&format!(" {}\n", report::BW_UNIT_NOTE))?;
+            }
         }
         match self.written.as_slice() {
             [] => {}
@@ -696,7 +784,10 @@ impl Reporter {
             }
         }
         if let Some(c) = &cost {
-            let t = crate::cost::to_text(c);
+            let mut t = crate::cost::to_text(c);
+            if emulated {
+                t.push_str(&crate::cost::emulated_doorbell_note(c));
+            }
             self.w(&t)?;
         }
         if self.counters {
@@ -714,6 +805,8 @@ impl Reporter {
                 "post_list": header.post_list,
                 "cq_mod": self.cq_mod,
                 "tx_depth": header.tx_depth,
+                "rx_depth": header.rx_depth,
+                "num_qps": header.qps,
                 "inline_size": header.max_inline,
                 "poll": header.poll,
                 "buffers": header.buffers,
@@ -723,7 +816,8 @@ impl Reporter {
                 doc["rtt_or_half"] = self.basis.json_tag().into();
                 doc["dropped_samples"] = 0.into();
             } else {
-                doc["bw_unit"] = "MiB/sec".into();
+                // the JSON figures are MB/sec (2^20 bytes) with or without --report_gbits
+                doc["bw_unit"] = report::BW_UNIT.into();
             }
             doc["driver_counters"] = driver_counters;
             if let Some(c) = cost {
@@ -1139,14 +1233,23 @@ mod tests {
         assert_eq!(p.sizes, vec![65536]);
         assert_eq!(p.params.iters, DEFAULT_BW_ITERS);
         assert_eq!(p.params.inline_max, 0);
-        assert_eq!((p.params.tx_depth, p.params.cq_mod), (128, 100));
+        // perftest: over 8 KiB every WR is signaled unless -Q says otherwise
+        assert_eq!((p.params.tx_depth, p.params.cq_mod), (128, 1));
+        let p = parse(&["mlx5", "bw", "write", "-s", "8192"]).unwrap();
+        assert_eq!(p.params.cq_mod, 100);
+        let p = parse(&["mlx5", "bw", "write", "-s", "8193", "-Q", "16"]).unwrap();
+        assert_eq!(p.params.cq_mod, 16);
+        let p = parse(&["mlx5", "bw", "write", "-a"]).unwrap();
+        assert_eq!(p.params.cq_mod, 100);
+        let p = parse(&["mlx5", "bw", "write", "-s", "64", "-t", "32"]).unwrap();
+        assert_eq!(p.params.cq_mod, 32);
         // unsignaled WRs need send-queue room until a CQE retires them
         let p = parse(&["mlx5", "lat", "send", "-Q", "50", "-t", "4"]).unwrap();
         assert_eq!(p.testbed.sq_depth, 50);
         // bandwidth cq_mod is capped so the queue cannot fill with unsignaled WRs
         let p = parse(&["mlx5", "bw", "write", "-Q", "500", "-t", "64"]).unwrap();
         assert_eq!(p.params.cq_mod, 64);
-        let p = parse(&["mlx5", "bw", "write", "-l", "64", "-t", "128"]).unwrap();
+        let p = parse(&["mlx5", "bw", "write", "-l", "64", "-t", "128", "-s", "64"]).unwrap();
         assert_eq!(p.params.cq_mod, 65);
         assert!(parse(&["mlx5", "bw", "write", "-l", "65", "-t", "128"]).is_err());
         assert!(parse(&["mlx5", "bw", "write", "-l", "8", "-t", "4"]).is_err());

@@ -728,9 +728,12 @@ pub fn open(cfg: &TestbedConfig) -> Result<Box<dyn Testbed>, String> {
     }))
 }
 
-/// One end of a connection to a peer in another process (TCP mode).
+/// One end of a connection to a peer in another process (TCP mode): one QP, or with `-q N`
+/// N QPs (the first is `end`), all on one context and protection domain.
 pub struct SingleEnd {
     end: End,
+    /// QPs 1..N of `-q N` (empty with one QP).
+    more: Vec<End>,
     _pd: Pd,
     _ctx: Context,
     emu: Option<Emulator>,
@@ -754,14 +757,27 @@ impl std::fmt::Debug for SingleEnd {
 impl SingleEnd {
     /// Opens the device and creates the QP, CQs and buffer.
     pub fn open(cfg: &TestbedConfig) -> Result<Self, String> {
+        Self::open_qps(cfg, 1)
+    }
+
+    /// Opens the device and creates `qps` QPs (at least one), each with its own CQs and
+    /// buffer, as perftest's `-q`.
+    pub fn open_qps(cfg: &TestbedConfig, qps: u32) -> Result<Self, String> {
         let dev = open_device(cfg)?;
         let pd = Pd::new(&dev.ctx).map_err(err("ALLOC_PD"))?;
         let mut end = End::new(&dev.ctx, &pd, cfg)?;
         end.sgid_index = dev.sgid_index;
+        let mut more = Vec::with_capacity(qps.saturating_sub(1) as usize);
+        for _ in 1..qps {
+            let mut e = End::new(&dev.ctx, &pd, cfg)?;
+            e.sgid_index = dev.sgid_index;
+            more.push(e);
+        }
         let max_inline = end.qp.cap().max_inline_data;
         let bf = cfg.bf != Some(false) && end.qp.sq_ref().bfreg().bf_size > 0;
         Ok(Self {
             end,
+            more,
             _pd: pd,
             _ctx: dev.ctx,
             emu: dev.emu,
@@ -777,17 +793,91 @@ impl SingleEnd {
 
     /// What perftest sends for this end (OUT_READS = `out_reads`).
     pub fn key(&self, out_reads: u16) -> crate::exchange::PerftestKey {
-        let (vaddr, rkey) = self.end.window();
+        self.key_of(&self.end, out_reads)
+    }
+
+    fn key_of(&self, e: &End, out_reads: u16) -> crate::exchange::PerftestKey {
+        let (vaddr, rkey) = e.window();
         crate::exchange::PerftestKey {
             lid: self.lid,
             out_reads,
-            qpn: self.end.qp.qpn(),
-            psn: self.end.psn,
+            qpn: e.qp.qpn(),
+            psn: e.psn,
             rkey,
             vaddr,
             srqn: 0,
             gid: self.gid,
         }
+    }
+
+    /// The keys of every QP, in order (perftest sends one per QP).
+    pub fn keys(&self, out_reads: u16) -> Vec<crate::exchange::PerftestKey> {
+        std::iter::once(&self.end)
+            .chain(&self.more)
+            .map(|e| self.key_of(e, out_reads))
+            .collect()
+    }
+
+    /// Number of QPs.
+    pub fn qps(&self) -> usize {
+        1 + self.more.len()
+    }
+
+    /// Connects QP `i` to the peer's QP `i` (perftest's `ctx_connect` over its QPs).
+    pub fn connect_all(
+        &mut self,
+        peers: &[crate::exchange::PerftestKey],
+        mtu: u8,
+    ) -> Result<(), String> {
+        if peers.len() != self.qps() {
+            return Err(format!(
+                "the peer sent {} keys for our {} QPs: give both sides the same -q",
+                peers.len(),
+                self.qps()
+            ));
+        }
+        self.connect(&peers[0], mtu)?;
+        for (i, peer) in peers.iter().enumerate().skip(1) {
+            let remote = self.remote_of(peer)?;
+            self.more[i - 1].connect(&remote, (peer.vaddr, peer.rkey), mtu)?;
+        }
+        Ok(())
+    }
+
+    fn remote_of(&self, peer: &crate::exchange::PerftestKey) -> Result<RemoteQp, String> {
+        let gid = match (peer.gid, self.gid) {
+            (Some(g), _) => Some(g),
+            (None, Some(_)) if self.roce => {
+                return Err("the peer sent no GID, but this RoCE port needs one: \
+                            give the peer a GID index (-x)"
+                    .into());
+            }
+            (None, _) => None,
+        };
+        Ok(RemoteQp {
+            qpn: peer.qpn,
+            psn: peer.psn,
+            lid: peer.lid,
+            gid,
+        })
+    }
+
+    /// Endpoints of QPs 1..N for the address lines.
+    pub fn more_endpoints(&self) -> Vec<Endpoint> {
+        self.more
+            .iter()
+            .map(|e| e.endpoint(self.lid, self.gid))
+            .collect()
+    }
+
+    /// Every QP, for the multi-QP measurement loops.
+    pub fn sides(&mut self) -> Vec<&mut dyn Side> {
+        let mut v: Vec<&mut dyn Side> = Vec::with_capacity(self.qps());
+        v.push(&mut self.end);
+        for e in &mut self.more {
+            v.push(e);
+        }
+        v
     }
 
     /// Our MTU as the ibv_mtu enum.
@@ -798,21 +888,7 @@ impl SingleEnd {
     /// Connects to the peer described by `peer` with path MTU enum `mtu`: by the peer's GID
     /// when it sent one (perftest does with a GID index, always on RoCE).
     pub fn connect(&mut self, peer: &crate::exchange::PerftestKey, mtu: u8) -> Result<(), String> {
-        let gid = match (peer.gid, self.gid) {
-            (Some(g), _) => Some(g),
-            (None, Some(_)) if self.roce => {
-                return Err("the peer sent no GID, but this RoCE port needs one: \
-                            give the peer a GID index (-x)"
-                    .into());
-            }
-            (None, _) => None,
-        };
-        let remote = RemoteQp {
-            qpn: peer.qpn,
-            psn: peer.psn,
-            lid: peer.lid,
-            gid,
-        };
+        let remote = self.remote_of(peer)?;
         self.end.connect(&remote, (peer.vaddr, peer.rkey), mtu)
     }
 
@@ -900,14 +976,16 @@ impl SingleEnd {
         self.emu.as_ref().map(emu_counters_json)
     }
 
-    /// The driver's counters of this QP.
+    /// The driver's counters, summed over this side's QPs.
     pub fn driver_counters(&self) -> serde_json::Value {
-        driver_counters_json(&[&self.end])
+        let all: Vec<&End> = std::iter::once(&self.end).chain(&self.more).collect();
+        driver_counters_json(&all)
     }
 
-    /// `--cpu_cost`: the per-call times of this QP's driver calls, if recorded.
+    /// `--cpu_cost`: the per-call times of this side's driver calls, if recorded.
     pub fn cost(&self) -> Option<crate::cost::CostLog> {
-        merged_cost(&[&self.end])
+        let all: Vec<&End> = std::iter::once(&self.end).chain(&self.more).collect();
+        merged_cost(&all)
     }
 }
 

@@ -385,19 +385,195 @@ fn deltas(stamps: &[Instant], div: f64) -> Vec<f64> {
 
 /// The receiving side of a SEND bandwidth test with the sender in another process: keeps
 /// `tx_depth` receives posted and reaps `p.iters` of them.
-pub fn bw_server(s: &mut dyn Side, p: &RunParams, label: &str) -> BenchResult<u64> {
+pub fn bw_server(s: &mut dyn Side, p: &RunParams, label: &str) -> BenchResult<BwRun> {
     let size = p.size.max(1);
     s.ensure_recv(p.rx_depth.max(p.tx_depth).max(1), size)?;
     let mut progress = Progress::new(label, p.iters);
     let mut received = 0u64;
+    let mut run = BwRun::receiving(p.iters);
+    let base = Instant::now();
     while received < p.iters {
         let r = wait_cq_for(s, true, p.poll, p.patience)
             .map_err(|e| format!("{e}; {received} of {} SENDs received", p.iters))?;
+        run.received(base, r);
         received += r as u64;
         s.post_recv(r as u32, size)?;
         progress.tick(received);
     }
-    Ok(received)
+    Ok(run)
+}
+
+/// Polls without a completion before the clock is read for `patience` (as [`wait_cq_for`]).
+const EMPTY_POLLS_PER_CLOCK: u32 = 1024;
+
+/// Fails when nothing happened for `patience` since `last`; reads the clock only every
+/// [`EMPTY_POLLS_PER_CLOCK`] empty rounds (or every round when not busy polling).
+fn idle(
+    empty: &mut u32,
+    last: Instant,
+    p: &RunParams,
+    what: &str,
+    done: u64,
+    total: u64,
+) -> BenchResult<()> {
+    *empty = empty.wrapping_add(1);
+    if let Some(d) = p.patience
+        && (*empty % EMPTY_POLLS_PER_CLOCK == 0 || p.poll != PollMode::Busy)
+        && last.elapsed() > d
+    {
+        return Err(format!(
+            "no {what} completion for {:.0} s on any QP: the peer is gone or a message was \
+             lost (--peer_timeout); {done} of {total} done",
+            d.as_secs_f64()
+        ));
+    }
+    match p.poll {
+        PollMode::Interval(us) => std::thread::sleep(Duration::from_micros(us)),
+        _ => std::hint::spin_loop(),
+    }
+    Ok(())
+}
+
+/// `-q N` with a peer in another process: receives SENDs on every QP until each has had
+/// `iters` (perftest's `run_iter_bw_server` over all its QPs). Every QP keeps
+/// `max(rx_depth, tx_depth)` receives posted, as [`bw_server`]. Busy or interval polling
+/// over all receive CQs (no completion channel waits on several CQs).
+pub fn bw_server_multi(
+    qps: &mut [&mut dyn Side],
+    p: &RunParams,
+    label: &str,
+) -> BenchResult<BwRun> {
+    if p.poll == PollMode::Event {
+        return Err("-e with -q N: events wait on one CQ; poll instead (--poll)".into());
+    }
+    let size = p.size.max(1);
+    for s in qps.iter_mut() {
+        s.ensure_recv(p.rx_depth.max(p.tx_depth).max(1), size)?;
+    }
+    let total = p.iters.saturating_mul(qps.len() as u64);
+    let mut received = vec![0u64; qps.len()];
+    let mut all = 0u64;
+    let mut progress = Progress::new(label, total);
+    let mut run = BwRun::receiving(total);
+    let base = Instant::now();
+    let (mut last, mut empty) = (base, 0u32);
+    while all < total {
+        let mut any = false;
+        for (q, s) in qps.iter_mut().enumerate() {
+            if received[q] >= p.iters {
+                continue;
+            }
+            let r = s.poll_recv(16)?;
+            if r > 0 {
+                any = true;
+                run.received(base, r);
+                received[q] += r as u64;
+                all += r as u64;
+                s.post_recv(r as u32, size)?;
+            }
+        }
+        if any {
+            progress.tick(all);
+            last = Instant::now();
+        } else {
+            idle(&mut empty, last, p, "receive", all, total)?;
+        }
+    }
+    Ok(run)
+}
+
+/// `-q N` with a peer in another process: streams `op` over every QP as perftest's
+/// `run_iter_bw` does. Each QP in turn posts while its own send queue has room (up to
+/// `tx_depth` outstanding), `post_list` WRs at a time, `iters` WRs in all, one signaled every
+/// `cq_mod` of its own and always its last; then every send CQ is polled. The post and the
+/// completion times of all QPs go into one sequence each, in the order they happened
+/// (perftest's `tposted`/`tcompleted` over `iters * N` messages), so the figures computed from
+/// them are the sum over the QPs, as perftest reports them.
+pub fn bw_stream_multi(
+    op: Op,
+    qps: &mut [&mut dyn Side],
+    p: &RunParams,
+    label: &str,
+) -> BenchResult<BwRun> {
+    if p.duration.is_some() {
+        return Err("-D with -q N: not supported yet; use -n".into());
+    }
+    if p.poll == PollMode::Event {
+        return Err("-e with -q N: events wait on one CQ; poll instead (--poll)".into());
+    }
+    if p.warm_up > 0 {
+        let w = RunParams {
+            iters: p.warm_up,
+            warm_up: 0,
+            ..*p
+        };
+        bw_stream_multi(op, qps, &w, label)?;
+    }
+    let size = p.size.max(1);
+    let tx_depth = u64::from(p.tx_depth.max(1));
+    let post_list = u64::from(p.post_list.max(1)).min(tx_depth);
+    let cq_mod = u64::from(p.cq_mod.max(1)).min(tx_depth - post_list + 1);
+    let iters = p.iters;
+    let total = iters.saturating_mul(qps.len() as u64);
+    let (mut posted, mut completed) = (vec![0u64; qps.len()], vec![0u64; qps.len()]);
+    let mut done = 0u64;
+    let cap = total.min(1 << 24) as usize;
+    let (mut posted_ns, mut completed_ns) = (Vec::with_capacity(cap), Vec::with_capacity(cap));
+    let mut progress = Progress::new(label, total);
+    let mut wrs = Vec::with_capacity(post_list as usize);
+    let base = Instant::now();
+    let (mut last, mut empty) = (base, 0u32);
+    while done < total {
+        for (q, s) in qps.iter_mut().enumerate() {
+            while posted[q] < iters
+                && posted[q] - completed[q] + post_list.min(iters - posted[q]) <= tx_depth
+            {
+                let n = post_list.min(iters - posted[q]);
+                wrs.clear();
+                wrs.extend((posted[q]..posted[q] + n).map(|idx| Wr {
+                    op,
+                    len: size,
+                    signaled: (idx + 1) % cq_mod == 0 || idx + 1 == iters,
+                    inline: p.inline(op),
+                }));
+                posted_ns.extend(std::iter::repeat_n(
+                    base.elapsed().as_nanos() as u64,
+                    n as usize,
+                ));
+                s.post_send(&wrs)?;
+                posted[q] += n;
+            }
+        }
+        let mut any = false;
+        for (q, s) in qps.iter_mut().enumerate() {
+            let c = s.poll_send(16)?;
+            if c == 0 {
+                continue;
+            }
+            any = true;
+            let now = base.elapsed().as_nanos() as u64;
+            for _ in 0..c {
+                // a CQE retires this QP's WRs up to and including its next signaled one
+                let next = ((completed[q] / cq_mod + 1) * cq_mod)
+                    .min(iters)
+                    .min(posted[q]);
+                let retire = next - completed[q];
+                completed[q] = next;
+                done += retire;
+                completed_ns.extend(std::iter::repeat_n(now, retire as usize));
+            }
+        }
+        if any {
+            progress.tick(done);
+            last = Instant::now();
+        } else {
+            idle(&mut empty, last, p, "send", done, total)?;
+        }
+    }
+    Ok(BwRun {
+        posted_ns,
+        completed_ns,
+    })
 }
 
 /// Raw bandwidth data: each message's post and completion time, ns from the start.
@@ -408,6 +584,27 @@ pub struct BwRun {
     /// Completion time of every message (ns); with CQ moderation, the messages retired by one
     /// CQE share its time.
     pub completed_ns: Vec<u64>,
+}
+
+impl BwRun {
+    /// The record of a SEND bandwidth server: perftest's `run_iter_bw_server` starts its clock
+    /// at the first receive completion and stops it at the last, so `posted_ns` holds that
+    /// first time only and `completed_ns` the time of every receive.
+    fn receiving(expected: u64) -> Self {
+        Self {
+            posted_ns: Vec::with_capacity(1),
+            completed_ns: Vec::with_capacity(expected.min(1 << 24) as usize),
+        }
+    }
+
+    /// `n` receives completed now.
+    fn received(&mut self, base: Instant, n: usize) {
+        let now = base.elapsed().as_nanos() as u64;
+        if self.posted_ns.is_empty() {
+            self.posted_ns.push(now);
+        }
+        self.completed_ns.extend(std::iter::repeat_n(now, n));
+    }
 }
 
 /// Streams `op` from `a` to `b`: keeps up to `tx_depth` WRs outstanding, posted `post_list` at

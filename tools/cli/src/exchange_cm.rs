@@ -471,7 +471,7 @@ where
     let bw_report = !lat && op != Op::Send;
     if a.connect_only {
         rep.note("--connect_only: connected through rdma_cm; nothing measured")?;
-    } else if role == Role::Server && !server_measures && !bw_report {
+    } else if role == Role::Server && !server_measures && !bw_report && op != Op::Send {
         rep.note("server side: the client issues the requests and reports the results")?;
     }
     for i in 0..after {

@@ -1,4 +1,4 @@
-//! Client/server mode: one QP in each of two processes, addresses exchanged over TCP in
+//! Client/server mode: one QP (or `-q N` QPs) in each of two processes, addresses exchanged over TCP in
 //! perftest's format (version, system data, MTU, then `LID:OUT_READS:QPN:PSN:RKEY:VADDR:SRQN`
 //! keys, repeated as barriers, and the client's closing `"done\0"`).
 //!
@@ -33,6 +33,29 @@ pub fn handshakes(op: Op, lat: bool, all: bool) -> (u32, u32, u32, u32) {
         (Op::Write, true) => (4, 0, 0, 0),
         (_, true) => (4, 0, 0, 1),
         (_, false) => (3, 0, 0, 2),
+    }
+}
+
+/// One exchange of the connection setup: every QP's key in turn (perftest's loops of
+/// `ctx_hand_shake` over `my_dest[i]`), or the first QP's alone (a barrier).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exchange {
+    /// One key message per QP, in QP order.
+    Keys,
+    /// One message: the first QP's key.
+    One,
+}
+
+/// The exchanges before the measurement, as perftest 4.5 orders them in its tests (the
+/// `ctx_hand_shake` calls before `run_iter_*` in `send_lat.c`, `write_lat.c`, `read_lat.c`,
+/// `atomic_lat.c`, `send_bw.c`, `write_bw.c`, `read_bw.c`, `atomic_bw.c`): the QPs are
+/// connected after the first `Keys`; with one QP each is one message, `handshakes().0` in all.
+pub fn setup_exchanges(op: Op, lat: bool) -> &'static [Exchange] {
+    use Exchange::{Keys, One};
+    match (op, lat) {
+        (Op::Send, _) => &[Keys, One, Keys],
+        (_, true) => &[One, Keys, Keys, One],
+        (_, false) => &[Keys, Keys, One],
     }
 }
 
@@ -81,7 +104,7 @@ where
     }
     let role = if a.server { Role::Server } else { Role::Client };
     let (op, lat) = (plan.op, plan.lat);
-    let mut end = SingleEnd::open(&plan.testbed)?;
+    let mut end = SingleEnd::open_qps(&plan.testbed, a.num_qps)?;
     let bind = a.bind.as_deref().unwrap_or("0.0.0.0");
     let port = a.port.unwrap_or(crate::cli::DEFAULT_PORT);
     let mut s = tcp(role, a.host.as_deref(), bind, port)?;
@@ -92,18 +115,35 @@ where
     let peer_mtu =
         exchange::perftest_preamble(&mut s, role, 4096, 64, end.mtu()).map_err(io("exchange"))?;
     let mtu = end.mtu().min(peer_mtu);
-    let key = end.key(u16::from(plan.testbed.max_rd_atomic));
-    let peer: PerftestKey =
-        exchange::perftest_keys(&mut s, role, &key).map_err(io("key exchange"))?;
-    end.connect(&peer, mtu)?;
+    let keys = end.keys(u16::from(plan.testbed.max_rd_atomic));
+    let key = keys[0];
+    let mut peers: Option<Vec<PerftestKey>> = None;
+    for step in setup_exchanges(op, lat) {
+        match step {
+            Exchange::One => {
+                exchange::perftest_keys(&mut s, role, &key).map_err(io("barrier"))?;
+            }
+            Exchange::Keys => {
+                let mut got = Vec::with_capacity(keys.len());
+                for k in &keys {
+                    got.push(exchange::perftest_keys(&mut s, role, k).map_err(io("key exchange"))?);
+                }
+                if peers.is_none() {
+                    end.connect_all(&got, mtu)?;
+                    peers = Some(got);
+                }
+            }
+        }
+    }
+    let peers = peers.ok_or("no key exchange")?;
+    let peer = peers[0];
     let barrier = |s: &mut TcpStream, n: u32| -> Result<(), String> {
         for _ in 0..n {
             exchange::perftest_keys(s, role, &key).map_err(io("barrier"))?;
         }
         Ok(())
     };
-    let (before, per_size, per_size_after, after) = handshakes(op, lat, plan.sizes.len() > 1);
-    barrier(&mut s, before - 1)?;
+    let (_, per_size, per_size_after, after) = handshakes(op, lat, plan.sizes.len() > 1);
     let rdma = matches!(op, Op::Write | Op::Read | Op::FetchAdd | Op::CmpSwap);
     let remote = crate::report::Endpoint {
         lid: peer.lid,
@@ -128,6 +168,24 @@ where
         remote,
     );
     (header.ethernet, header.gid_index) = end.link();
+    header.more = end
+        .more_endpoints()
+        .into_iter()
+        .zip(&peers[1..])
+        .map(|(mut l, p)| {
+            let r = crate::report::Endpoint {
+                lid: p.lid,
+                qpn: p.qpn,
+                psn: p.psn,
+                rkey_vaddr: rdma.then_some((p.rkey, p.vaddr)),
+                gid: p.gid,
+            };
+            if !rdma {
+                l.rkey_vaddr = None;
+            }
+            (l, r)
+        })
+        .collect();
     rep.begin(end.emulated(), &header)?;
     let mut ours = exchange::BwReport::default();
     for &size in &plan.sizes {
@@ -138,7 +196,14 @@ where
             } else {
                 plan.params.rx_depth.max(plan.params.tx_depth).max(1)
             };
-            end.side().ensure_recv(n, size as u32)?;
+            if lat {
+                // latency runs on the first QP only, as perftest's
+                end.side().ensure_recv(n, size as u32)?;
+            } else {
+                for q in end.sides() {
+                    q.ensure_recv(n, size as u32)?;
+                }
+            }
         }
         barrier(&mut s, per_size)?;
         if !a.connect_only {
@@ -154,7 +219,7 @@ where
     let bw_report = !lat && op != Op::Send;
     if a.connect_only {
         rep.note("--connect_only: addresses exchanged and QPs connected; nothing measured")?;
-    } else if role == Role::Server && !server_measures && !bw_report {
+    } else if role == Role::Server && !server_measures && !bw_report && op != Op::Send {
         rep.note("server side: the client issues the requests and reports the results")?;
     }
     for i in 0..after {
@@ -220,7 +285,11 @@ pub(crate) fn run_size(
             rep.lat_result(size, &run.samples_us)?;
         }
         (Role::Client, false, _) => {
-            let run = bench::bw_stream(op, end.side(), None, &p, &label)?;
+            let run = if end.qps() > 1 {
+                bench::bw_stream_multi(op, &mut end.sides(), &p, &label)?
+            } else {
+                bench::bw_stream(op, end.side(), None, &p, &label)?
+            };
             let st = rep.bw_result(size, &run)?;
             return Ok(Some(exchange::BwReport {
                 size,
@@ -231,7 +300,21 @@ pub(crate) fn run_size(
             }));
         }
         (Role::Server, false, Op::Send) => {
-            bench::bw_server(end.side(), &p, &label)?;
+            let run = if end.qps() > 1 {
+                bench::bw_server_multi(&mut end.sides(), &p, &label)?
+            } else {
+                bench::bw_server(end.side(), &p, &label)?
+            };
+            // perftest's SEND bandwidth server prints its own figures: no peak (it sets
+            // noPeak), the average from its first receive to its last, over every QP's
+            let st = crate::stats::BwStats::from_completions(
+                size,
+                &run.posted_ns,
+                &run.completed_ns,
+                false,
+            )
+            .ok_or_else(|| format!("size {size}: no time between the first and last receive"))?;
+            rep.bw_stats(&st)?;
         }
         // the client issues the requests
         (Role::Server, _, _) => {}
@@ -456,6 +539,23 @@ mod tests {
         assert_eq!(invalid_pages(&first, 4096, true), vec![2]);
         // messages shorter than a page: one page start
         assert_eq!(pingpong_buffer(32, 4096, true)[..2], [0, PINGPONG_FILL]);
+    }
+
+    #[test]
+    fn setup_exchanges_are_the_handshakes_before() {
+        for op in [Op::Send, Op::Write, Op::Read, Op::FetchAdd, Op::CmpSwap] {
+            for lat in [true, false] {
+                let seq = setup_exchanges(op, lat);
+                assert_eq!(
+                    seq.len() as u32,
+                    handshakes(op, lat, false).0,
+                    "{op:?} {lat}"
+                );
+                // keys twice (connect, then print the peer's), as perftest
+                let keys = seq.iter().filter(|e| **e == Exchange::Keys).count();
+                assert_eq!(keys, 2, "{op:?} {lat}");
+            }
+        }
     }
 
     #[test]

@@ -15,13 +15,30 @@ pub const SEPARATOR: &str =
 /// perftest's latency table header, verbatim.
 pub const LAT_HEADER: &str = " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec]";
 
-/// perftest's bandwidth table header, verbatim (MiB/s).
+/// perftest's bandwidth table header, verbatim (`RESULT_FMT`). Its "MB" is 2^20 bytes
+/// (`format_factor` 0x100000 in perftest's `print_report_bw`): the figures are MiB/s.
 pub const BW_HEADER: &str =
-    " #bytes     #iterations    BW peak[MiB/sec]    BW average[MiB/sec]   MsgRate[Mpps]";
+    " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]";
+
+/// The unit of the bandwidth columns, as the text and the JSON name it.
+pub const BW_UNIT: &str = "MB/sec";
+
+/// What [`BW_UNIT`] means, printed under the bandwidth table.
+pub const BW_UNIT_NOTE: &str = "MB/sec = 2^20 bytes per second, as perftest counts";
 
 /// perftest's bandwidth table header with `--report_gbits`.
 pub const BW_HEADER_GBITS: &str =
     " #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]";
+
+/// `x` rounded to `digits` decimals: every float of the JSON carries the digits the text
+/// report prints for it (2 for perftest's latency and bandwidth columns, 6 for the message
+/// rate, 3 for our percentile table), so that the two never disagree and no float prints as
+/// `119.78949999999999`. Non-finite values pass through.
+pub fn round_to(x: f64, digits: i32) -> f64 {
+    let f = 10f64.powi(digits);
+    let r = (x * f).round() / f;
+    if r.is_finite() { r } else { x }
+}
 
 /// Gbit/s (10^9 bits) per MiB/s.
 pub const GBITS_PER_MIB: f64 = 1024.0 * 1024.0 * 8.0 / 1e9;
@@ -108,8 +125,14 @@ pub struct Header {
     pub device: String,
     /// Connection type: "RC".
     pub connection: &'static str,
-    /// Send queue depth.
-    pub tx_depth: u32,
+    /// Send queue depth as perftest prints it (`TX depth`), `None` where perftest prints no
+    /// such line (a server that is not duplex).
+    pub tx_depth: Option<u32>,
+    /// Receive queue depth as perftest prints it (`RX depth`: SEND tests, on the server and
+    /// in duplex runs), `None` otherwise.
+    pub rx_depth: Option<u32>,
+    /// QPs per side (`-q`).
+    pub qps: u32,
     /// CQ moderation (bandwidth tests only).
     pub cq_mod: Option<u32>,
     /// Path MTU in bytes.
@@ -136,6 +159,8 @@ pub struct Header {
     pub local: Endpoint,
     /// See `local`.
     pub remote: Endpoint,
+    /// With `-q N`: the other N-1 QPs' (local, remote) endpoints, in order.
+    pub more: Vec<(Endpoint, Endpoint)>,
 }
 
 fn on_off(b: bool) -> &'static str {
@@ -154,7 +179,7 @@ impl Header {
             on_off(false),
             self.device
         );
-        let _ = writeln!(s, " Number of qps   : 1\t\tTransport type : IB");
+        let _ = writeln!(s, " Number of qps   : {}\t\tTransport type : IB", self.qps);
         let _ = writeln!(
             s,
             " Connection type : {}\t\tUsing SRQ      : {}",
@@ -164,7 +189,12 @@ impl Header {
         let _ = writeln!(s, " PCIe relax order: {}", on_off(false));
         // Our posting path writes WQEs directly; it is not libibverbs' ibv_wr_* API.
         let _ = writeln!(s, " ibv_wr* API     : {}", on_off(false));
-        let _ = writeln!(s, " TX depth        : {}", self.tx_depth);
+        if let Some(t) = self.tx_depth {
+            let _ = writeln!(s, " TX depth        : {t}");
+        }
+        if let Some(r) = self.rx_depth {
+            let _ = writeln!(s, " RX depth        : {r}");
+        }
         if let Some(q) = self.cq_mod {
             let _ = writeln!(s, " CQ Moderation   : {q}");
         }
@@ -189,8 +219,15 @@ impl Header {
         let _ = writeln!(s, " Completion wait : {}", self.poll);
         let _ = writeln!(s, " Buffers         : {}", self.buffers);
         let _ = writeln!(s, "{SEPARATOR}");
+        // perftest: every local QP's line, then every remote one's
         let _ = writeln!(s, "{}", self.local.line("local"));
+        for (l, _) in &self.more {
+            let _ = writeln!(s, "{}", l.line("local"));
+        }
         let _ = writeln!(s, "{}", self.remote.line("remote"));
+        for (_, r) in &self.more {
+            let _ = writeln!(s, "{}", r.line("remote"));
+        }
         let _ = writeln!(s, "{SEPARATOR}");
         s
     }
@@ -297,36 +334,39 @@ pub fn lat_footer(basis: LatencyBasis, rows: &[(u64, LatencyStats)]) -> String {
     s
 }
 
-/// JSON object of one latency result: perftest's keys first, then ours.
+/// JSON object of one latency result: perftest's keys first, then ours; floats rounded as
+/// the text prints them ([`round_to`]).
 pub fn lat_json(bytes: u64, iterations: u64, st: &LatencyStats) -> serde_json::Value {
+    let (p, x) = (|v: f64| round_to(v, 2), |v: f64| round_to(v, 3));
     serde_json::json!({
         "bytes": bytes,
         "iterations": iterations,
-        "t_min": st.min,
-        "t_max": st.max,
-        "t_typical": st.median,
-        "t_avg": st.avg,
-        "t_stdev": st.stdev,
-        "percentile_99": st.p99,
-        "percentile_99.9": st.p99_9,
-        "p50": st.p50,
-        "p99": st.p99,
-        "p99_9": st.p99_9,
-        "p99_99": st.p99_99,
-        "max": st.max,
+        "t_min": p(st.min),
+        "t_max": p(st.max),
+        "t_typical": p(st.median),
+        "t_avg": p(st.avg),
+        "t_stdev": p(st.stdev),
+        "percentile_99": p(st.p99),
+        "percentile_99.9": p(st.p99_9),
+        "p50": x(st.p50),
+        "p99": x(st.p99),
+        "p99_9": x(st.p99_9),
+        "p99_99": x(st.p99_99),
+        "max": x(st.max),
         "samples": st.samples,
     })
 }
 
-/// JSON object of one bandwidth result: perftest's keys first, then ours.
+/// JSON object of one bandwidth result: perftest's keys first, then ours; floats rounded as
+/// the text prints them ([`round_to`]).
 pub fn bw_json(st: &BwStats) -> serde_json::Value {
     serde_json::json!({
         "bytes": st.bytes,
         "iterations": st.iterations,
-        "BW_peak": st.bw_peak_mib,
-        "BW_average": st.bw_average_mib,
-        "MsgRate": st.msg_rate_mpps,
-        "bw_unit": "MiB/sec",
+        "BW_peak": round_to(st.bw_peak_mib, 2),
+        "BW_average": round_to(st.bw_average_mib, 2),
+        "MsgRate": round_to(st.msg_rate_mpps, 6),
+        "bw_unit": BW_UNIT,
         "peak_window": st.peak_window,
     })
 }
@@ -380,7 +420,9 @@ mod tests {
             title: "Send Latency Test".into(),
             device: "mlx5_0 (emulated)".into(),
             connection: "RC",
-            tx_depth: 1,
+            tx_depth: Some(1),
+            rx_depth: None,
+            qps: 1,
             cq_mod: None,
             mtu: 4096,
             ethernet: false,
@@ -406,6 +448,7 @@ mod tests {
                 rkey_vaddr: Some((0x1fd4bc, 0x7f0e0c8aa000)),
                 gid: None,
             },
+            more: Vec::new(),
         };
         let text = h.render();
         for needle in [
@@ -442,6 +485,88 @@ mod tests {
         ] {
             assert!(text.contains(needle), "missing {needle:?} in\n{text}");
         }
+    }
+
+    #[test]
+    fn server_header_and_several_qps_as_perftest() {
+        let ep = |qpn| Endpoint {
+            lid: 1,
+            qpn,
+            psn: 0x10,
+            rkey_vaddr: None,
+            gid: None,
+        };
+        let h = Header {
+            title: "Send BW Test".into(),
+            device: "mlx5_0".into(),
+            connection: "RC",
+            tx_depth: None,
+            rx_depth: Some(512),
+            qps: 3,
+            cq_mod: Some(100),
+            mtu: 4096,
+            ethernet: false,
+            gid_index: None,
+            max_inline: 0,
+            outstand_reads: None,
+            data_ex: "Ethernet".into(),
+            doorbell: "BlueFlame".into(),
+            post_list: 1,
+            poll: "busy".into(),
+            buffers: "4 KiB pages".into(),
+            local: ep(0x100),
+            remote: ep(0x200),
+            more: vec![(ep(0x101), ep(0x201)), (ep(0x102), ep(0x202))],
+        };
+        let text = h.render();
+        assert!(text.contains(" Number of qps   : 3\t\t"), "{text}");
+        assert!(text.contains(" RX depth        : 512\n"), "{text}");
+        assert!(!text.contains("TX depth"), "{text}");
+        // all local lines, then all remote lines, each in QP order
+        let qpns: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains(" address: "))
+            .map(|l| l.split_whitespace().nth(5).unwrap())
+            .collect();
+        assert_eq!(
+            qpns,
+            ["0x0100", "0x0101", "0x0102", "0x0200", "0x0201", "0x0202"],
+            "{text}"
+        );
+        let locals = text.lines().filter(|l| l.starts_with(" local")).count();
+        assert_eq!(locals, 3);
+    }
+
+    #[test]
+    fn json_floats_are_rounded_as_printed() {
+        assert_eq!(round_to(119.789_499_999_999_99, 2), 119.79);
+        assert_eq!(round_to(-2.004_9, 2), -2.0);
+        assert!(round_to(f64::NAN, 2).is_nan());
+        let st =
+            LatencyStats::from_samples(&[1.0 / 3.0, 2.0 / 3.0, 119.789_499_999_999_99]).unwrap();
+        let v = lat_json(2, 3, &st);
+        let text = serde_json::to_string(&v).unwrap();
+        // every float has at most 3 decimals (2 in perftest's keys)
+        for num in text
+            .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .filter(|t| t.contains('.'))
+        {
+            let decimals = num.split('.').nth(1).unwrap().len();
+            assert!(decimals <= 3, "{num} in {text}");
+        }
+        assert_eq!(v["t_max"].as_f64(), Some(119.79));
+        assert_eq!(v["t_typical"].as_f64(), Some(0.67));
+        assert_eq!(v["p50"].as_f64(), Some(0.667));
+        let done: Vec<u64> = (1..=7).map(|i| i * 3001).collect();
+        let b = BwStats::from_completions(4099, &[0; 7], &done, true).unwrap();
+        let j = bw_json(&b);
+        for k in ["BW_peak", "BW_average"] {
+            let x = j[k].as_f64().unwrap();
+            assert_eq!(x, round_to(x, 2), "{k}");
+            assert!((x - b.bw_average_mib).abs() < 0.01 || k == "BW_peak");
+        }
+        assert_eq!(j["MsgRate"].as_f64(), Some(round_to(b.msg_rate_mpps, 6)));
+        assert_eq!(j["bw_unit"], BW_UNIT);
     }
 
     #[test]

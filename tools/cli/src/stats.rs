@@ -3,7 +3,10 @@
 //! perftest sorts its samples, silently drops the two largest (`LAT_MEASURE_TAIL`) and computes
 //! the standard deviation with integer intermediates, so deviations under 1 usec vanish. Here
 //! every sample is kept, the deviation is a true population standard deviation in `f64`, and
-//! the percentiles use the nearest-rank definition on the full sorted set.
+//! the percentiles use the nearest-rank definition on the full sorted set, except the 50th:
+//! `p50` is perftest's median (`get_median` in its `perftest_parameters.c`: the middle sample,
+//! or the mean of the two middle ones for an even count), the value printed as `t_typical`, so
+//! that one report never shows two different medians.
 
 /// Summary of one latency run, all values in microseconds.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -21,7 +24,8 @@ pub struct LatencyStats {
     pub avg: f64,
     /// Population standard deviation (divides by n), computed in `f64`.
     pub stdev: f64,
-    /// Nearest-rank 50th percentile.
+    /// The median again, as perftest defines it: equal to `median` (`t_typical`) by
+    /// construction.
     pub p50: f64,
     /// Nearest-rank 99th percentile.
     pub p99: f64,
@@ -76,7 +80,7 @@ impl LatencyStats {
             median,
             avg,
             stdev: var.sqrt(),
-            p50: percentile(sorted, 50.0)?,
+            p50: median,
             p99: percentile(sorted, 99.0)?,
             p99_9: percentile(sorted, 99.9)?,
             p99_99: percentile(sorted, 99.99)?,
@@ -197,8 +201,53 @@ mod tests {
         assert!(close(s.max, 9.0));
         // even count: mean of the two middle samples (4 and 5)
         assert!(close(s.median, 4.5), "{}", s.median);
-        // nearest rank: ceil(0.5 * 8) = 4th sample
-        assert!(close(s.p50, 4.0), "{}", s.p50);
+        // p50 is that same median (perftest's get_median), not the nearest-rank 4th sample
+        assert!(close(s.p50, 4.5), "{}", s.p50);
+        assert!(close(
+            percentile(&[2.0, 4.0, 4.0, 4.0, 5.0, 5.0, 7.0, 9.0], 50.0).unwrap(),
+            4.0
+        ));
+    }
+
+    /// perftest's `get_median` written out from its definition, to compare with.
+    fn perftest_median(sorted: &[f64]) -> f64 {
+        let n = sorted.len();
+        if (n - 1) % 2 != 0 {
+            (sorted[n / 2] + sorted[n / 2 - 1]) / 2.0
+        } else {
+            sorted[n / 2]
+        }
+    }
+
+    #[test]
+    fn p50_is_t_typical_on_random_sets() {
+        // xorshift: sets of 1..=400 samples with ties and a heavy tail, odd and even counts
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for _ in 0..500 {
+            let n = (next() % 400 + 1) as usize;
+            let v: Vec<f64> = (0..n)
+                .map(|_| {
+                    let r = next();
+                    let base = (r % 50) as f64 / 8.0;
+                    if r % 97 == 0 { base * 1000.0 } else { base }
+                })
+                .collect();
+            let s = LatencyStats::from_samples(&v).unwrap();
+            let mut sorted = v.clone();
+            sorted.sort_by(f64::total_cmp);
+            assert_eq!(s.p50.to_bits(), s.median.to_bits(), "{v:?}");
+            assert_eq!(
+                s.median.to_bits(),
+                perftest_median(&sorted).to_bits(),
+                "{v:?}"
+            );
+        }
     }
 
     #[test]
@@ -219,7 +268,7 @@ mod tests {
         v.reverse();
         v.swap(17, 9_000);
         let s = LatencyStats::from_samples(&v).unwrap();
-        assert!(close(s.p50, 5_000.0), "{}", s.p50);
+        assert!(close(s.p50, 5_000.5), "{}", s.p50);
         assert!(close(s.p99, 9_900.0), "{}", s.p99);
         assert!(close(s.p99_9, 9_990.0), "{}", s.p99_9);
         assert!(close(s.p99_99, 9_999.0), "{}", s.p99_99);
