@@ -77,12 +77,12 @@ use std::time::Duration;
 pub use abi::{Errno, UverbsSurface};
 pub use config::{EmuConfig, Fabric, FaultConfig, Flavour, HcaInfo, RunMode, WakeMode};
 pub use counters::Counters;
-pub use model::checks::{FAILED_CHECKS_KEPT, FailedCheck, KeyFault, access_names};
 pub use eth::EthMinInline;
 pub use eth::tap::{NEIGH_NODES, NS_HOST_IP, TapConfig, in_netns, net_down, net_up, ns_hca_ip};
 pub use inspect::{CqView, QpView};
 pub use kernel::ucma::{RdmaCmFile, RdmaCmOpen};
 pub use mem::{DmaPath, dma_path, set_dma_path};
+pub use model::checks::{FAILED_CHECKS_KEPT, FailedCheck, KeyFault, access_names};
 pub use record::{WqeRecord, WqeVia};
 pub use roce::{
     BASE_GUID, GidEntry, GidType, LinkLayer, NDEV_IFINDEX, NDEV_NAME, ROCE_GID_TBL_LEN,

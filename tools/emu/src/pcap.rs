@@ -25,7 +25,6 @@
 use std::io::Write;
 use std::os::fd::AsRawFd;
 
-use crate::state::World;
 use crate::transport::ip_udp_headers;
 
 /// Lock byte of the writers' header protocol (far beyond any capture's length).
@@ -180,11 +179,16 @@ impl Capture {
 }
 
 /// The Ethernet frame of a RoCEv2 datagram (`udp_payload` = BTH..ICRC) from `src` to `dst`:
-/// on a RoCE port the nodes' MACs; otherwise locally administered MACs derived from the node
-/// addresses.
-fn frame_of(w: &World, src: [u8; 4], dst: [u8; 4], udp_payload: &[u8]) -> Vec<u8> {
+/// on a RoCE port (`link` Ethernet) the nodes' MACs; otherwise locally administered MACs
+/// derived from the node addresses.
+fn frame_of(
+    link: crate::roce::LinkLayer,
+    src: [u8; 4],
+    dst: [u8; 4],
+    udp_payload: &[u8],
+) -> Vec<u8> {
     let mac = |ip: [u8; 4]| {
-        if w.cfg.link_layer == crate::roce::LinkLayer::Ethernet {
+        if link == crate::roce::LinkLayer::Ethernet {
             let node = u16::from_be_bytes([ip[2], ip[3]]);
             crate::roce::mac_of_guid(crate::roce::BASE_GUID + u64::from(node))
         } else {
@@ -201,31 +205,44 @@ fn frame_of(w: &World, src: [u8; 4], dst: [u8; 4], udp_payload: &[u8]) -> Vec<u8
 }
 
 /// Record one packet (`udp_payload` = BTH..ICRC) one of our HCAs sends from `src` to `dst`.
-pub(crate) fn capture(w: &mut World, src: [u8; 4], dst: [u8; 4], udp_payload: &[u8]) {
-    if w.pcap.is_none() {
+/// `pcap` is the world's capture, `link` its ports' link layer.
+pub(crate) fn capture(
+    pcap: &mut Option<Capture>,
+    link: crate::roce::LinkLayer,
+    src: [u8; 4],
+    dst: [u8; 4],
+    udp_payload: &[u8],
+) {
+    if pcap.is_none() {
         return;
     }
-    let frame = frame_of(w, src, dst, udp_payload);
-    write_frame(w, &frame);
+    let frame = frame_of(link, src, dst, udp_payload);
+    write_frame(pcap, &frame);
 }
 
 /// Record one packet that arrived from another process (`src` is the sender's node
 /// address), unless the sender writes this capture too and recorded it already.
-pub(crate) fn capture_arrival(w: &mut World, src: [u8; 4], dst: [u8; 4], udp_payload: &[u8]) {
+pub(crate) fn capture_arrival(
+    pcap: &mut Option<Capture>,
+    link: crate::roce::LinkLayer,
+    src: [u8; 4],
+    dst: [u8; 4],
+    udp_payload: &[u8],
+) {
     let lid = u16::from_be_bytes([src[2], src[3]]);
-    if w.pcap.as_mut().is_none_or(|c| c.peer_writes(lid)) {
+    if pcap.as_mut().is_none_or(|c| c.peer_writes(lid)) {
         return;
     }
-    let frame = frame_of(w, src, dst, udp_payload);
-    write_frame(w, &frame);
+    let frame = frame_of(link, src, dst, udp_payload);
+    write_frame(pcap, &frame);
 }
 
 /// Append a whole Ethernet frame to the capture, if there is one. A failed write ends the
 /// capture with one line on stderr (the file system filled up or went away).
-pub(crate) fn write_frame(w: &mut World, frame: &[u8]) {
-    let Some(c) = w.pcap.as_mut() else { return };
+pub(crate) fn write_frame(pcap: &mut Option<Capture>, frame: &[u8]) {
+    let Some(c) = pcap.as_mut() else { return };
     if let Err(e) = c.record(frame) {
         eprintln!("mlx5-emu: pcap capture stopped: {e}");
-        w.pcap = None;
+        *pcap = None;
     }
 }

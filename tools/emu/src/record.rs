@@ -152,15 +152,9 @@ fn parse_late(rest: &str) -> Option<(usize, u32, u16, WqeVia)> {
 /// batch members remembered for a late doorbell (both bounded).
 const MAX_PENDING: usize = 64;
 
-/// A doorbell not yet matched with its WQE: the WQE index it names, the BlueFlame bytes
-/// that followed the doorbell word, and where it was rung.
-type Rung = (u16, Vec<u8>, Option<BfAt>);
-
-/// Where a doorbell word was found: (context, UAR page, offset of the word in the page).
-pub(crate) type BfAt = (u64, usize, usize);
-
-/// A WQE whose doorbell had nothing after it yet: (hca, qpn, index, the WQE's bytes).
-type Unsettled = (usize, u32, u16, Vec<u8>);
+/// A doorbell not yet matched with its WQE: the WQE index it names and the BlueFlame bytes
+/// that followed the doorbell word.
+type Rung = (u16, Vec<u8>);
 
 /// The recorder, part of the world (behind the emulator lock).
 #[derive(Debug, Default)]
@@ -173,12 +167,6 @@ pub(crate) struct Recorder {
     pub(crate) rung: BTreeMap<(usize, u32), VecDeque<Rung>>,
     /// Recently fetched WQEs recorded as [`WqeVia::Batch`]: (hca, qpn, index, bytes).
     pub(crate) batch: VecDeque<(usize, u32, u16, Vec<u8>)>,
-    /// BlueFlame halves whose last doorbell word came with nothing after it, so far recorded
-    /// as 8-byte doorbells. The writer may only have been between its first store and the
-    /// rest of the copy when the device sampled the half (preempted on a loaded machine):
-    /// bytes showing up there later, before another doorbell word, that match the WQE turn
-    /// its record into BlueFlame.
-    pub(crate) unsettled: BTreeMap<BfAt, Unsettled>,
 }
 
 /// Whether the bytes found after a doorbell word (`rest`, the BlueFlame half from byte 8)
@@ -207,23 +195,10 @@ impl Recorder {
     }
 
     /// Hook: a send doorbell naming WQE `idx` of `qpn` was consumed; `rest` is what followed
-    /// the doorbell word in its BlueFlame half (empty without BlueFlame), `at` where the word was
-    /// found (so bytes of the copy that land after the device sampled the half can still be
-    /// matched).
-    pub(crate) fn doorbell(
-        &mut self,
-        hca: usize,
-        qpn: u32,
-        idx: u16,
-        rest: &[u8],
-        at: Option<BfAt>,
-    ) {
+    /// the doorbell word in its BlueFlame half (empty without BlueFlame).
+    pub(crate) fn doorbell(&mut self, hca: usize, qpn: u32, idx: u16, rest: &[u8]) {
         if !self.on() {
             return;
-        }
-        if let Some(at) = at {
-            // A new doorbell word at this half: what follows it is the new WQE's.
-            self.unsettled.remove(&at);
         }
         let hit = self
             .batch
@@ -233,7 +208,6 @@ impl Recorder {
             // Already fetched through the doorbell record: correct its record.
             let (.., bytes) = self.batch.remove(pos).unwrap_or_default();
             let via = classify(rest, &bytes);
-            self.settle_later(via, rest, at, (hca, qpn, idx, &bytes));
             if let Some(r) = self
                 .records
                 .iter_mut()
@@ -253,57 +227,7 @@ impl Recorder {
         if q.len() >= MAX_PENDING {
             q.pop_front();
         }
-        q.push_back((idx, rest.to_vec(), at));
-    }
-
-    /// Whether some BlueFlame half still waits for late bytes (the device then looks at
-    /// halves without a doorbell word too).
-    pub(crate) fn wants_late_bytes(&self) -> bool {
-        !self.unsettled.is_empty()
-    }
-
-    /// Whether the half at `at` waits for late bytes.
-    pub(crate) fn unsettled_at(&self, at: &BfAt) -> bool {
-        self.unsettled.contains_key(at)
-    }
-
-    /// Bytes found in the half at `at` with no doorbell word before them: the rest of the
-    /// copy whose doorbell was sampled early, if they match its WQE.
-    pub(crate) fn late_bytes(&mut self, at: BfAt, rest: &[u8]) {
-        let Some((hca, qpn, idx, bytes)) = self.unsettled.remove(&at) else {
-            return;
-        };
-        if classify(rest, &bytes) != WqeVia::BlueFlame {
-            return;
-        }
-        if let Some(r) = self
-            .records
-            .iter_mut()
-            .rev()
-            .find(|r| r.hca == hca && r.qpn == qpn && r.wqe_index == idx)
-        {
-            r.via = WqeVia::BlueFlame;
-        }
-        let line = format!("late hca={hca} qpn={qpn:#08x} idx={idx} via=bf\n");
-        self.write(&line);
-    }
-
-    /// Remember a WQE classified as an 8-byte doorbell only because nothing followed its
-    /// doorbell word yet.
-    fn settle_later(
-        &mut self,
-        via: WqeVia,
-        rest: &[u8],
-        at: Option<BfAt>,
-        (hca, qpn, idx, bytes): (usize, u32, u16, &[u8]),
-    ) {
-        let Some(at) = at else { return };
-        if via == WqeVia::Doorbell && !rest.is_empty() && rest.iter().all(|&x| x == 0) {
-            if self.unsettled.len() >= MAX_PENDING {
-                self.unsettled.pop_first();
-            }
-            self.unsettled.insert(at, (hca, qpn, idx, bytes.to_vec()));
-        }
+        q.push_back((idx, rest.to_vec()));
     }
 
     /// Hook: WQE `idx` of `qpn` was fetched for execution with these `ds * 16` bytes.
@@ -312,17 +236,12 @@ impl Recorder {
             return;
         }
         let mut via = WqeVia::Batch;
-        let mut sampled = None;
         if let Some(q) = self.rung.get_mut(&(hca, qpn)) {
-            if let Some(pos) = q.iter().position(|(i, ..)| *i == idx) {
+            if let Some(pos) = q.iter().position(|(i, _)| *i == idx) {
                 via = classify(&q[pos].1, bytes);
                 // This doorbell and any older ones are consumed.
-                let (_, rest, at) = q.drain(..=pos).next_back().unwrap_or_default();
-                sampled = Some((rest, at));
+                q.drain(..=pos);
             }
-        }
-        if let Some((rest, at)) = sampled {
-            self.settle_later(via, &rest, at, (hca, qpn, idx, bytes));
         }
         let rec = WqeRecord {
             hca,
@@ -394,10 +313,10 @@ mod tests {
             memory: true,
             ..Recorder::default()
         };
-        r.doorbell(0, 9, 4, &[0; 248], None);
+        r.doorbell(0, 9, 4, &[0; 248]);
         r.fetched(0, 9, 0, &[1; 16]); // earlier WR of the chain rung at 4
         r.fetched(0, 9, 4, &[2; 16]);
-        r.doorbell(0, 9, 5, &[3; 24], None);
+        r.doorbell(0, 9, 5, &[3; 24]);
         r.fetched(0, 9, 5, &[3; 32]);
         let via: Vec<WqeVia> = r.records.iter().map(|x| x.via).collect();
         assert_eq!(via, [WqeVia::Batch, WqeVia::Doorbell, WqeVia::BlueFlame]);
@@ -406,45 +325,24 @@ mod tests {
         // corrected when that write shows up.
         r.fetched(0, 9, 7, &[4; 32]);
         assert_eq!(r.records[3].via, WqeVia::Batch);
-        r.doorbell(0, 9, 7, &[4; 24], None);
+        r.doorbell(0, 9, 7, &[4; 24]);
         assert_eq!(r.records[3].via, WqeVia::BlueFlame);
         assert!(r.rung[&(0, 9)].is_empty());
         // A BlueFlame copy seen only partly is still BlueFlame; leftovers of another WQE
         // in the half make an 8-byte doorbell, not BlueFlame.
         let mut partial = [0u8; 56];
         partial[0..8].copy_from_slice(&[5; 8]);
-        r.doorbell(0, 9, 8, &partial, None);
+        r.doorbell(0, 9, 8, &partial);
         r.fetched(0, 9, 8, &[5; 64]);
         let mut stale = [0u8; 56];
         stale[40..48].copy_from_slice(&[9; 8]);
-        r.doorbell(0, 9, 9, &stale, None);
+        r.doorbell(0, 9, 9, &stale);
         r.fetched(0, 9, 9, &[6; 64]);
         assert_eq!(r.records[4].via, WqeVia::BlueFlame);
         assert_eq!(r.records[5].via, WqeVia::Doorbell);
-        // The device sampled the half between the writer's first store and the rest of
-        // its copy: an 8-byte doorbell until the copy's bytes show up there, BlueFlame after.
-        let at = (1, 0, 0x900);
-        r.doorbell(0, 9, 10, &[0; 56], Some(at));
-        r.fetched(0, 9, 10, &[7; 64]);
-        assert_eq!(r.records[6].via, WqeVia::Doorbell);
-        assert!(r.wants_late_bytes() && r.unsettled_at(&at));
-        r.late_bytes(at, &[7; 56]);
-        assert_eq!(r.records[6].via, WqeVia::BlueFlame);
-        assert!(!r.wants_late_bytes());
-        // A real 8-byte doorbell stays one: bytes of another WQE, or a new doorbell word
-        // at that half first.
-        r.doorbell(0, 9, 11, &[0; 56], Some(at));
-        r.fetched(0, 9, 11, &[8; 64]);
-        r.late_bytes(at, &[6; 56]);
-        assert_eq!(r.records[7].via, WqeVia::Doorbell);
-        r.doorbell(0, 9, 12, &[0; 56], Some(at));
-        r.fetched(0, 9, 12, &[9; 64]);
-        r.doorbell(0, 9, 14, &[9; 56], Some(at));
-        assert!(!r.unsettled_at(&at));
-        assert_eq!(r.records[8].via, WqeVia::Doorbell);
         // Off: nothing is kept.
         let mut off = Recorder::default();
-        off.doorbell(0, 9, 1, &[1; 8], None);
+        off.doorbell(0, 9, 1, &[1; 8]);
         off.fetched(0, 9, 1, &[0; 16]);
         assert!(off.records.is_empty() && off.rung.is_empty());
     }

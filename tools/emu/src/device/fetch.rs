@@ -16,8 +16,6 @@ pub(super) enum Doorbell {
         word: u64,
         rest: Vec<u8>,
         pos: usize,
-        /// Where the word was found, for the recorder.
-        at: crate::record::BfAt,
     },
 }
 
@@ -38,7 +36,6 @@ pub(super) fn scan_doorbells(w: &mut World) -> usize {
     let half = bf_half(w.cfg.bf_reg_size);
     let bf = w.cfg.bf_reg_size != 0;
     let mut found = Vec::new();
-    let mut late = Vec::new();
     for (&ctx, c) in &w.contexts {
         for &page in &c.uar_active {
             // A page past the end of the region has no doorbells.
@@ -58,15 +55,6 @@ pub(super) fn scan_doorbells(w: &mut World) -> usize {
             let mut pos = 0x800;
             while pos + 8 <= 0x1000 {
                 let word = words.get(pos / 8).map_or(0, take_word);
-                if word == 0 && bf && w.wqe_log.wants_late_bytes() {
-                    let at = (ctx, page, pos);
-                    if w.wqe_log.unsettled_at(&at) {
-                        let rest = c.uar.take_bytes(page, pos + 8, half - 8);
-                        if rest.iter().any(|&x| x != 0) {
-                            late.push((at, rest));
-                        }
-                    }
-                }
                 if word != 0 {
                     let rest = if bf {
                         c.uar.take_bytes(page, pos + 8, half - 8)
@@ -79,15 +67,11 @@ pub(super) fn scan_doorbells(w: &mut World) -> usize {
                         word,
                         rest,
                         pos,
-                        at: (ctx, page, pos),
                     });
                 }
                 pos += half;
             }
         }
-    }
-    for (at, rest) in late {
-        w.wqe_log.late_bytes(at, &rest);
     }
     let n = found.len();
     for d in found {
@@ -99,14 +83,12 @@ pub(super) fn scan_doorbells(w: &mut World) -> usize {
                 word,
                 rest,
                 pos,
-                at,
-            } => send_doorbell(w, hca, ctx, word, &rest, pos, at),
+            } => send_doorbell(w, hca, ctx, word, &rest, pos),
         }
     }
     n
 }
 
-/// One send doorbell word with the BlueFlame bytes after it, found at `at` of the UAR.
 pub(super) fn send_doorbell(
     w: &mut World,
     hca: usize,
@@ -114,7 +96,6 @@ pub(super) fn send_doorbell(
     word: u64,
     rest: &[u8],
     pos: usize,
-    at: crate::record::BfAt,
 ) {
     // The 8 bytes are ctrl bytes 0..8 verbatim: BE32 opmod|idx|opcode, BE32 qpn|ds.
     let mut b = [0u8; 16];
@@ -122,8 +103,7 @@ pub(super) fn send_doorbell(
     let ctrl = CtrlSeg::read_from_bytes(&b).ok();
     let stepped = w.cfg.mode == RunMode::Stepped;
     if let Some(c) = &ctrl {
-        w.wqe_log
-            .doorbell(hca, c.qpn(), c.wqe_index(), rest, Some(at));
+        w.wqe_log.doorbell(hca, c.qpn(), c.wqe_index(), rest);
     }
     // The MMIO write as it crossed the link: 8 bytes, or the BlueFlame copy (whole 64-byte
     // blocks of the WQE the doorbell word heads).

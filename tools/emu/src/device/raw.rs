@@ -141,7 +141,7 @@ fn build_frame(
 /// not looped back to the port that sent it.
 pub(super) fn transmit(w: &mut World, src: usize, frame: Vec<u8>) {
     w.hcas[src].counters.raw_tx_frames += 1;
-    crate::pcap::write_frame(w, &frame);
+    crate::pcap::write_frame(&mut w.pcap, &frame);
     let mut dmac = [0u8; 6];
     dmac.copy_from_slice(&frame[..6]);
     let group = eth::is_group(&dmac);

@@ -83,7 +83,7 @@ pub(crate) fn send_packet(w: &mut World, mut pkt: Packet) {
             let bit = (flip % (bytes.len() as u64 * 8)) as usize;
             bytes[bit / 8] ^= 1 << (bit % 8);
         }
-        crate::pcap::capture(w, sip, dip, &bytes);
+        crate::pcap::capture(&mut w.pcap, w.cfg.link_layer, sip, dip, &bytes);
         if remote {
             // The same faults as in process: delay every datagram by `delay_ns`; a
             // reordered one is held back until the next one has gone out (or, if none
@@ -203,7 +203,13 @@ pub(super) fn receive_udp(w: &mut World) -> usize {
             }
             if w.pcap.is_some() {
                 // What arrives is recorded too (unless its sender writes this capture).
-                crate::pcap::capture_arrival(w, sip, node_ip(lid), &buf[..len]);
+                crate::pcap::capture_arrival(
+                    &mut w.pcap,
+                    w.cfg.link_layer,
+                    sip,
+                    node_ip(lid),
+                    &buf[..len],
+                );
             }
             match decode(&buf[..len], sip, node_ip(lid)) {
                 Some(mut p) => {

@@ -178,4 +178,3 @@ pub struct Checks {
     /// The failed checks, oldest first.
     pub(crate) failed: VecDeque<FailedCheck>,
 }
-

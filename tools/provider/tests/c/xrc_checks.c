@@ -261,6 +261,7 @@ int main(int argc, char **argv)
 	int fl = fcntl(ctx->async_fd, F_GETFL);
 	fcntl(ctx->async_fd, F_SETFL, fl | O_NONBLOCK);
 	printf("async events after it:");
+	int nev = 0;
 	for (int tries = 0; tries < 50; tries++) {
 		struct ibv_async_event ev;
 		if (ibv_get_async_event(ctx, &ev)) {
@@ -270,8 +271,9 @@ int main(int argc, char **argv)
 		printf(" %s on %s", ibv_event_type_str(ev.event_type),
 		       ev.element.qp == snd ? "the initiator" : ev.element.qp == tgt ? "the target" : "another object");
 		ibv_ack_async_event(&ev);
+		nev++;
 	}
-	printf("\n");
+	printf("%s\n", nev ? "" : " none");
 
 	struct ibv_qp_init_attr rca = { 0 };
 	if (skip_rc)
