@@ -240,7 +240,7 @@ fn the_readme_lists_every_example_and_ci_runs_its_test_command() {
     let script = std::fs::read_to_string(root.join("tools/test.sh")).unwrap();
     assert!(
         script.contains("cargo test --workspace --release --no-fail-fast")
-            && script.contains("awk -f tools/test-summary.awk"),
+            && script.contains("-f tools/test-summary.awk"),
         "{script}"
     );
 }

@@ -46,7 +46,10 @@ fi
 # Every test binary runs even after one fails (so the summary counts them all); each binary's
 # start is stamped with the time since this script began, and one line closes the run.
 echo "== cargo test --workspace --release --no-fail-fast $*"
+# mawk (Debian's awk) reads a pipe in blocks unless told to read it line by line.
+AWK=(awk)
+if awk -W version 2>/dev/null | grep -qi mawk; then AWK=(awk -W interactive); fi
 set +e
-cargo test --workspace --release --no-fail-fast "$@" 2>&1 | awk -f tools/test-summary.awk
+cargo test --workspace --release --no-fail-fast "$@" 2>&1 | "${AWK[@]}" -f tools/test-summary.awk
 rc=${PIPESTATUS[0]}
 exit "$rc"
