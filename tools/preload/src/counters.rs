@@ -55,11 +55,23 @@ pub(crate) fn port_counters(c: &Counters) -> [(&'static str, u64); 21] {
 /// temporary file first, then the renames in one quick pass, so that a reader of several
 /// files rarely sees two refreshes mixed (each file is always whole). One writer at a time
 /// (the refresher and the exit write share the temporary names).
+#[cfg(test)]
 pub(crate) fn write(port: &Path, c: &Counters) -> io::Result<()> {
-    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _one = ONE
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
+    write_locked(port, c)
+}
+
+/// One writer at a time: the refresher and the exit write share the temporary names.
+static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Set by the exit write: the refresher starts no write after it (the process ends while
+/// it runs, and a write cut between its files and its renames would leave `.name.new`
+/// files in a kept tree).
+static FINAL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn write_locked(port: &Path, c: &Counters) -> io::Result<()> {
     let (d, h) = (port.join("counters"), port.join("hw_counters"));
     std::fs::create_dir_all(&d)?;
     std::fs::create_dir_all(&h)?;
@@ -83,6 +95,23 @@ pub(crate) fn write(port: &Path, c: &Counters) -> io::Result<()> {
 // The unit-test build has no shim (the hooks that call these).
 #[cfg_attr(test, allow(dead_code))]
 pub(crate) fn write_all(root: &Path, emu: &Emulator) -> io::Result<()> {
+    for_each_port(root, emu, |port, c| {
+        let _one = ONE
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if FINAL.load(std::sync::atomic::Ordering::Acquire) {
+            return Ok(());
+        }
+        write_locked(port, c)
+    })
+}
+
+/// `f(port directory, counters)` for every HCA of `emu` in the tree at `root`.
+fn for_each_port(
+    root: &Path,
+    emu: &Emulator,
+    mut f: impl FnMut(&Path, &Counters) -> io::Result<()>,
+) -> io::Result<()> {
     for i in 0..emu.num_hcas() {
         let Some(info) = emu.hca_info(i) else {
             continue;
@@ -91,9 +120,21 @@ pub(crate) fn write_all(root: &Path, emu: &Emulator) -> io::Result<()> {
             .join("class/infiniband")
             .join(&info.name)
             .join("ports/1");
-        write(&port, &emu.counters(i))?;
+        f(&port, &emu.counters(i))?;
     }
     Ok(())
+}
+
+/// The last write, at exit: waits for a refresh in progress to finish, writes every HCA's
+/// counters, and stops the refresher from starting another.
+// The unit-test build has no shim (the hooks that call these).
+#[cfg_attr(test, allow(dead_code))]
+pub(crate) fn write_final(root: &Path, emu: &Emulator) -> io::Result<()> {
+    let _one = ONE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    FINAL.store(true, std::sync::atomic::Ordering::Release);
+    for_each_port(root, emu, write_locked)
 }
 
 /// Rewrite the files every [`REFRESH`] until the tree is gone.

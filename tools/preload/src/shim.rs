@@ -463,7 +463,7 @@ pub(crate) fn fini() {
             } else if written && tree.pid == std::process::id() {
                 // Kept: the counters as they are at exit.
                 if let Some(emu) = EMULATOR.get() {
-                    let _ = crate::counters::write_all(&tree.root, emu);
+                    let _ = crate::counters::write_final(&tree.root, emu);
                 }
             }
         }
