@@ -253,8 +253,10 @@ fn a_slowed_setting_is_worse_and_an_unchanged_one_is_not_better() {
     let rows = run_settings(&o, "post_delay", &set, |_| {}).unwrap();
     assert!(rows.iter().all(|r| r.runs.len() == 3));
     let line = knob_line("post_delay", &[&rows[0], &rows[1]]);
-    assert!(line.contains("0 -> 30us: worse: message rate"), "{line}");
-    assert!(line.contains("latency p50"), "{line}");
+    // Called worse; on a noisy machine the baseline's message-rate runs can spread too widely
+    // for that figure to be judged, but the p50 (about 20x) always is (seen in a CI run).
+    assert!(line.contains("0 -> 30us: worse: "), "{line}");
+    assert!(line.contains("latency p50 "), "{line}");
     assert!(!line.contains("better"), "{line}");
     // No change: the baseline against itself, five runs each.
     let o = quick_opts(5);
