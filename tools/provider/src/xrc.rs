@@ -9,6 +9,14 @@
 //! `ibv_create_qp_ex` whose mask is only `PD` (an XRC_SEND QP, as `ibv_xsrq_pingpong` makes
 //! it) arrives through `create_qp` instead, with no receive CQ.
 //!
+//! # Safety of the entry points
+//! Every `unsafe extern "C" fn` here is an operation libibverbs calls through the
+//! `verbs_context` table, and relies on what libibverbs guarantees for it: each object
+//! pointer is null or one this provider returned and has not yet destroyed (so its
+//! libibverbs struct heads our allocation), each attribute pointer is null or points to a
+//! live struct of the `verbs.h` layout for the duration of the call, and no object is
+//! destroyed while another call on it runs.
+//!
 //! A domain counts its SRQs and target QPs: closing it while any is alive is refused with
 //! `EBUSY`, as the kernel refuses `CLOSE_XRCD` on a domain in use.
 
