@@ -22,6 +22,11 @@ pub const DEFAULT_INLINE_SEND: u32 = 236;
 pub const DEFAULT_INLINE_WRITE: u32 = 220;
 /// perftest's default inline size of UD SENDs (the address vector takes WQE room).
 pub const DEFAULT_INLINE_SEND_UD: u32 = 188;
+/// perftest's default inline size of DC SENDs and WRITEs (`DEF_INLINE_DC`).
+pub const DEFAULT_INLINE_DC: u32 = 150;
+/// Largest `--log_dci_streams`: a DCI's stream id is 16 bits wide (perftest reads the option as
+/// a `uint16_t`; the device may offer fewer).
+pub const MAX_LOG_DCI_STREAMS: u16 = 15;
 
 /// What a testbed must be created with.
 #[derive(Debug, Clone)]
@@ -68,6 +73,8 @@ pub struct TestbedConfig {
     pub sl: u8,
     /// RC retransmission timeout exponent.
     pub timeout: u8,
+    /// `-c DC`: log2 of the DCI stream channels asked for (0: none).
+    pub log_dci_streams: u16,
 }
 
 /// A connected pair of RC QPs, both ends in this process.
@@ -199,10 +206,12 @@ where
     let atomic = matches!(op, Op::FetchAdd | Op::CmpSwap);
     let conn = a.connection;
     match (conn, op) {
-        (Conn::Rc, _) | (Conn::Uc, Op::Send | Op::Write) | (Conn::Ud, Op::Send) => {}
-        (Conn::Xrc | Conn::Dc | Conn::Srd, _) => {
+        (Conn::Rc | Conn::Xrc | Conn::Dc, _)
+        | (Conn::Uc, Op::Send | Op::Write)
+        | (Conn::Ud, Op::Send) => {}
+        (Conn::Srd, _) => {
             return Err(format!(
-                "-c {}: not supported (RC, UC and UD are)",
+                "-c {}: not supported (RC, UC, UD, XRC and DC are)",
                 conn.name()
             ));
         }
@@ -215,6 +224,35 @@ where
         }
     }
     let peer = a.host.is_some() || a.server;
+    let hpc = matches!(conn, Conn::Xrc | Conn::Dc);
+    if hpc && !peer {
+        return Err(format!(
+            "-c {}: with a peer only (HOST or --server), as perftest runs it: \
+             initiators on one side, targets on the other",
+            conn.name()
+        ));
+    }
+    if hpc && a.rdma_cm {
+        // perftest: "XRC does not support RDMA_CM", "DC does not support RDMA_CM"
+        return Err(format!(
+            "-c {} with -R/--rdma_cm: {} does not support rdma_cm (as perftest says)",
+            conn.name(),
+            conn.name()
+        ));
+    }
+    if a.log_dci_streams > 0 && conn != Conn::Dc {
+        return Err(format!(
+            "--log_dci_streams {}: DC only (-c DC), as perftest",
+            a.log_dci_streams
+        ));
+    }
+    if a.log_dci_streams > MAX_LOG_DCI_STREAMS {
+        return Err(format!(
+            "--log_dci_streams {}: at most {MAX_LOG_DCI_STREAMS} (2^{MAX_LOG_DCI_STREAMS} \
+             stream channels)",
+            a.log_dci_streams
+        ));
+    }
     if !peer && (a.port.is_some() || a.bind.is_some()) {
         return Err("-p/--bind: the TCP exchange needs a peer (HOST or --server)".into());
     }
@@ -334,6 +372,7 @@ where
     };
     // perftest inlines by default in latency tests only
     let default_inline = match (op, lat) {
+        (Op::Send | Op::Write, true) if conn == Conn::Dc => DEFAULT_INLINE_DC,
         (Op::Send, true) if conn == Conn::Ud => DEFAULT_INLINE_SEND_UD,
         (Op::Send, true) => DEFAULT_INLINE_SEND,
         (Op::Write, true) => DEFAULT_INLINE_WRITE,
@@ -435,6 +474,7 @@ where
         conn,
         sl: a.sl,
         timeout: a.qp_timeout,
+        log_dci_streams: a.log_dci_streams,
     };
     Ok(Plan {
         op,
@@ -636,6 +676,7 @@ impl Reporter {
             title: title(op, plan.lat).to_owned(),
             device,
             connection: self.conn,
+            srq: matches!(plan.testbed.conn, Conn::Xrc | Conn::Dc),
             // perftest's lines: TX depth on the client (and in duplex runs: one process holds
             // both sides here), RX depth in SEND tests on the server (and duplex), each as
             // perftest clamps it to the iterations of the run
@@ -1129,6 +1170,7 @@ fn pingpong(a: &PingpongArgs) -> Result<(), String> {
         conn: Conn::Rc,
         sl: a.sl,
         timeout: 14,
+        log_dci_streams: 0,
     };
     let p = RunParams {
         size: a.size,

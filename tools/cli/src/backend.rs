@@ -52,7 +52,7 @@ const EMU_COUNTER_NAMES: [&str; 12] = [
     "packets_dropped",
 ];
 
-fn err(what: &str) -> impl FnOnce(mlx5::Error) -> String + '_ {
+pub(crate) fn err(what: &str) -> impl FnOnce(mlx5::Error) -> String + '_ {
     move |e| format!("{what}: {e}")
 }
 
@@ -523,19 +523,19 @@ impl Testbed for DriverTestbed {
 }
 
 /// An opened device: context, PD and port addressing.
-struct Opened {
-    ctx: Context,
-    emu: Option<Emulator>,
-    device: String,
-    lid: u16,
-    gid: Option<[u8; 16]>,
+pub(crate) struct Opened {
+    pub(crate) ctx: Context,
+    pub(crate) emu: Option<Emulator>,
+    pub(crate) device: String,
+    pub(crate) lid: u16,
+    pub(crate) gid: Option<[u8; 16]>,
     /// Source GID index of the paths (with `gid`).
-    sgid_index: u8,
-    roce: bool,
-    mtu: u8,
+    pub(crate) sgid_index: u8,
+    pub(crate) roce: bool,
+    pub(crate) mtu: u8,
 }
 
-fn open_device(cfg: &TestbedConfig) -> Result<Opened, String> {
+pub(crate) fn open_device(cfg: &TestbedConfig) -> Result<Opened, String> {
     let (ctx, emu, device) = match pick(cfg)? {
         Target::Real(d) => {
             let ctx = d.open().map_err(|e| format!("{}: {e}", d.name))?;
@@ -662,7 +662,7 @@ impl End {
     }
 }
 
-fn emu_counters_json(emu: &Emulator) -> serde_json::Value {
+pub(crate) fn emu_counters_json(emu: &Emulator) -> serde_json::Value {
     let c: Counters = emu.counters(0);
     let mut m = serde_json::Map::new();
     for name in EMU_COUNTER_NAMES

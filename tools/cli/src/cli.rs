@@ -389,7 +389,8 @@ pub struct TestArgs<Op: ValueEnum + Clone + Send + Sync + 'static> {
     #[arg(long)]
     pub counters: bool,
     /// Connection type (perftest's -c): RC (default), UC (SEND and WRITE), UD (SEND; messages
-    /// up to the path MTU). XRC, DC and SRD are refused by name.
+    /// up to the path MTU); XRC and DC with a peer (HOST or --server): perftest's initiator and
+    /// target QPs, SRQs and key exchange. SRD is refused by name.
     #[arg(short = 'c', long = "connection", value_enum, default_value_t = Conn::Rc)]
     pub connection: Conn,
     /// Sleep on CQ events (perftest's -e): the same as --poll event.
@@ -448,6 +449,13 @@ pub struct TestArgs<Op: ValueEnum + Clone + Send + Sync + 'static> {
     /// manager (RC only).
     #[arg(short = 'R', long = "rdma_cm")]
     pub rdma_cm: bool,
+    /// -c DC: ask for 2^N DCI stream channels (perftest's --log_dci_streams; 0 = none).
+    #[arg(
+        long = "log_dci_streams",
+        value_name = "LOG_NUM",
+        default_value_t = 0
+    )]
+    pub log_dci_streams: u16,
     /// perftest options this tool does not support yet: accepted by the parser only so that
     /// they are refused by name.
     #[command(flatten)]
@@ -478,10 +486,10 @@ pub enum Conn {
     /// Unreliable datagram.
     #[value(name = "UD")]
     Ud,
-    /// Extended reliable connected (refused).
+    /// Extended reliable connected (with a peer).
     #[value(name = "XRC")]
     Xrc,
-    /// Dynamically connected (refused).
+    /// Dynamically connected (with a peer).
     #[value(name = "DC")]
     Dc,
     /// Scalable reliable datagram (refused).
@@ -709,8 +717,12 @@ pub const REFUSED: &[Refused] = &[
         true,
         "rate limiting is not supported",
     ),
-    refused(None, "log_dci_streams", true, "DC is not supported"),
-    refused(None, "log_active_dci_streams", true, "DC is not supported"),
+    refused(
+        None,
+        "log_active_dci_streams",
+        true,
+        "every DCI stream channel is active",
+    ),
     refused(None, "aes_xts", false, "encryption is not supported"),
     refused(None, "encrypt_on_tx", false, "encryption is not supported"),
     refused(None, "sig_before", false, "encryption is not supported"),

@@ -23,3 +23,4 @@ pub mod stats;
 pub mod svg;
 pub mod trace;
 pub mod tune;
+pub mod xrc_dc;

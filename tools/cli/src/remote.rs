@@ -15,6 +15,7 @@ use crate::bench::RunParams;
 use crate::bench::{self, Op};
 use crate::cli::{PingpongArgs, TestArgs};
 use crate::exchange::{self, DONE, PINGPONG_MSG_LEN, PerftestKey, PingpongDest, Role};
+use crate::xrc_dc::HpcPeer;
 
 /// How long the client keeps trying to reach the server.
 const CONNECT_PATIENCE: Duration = Duration::from_secs(10);
@@ -56,6 +57,124 @@ pub fn setup_exchanges(op: Op, lat: bool) -> &'static [Exchange] {
         (Op::Send, _) => &[Keys, One, Keys],
         (_, true) => &[One, Keys, Keys, One],
         (_, false) => &[Keys, Keys, One],
+    }
+}
+
+/// This side of a run against a peer process: the QPs whose keys go into perftest's
+/// exchange, connected from the peer's, and the ends the measurement loops drive.
+/// [`SingleEnd`] holds RC, UC or UD QPs; [`HpcPeer`] XRC's and DC's initiators and targets.
+pub trait PeerEnd {
+    /// Our MTU as the ibv_mtu enum.
+    fn mtu(&self) -> u8;
+    /// The keys perftest sends for this side, one per QP, in its order (OUT_READS =
+    /// `out_reads`); they may change once connected (a DCT's number).
+    fn keys(&self, out_reads: u16) -> Vec<PerftestKey>;
+    /// Connects our QPs from the peer's first round of keys.
+    fn connect_all(&mut self, peers: &[PerftestKey], mtu: u8) -> Result<(), String>;
+    /// Takes what the peer's later rounds of keys say (the numbers its targets got when
+    /// connected), and checks the last one.
+    fn refresh(&mut self, _peers: &[PerftestKey], _last: bool) -> Result<(), String> {
+        Ok(())
+    }
+    /// Number of ends the bandwidth loops drive.
+    fn qps(&self) -> usize;
+    /// The first QP's endpoint for the address lines.
+    fn endpoint(&self) -> crate::report::Endpoint;
+    /// The other QPs' endpoints.
+    fn more_endpoints(&self) -> Vec<crate::report::Endpoint>;
+    /// The first end.
+    fn side(&mut self) -> &mut dyn bench::Side;
+    /// Every end.
+    fn sides(&mut self) -> Vec<&mut dyn bench::Side>;
+    /// Device name as printed.
+    fn device(&self) -> String;
+    /// Whether this is the emulator.
+    fn emulated(&self) -> bool;
+    /// Whether sends use BlueFlame.
+    fn bf(&self) -> bool;
+    /// Inline data the sending QPs were created with.
+    fn max_inline(&self) -> u32;
+    /// What backs the buffers.
+    fn buffers(&self) -> String;
+    /// The port is Ethernet (RoCE), and the source GID index of the path if global.
+    fn link(&self) -> (bool, Option<u8>);
+    /// Emulator counters, if emulated.
+    fn counters(&self) -> Option<serde_json::Value>;
+    /// The driver's counters.
+    fn driver_counters(&self) -> serde_json::Value;
+    /// `--cpu_cost`: per-call times, if recorded.
+    fn cost(&self) -> Option<crate::cost::CostLog>;
+}
+
+macro_rules! peer_end_delegate {
+    ($t:ty) => {
+        fn mtu(&self) -> u8 {
+            <$t>::mtu(self)
+        }
+        fn keys(&self, out_reads: u16) -> Vec<PerftestKey> {
+            <$t>::keys(self, out_reads)
+        }
+        fn connect_all(&mut self, peers: &[PerftestKey], mtu: u8) -> Result<(), String> {
+            <$t>::connect_all(self, peers, mtu)
+        }
+        fn qps(&self) -> usize {
+            <$t>::qps(self)
+        }
+        fn endpoint(&self) -> crate::report::Endpoint {
+            <$t>::endpoint(self)
+        }
+        fn more_endpoints(&self) -> Vec<crate::report::Endpoint> {
+            <$t>::more_endpoints(self)
+        }
+        fn side(&mut self) -> &mut dyn bench::Side {
+            <$t>::side(self)
+        }
+        fn sides(&mut self) -> Vec<&mut dyn bench::Side> {
+            <$t>::sides(self)
+        }
+        fn device(&self) -> String {
+            <$t>::device(self)
+        }
+        fn emulated(&self) -> bool {
+            <$t>::emulated(self)
+        }
+        fn bf(&self) -> bool {
+            <$t>::bf(self)
+        }
+        fn max_inline(&self) -> u32 {
+            <$t>::max_inline(self)
+        }
+        fn buffers(&self) -> String {
+            <$t>::buffers(self)
+        }
+        fn link(&self) -> (bool, Option<u8>) {
+            <$t>::link(self)
+        }
+        fn counters(&self) -> Option<serde_json::Value> {
+            <$t>::counters(self)
+        }
+        fn driver_counters(&self) -> serde_json::Value {
+            <$t>::driver_counters(self)
+        }
+        fn cost(&self) -> Option<crate::cost::CostLog> {
+            <$t>::cost(self)
+        }
+    };
+}
+
+impl PeerEnd for SingleEnd {
+    peer_end_delegate!(SingleEnd);
+}
+
+impl PeerEnd for HpcPeer {
+    peer_end_delegate!(HpcPeer);
+
+    fn refresh(&mut self, peers: &[PerftestKey], last: bool) -> Result<(), String> {
+        HpcPeer::refresh(self, peers)?;
+        if last {
+            self.check_peer(peers)?;
+        }
+        Ok(())
     }
 }
 
@@ -104,7 +223,16 @@ where
     }
     let role = if a.server { Role::Server } else { Role::Client };
     let (op, lat) = (plan.op, plan.lat);
-    let mut end = SingleEnd::open_qps(&plan.testbed, a.num_qps)?;
+    let mut end: Box<dyn PeerEnd> = match plan.testbed.conn {
+        crate::cli::Conn::Xrc | crate::cli::Conn::Dc => Box::new(HpcPeer::open(
+            &plan.testbed,
+            a.num_qps,
+            lat,
+            role == Role::Server,
+        )?),
+        _ => Box::new(SingleEnd::open_qps(&plan.testbed, a.num_qps)?),
+    };
+    let end = end.as_mut();
     let bind = a.bind.as_deref().unwrap_or("0.0.0.0");
     let port = a.port.unwrap_or(crate::cli::DEFAULT_PORT);
     let mut s = tcp(role, a.host.as_deref(), bind, port)?;
@@ -115,10 +243,14 @@ where
     let peer_mtu =
         exchange::perftest_preamble(&mut s, role, 4096, 64, end.mtu()).map_err(io("exchange"))?;
     let mtu = end.mtu().min(peer_mtu);
-    let keys = end.keys(u16::from(plan.testbed.max_rd_atomic));
-    let key = keys[0];
+    let out_reads = u16::from(plan.testbed.max_rd_atomic);
     let mut peers: Option<Vec<PerftestKey>> = None;
-    for step in setup_exchanges(op, lat) {
+    let steps = setup_exchanges(op, lat);
+    let last_keys = steps.iter().rposition(|e| *e == Exchange::Keys);
+    for (i, step) in steps.iter().enumerate() {
+        // a DCT's number is known once connected: every round sends the keys as they are now
+        let keys = end.keys(out_reads);
+        let key = *keys.first().ok_or("no QP to exchange")?;
         match step {
             Exchange::One => {
                 exchange::perftest_keys(&mut s, role, &key).map_err(io("barrier"))?;
@@ -130,13 +262,16 @@ where
                 }
                 if peers.is_none() {
                     end.connect_all(&got, mtu)?;
-                    peers = Some(got);
+                } else {
+                    end.refresh(&got, Some(i) == last_keys)?;
                 }
+                peers = Some(got);
             }
         }
     }
     let peers = peers.ok_or("no key exchange")?;
     let peer = peers[0];
+    let key = end.keys(out_reads)[0];
     let barrier = |s: &mut TcpStream, n: u32| -> Result<(), String> {
         for _ in 0..n {
             exchange::perftest_keys(s, role, &key).map_err(io("barrier"))?;
@@ -207,7 +342,7 @@ where
         }
         barrier(&mut s, per_size)?;
         if !a.connect_only {
-            if let Some(report) = run_size(&mut end, &mut rep, role, plan, size)? {
+            if let Some(report) = run_size(end, &mut rep, role, plan, size)? {
                 ours = report;
             }
         }
@@ -263,7 +398,7 @@ where
 /// Runs one message size on this side and prints its row; a bandwidth client returns the
 /// report perftest's server expects.
 pub(crate) fn run_size(
-    end: &mut SingleEnd,
+    end: &mut dyn PeerEnd,
     rep: &mut Reporter,
     role: Role,
     plan: &Plan,

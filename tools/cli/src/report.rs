@@ -125,6 +125,8 @@ pub struct Header {
     pub device: String,
     /// Connection type: "RC".
     pub connection: &'static str,
+    /// The receives come from an SRQ (`-c XRC`, `-c DC`: perftest's "Using SRQ").
+    pub srq: bool,
     /// Send queue depth as perftest prints it (`TX depth`), `None` where perftest prints no
     /// such line (a server that is not duplex).
     pub tx_depth: Option<u32>,
@@ -184,7 +186,7 @@ impl Header {
             s,
             " Connection type : {}\t\tUsing SRQ      : {}",
             self.connection,
-            on_off(false)
+            on_off(self.srq)
         );
         let _ = writeln!(s, " PCIe relax order: {}", on_off(false));
         // Our posting path writes WQEs directly; it is not libibverbs' ibv_wr_* API.
@@ -420,6 +422,7 @@ mod tests {
             title: "Send Latency Test".into(),
             device: "mlx5_0 (emulated)".into(),
             connection: "RC",
+            srq: false,
             tx_depth: Some(1),
             rx_depth: None,
             qps: 1,
@@ -500,6 +503,7 @@ mod tests {
             title: "Send BW Test".into(),
             device: "mlx5_0".into(),
             connection: "RC",
+            srq: false,
             tx_depth: None,
             rx_depth: Some(512),
             qps: 3,

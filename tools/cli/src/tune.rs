@@ -329,6 +329,7 @@ fn config(o: &TuneOpts, s: &Setting) -> TestbedConfig {
         conn: crate::cli::Conn::Rc,
         sl: 0,
         timeout: 14,
+        log_dci_streams: 0,
     }
 }
 
