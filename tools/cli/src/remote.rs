@@ -322,6 +322,13 @@ where
         })
         .collect();
     rep.begin(end.emulated(), &header)?;
+    if plan.testbed.log_dci_streams > 0 {
+        rep.note(&format!(
+            "--log_dci_streams {}: this driver's DCI has no stream channels yet: its WRs run \
+             in order on one (a schedule streams allow; the peer may use its own)",
+            plan.testbed.log_dci_streams
+        ))?;
+    }
     let mut ours = exchange::BwReport::default();
     for &size in &plan.sizes {
         // receives first, then the barrier: the peer may send as soon as it is through
