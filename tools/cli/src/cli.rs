@@ -450,11 +450,7 @@ pub struct TestArgs<Op: ValueEnum + Clone + Send + Sync + 'static> {
     #[arg(short = 'R', long = "rdma_cm")]
     pub rdma_cm: bool,
     /// -c DC: ask for 2^N DCI stream channels (perftest's --log_dci_streams; 0 = none).
-    #[arg(
-        long = "log_dci_streams",
-        value_name = "LOG_NUM",
-        default_value_t = 0
-    )]
+    #[arg(long = "log_dci_streams", value_name = "LOG_NUM", default_value_t = 0)]
     pub log_dci_streams: u16,
     /// perftest options this tool does not support yet: accepted by the parser only so that
     /// they are refused by name.

@@ -155,9 +155,9 @@ impl HpcEnd {
                 BfPolicy::PreferBf
             };
             Some(match cfg.conn {
-                Conn::Xrc => Initiator::Xrc(
-                    XrcSendQp::new(pd, &init).map_err(err("CREATE_QP (XRC send)"))?,
-                ),
+                Conn::Xrc => {
+                    Initiator::Xrc(XrcSendQp::new(pd, &init).map_err(err("CREATE_QP (XRC send)"))?)
+                }
                 _ => Initiator::Dc(Dci::new(pd, &init).map_err(err("CREATE_QP (DCI)"))?),
             })
         } else {
@@ -174,7 +174,8 @@ impl HpcEnd {
                 (Conn::Xrc, None) => return Err("-c XRC: no XRC domain".into()),
                 _ => {
                     let srq = Srq::new(pd, cfg.rq_depth, 1).map_err(err("CREATE_SRQ"))?;
-                    let dct = Dct::new(pd, &recv_cq, &srq, DC_KEY).map_err(err("CREATE_QP (DCT)"))?;
+                    let dct =
+                        Dct::new(pd, &recv_cq, &srq, DC_KEY).map_err(err("CREATE_QP (DCT)"))?;
                     Target::Dc { dct, srq }
                 }
             })
@@ -488,10 +489,7 @@ impl HpcPeer {
     /// otherwise initiators on the client (`server` false), targets on the server.
     pub fn open(cfg: &TestbedConfig, qps: u32, lat: bool, server: bool) -> Result<Self, String> {
         if !matches!(cfg.conn, Conn::Xrc | Conn::Dc) {
-            return Err(format!(
-                "-c {}: not an XRC or DC run",
-                cfg.conn.name()
-            ));
+            return Err(format!("-c {}: not an XRC or DC run", cfg.conn.name()));
         }
         let dev = open_device(cfg)?;
         let pd = Pd::new(&dev.ctx).map_err(err("ALLOC_PD"))?;
@@ -657,8 +655,7 @@ impl HpcPeer {
                         let remote = remote_of(peer, gid, roce)?;
                         qp.to_init(port, Access::ALL, &p)
                             .map_err(err("XRC receive QP: INIT"))?;
-                        qp.to_rtr(&remote, &p)
-                            .map_err(err("XRC receive QP: RTR"))?;
+                        qp.to_rtr(&remote, &p).map_err(err("XRC receive QP: RTR"))?;
                         // perftest's bandwidth server leaves its targets at RTR
                         if lat {
                             qp.to_rts(e.tgt_psn, &p)
