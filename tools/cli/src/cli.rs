@@ -1030,6 +1030,10 @@ pub struct TraceArgs {
     /// JSON instead of text.
     #[arg(long)]
     pub json: bool,
+    /// Transport: RC (default), or DC (`trace send`: a DCI's SEND to a DCT on the emulated
+    /// HCA, its connect on the wire).
+    #[arg(short = 'c', long = "connection", value_enum, default_value_t = Conn::Rc)]
+    pub connection: Conn,
 }
 
 /// `mlx5 tune`.

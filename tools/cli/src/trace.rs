@@ -198,6 +198,10 @@ pub struct PacketHeaders {
     pub atomic_eth: Option<(u64, u32, u64, u64)>,
     /// AtomicAckETH: the original remote value.
     pub atomic_ack: Option<u64>,
+    /// XRCETH (XRC class 0xA0): the XRC SRQ the request is for.
+    pub xrceth: Option<u32>,
+    /// DCETH (this fabric's DC class 0xE0): DC access key, connect flag, the DCI's QPN.
+    pub dceth: Option<(u64, bool, u32)>,
     /// Payload bytes (between the headers and the ICRC).
     pub payload_len: usize,
     /// The ICRC (last 4 bytes, as carried).
@@ -236,6 +240,8 @@ pub fn opcode_name(op: u8) -> &'static str {
     match op >> 5 {
         0 => rc,
         1 | 3 => rc, // UC / UD share the low-bit names
+        // XRC (IBTA) and this fabric's DC requests: RC's low bits
+        5 | 7 if base <= 0x17 => rc,
         _ => "manufacturer-specific",
     }
 }
@@ -270,6 +276,19 @@ pub fn decode_packet(b: &[u8]) -> Result<PacketHeaders, String> {
     };
     let base = h.opcode & 0x1f;
     let mut off = 12;
+    // XRC and DC requests carry their extended header after the BTH, then RC's
+    let hpc = matches!(h.opcode >> 5, 5 | 7) && base <= 0x17;
+    let rc = h.opcode >> 5 == 0 || hpc;
+    if hpc && h.opcode >> 5 == 5 {
+        need(off + 4, "XRCETH")?;
+        h.xrceth = Some(be32(off) & 0xff_ffff);
+        off += 4;
+    } else if hpc {
+        need(off + 16, "DCETH")?;
+        let w = be32(off + 8);
+        h.dceth = Some((be64(off), w & 0x8000_0000 != 0, w & 0xff_ffff));
+        off += 16;
+    }
     if h.opcode >> 5 == 3 {
         need(off + 8, "DETH")?;
         off += 8;
@@ -279,18 +298,18 @@ pub fn decode_packet(b: &[u8]) -> Result<PacketHeaders, String> {
         h.reth = Some((be64(off), be32(off + 8), be32(off + 12)));
         off += 16;
     }
-    if matches!(base, 0x13 | 0x14) && h.opcode >> 5 == 0 {
+    if matches!(base, 0x13 | 0x14) && rc {
         need(off + 28, "AtomicETH")?;
         h.atomic_eth = Some((be64(off), be32(off + 8), be64(off + 12), be64(off + 20)));
         off += 28;
     }
-    if matches!(base, 0x0D | 0x0F | 0x10 | 0x11 | 0x12) && h.opcode >> 5 == 0 {
+    if matches!(base, 0x0D | 0x0F | 0x10 | 0x11 | 0x12) && rc {
         need(off + 4, "AETH")?;
         let a = be32(off);
         h.aeth = Some(((a >> 24) as u8, a & 0xff_ffff));
         off += 4;
     }
-    if base == 0x12 && h.opcode >> 5 == 0 {
+    if base == 0x12 && rc {
         need(off + 8, "AtomicAckETH")?;
         h.atomic_ack = Some(be64(off));
         off += 8;
@@ -300,7 +319,7 @@ pub fn decode_packet(b: &[u8]) -> Result<PacketHeaders, String> {
         h.imm = Some([b[off], b[off + 1], b[off + 2], b[off + 3]]);
         off += 4;
     }
-    if matches!(base, 0x16 | 0x17) && h.opcode >> 5 == 0 {
+    if matches!(base, 0x16 | 0x17) && rc {
         need(off + 4, "IETH")?;
         h.ieth = Some(be32(off));
         off += 4;
@@ -337,6 +356,20 @@ impl PacketHeaders {
             u8::from(self.ack_req),
             self.psn
         )];
+        if let Some(srqn) = self.xrceth {
+            v.push(format!("XRCETH  XRC SRQ {srqn:#08x}"));
+        }
+        if let Some((key, connect, dci)) = self.dceth {
+            v.push(format!(
+                "DCETH   DC key {key:#x}  connect {}  DCI {dci:#08x}{}",
+                u8::from(connect),
+                if connect {
+                    "  (the DCI connects to this DCT: the responder makes its context)"
+                } else {
+                    ""
+                }
+            ));
+        }
         if let Some((va, rkey, len)) = self.reth {
             v.push(format!(
                 "RETH    va {va:#x}  rkey {rkey:#010x}  dma_len {len}"
@@ -379,6 +412,8 @@ impl PacketHeaders {
                 "opcode": self.opcode, "opcode_name": opcode_name(self.opcode), "se": self.se,
                 "pkey": self.pkey, "dest_qp": self.dest_qp, "ack_req": self.ack_req, "psn": self.psn,
             },
+            "xrceth": self.xrceth,
+            "dceth": self.dceth.map(|(k, c, d)| json!({"key": k, "connect": c, "dci": d})),
             "reth": self.reth.map(|(va, rkey, len)| json!({"va": va, "rkey": rkey, "dma_len": len})),
             "aeth": self.aeth.map(|(s, m)| json!({"syndrome": s, "msn": m})),
             "immdt": self.imm.map(u32::from_be_bytes),
@@ -1265,6 +1300,219 @@ fn trace_one(
     Ok(())
 }
 
+/// `mlx5 trace send -c DC`: one SEND from a DCI to a DCT on the stepped emulated HCA. The
+/// DCT on its SRQ (its number from RTR), the DCI (RTS with no destination), the work request
+/// with its DC address (AH, DCT number, perftest's key), the WQE with the datagram segment,
+/// then the device's stages: the first packet carries the DCETH with the connect flag (the
+/// DCT makes the DCI's responder context), the receive from the SRQ, the CQEs and the ACK.
+///
+/// # Errors
+/// A step the driver or the emulator refused (named), or a size over the buffer.
+pub fn trace_dc(o: &TraceOpts) -> Result<Vec<Stage>, String> {
+    use mlx5::{Ah, AhAttr, DcAddr, DcWr, Dci, Dct, Srq};
+    if o.op != TraceOp::Send || o.fault.is_some() {
+        return Err("trace -c DC: `trace send` without --fault only, for now".into());
+    }
+    let emu = Emulator::new(EmuConfig {
+        mode: RunMode::Stepped,
+        ..EmuConfig::default()
+    });
+    emu.count_link(true);
+    emu.trace(true);
+    let ctx = Context::open(emu.open(0).map_err(|e| format!("emulator: {e:?}"))?)
+        .map_err(err("emulated context"))?;
+    let pd = Pd::new(&ctx).map_err(err("ALLOC_PD"))?;
+    let size = o.size;
+    let area = (size as usize).max(8).next_multiple_of(64);
+    let buf = Arc::new(DmaBuf::new(2 * area).map_err(err("buffer"))?);
+    let mr = pd.reg_mr(&buf, Access::ALL).map_err(err("REG_MR"))?;
+    let cq = |n| {
+        Cq::new(
+            &ctx,
+            CqInit {
+                cqe: n,
+                ..CqInit::default()
+            },
+            None,
+        )
+        .map_err(err("CREATE_CQ"))
+    };
+    let mut scq = cq(16)?;
+    let mut rcq = cq(16)?;
+    let lid = ctx.query_port(1).map_err(err("QUERY_PORT"))?.lid;
+    let p = ConnectParams::new().mtu(Mtu::M1024).timeout(8);
+    let mut out = Vec::new();
+    let key = crate::xrc_dc::DC_KEY;
+    // The target: an SRQ with one receive, the DCT on it, to RTR.
+    let mut srq = Srq::new(&pd, 4, 1).map_err(err("CREATE_SRQ"))?;
+    let rsge = [mr.sge(area as u64, area as u32)];
+    srq.post_recv(&[RecvWr {
+        wr_id: 0x2000,
+        sg_list: &rsge,
+    }])
+    .map_err(|(_, e)| format!("post_recv to the SRQ: {e}"))?;
+    let mut dct = Dct::new(&pd, &rcq, &srq, key).map_err(err("CREATE_QP (DCT)"))?;
+    let dctn = dct
+        .activate(1, Access::ALL, &p)
+        .map_err(err("DCT: INIT, RTR"))?;
+    out.push(stage(
+        0,
+        "DC target",
+        emu.trace_clock(),
+        "mlx5::Dct::activate",
+        vec![
+            format!("DCT on SRQ {:#x} (one receive of {area} B posted), key {key:#x}", srq.srqn()),
+            "RESET -> INIT (port 1, remote access) -> RTR (AV, path MTU, RNR timer): a DCT goes no further".into(),
+            format!("DCT number {dctn:#08x}, from the RTR answer (0 before; the QPN field of perftest's later keys)"),
+        ],
+        json!({"dctn": dctn, "srqn": srq.srqn(), "key": key}),
+    ));
+    // The initiator: RTS with no destination.
+    let mut init = QpInitAttr::new(QpType::Dci, &scq, &scq);
+    init.cap = QpCap {
+        max_send_wr: 4,
+        max_recv_wr: 0,
+        max_send_sge: 1,
+        max_recv_sge: 0,
+        max_inline_data: o.inline,
+    };
+    init.bf_policy = if o.bf {
+        BfPolicy::PreferBf
+    } else {
+        BfPolicy::AlwaysDoorbell
+    };
+    let mut dci = Dci::new(&pd, &init).map_err(err("CREATE_QP (DCI)"))?;
+    dci.activate(1, 0x100, &p)
+        .map_err(err("DCI: INIT, RTR, RTS"))?;
+    let ah = Ah::new(
+        &pd,
+        AhAttr {
+            dlid: lid,
+            port_num: 1,
+            ..AhAttr::default()
+        },
+    )
+    .map_err(err("CREATE_AH"))?;
+    let to = DcAddr::new(&ah, dctn, key).map_err(err("DC address"))?;
+    let dci_qpn = dci.qp().qpn();
+    out.push(stage(
+        0,
+        "DC initiator",
+        emu.trace_clock(),
+        "mlx5::Dci::activate",
+        vec![
+            format!("DCI {dci_qpn:#08x}: RESET -> INIT -> RTR (path MTU, no destination) -> RTS, send PSN 0x100"),
+            format!("address of the target: AH to LID {lid:#x}, DCT {dctn:#08x}, key {key:#x} (copied into each WQE)"),
+        ],
+        json!({"dci": dci_qpn, "dlid": lid, "dctn": dctn}),
+    ));
+    emu.run_until_idle();
+    emu.take_trace();
+    let pattern: Vec<u8> = (0..size)
+        .map(|j| (j as u8).wrapping_mul(37) ^ 0x5a)
+        .collect();
+    buf.write(0, &pattern);
+    let inline = size <= o.inline;
+    let sge = [mr.sge(0, size)];
+    let inl: [&[u8]; 1] = [&pattern];
+    let mut wr = SendWr::new(0x1000, WrOp::Send, &sge, SendFlags::SIGNALED);
+    if inline {
+        wr = wr.with_inline(&inl);
+    }
+    out.push(stage(
+        0,
+        "work request",
+        emu.trace_clock(),
+        "mlx5::Dci::post_send",
+        vec![
+            format!(
+                "SEND wr_id 0x1000, {size} B{}, SIGNALED",
+                if inline { " inline" } else { "" }
+            ),
+            format!("DcWr: to DCT {dctn:#08x} through the AH, key {key:#x}"),
+        ],
+        json!({"wr_id": 0x1000, "size": size, "inline": inline, "dctn": dctn}),
+    ));
+    let producer = dci.sq().producer();
+    dci.post_send(&[DcWr { dest: &to, wr }])
+        .map_err(|(_, e)| format!("post_send refused: {e}"))?;
+    let after = dci.sq().producer();
+    let bbs = after.wrapping_sub(producer) as usize;
+    let mut ring = vec![0u8; bbs * 64];
+    dci.sq().wqe_bytes(producer, &mut ring);
+    let ds = usize::from(ring.get(7).copied().unwrap_or(0) & 0x3f);
+    let wqe = ring[..(ds * 16).min(ring.len())].to_vec();
+    let dec = crate::decode::decode_wqe_on(&wqe, crate::decode::WqeTransport::Dci)?;
+    let mut lines = vec![format!(
+        "{} B at WQEBB {producer} of the DCI's send ring, {bbs} WQEBB(s): control, datagram (DC address), payload",
+        wqe.len()
+    )];
+    lines.extend(dec.to_text().lines().skip(1).map(str::to_owned));
+    lines.extend(hex_lines(&wqe));
+    out.push(stage(
+        0,
+        "WQE",
+        emu.trace_clock(),
+        "mlx5::xrc::post_one",
+        lines,
+        json!({"index": producer, "wqebbs": bbs, "bytes": hex(&wqe), "decoded": dec.to_json()}),
+    ));
+    emu.run_until_idle();
+    let events = emu.take_trace();
+    device_stages(
+        0,
+        &events,
+        dci_qpn,
+        dctn,
+        &wqe,
+        "mlx5::qp::sq::SendQueue::ring",
+        &mut out,
+    )?;
+    let mut wcs = [WorkCompletion::default(); 4];
+    let n = poll_until(&mut scq, &mut wcs, false);
+    let mut rw = [WorkCompletion::default(); 4];
+    let rn = poll_until(&mut rcq, &mut rw, false);
+    let mut got = vec![0u8; size as usize];
+    buf.read(area, &mut got);
+    let mut lines = vec![format!(
+        "poll_cq on the DCI's send CQ returned {n} completion(s)"
+    )];
+    lines.extend(
+        wcs[..n]
+            .iter()
+            .map(|w| w.to_string().lines().next().unwrap_or("").to_owned()),
+    );
+    lines.push(format!(
+        "the DCT's receive CQ: {rn} completion(s){}, data {}",
+        if rn > 0 {
+            format!(" (QP {:#08x}, byte_len {})", rw[0].qp_num, rw[0].byte_len)
+        } else {
+            String::new()
+        },
+        if got == pattern {
+            "matches what was sent"
+        } else {
+            "DIFFERS from what was sent"
+        }
+    ));
+    let ok = n == 1 && wcs[0].is_ok() && rn == 1 && rw[0].is_ok() && got == pattern;
+    out.push(stage(
+        0,
+        "poll",
+        emu.trace_clock(),
+        "mlx5::Cq::poll",
+        lines,
+        json!({"polled": n, "received": rn, "ok": ok}),
+    ));
+    if !ok {
+        return Err(format!(
+            "trace -c DC: the SEND did not complete as it should\n{}",
+            to_text(&out)
+        ));
+    }
+    Ok(out)
+}
+
 /// Poll `cq` once, or (`wait`) until a completion arrives or 2 s pass.
 fn poll_until(cq: &mut Cq, wcs: &mut [WorkCompletion], wait: bool) -> usize {
     let deadline = Instant::now() + Duration::from_secs(2);
@@ -1733,6 +1981,32 @@ pub fn command(a: &crate::cli::TraceArgs) -> Result<(), String> {
         n: a.iters,
         fault: a.fault,
     };
+    match a.connection {
+        crate::cli::Conn::Rc => {}
+        crate::cli::Conn::Dc => {
+            check_opts(&o)?;
+            let stages = trace_dc(&o)?;
+            if a.json {
+                let mut v = to_json(&o, &stages);
+                v["device"] = json!("emulated");
+                v["connection"] = json!("DC");
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?
+                );
+            } else {
+                print!(
+                    "mlx5 trace send -c DC: {} B, inline up to {} B, BlueFlame {}, on the emulated ConnectX (stepped)\n{}",
+                    o.size,
+                    o.inline,
+                    if o.bf { "on" } else { "off" },
+                    to_text(&stages)
+                );
+            }
+            return Ok(());
+        }
+        c => return Err(format!("trace -c {}: RC or DC", c.name())),
+    }
     // A real device unless --emu (discovery failing or finding none: the emulator).
     let dev = if a.emu {
         None

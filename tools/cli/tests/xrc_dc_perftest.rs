@@ -296,3 +296,39 @@ fn xrc_and_dc_refuse_what_perftest_refuses_by_name() {
         assert!(!err.contains("panicked"), "{args:?}: {err}");
     }
 }
+
+/// `mlx5 trace send -c DC`: the DCT's number from RTR, the WQE's DC address, the first
+/// packet's DCETH with the connect flag, the receive from the SRQ and both completions.
+#[test]
+fn trace_send_over_dc_shows_the_connect() {
+    let out = ours(&["trace", "send", "-c", "DC", "-s", "64"])
+        .output()
+        .unwrap();
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    let dctn = t
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("DCT number "))
+        .and_then(|r| r.split([' ', ',']).next())
+        .unwrap_or_else(|| panic!("no DCT number in\n{t}"))
+        .to_owned();
+    for needle in [
+        "dc_av @ 0x0010".to_owned(),
+        format!("dctn           : {dctn}"),
+        "dc_key         : 0x00000000ffeeddcc".to_owned(),
+        format!("SEND_ONLY  se 0  pkey 0xffff  dest QP {dctn}"),
+        "DCETH   DC key 0xffeeddcc  connect 1".to_owned(),
+        format!("the DCT's receive CQ: 1 completion(s) (QP {dctn}, byte_len 64), data matches"),
+    ] {
+        assert!(t.contains(&needle), "missing {needle:?} in\n{t}");
+    }
+    // other transports and operations are refused by name
+    for (args, needle) in [
+        (&["trace", "write", "-c", "DC"][..], "trace -c DC"),
+        (&["trace", "send", "-c", "XRC"], "trace -c XRC"),
+    ] {
+        let out = ours(args).output().unwrap();
+        assert!(!out.status.success(), "{args:?}");
+        assert!(text(&out).contains(needle), "{args:?}: {}", text(&out));
+    }
+}
