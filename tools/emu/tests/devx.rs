@@ -773,41 +773,17 @@ fn create_mkey_cmd(
 /// An RC pair whose responder (HCA 1) has a DEVX context, and its PD number there.
 fn devx_responder_pair() -> (Pair, u32) {
     let emu = stepped(2);
-    let mut a = Ctx::open(&emu, 0);
-    let mut b = devx_ctx_on(&emu, 1);
+    let a = Ctx::open(&emu, 0);
+    let b = devx_ctx_on(&emu, 1);
     let pda = a.alloc_pd();
     let (o, drv) =
         write_cmd(&b.dev, IB_USER_VERBS_CMD_ALLOC_PD, &[0u8; 8], &[], 4, 4).expect("ALLOC_PD");
     let pdb = u32::from_ne_bytes([o[0], o[1], o[2], o[3]]);
     let pdnb = u32::from_ne_bytes([drv[0], drv[1], drv[2], drv[3]]);
-    let cqa = a.create_cq(64, 64, -1);
-    let cqb = b.create_cq(64, 64, -1);
-    let qa = a.create_qp(pda, &cqa, &cqa, RC, 64, 16, None);
-    let qb = b.create_qp(pdb, &cqb, &cqb, RC, 64, 16, None);
-    let bufa = Buf::new(4 * 4096);
-    let bufb = Buf::new(4 * 4096);
-    let (_, la, ra) = a
-        .reg_mr(pda, bufa.addr(), bufa.len as u64, ALL_ACCESS | LOCAL_WRITE)
-        .unwrap();
-    let (_, lb, rb) = b
-        .reg_mr(pdb, bufb.addr(), bufb.len as u64, ALL_ACCESS | LOCAL_WRITE)
-        .unwrap();
+    let p = pair_of(emu, (a, pda), (b, pdb), RC, ALL_ACCESS, (64, 64, 16));
     let k = Knobs::default();
-    bring_up(&a, &qa, emu.hca_info(1).unwrap().lid, qb.qpn, k);
-    bring_up(&b, &qb, emu.hca_info(0).unwrap().lid, qa.qpn, k);
-    let p = Pair {
-        emu,
-        a,
-        b,
-        qa,
-        qb,
-        cqa,
-        cqb,
-        pda,
-        pdb,
-        ma: (bufa, la, ra),
-        mb: (bufb, lb, rb),
-    };
+    bring_up(&p.a, &p.qa, p.emu.hca_info(1).unwrap().lid, p.qb.qpn, k);
+    bring_up(&p.b, &p.qb, p.emu.hca_info(0).unwrap().lid, p.qa.qpn, k);
     (p, pdnb)
 }
 
