@@ -68,6 +68,8 @@ pub mod op {
     pub const QUERY_HCA_CAP: u16 = 0x100;
     pub const QUERY_ADAPTER: u16 = 0x101;
     pub const CREATE_MKEY: u16 = 0x200;
+    pub const QUERY_MKEY: u16 = 0x201;
+    pub const DESTROY_MKEY: u16 = 0x202;
     pub const CREATE_CQ: u16 = 0x400;
     pub const CREATE_QP: u16 = 0x500;
     pub const DESTROY_QP: u16 = 0x501;
@@ -163,6 +165,8 @@ pub mod hca_cap {
     pub const LOG_MAX_MSG: Field = Field::new(0x1c3, 5);
     pub const MAX_TC: Field = Field::new(0x1cc, 4);
     pub const CQE_VERSION: Field = Field::new(0x1fc, 4);
+    /// KSM memory keys (fixed-size translation entries) are supported.
+    pub const FIXED_BUFFER_SIZE: Field = Field::new(0x108, 1);
     pub const UMR_MODIFY_ATOMIC_DISABLED: Field = Field::new(0x208, 1);
     pub const DCT: Field = Field::new(0x21a, 1);
     pub const ETH_NET_OFFLOADS: Field = Field::new(0x21c, 1);
@@ -367,6 +371,51 @@ pub mod rmp {
     /// `wq_type`: linked list and cyclic (no striding).
     pub const WQ_LINKED_LIST: u64 = 0x0;
     pub const WQ_CYCLIC: u64 = 0x1;
+}
+
+/// CREATE_MKEY / DESTROY_MKEY (`create_mkey_in`, `mkc`, `klm`): an indirect memory key
+/// whose translation is a list of (key, address) entries.
+pub mod mkey {
+    use super::Field;
+    /// Where the memory key context starts in `create_mkey_in`, bits.
+    pub const MKC: u32 = 0x80;
+    /// `create_mkey_in.mkey_umem_valid`.
+    pub const UMEM_VALID: Field = Field::new(0x61, 1);
+    /// `create_mkey_in.translations_octword_actual_size`.
+    pub const ACTUAL_SIZE: Field = Field::new(0x300, 32);
+    /// Where the translation entries start in `create_mkey_in`, bytes.
+    pub const ENTRIES_BYTE: usize = 0x110;
+    /// `create_mkey_out.mkey_index`; also `destroy_mkey_in.mkey_index`.
+    pub const INDEX: Field = Field::new(0x48, 24);
+    pub const OUT_BYTES: usize = 0x10;
+    /// mkc fields (offsets within it).
+    pub const FREE: Field = Field::new(0x01, 1);
+    pub const ACCESS_MODE_4_2: Field = Field::new(0x03, 3);
+    pub const UMR_EN: Field = Field::new(0x10, 1);
+    pub const A: Field = Field::new(0x11, 1);
+    pub const RW: Field = Field::new(0x12, 1);
+    pub const RR: Field = Field::new(0x13, 1);
+    pub const LW: Field = Field::new(0x14, 1);
+    pub const LR: Field = Field::new(0x15, 1);
+    pub const ACCESS_MODE_1_0: Field = Field::new(0x16, 2);
+    pub const QPN: Field = Field::new(0x20, 24);
+    pub const MKEY_7_0: Field = Field::new(0x38, 8);
+    pub const LENGTH64: Field = Field::new(0x60, 1);
+    pub const BSF_EN: Field = Field::new(0x61, 1);
+    pub const PD: Field = Field::new(0x68, 24);
+    pub const START_ADDR: Field = Field::new(0x80, 64);
+    pub const LEN: Field = Field::new(0xc0, 64);
+    pub const TRANSLATIONS_OCTWORD_SIZE: Field = Field::new(0x1a0, 32);
+    pub const LOG_ENTITY_SIZE: Field = Field::new(0x1db, 5);
+    /// `access_mode`: KLM (entries of their own byte count) and KSM (entries of
+    /// 2^log_entity_size bytes each).
+    pub const MODE_KLM: u64 = 0x2;
+    pub const MODE_KSM: u64 = 0x3;
+    /// One KLM/KSM entry (16 bytes): byte count (KLM only), key, address.
+    pub const ENTRY_BYTES: usize = 16;
+    pub const E_BYTE_COUNT: Field = Field::new(0x00, 32);
+    pub const E_MKEY: Field = Field::new(0x20, 32);
+    pub const E_ADDRESS: Field = Field::new(0x40, 64);
 }
 
 #[cfg(test)]

@@ -93,6 +93,33 @@ pub(crate) struct Mr {
     pub(crate) iova: u64,
     pub(crate) access: u32,
     pub(crate) key: u32,
+    /// An indirect key's translation (DEVX CREATE_MKEY in KLM or KSM mode); None for a
+    /// registered region, whose `start` is the process address of `iova`.
+    pub(crate) indirect: Option<Box<Indirect>>,
+}
+
+/// The translation of an indirect memory key: the key's address space, from its start
+/// address on, is the concatenation of its entries, each a range of another (direct) key.
+#[derive(Clone, Debug)]
+pub(crate) struct Indirect {
+    /// KSM: every entry is `1 << log` bytes (the entry of an offset is `offset >> log`).
+    /// None for KLM, whose entries carry their own lengths.
+    pub(crate) ksm_log: Option<u8>,
+    /// (key, address under that key, bytes, offset of the entry in the indirect space).
+    pub(crate) entries: Vec<KlmEntry>,
+}
+
+/// One entry of an [`Indirect`] key.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct KlmEntry {
+    /// The direct key the entry's bytes are accessed through.
+    pub(crate) key: u32,
+    /// The address (under `key`) of the entry's first byte.
+    pub(crate) addr: u64,
+    /// The entry's length in bytes.
+    pub(crate) len: u64,
+    /// The offset of the entry's first byte from the indirect key's start.
+    pub(crate) at: u64,
 }
 
 /// A completion queue.

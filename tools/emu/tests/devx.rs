@@ -11,16 +11,23 @@ use common::*;
 use mlx5_emu::{Emulator, Errno, UverbsSurface};
 use mlx5_ffi::ioctl::*;
 use mlx5_ffi::mlx5::*;
-use mlx5_ffi::prm::{self, Field, ads, cap_type, hca_cap, hdr, op, qp, qpc, rmp, status};
+use mlx5_ffi::prm::{self, Field, ads, cap_type, hca_cap, hdr, mkey, op, qp, qpc, rmp, status};
 use mlx5_ffi::uverbs::*;
+use mlx5_hw::opcodes::{SendOpcode, Syndrome};
+use mlx5_hw::wqe::{AtomicSeg, DataSeg, FM_CE_SE_CQ_UPDATE, RaddrSeg};
 use zerocopy::{FromBytes, IntoBytes};
 
 const EINVAL: Errno = Errno(libc::EINVAL);
 const EREMOTEIO: Errno = Errno(libc::EREMOTEIO);
 
-/// A context opened with `MLX5_IB_ALLOC_UCTX_DEVX`.
+/// A context of HCA 0 opened with `MLX5_IB_ALLOC_UCTX_DEVX`.
 fn devx_ctx(e: &Emulator) -> Ctx {
-    let dev = e.open(0).unwrap();
+    devx_ctx_on(e, 0)
+}
+
+/// A context of HCA `hca` opened with `MLX5_IB_ALLOC_UCTX_DEVX`.
+fn devx_ctx_on(e: &Emulator, hca: usize) -> Ctx {
+    let dev = e.open(hca).unwrap();
     let req = Mlx5IbAllocUcontextReqV2 {
         total_num_bfregs: 16,
         num_low_latency_bfregs: 4,
@@ -720,4 +727,286 @@ fn a_firmware_failure_is_eremoteio_with_the_mailbox_copied_and_marked() {
     assert_eq!(get_status(&out), status::BAD_PARAM);
     assert!(valid(&buf, MLX5_IB_ATTR_DEVX_OBJ_CREATE_CMD_OUT));
     assert!(!valid(&buf, MLX5_IB_ATTR_DEVX_OBJ_CREATE_HANDLE));
+}
+
+/// A CREATE_MKEY of an indirect key over `entries` ((key, address, byte count) each):
+/// KSM with entities of `2^log` bytes when `log` is given, else KLM.
+fn create_mkey_cmd(
+    pdn: u32,
+    start: u64,
+    len: u64,
+    log: Option<u8>,
+    entries: &[(u32, u64, u32)],
+) -> Vec<u8> {
+    let mut c = vec![0u8; mkey::ENTRIES_BYTE + entries.len() * mkey::ENTRY_BYTES];
+    let m = |f: Field| f.at(mkey::MKC);
+    let mut set = |f: Field, v: u64| prm::set(&mut c, f, v);
+    set(hdr::OPCODE, u64::from(op::CREATE_MKEY));
+    set(
+        m(mkey::ACCESS_MODE_1_0),
+        if log.is_some() {
+            mkey::MODE_KSM
+        } else {
+            mkey::MODE_KLM
+        },
+    );
+    for f in [mkey::A, mkey::RW, mkey::RR, mkey::LW, mkey::LR] {
+        set(m(f), 1);
+    }
+    set(m(mkey::QPN), 0xff_ffff);
+    set(m(mkey::MKEY_7_0), 0x5a);
+    set(m(mkey::PD), u64::from(pdn));
+    set(m(mkey::START_ADDR), start);
+    set(m(mkey::LEN), len);
+    set(m(mkey::TRANSLATIONS_OCTWORD_SIZE), entries.len() as u64);
+    set(m(mkey::LOG_ENTITY_SIZE), u64::from(log.unwrap_or(0)));
+    set(mkey::ACTUAL_SIZE, entries.len() as u64);
+    for (i, &(key, addr, bytes)) in entries.iter().enumerate() {
+        let e = |f: Field| f.at(((mkey::ENTRIES_BYTE + i * mkey::ENTRY_BYTES) * 8) as u32);
+        set(e(mkey::E_BYTE_COUNT), u64::from(bytes));
+        set(e(mkey::E_MKEY), u64::from(key));
+        set(e(mkey::E_ADDRESS), addr);
+    }
+    c
+}
+
+/// An RC pair whose responder (HCA 1) has a DEVX context, and its PD number there.
+fn devx_responder_pair() -> (Pair, u32) {
+    let emu = stepped(2);
+    let a = Ctx::open(&emu, 0);
+    let b = devx_ctx_on(&emu, 1);
+    let pda = a.alloc_pd();
+    let (o, drv) =
+        write_cmd(&b.dev, IB_USER_VERBS_CMD_ALLOC_PD, &[0u8; 8], &[], 4, 4).expect("ALLOC_PD");
+    let pdb = u32::from_ne_bytes([o[0], o[1], o[2], o[3]]);
+    let pdnb = u32::from_ne_bytes([drv[0], drv[1], drv[2], drv[3]]);
+    let p = pair_of(emu, (a, pda), (b, pdb), RC, ALL_ACCESS, (64, 64, 16));
+    let k = Knobs::default();
+    bring_up(&p.a, &p.qa, p.emu.hca_info(1).unwrap().lid, p.qb.qpn, k);
+    bring_up(&p.b, &p.qb, p.emu.hca_info(0).unwrap().lid, p.qa.qpn, k);
+    (p, pdnb)
+}
+
+fn dseg(len: u32, lkey: u32, addr: u64) -> Vec<u8> {
+    DataSeg::new(len, lkey, addr).as_bytes().to_vec()
+}
+
+/// UCX's atomic and strict-order keys (`uct_ib_mlx5_devx_reg_ksm_data_contig`): a KSM key
+/// whose space starts at the region's address rounded down to 2 GiB plus a per-process offset,
+/// one 2 GiB entry per step mapping back onto the region's own key. A WRITE, a READ and a
+/// fetch-and-add sent to `address + offset` under that key land at `address`, never at
+/// `address + offset` (which a device that took the key for a direct one would write: seen
+/// with UCX on a CPU where it turns on relaxed ordering, every put 0x180 bytes past its
+/// buffer); an access past the key's length, one after the key is destroyed and one through an
+/// entry whose key is gone all fail as remote access errors.
+#[test]
+fn a_ksm_key_translates_writes_reads_and_atomics_onto_its_entries() {
+    let (mut p, pdnb) = devx_responder_pair();
+    let (bb, lb) = (p.mb.0.addr(), p.mb.1);
+    let (ba, la) = (p.ma.0.addr(), p.ma.1);
+    const OFF: u64 = 0x180;
+    let base = bb & !((1u64 << 31) - 1);
+    let len = bb + p.mb.0.len as u64 - base;
+    let n = (len + OFF).div_ceil(1 << 31);
+    let entries: Vec<_> = (0..n).map(|i| (lb, base + (i << 31), 0)).collect();
+    let (r, out, h) = obj_create(
+        &p.b,
+        &create_mkey_cmd(pdnb, base + OFF, len, Some(31), &entries),
+    );
+    assert_eq!(r, Ok(()), "CREATE_MKEY: status {:#x}", get_status(&out));
+    let key = ((prm::get(&out, mkey::INDEX) as u32) << 8) | 0x5a;
+    // WRITE 16 bytes to bb + 100 through the key.
+    p.ma.0.write(0, &[0x77; 16]);
+    let segs = [
+        RaddrSeg::new(bb + 100 + OFF, key).as_bytes(),
+        &dseg(16, la, ba),
+    ]
+    .concat();
+    p.send(SendOpcode::RDMA_WRITE, FM_CE_SE_CQ_UPDATE, [0; 4], &segs);
+    let ca = drain(&mut p.cqa);
+    assert_eq!(ca[0].syndrome, 0, "{ca:?}");
+    assert_eq!(
+        p.mb.0.read(100, 16),
+        vec![0x77; 16],
+        "the write landed at the region's address"
+    );
+    assert!(
+        p.mb.0.read(100 + OFF as usize, 16).iter().all(|&b| b == 0),
+        "not past it"
+    );
+    // READ it back through the key.
+    p.mb.0.write(2000, &[0x42; 32]);
+    let segs = [
+        RaddrSeg::new(bb + 2000 + OFF, key).as_bytes(),
+        &dseg(32, la, ba + 512),
+    ]
+    .concat();
+    p.send(SendOpcode::RDMA_READ, FM_CE_SE_CQ_UPDATE, [0; 4], &segs);
+    assert_eq!(drain(&mut p.cqa)[0].syndrome, 0);
+    assert_eq!(p.ma.0.read(512, 32), vec![0x42; 32]);
+    // Fetch-and-add through the key.
+    p.mb.0.write(4000, &100u64.to_ne_bytes());
+    let segs = [
+        RaddrSeg::new(bb + 4000 + OFF, key).as_bytes(),
+        AtomicSeg::new(45, 0).as_bytes(),
+        &dseg(8, la, ba + 1024),
+    ]
+    .concat();
+    p.send(SendOpcode::ATOMIC_FA, FM_CE_SE_CQ_UPDATE, [0; 4], &segs);
+    assert_eq!(drain(&mut p.cqa)[0].syndrome, 0);
+    assert_eq!(p.mb.0.read(4000, 8), 145u64.to_ne_bytes().to_vec());
+    assert_eq!(p.ma.0.read(1024, 8), 100u64.to_ne_bytes().to_vec());
+    // Past the key's length: a remote access error, nothing written.
+    let segs = [
+        RaddrSeg::new(base + OFF + len - 4, key).as_bytes(),
+        &dseg(8, la, ba),
+    ]
+    .concat();
+    p.send(SendOpcode::RDMA_WRITE, FM_CE_SE_CQ_UPDATE, [0; 4], &segs);
+    let ca = drain(&mut p.cqa);
+    assert_eq!(ca[0].syndrome, Syndrome::REMOTE_ACCESS.0, "{ca:?}");
+    // A destroyed key translates nothing (a fresh pair: the first is in error now).
+    let (mut p, pdnb) = devx_responder_pair();
+    let (bb, lb) = (p.mb.0.addr(), p.mb.1);
+    let (ba, la) = (p.ma.0.addr(), p.ma.1);
+    let cmd = create_mkey_cmd(pdnb, bb, 4096, None, &[(lb, bb, 4096)]);
+    let (r, out, h2) = obj_create(&p.b, &cmd);
+    assert_eq!(r, Ok(()), "KLM CREATE_MKEY: status {:#x}", get_status(&out));
+    let key2 = ((prm::get(&out, mkey::INDEX) as u32) << 8) | 0x5a;
+    let segs = [RaddrSeg::new(bb + 8, key2).as_bytes(), &dseg(8, la, ba)].concat();
+    p.send(SendOpcode::RDMA_WRITE, FM_CE_SE_CQ_UPDATE, [0; 4], &segs);
+    assert_eq!(drain(&mut p.cqa)[0].syndrome, 0, "through a KLM key");
+    assert_eq!(obj_destroy(&p.b, h2), Ok(()));
+    assert_eq!(obj_destroy(&p.b, h2), Err(EINVAL), "destroyed once");
+    p.mb.0.write(8, &[0; 8]);
+    p.ma.0.write(0, &[9; 8]);
+    p.send(SendOpcode::RDMA_WRITE, FM_CE_SE_CQ_UPDATE, [0; 4], &segs);
+    assert_eq!(drain(&mut p.cqa)[0].syndrome, Syndrome::REMOTE_ACCESS.0);
+    assert_eq!(
+        p.mb.0.read(8, 8),
+        vec![0; 8],
+        "nothing written through a destroyed key"
+    );
+    let _ = h;
+}
+
+/// What this firmware does not make is refused with a status, and an indirect key whose
+/// entry names another indirect key (or a key that never existed) translates nothing.
+#[test]
+fn forged_mkey_creates_are_refused_and_nested_or_dangling_entries_fail_at_access() {
+    let (p, pdnb) = devx_responder_pair();
+    let (bb, lb) = (p.mb.0.addr(), p.mb.1);
+    let good = create_mkey_cmd(pdnb, bb, 4096, Some(12), &[(lb, bb, 0)]);
+    let m = |f: Field| f.at(mkey::MKC);
+    let forged: Vec<(&str, Vec<u8>, u8)> = vec![
+        (
+            "MTT mode",
+            {
+                let mut c = good.clone();
+                prm::set(&mut c, m(mkey::ACCESS_MODE_1_0), 1);
+                c
+            },
+            status::BAD_PARAM,
+        ),
+        (
+            "bound to a QP",
+            {
+                let mut c = good.clone();
+                prm::set(&mut c, m(mkey::QPN), 5);
+                c
+            },
+            status::BAD_PARAM,
+        ),
+        (
+            "UMR-enabled",
+            {
+                let mut c = good.clone();
+                prm::set(&mut c, m(mkey::UMR_EN), 1);
+                c
+            },
+            status::BAD_PARAM,
+        ),
+        (
+            "on a umem",
+            {
+                let mut c = good.clone();
+                prm::set(&mut c, mkey::UMEM_VALID, 1);
+                c
+            },
+            status::BAD_PARAM,
+        ),
+        (
+            "length 0",
+            {
+                let mut c = good.clone();
+                prm::set(&mut c, m(mkey::LEN), 0);
+                c
+            },
+            status::BAD_PARAM,
+        ),
+        (
+            "no entries",
+            {
+                let mut c = good.clone();
+                prm::set(&mut c, mkey::ACTUAL_SIZE, 0);
+                c
+            },
+            status::BAD_PARAM,
+        ),
+        (
+            "more entries than the mailbox",
+            {
+                let mut c = good.clone();
+                prm::set(&mut c, mkey::ACTUAL_SIZE, 1);
+                prm::set(&mut c, m(mkey::TRANSLATIONS_OCTWORD_SIZE), 9);
+                prm::set(&mut c, mkey::ACTUAL_SIZE, 9);
+                c
+            },
+            status::BAD_INP_LEN,
+        ),
+        (
+            "unknown PD",
+            {
+                let mut c = good.clone();
+                prm::set(&mut c, m(mkey::PD), u64::from(pdnb) + 77);
+                c
+            },
+            status::BAD_RES,
+        ),
+        ("short", good[..0x40].to_vec(), status::BAD_INP_LEN),
+    ];
+    for (what, cmd, st) in forged {
+        let (r, out, _) = obj_create(&p.b, &cmd);
+        assert_eq!((r, get_status(&out)), (Err(EREMOTEIO), st), "{what}");
+    }
+    drop(p);
+    for what in ["nested", "dangling"] {
+        let (mut p, pdnb) = devx_responder_pair();
+        let (bb, lb) = (p.mb.0.addr(), p.mb.1);
+        let (ba, la) = (p.ma.0.addr(), p.ma.1);
+        let entry_key = if what == "nested" {
+            let (r, out, _) = obj_create(
+                &p.b,
+                &create_mkey_cmd(pdnb, bb, 4096, Some(12), &[(lb, bb, 0)]),
+            );
+            assert_eq!(r, Ok(()));
+            ((prm::get(&out, mkey::INDEX) as u32) << 8) | 0x5a
+        } else {
+            0x00ab_cd00
+        };
+        let cmd = create_mkey_cmd(pdnb, bb, 4096, Some(12), &[(entry_key, bb, 0)]);
+        let (r, out, _) = obj_create(&p.b, &cmd);
+        assert_eq!(
+            r,
+            Ok(()),
+            "{what}: created (the entry is checked at access)"
+        );
+        let key = ((prm::get(&out, mkey::INDEX) as u32) << 8) | 0x5a;
+        p.ma.0.write(0, &[3; 8]);
+        let segs = [RaddrSeg::new(bb, key).as_bytes(), &dseg(8, la, ba)].concat();
+        p.send(SendOpcode::RDMA_WRITE, FM_CE_SE_CQ_UPDATE, [0; 4], &segs);
+        let ca = drain(&mut p.cqa);
+        assert_eq!(ca[0].syndrome, Syndrome::REMOTE_ACCESS.0, "{what}: {ca:?}");
+        assert_eq!(p.mb.0.read(0, 8), vec![0; 8], "{what}: nothing written");
+    }
 }

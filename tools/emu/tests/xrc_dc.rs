@@ -291,6 +291,40 @@ fn xrc_domains_are_shared_by_file_and_refuse_what_the_kernel_refuses() {
     let pd = a.alloc_pd();
     let cq = a.create_cq(8, 64, -1);
     let srq = create_xsrq(&mut a, pd, xa, &cq, 8).expect("XRC SRQ");
+    // An XRC SRQ serves XRC targets only: an RC QP on it is EINVAL (ib_uverbs' create_qp).
+    let buf = Buf::new(64 * 64);
+    let c = IbUverbsCreateQp {
+        user_handle: 1,
+        pd_handle: pd,
+        send_cq_handle: cq.handle,
+        recv_cq_handle: cq.handle,
+        srq_handle: srq.handle,
+        max_send_wr: 32,
+        max_send_sge: 1,
+        qp_type: RC,
+        is_srq: 1,
+        ..Default::default()
+    };
+    let d = Mlx5IbCreateQp {
+        buf_addr: buf.addr(),
+        db_addr: a.db(),
+        sq_wqe_count: 64,
+        uidx: 0x6100,
+        ..Default::default()
+    };
+    assert_eq!(
+        write_cmd(
+            &a.dev,
+            IB_USER_VERBS_CMD_CREATE_QP,
+            c.as_bytes(),
+            d.as_bytes(),
+            32,
+            40
+        )
+        .map(|_| ()),
+        Err(EINVAL),
+        "an RC QP on an XRC SRQ"
+    );
     assert_eq!(close_xrcd(&a, xa), Err(EBUSY));
     destroy_qp(&b, tb).expect("close B's handle");
     let tb2 = open_qp(&b, xb, tqpn).expect("the QP lives on with its creator");

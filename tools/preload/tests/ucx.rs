@@ -288,3 +288,22 @@ fn ucp_and_uct_tests_pass_over_dc_mlx5() {
         perftest_pair("dc_x", test, &[], &["-x", "dc_mlx5", "-d", "mlx5_0:1"]);
     }
 }
+
+/// UCX turns PCIe relaxed ordering on by itself on AMD Naples, Rome and Milan CPUs
+/// (`UCX_IB_PCI_RELAXED_ORDERING=auto`). It then registers every region twice (relaxed and
+/// strict order) and sends RMA and atomics under a KSM key of its own making, at the address
+/// plus a per-process offset (`kernel/devx_mkey.rs`). Before the emulator made KSM keys, every
+/// put on such a CPU landed that offset past the buffer, and `ucp_put_lat` hung over RC and DC
+/// (two clean-clone CI runs, while the same commit passed on a Zen 5 machine). Forced on here,
+/// so every machine runs that path.
+#[test]
+fn ucp_rma_and_atomics_pass_with_relaxed_ordering_as_ucx_turns_it_on_for_amd_cpus() {
+    need("ucx_perftest");
+    let _one = one_at_a_time();
+    let ro = [("UCX_IB_PCI_RELAXED_ORDERING", "on")];
+    for tls in ["rc_v", "rc_x", "dc_x"] {
+        for test in ["ucp_put_lat", "ucp_get", "ucp_fadd", "ucp_cswap"] {
+            perftest_pair(tls, test, &ro, &[]);
+        }
+    }
+}

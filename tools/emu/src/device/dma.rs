@@ -56,7 +56,10 @@ pub(super) fn check_key(
             let end = base.saturating_add(mr.length);
             match va.checked_sub(base) {
                 Some(off) if off.checked_add(len).is_some_and(|e| e <= mr.length) => {
-                    return Ok(mr.start + off);
+                    return match &mr.indirect {
+                        None => Ok(mr.start + off),
+                        Some(ind) => through_entries(w, hca, ind, pdn, off, len),
+                    };
                 }
                 _ => KeyFault::Range {
                     key,
@@ -70,6 +73,85 @@ pub(super) fn check_key(
     };
     w.checks.last.set(Some(fault));
     Err(fault)
+}
+
+/// Translate `[off, off+len)` of an indirect key's space (DEVX CREATE_MKEY, KLM or KSM)
+/// through its entries. Each piece must lie inside its entry's key, a direct key of the same
+/// PD (an entry naming an indirect key is refused: this device nests no translations); the
+/// pieces must be adjacent in process memory, because the device copies one contiguous range
+/// (UCX's keys, one entry per 2 GiB of one region, always are; a key whose entries scatter one
+/// access is refused as a range error, a limit of the emulator). KSM finds the first entry by
+/// a shift, KLM by a binary search over the entries' offsets.
+#[cold]
+fn through_entries(
+    w: &World,
+    hca: usize,
+    ind: &crate::state::Indirect,
+    pdn: u32,
+    off: u64,
+    len: u64,
+) -> Result<u64, KeyFault> {
+    if len == 0 {
+        return Ok(0);
+    }
+    let mut i = match ind.ksm_log {
+        Some(log) => usize::try_from(off >> log).unwrap_or(usize::MAX),
+        None => ind
+            .entries
+            .partition_point(|e| e.at <= off)
+            .saturating_sub(1),
+    };
+    let (mut at, end) = (off, off + len);
+    let mut first: Option<u64> = None;
+    let mut next = 0u64;
+    while at < end {
+        let Some(e) = ind
+            .entries
+            .get(i)
+            .filter(|e| at >= e.at && at - e.at < e.len)
+        else {
+            let f = KeyFault::Range {
+                key: 0,
+                va: off,
+                len,
+                start: 0,
+                end: ind.entries.last().map_or(0, |e| e.at.saturating_add(e.len)),
+            };
+            w.checks.last.set(Some(f));
+            return Err(f);
+        };
+        let piece = (end - at).min(e.len - (at - e.at));
+        let direct = w.hcas[hca]
+            .mrs
+            .get(&(e.key >> 8))
+            .is_some_and(|m| m.key == e.key && m.indirect.is_none());
+        if !direct {
+            let f = KeyFault::Unknown { key: e.key };
+            w.checks.last.set(Some(f));
+            return Err(f);
+        }
+        // The indirect key's own rights were checked; the entry's key only translates.
+        let a = check_key(w, hca, e.key, pdn, e.addr.wrapping_add(at - e.at), piece, 0)?;
+        match first {
+            None => first = Some(a),
+            Some(_) if a != next => {
+                let f = KeyFault::Range {
+                    key: e.key,
+                    va: e.addr.wrapping_add(at - e.at),
+                    len: piece,
+                    start: e.addr,
+                    end: e.addr.saturating_add(e.len),
+                };
+                w.checks.last.set(Some(f));
+                return Err(f);
+            }
+            Some(_) => {}
+        }
+        next = a.wrapping_add(piece);
+        at += piece;
+        i += 1;
+    }
+    Ok(first.unwrap_or(0))
 }
 
 /// [`check_key`] without the reason.

@@ -144,6 +144,8 @@ fn query_hca_cap(w: &World, ctx: u64, cmd: &[u8]) -> FwResult {
             put(hca_cap::CQE_VERSION, 1);
             // No UMR: indirect keys cannot change atomic access.
             put(hca_cap::UMR_MODIFY_ATOMIC_DISABLED, 1);
+            // KSM keys through CREATE_MKEY (kernel/devx_mkey.rs).
+            put(hca_cap::FIXED_BUFFER_SIZE, 1);
             put(hca_cap::DCT, u64::from(f.dc && DEVX_DC));
             put(hca_cap::ETH_NET_OFFLOADS, u64::from(roce && f.raw_packet));
             put(hca_cap::ROCE, u64::from(roce));
@@ -326,7 +328,7 @@ pub(super) fn subscribe(
         Some(h) => match c.devx.objects.get(&h) {
             Some(Object::Qp { qpn, .. }) => Some(*qpn),
             Some(Object::Dct { dctn }) => Some(*dctn),
-            Some(Object::Rmp { .. }) => return Err(EINVAL),
+            Some(Object::Rmp { .. } | Object::Mkey { .. }) => return Err(EINVAL),
             None => match c.handles.get(&h) {
                 Some(crate::state::Obj::Qp(qpn)) => Some(*qpn),
                 _ => return Err(EINVAL),

@@ -121,8 +121,9 @@ impl EmuFile {
                     op::CREATE_QP => devx_qp::create_qp(&mut w, ctx, &cmd),
                     op::CREATE_DCT => devx_qp::create_dct(&mut w, ctx, &cmd),
                     op::CREATE_RMP => devx_qp::create_rmp(&mut w, ctx, &cmd),
-                    // MKEY, CQ, SRQ, XRQ and general objects: not made by this firmware
-                    // (no UMR, no tag matching; CQs and SRQs come through verbs).
+                    op::CREATE_MKEY => super::devx_mkey::create_mkey(&mut w, ctx, &cmd),
+                    // CQ, SRQ, XRQ and general objects: not made by this firmware (no tag
+                    // matching; CQs and SRQs come through verbs).
                     _ => Err(fw_error(status::BAD_OP, 0)),
                 };
                 match r {

@@ -316,6 +316,10 @@ pub(super) fn destroy(w: &mut World, ctx: u64, obj: Object) {
             qpn
         }
         Object::Dct { dctn } => dctn,
+        Object::Mkey { idx } => {
+            super::devx_mkey::destroy_mkey(w, ctx, idx);
+            return;
+        }
     };
     super::devx::unsubscribe(w, ctx, num);
     if let Some(q) = w.hcas[hca].qps.remove(&num) {

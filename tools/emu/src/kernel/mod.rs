@@ -52,6 +52,7 @@ mod cq;
 mod dc;
 pub(crate) mod devx;
 mod devx_methods;
+mod devx_mkey;
 mod devx_qp;
 mod events;
 mod flow;

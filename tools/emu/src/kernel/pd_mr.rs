@@ -82,6 +82,7 @@ pub(super) fn reg_mr(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> {
             iova,
             access: acc,
             key,
+            indirect: None,
         },
     );
     pd_use(w, hca, pdn, 1);

@@ -106,7 +106,13 @@ pub(super) fn create_qp(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> {
     let recv_cq = cq_of(w, ctx, c.recv_cq_handle)?;
     let is_srq = c.is_srq != 0;
     let srq = if is_srq {
-        Some(srq_of(w, ctx, c.srq_handle)?)
+        let n = srq_of(w, ctx, c.srq_handle)?;
+        // ib_uverbs' create_qp: an XRC SRQ serves XRC targets only (`srq_type == IB_SRQT_XRC`
+        // is EINVAL for every other QP type).
+        if w.hcas[hca_of(w, ctx)].hpc.xrc_srqs.contains_key(&n) {
+            return Err(EINVAL);
+        }
+        Some(n)
     } else {
         None
     };

@@ -22,6 +22,8 @@ pub(crate) enum Object {
     Dct { dctn: u32 },
     /// A receive memory pool (an SRQ on umems) by SRQ number.
     Rmp { srqn: u32, wq: u32, dbr: u32 },
+    /// An indirect memory key by its index (`kernel/devx_mkey.rs`).
+    Mkey { idx: u32 },
 }
 
 /// A DEVX event channel: the emulator's end and the user's descriptor.

@@ -907,10 +907,30 @@ pub fn pair_objects(
     cq_entries: u32,
     rq: u32,
 ) -> Pair {
-    let mut a = Ctx::open(&emu, 0);
-    let mut b = Ctx::open(&emu, 1);
+    let a = Ctx::open(&emu, 0);
+    let b = Ctx::open(&emu, 1);
     let pda = a.alloc_pd();
     let pdb = b.alloc_pd();
+    pair_of(
+        emu,
+        (a, pda),
+        (b, pdb),
+        qp_type,
+        access,
+        (cqe_size, cq_entries, rq),
+    )
+}
+
+/// [`pair_objects`] on contexts the caller opened (`a` on HCA 0, `b` on HCA 1) with their
+/// PD handles: CQs of `cq.1` entries of `cq.0` bytes, `cq.2` receive WQEs.
+pub fn pair_of(
+    emu: Emulator,
+    (mut a, pda): (Ctx, u32),
+    (mut b, pdb): (Ctx, u32),
+    qp_type: u8,
+    access: u32,
+    (cqe_size, cq_entries, rq): (u32, u32, u32),
+) -> Pair {
     let cqa = a.create_cq(cq_entries, cqe_size, -1);
     let cqb = b.create_cq(cq_entries, cqe_size, -1);
     let qa = a.create_qp(pda, &cqa, &cqa, qp_type, 64, rq, None);
