@@ -17,7 +17,9 @@
 use std::sync::Arc;
 
 use mlx5_ffi::cmd::cmds;
-use mlx5_ffi::mlx5::{MLX5_QP_FLAG_TYPE_DCI, MLX5_QP_FLAG_TYPE_DCT, Mlx5IbCreateQp};
+use mlx5_ffi::mlx5::{
+    MLX5_QP_FLAG_TYPE_DCI, MLX5_QP_FLAG_TYPE_DCT, Mlx5IbCreateQp, Mlx5IbCreateQpDciStreams,
+};
 use mlx5_ffi::uverbs::{
     IB_QP_ACCESS_FLAGS, IB_QP_AV, IB_QP_MIN_RNR_TIMER, IB_QP_PATH_MTU, IB_QP_PKEY_INDEX,
     IB_QP_PORT, IB_QP_STATE, IbUverbsCreateQp,
@@ -73,6 +75,20 @@ pub struct DcWr<'a> {
     /// The request (SEND, SEND with immediate, RDMA WRITE (+IMM), READ, atomics; no UD
     /// destination).
     pub wr: SendWr<'a>,
+    /// The DCI stream the WR goes on (`mlx5dv_wr_set_dc_addr_stream`): below the DCI's
+    /// [`DciStreams::log_concurrent`] power of two; 0 on a DCI created without streams.
+    pub stream: u16,
+}
+
+/// The streams of a DC initiator (`mlx5dv_dci_streams`, a "DCS"): WRs on different streams
+/// may be executed concurrently by the device, and an error on one stream puts only that
+/// stream in error (the QP stays in RTS) for up to `2^log_errored` streams at once.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DciStreams {
+    /// log2 of the concurrent streams (perftest's `--log_dci_streams`).
+    pub log_concurrent: u8,
+    /// log2 of the streams that may be in error at once (0: the first error is the QP's).
+    pub log_errored: u8,
 }
 
 /// A DC initiator. Posting takes `&mut self`.
@@ -80,6 +96,8 @@ pub struct DcWr<'a> {
 pub struct Dci {
     qp: Qp,
     ctx_id: u64,
+    /// Concurrent streams (1 without streams).
+    streams: u32,
 }
 
 impl Dci {
@@ -90,6 +108,39 @@ impl Dci {
     /// [`Error::InvalidArgument`] naming `qp_type` or `srq`; as [`Qp::new`] otherwise
     /// (`EOPNOTSUPP` from CREATE_QP on a device without DC).
     pub fn new(pd: &Pd, init: &QpInitAttr<'_>) -> Result<Self> {
+        Self::create(pd, init, None)
+    }
+
+    /// A DCI with `streams` (`mlx5dv_create_qp` with `MLX5DV_QP_INIT_ATTR_MASK_DCI_STREAMS`:
+    /// `MLX5_QP_FLAG_DCI_STREAM` and the two logs in mlx5's driver data). Each WR names its
+    /// stream ([`DcWr::stream`]).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming `log_concurrent` or `log_errored` beyond the device's
+    /// `dci_streams_caps` (a device without streams reports 0 for both), or `log_errored`
+    /// above `log_concurrent`; [`Error::Uverbs`] naming EX_QUERY_DEVICE; as [`new`](Self::new)
+    /// otherwise.
+    pub fn with_streams(pd: &Pd, init: &QpInitAttr<'_>, streams: DciStreams) -> Result<Self> {
+        let (_, drv) = pd.context().query_device_ex()?;
+        let caps = drv.dci_streams_caps;
+        if streams.log_concurrent == 0 || streams.log_concurrent > caps.max_log_num_concurent {
+            return Err(Error::InvalidArgument {
+                attr: "log_concurrent",
+                reason: "1 ..= the device's max_log_num_concurent (dci_streams_caps)",
+            });
+        }
+        if streams.log_errored > caps.max_log_num_errored
+            || streams.log_errored > streams.log_concurrent
+        {
+            return Err(Error::InvalidArgument {
+                attr: "log_errored",
+                reason: "at most the device's max_log_num_errored and log_concurrent",
+            });
+        }
+        Self::create(pd, init, Some(streams))
+    }
+
+    fn create(pd: &Pd, init: &QpInitAttr<'_>, streams: Option<DciStreams>) -> Result<Self> {
         if init.qp_type != QpType::Dci {
             return Err(Error::InvalidArgument {
                 attr: "qp_type",
@@ -106,15 +157,25 @@ impl Dci {
         init.recv_cq = init.send_cq;
         init.cap.max_recv_wr = 0;
         init.cap.max_recv_sge = 0;
+        let drv = streams.map(|s| Mlx5IbCreateQpDciStreams {
+            log_num_concurent: s.log_concurrent,
+            log_num_errored: s.log_errored,
+        });
         Ok(Self {
-            qp: Qp::create(pd, &init, MLX5_QP_FLAG_TYPE_DCI)?,
+            qp: Qp::create(pd, &init, MLX5_QP_FLAG_TYPE_DCI, drv)?,
             ctx_id: pd.context().id(),
+            streams: streams.map_or(1, |s| 1 << s.log_concurrent),
         })
     }
 
     /// The QP (number, state, query, send-queue statistics).
     pub fn qp(&self) -> &Qp {
         &self.qp
+    }
+
+    /// The number of concurrent streams: `2^log_concurrent`, or 1 for a DCI created without.
+    pub fn streams(&self) -> u32 {
+        self.streams
     }
 
     /// RESET -> INIT -> RTR -> RTS on `port`: path MTU, timeout, retry counts, send PSN `psn`
@@ -154,16 +215,22 @@ impl Dci {
     ///
     /// # Errors
     /// The index of the first WR refused and why ([`PostError::ForeignAh`] for an address
-    /// built on another context's AH); the WRs before it are posted and rung.
+    /// built on another context's AH, [`PostError::BadStream`] for a stream id beyond the
+    /// DCI's streams); the WRs before it are posted and rung.
     pub fn post_send(&mut self, wrs: &[DcWr<'_>]) -> Result<(), (usize, PostError)> {
-        let ctx_id = self.ctx_id;
+        let (ctx_id, streams) = (self.ctx_id, self.streams);
         let sq = self.qp.sq();
         let mut res = Ok(());
         for (i, w) in wrs.iter().enumerate() {
             let r = if w.dest.ctx_id != ctx_id {
                 Err(PostError::ForeignAh)
+            } else if u32::from(w.stream) >= streams {
+                Err(PostError::BadStream {
+                    stream: w.stream,
+                    streams,
+                })
             } else {
-                post_one(sq, &w.dest.seg, &w.wr)
+                post_one(sq, &w.dest.seg, &w.wr, w.stream)
             };
             if let Err(e) = r {
                 res = Err((i, e));

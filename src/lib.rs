@@ -164,7 +164,7 @@ pub use context::{
     PortAttr, UarMode, with_user_handle,
 };
 pub use cq::{Cq, CqInit, CqeKind, RawCq, RawCqe};
-pub use dc::{DcAddr, DcWr, Dci, Dct};
+pub use dc::{DcAddr, DcWr, Dci, DciStreams, Dct};
 pub use device::{Device, devices};
 pub use error::{Error, Result};
 pub use mem::dma_buf::UserMemory;

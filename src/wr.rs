@@ -349,6 +349,14 @@ pub enum PostError {
         /// Bytes the QP type reserves past the control segment.
         reserved: u32,
     },
+    /// A DC WR's stream id beyond the DCI's streams (0 is the only one of a DCI created
+    /// without streams).
+    BadStream {
+        /// The stream id given.
+        stream: u16,
+        /// The DCI's number of concurrent streams.
+        streams: u32,
+    },
 }
 
 impl core::fmt::Display for PostError {
@@ -379,6 +387,10 @@ impl core::fmt::Display for PostError {
                 f,
                 "{len} bytes of segments: not whole 16-byte units within the {reserved} bytes \
                  this QP type reserves after the control segment"
+            ),
+            PostError::BadStream { stream, streams } => write!(
+                f,
+                "DCI stream id {stream} is not one of the DCI's {streams} streams"
             ),
         }
     }

@@ -263,7 +263,7 @@ impl XrcSendQp {
         init.cap.max_recv_wr = 0;
         init.cap.max_recv_sge = 0;
         Ok(Self {
-            qp: Qp::create(pd, &init, 0)?,
+            qp: Qp::create(pd, &init, 0, None)?,
         })
     }
 
@@ -320,7 +320,7 @@ impl XrcSendQp {
         let sq = self.qp.sq();
         let mut res = Ok(());
         for (i, w) in wrs.iter().enumerate() {
-            if let Err(e) = post_one(sq, &xrc_segment(w.srqn), &w.wr) {
+            if let Err(e) = post_one(sq, &xrc_segment(w.srqn), &w.wr, 0) {
                 res = Err((i, e));
                 break;
             }
@@ -336,7 +336,7 @@ impl XrcSendQp {
     /// # Errors
     /// Why the WR is refused ([`PostError`]); it is not posted.
     pub fn post_unrung(&mut self, w: &XrcWr<'_>) -> Result<(), PostError> {
-        post_one(self.qp.sq(), &xrc_segment(w.srqn), &w.wr)
+        post_one(self.qp.sq(), &xrc_segment(w.srqn), &w.wr, 0)
     }
 
     /// The send queue (low-level API: [`SendQueue::ring`], statistics, `retire`).
@@ -355,10 +355,12 @@ pub(crate) fn xrc_segment(srqn: XrcSrqNum) -> [u8; 16] {
 /// Build one WQE of `wr` with the transport segment `prefix` (XRC: 16 bytes, DC: 48) after
 /// the control segment, through dp's seam [`SendQueue::begin_with_segments`]: the remote
 /// address and atomic segments follow `prefix`, then the payload. RC's operations only.
+/// `stream`: a DC WR's DCI stream id (0 for XRC and for a DCI without streams).
 pub(crate) fn post_one(
     sq: &mut SendQueue,
     prefix: &[u8],
     wr: &SendWr<'_>,
+    stream: u16,
 ) -> core::result::Result<(), PostError> {
     if wr.ud.is_some() {
         return Err(PostError::BadDestination);
@@ -422,7 +424,7 @@ pub(crate) fn post_one(
     }
     let b = sq.begin_with_segments(opcode, wr.flags, imm, &segs[..n])?;
     if let Some(sge) = atomic_sge {
-        b.sge(&sge)?.finish(wr.wr_id);
+        b.sge(&sge)?.finish_on_stream(wr.wr_id, stream);
     } else if inline {
         let mut parts = wr.inline.iter();
         let first = parts.next().map_or(&[][..], |p| &p[..]);
@@ -430,16 +432,16 @@ pub(crate) fn post_one(
         for p in parts {
             b = b.inline(p)?;
         }
-        b.finish(wr.wr_id);
+        b.finish_on_stream(wr.wr_id, stream);
     } else {
         match wr.sg_list.split_first() {
-            None => b.finish(wr.wr_id),
+            None => b.finish_on_stream(wr.wr_id, stream),
             Some((first, rest)) => {
                 let mut b = b.sge(first)?;
                 for s in rest {
                     b = b.sge(s)?;
                 }
-                b.finish(wr.wr_id);
+                b.finish_on_stream(wr.wr_id, stream);
             }
         }
     }

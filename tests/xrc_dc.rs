@@ -12,10 +12,10 @@ use std::sync::Arc;
 
 use common::{EmuRig, Rig};
 use mlx5::{
-    Access, Ah, AhAttr, ConnectParams, Context, Cq, CqInit, DcAddr, DcWr, Dci, Dct, DmaBuf, Error,
-    Mr, Pd, PostError, Qp, QpInitAttr, QpType, RecvWr, RemoteQp, SendFlags, SendWr, Srq, WcOpcode,
-    WcStatus, WorkCompletion, WrOp, XrcDomain, XrcSendQp, XrcSrq, XrcSrqNum, XrcTgtQp, XrcWr,
-    XrcdOpen,
+    Access, Ah, AhAttr, ConnectParams, Context, Cq, CqInit, DcAddr, DcWr, Dci, DciStreams, Dct,
+    DmaBuf, Error, Mr, Pd, PostError, Qp, QpInitAttr, QpType, RecvWr, RemoteQp, SendFlags, SendWr,
+    Srq, WcOpcode, WcStatus, WorkCompletion, WrOp, XrcDomain, XrcSendQp, XrcSrq, XrcSrqNum,
+    XrcTgtQp, XrcWr, XrcdOpen,
 };
 use mlx5_emu::{EmuConfig, FaultConfig, RunMode};
 
@@ -583,10 +583,12 @@ fn a_dci_reaches_each_dct_its_wr_names_and_fails_a_wrong_key_or_an_absent_dct() 
         DcWr {
             dest: &d.addrs[0],
             wr: SendWr::send(1, &sge, SendFlags::SIGNALED),
+            stream: 0,
         },
         DcWr {
             dest: &d.addrs[1],
             wr: SendWr::send(2, &sge, SendFlags::SIGNALED),
+            stream: 0,
         },
         DcWr {
             dest: &d.addrs[1],
@@ -599,6 +601,7 @@ fn a_dci_reaches_each_dct_its_wr_names_and_fails_a_wrong_key_or_an_absent_dct() 
                 &wsge,
                 SendFlags::SIGNALED,
             ),
+            stream: 0,
         },
     ];
     d.dci.post_send(&wrs).expect("post");
@@ -630,6 +633,7 @@ fn a_dci_reaches_each_dct_its_wr_names_and_fails_a_wrong_key_or_an_absent_dct() 
         .post_send(&[DcWr {
             dest: &bad,
             wr: SendWr::send(4, &sge, SendFlags::SIGNALED),
+            stream: 0,
         }])
         .expect("post");
     let sent = collect(&rig, &mut d.cqa, 1, 1_000_000);
@@ -651,6 +655,7 @@ fn an_absent_dct_fails_the_wr_and_a_foreign_address_is_refused() {
         .post_send(&[DcWr {
             dest: &absent,
             wr: SendWr::send(1, &sge, SendFlags::SIGNALED),
+            stream: 0,
         }])
         .expect("post");
     let sent = collect(&rig, &mut d.cqa, 1, 1_000_000);
@@ -676,6 +681,7 @@ fn an_absent_dct_fails_the_wr_and_a_foreign_address_is_refused() {
         d.dci.post_send(&[DcWr {
             dest: &foreign,
             wr: SendWr::send(2, &sge, SendFlags::SIGNALED),
+            stream: 0,
         }]),
         Err((0, PostError::ForeignAh))
     );
@@ -709,6 +715,7 @@ fn one_dci_round_robin_over_eight_dcts_under_faults_delivers_every_wr_once_in_or
                 .post_send(&[DcWr {
                     dest: &d.addrs[(next % n as u64) as usize],
                     wr: SendWr::send(next, &sge, SendFlags::SIGNALED),
+                    stream: 0,
                 }])
                 .expect("post");
             next += 1;
@@ -954,6 +961,7 @@ fn random_sequences(xrc_side: bool, seed: u64) {
                     .map(|(i, &wr)| DcWr {
                         dest: &d.addrs[(step + i) % d.addrs.len()],
                         wr,
+                        stream: 0,
                     })
                     .collect();
                 d.dci.post_send(&v)
@@ -1087,6 +1095,7 @@ fn flush(x: &mut Option<Xrc>, d: &mut Option<DcRig>, sge: mlx5::Sge, id: u64) {
         (_, Some(d)) => d.dci.post_send(&[DcWr {
             dest: &d.addrs[0],
             wr,
+            stream: 0,
         }]),
         _ => unreachable!(),
     }
@@ -1210,6 +1219,7 @@ fn on_a_roce_port_xrc_and_dc_route_by_gid() {
     dci.post_send(&[DcWr {
         dest: &to,
         wr: SendWr::send(2, &sge, SendFlags::SIGNALED),
+        stream: 0,
     }])
     .expect("post");
     let sent = collect(&rig, &mut cqa, 2, 10_000);
@@ -1226,4 +1236,98 @@ fn on_a_roce_port_xrc_and_dc_route_by_gid() {
     let mut b = vec![0u8; 64];
     dst.buf.read(0, &mut b);
     assert_eq!(b, message(5, 64));
+}
+
+/// A DCI with streams (`Dci::with_streams`, perftest's `--log_dci_streams`): the stream id rides
+/// in each WQE's control segment (byte-identical with libmlx5's `mlx5dv_wr_set_dc_addr_stream`
+/// in `tools/wqe-compare`), every stream's WRs arrive, a stream the DCI does not have is refused
+/// by name with nothing posted, and stream counts the device does not offer are refused at
+/// creation.
+#[test]
+fn a_dci_with_streams_sends_on_every_stream_and_refuses_one_it_does_not_have() {
+    let rig = EmuRig::stepped();
+    let p = knobs();
+    let mut d = dc(&rig, 2, 16, 256, p);
+    let mut init = QpInitAttr::new(QpType::Dci, &d.cqa, &d.cqa);
+    init.cap.max_send_wr = 64;
+    init.cap.max_send_sge = 1;
+    init.report_unsignaled = true;
+    let pda = &d._ctx.2;
+    for (s, attr) in [
+        ((0, 0), "log_concurrent"),
+        ((5, 0), "log_concurrent"),
+        ((2, 3), "log_errored"),
+    ] {
+        let streams = DciStreams {
+            log_concurrent: s.0,
+            log_errored: s.1,
+        };
+        match Dci::with_streams(pda, &init, streams) {
+            Err(Error::InvalidArgument { attr: a, .. }) => assert_eq!(a, attr, "{s:?}"),
+            other => panic!("{s:?}: {other:?}"),
+        }
+    }
+    let streams = DciStreams {
+        log_concurrent: 2,
+        log_errored: 0,
+    };
+    let mut s = Dci::with_streams(pda, &init, streams).expect("DCI with streams");
+    assert_eq!((s.streams(), d.dci.streams()), (4, 1));
+    s.activate(1, 0x200, &p).expect("to RTS");
+    d.src.buf.write(0, &message(9, 64));
+    let sge = [d.src.mr.sge(0, 64)];
+    let wrs: Vec<DcWr<'_>> = (0..8u16)
+        .map(|i| DcWr {
+            dest: &d.addrs[usize::from(i % 2)],
+            wr: SendWr::send(u64::from(i), &sge, SendFlags::SIGNALED),
+            stream: i % 4,
+        })
+        .collect();
+    s.post_send(&wrs).expect("post on streams 0..3");
+    let sent = collect(&rig, &mut d.cqa, 8, 10_000);
+    assert_eq!(
+        sent.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        (0..8).map(|i| (i, WcStatus::SUCCESS)).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        collect(&rig, &mut d.cqb, 8, 10_000).len(),
+        8,
+        "every WR arrived"
+    );
+    let one = |stream| DcWr {
+        dest: &d.addrs[0],
+        wr: SendWr::send(99, &sge, SendFlags::SIGNALED),
+        stream,
+    };
+    let before = s.sq().stats().wqes;
+    assert_eq!(
+        s.post_send(&[one(4)]),
+        Err((
+            0,
+            PostError::BadStream {
+                stream: 4,
+                streams: 4
+            }
+        ))
+    );
+    assert_eq!(s.sq().stats().wqes, before, "nothing posted");
+    assert_eq!(
+        d.dci.post_send(&[one(1)]),
+        Err((
+            0,
+            PostError::BadStream {
+                stream: 1,
+                streams: 1
+            }
+        )),
+        "a DCI without streams has stream 0 only"
+    );
+    assert!(
+        PostError::BadStream {
+            stream: 4,
+            streams: 4
+        }
+        .to_string()
+        .contains("stream id 4")
+    );
 }

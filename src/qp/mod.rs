@@ -381,13 +381,19 @@ impl Qp {
         if let Some(what) = what {
             return Err(Error::Unsupported { what });
         }
-        Self::create(pd, init, 0)
+        Self::create(pd, init, 0, None)
     }
 
     /// [`new`](Self::new) for every type, with `type_flags` added to the driver data's flags
-    /// (`MLX5_QP_FLAG_TYPE_DCI`): the typed XRC and DC objects (`xrc.rs`, `dc.rs`) create
+    /// (`MLX5_QP_FLAG_TYPE_DCI`) and a DCI's `dci_streams` (which adds
+    /// `MLX5_QP_FLAG_DCI_STREAM`): the typed XRC and DC objects (`xrc.rs`, `dc.rs`) create
     /// their send QPs here.
-    pub(crate) fn create(pd: &Pd, init: &QpInitAttr<'_>, type_flags: u32) -> Result<Self> {
+    pub(crate) fn create(
+        pd: &Pd,
+        init: &QpInitAttr<'_>,
+        type_flags: u32,
+        dci_streams: Option<mlx5_ffi::mlx5::Mlx5IbCreateQpDciStreams>,
+    ) -> Result<Self> {
         raw::check_create(init.qp_type)?;
         let ctx = pd.context().clone();
         ctx.check_same("send_cq", &init.send_cq.shared().ctx, "pd")?;
@@ -478,6 +484,10 @@ impl Qp {
             drv.flags |= MLX5_QP_FLAG_SCATTER_CQE;
         }
         drv.flags |= type_flags;
+        if let Some(s) = dci_streams {
+            drv.flags |= mlx5_ffi::mlx5::MLX5_QP_FLAG_DCI_STREAM;
+            drv.dci_streams = s;
+        }
         if let Some(g) = &grant {
             if let Some(idx) = g.create_index {
                 drv.flags |= MLX5_QP_FLAG_UAR_PAGE_INDEX;

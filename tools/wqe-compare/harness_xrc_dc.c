@@ -1,7 +1,8 @@
 /*
  * wqe-compare XRC/DC harness: posts a corpus of send work requests on an XRC initiator
  * (ibv_post_send with wr.qp_type.xrc.remote_srqn, or the ibv_wr_* API with
- * ibv_wr_set_xrc_srqn) and on a DC initiator (ibv_wr_* with mlx5dv_wr_set_dc_addr), with
+ * ibv_wr_set_xrc_srqn) and on a DC initiator with 4 streams (ibv_wr_* with
+ * mlx5dv_wr_set_dc_addr_stream, the DC WRs of the whole run on streams 0, 1, 2, 3, 0, ...), with
  * Debian's unmodified libmlx5, on the first RDMA device (under the preload: the emulated
  * ConnectX, which records every WQE it fetches in MLX5_EMU_WQE_LOG). The Rust side
  * (src/xrc_dc.rs) posts the same corpus through the mlx5 crate's XrcSendQp and Dci.
@@ -51,6 +52,9 @@ struct wrspec {
 };
 
 static uint64_t buf_va, buf_len, recv_off, dc_key;
+/* The stream of the next DC WR (the DCI has 2^DC_LOG_STREAMS streams). */
+#define DC_LOG_STREAMS 2
+static uint16_t dc_stream;
 static unsigned cap_wr, cap_sge, cap_inline, recvs;
 static struct wrspec wrs[MAX_WRS];
 static unsigned post_start[MAX_WRS + 1], nposts, nwrs;
@@ -205,9 +209,10 @@ static void wr_one(struct ibv_qp_ex *qx, struct mlx5dv_qp_ex *mx, const struct w
 	default:
 		die("unknown op %u", w->op);
 	}
-	if (w->qp == 'd')
-		mlx5dv_wr_set_dc_addr(mx, ah, dctn, dc_key);
-	else
+	if (w->qp == 'd') {
+		mlx5dv_wr_set_dc_addr_stream(mx, ah, dctn, dc_key, dc_stream);
+		dc_stream = (dc_stream + 1) & ((1u << DC_LOG_STREAMS) - 1);
+	} else
 		ibv_wr_set_xrc_srqn(qx, srqn);
 	fill_sges(w, sg, lkey);
 	if (w->inl) {
@@ -349,8 +354,9 @@ int main(int argc, char **argv)
 		.send_ops_flags = send_ops,
 	};
 	struct mlx5dv_qp_init_attr cva = {
-		.comp_mask = MLX5DV_QP_INIT_ATTR_MASK_DC,
-		.dc_init_attr = { .dc_type = MLX5DV_DCTYPE_DCI },
+		.comp_mask = MLX5DV_QP_INIT_ATTR_MASK_DC | MLX5DV_QP_INIT_ATTR_MASK_DCI_STREAMS,
+		.dc_init_attr = { .dc_type = MLX5DV_DCTYPE_DCI,
+				  .dci_streams = { .log_num_concurent = DC_LOG_STREAMS } },
 	};
 	dci = mlx5dv_create_qp(ctx, &ca, &cva);
 	if (!dci)

@@ -296,6 +296,21 @@ impl<P: PayloadKind> WqeBuilder<'_, P> {
     }
 }
 
+impl<P: PayloadKind> WqeBuilder<'_, P> {
+    /// [`finish`](Self::finish), with `stream` in the control segment's DCI stream channel id
+    /// (bytes 9-10, big-endian; `mlx5dv_wr_set_dc_addr_stream`). The WQE is not visible to the
+    /// device before the next [`SendQueue::ring`], so the second store cannot be seen half done.
+    #[inline(always)]
+    pub(crate) fn finish_on_stream(self, wr_id: u64, stream: u16) {
+        let (w, start, fm_ce_se) = (self.w, self.start, self.fm_ce_se);
+        self.finish(wr_id);
+        if stream != 0 {
+            let [hi, lo] = stream.to_be_bytes();
+            w.write4(start as usize * 64 + 8, [0, hi, lo, fm_ce_se]);
+        }
+    }
+}
+
 impl SendQueue {
     /// Take one credit and open a WQE of `ds` units so far (ctrl plus the segments the caller
     /// writes next) at the producer.

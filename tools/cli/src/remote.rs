@@ -324,9 +324,8 @@ where
     rep.begin(end.emulated(), &header)?;
     if plan.testbed.log_dci_streams > 0 {
         rep.note(&format!(
-            "--log_dci_streams {}: this driver's DCI has no stream channels yet: its WRs run \
-             in order on one (a schedule streams allow; the peer may use its own)",
-            plan.testbed.log_dci_streams
+            "DCS num streams : {} (2^{} DCI streams, WRs round-robin over them, as perftest)",
+            plan.testbed.log_dci_streams, plan.testbed.log_dci_streams
         ))?;
     }
     let mut ours = exchange::BwReport::default();

@@ -1434,8 +1434,12 @@ pub fn trace_dc(o: &TraceOpts) -> Result<Vec<Stage>, String> {
         json!({"wr_id": 0x1000, "size": size, "inline": inline, "dctn": dctn}),
     ));
     let producer = dci.sq().producer();
-    dci.post_send(&[DcWr { dest: &to, wr }])
-        .map_err(|(_, e)| format!("post_send refused: {e}"))?;
+    dci.post_send(&[DcWr {
+        dest: &to,
+        wr,
+        stream: 0,
+    }])
+    .map_err(|(_, e)| format!("post_send refused: {e}"))?;
     let after = dci.sq().producer();
     let bbs = after.wrapping_sub(producer) as usize;
     let mut ring = vec![0u8; bbs * 64];

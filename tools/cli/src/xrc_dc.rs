@@ -20,9 +20,9 @@ use std::sync::atomic::{Ordering, fence};
 
 use mlx5::{
     Access, Ah, AhAttr, BfPolicy, CompChannel, ConnectParams, Context, Cq, CqInit, DcAddr, DcWr,
-    Dci, Dct, DmaBuf, HugePolicy, Mr, Mtu, Pd, QpCap, QpInitAttr, QpType, RecvWr, RemoteQp,
-    SendFlags, SendWr, Srq, WorkCompletion, WrOp, XrcDomain, XrcSendQp, XrcSrq, XrcSrqNum,
-    XrcTgtQp, XrcWr,
+    Dci, DciStreams, Dct, DmaBuf, HugePolicy, Mr, Mtu, Pd, QpCap, QpInitAttr, QpType, RecvWr,
+    RemoteQp, SendFlags, SendWr, Srq, WorkCompletion, WrOp, XrcDomain, XrcSendQp, XrcSrq,
+    XrcSrqNum, XrcTgtQp, XrcWr,
 };
 use mlx5_emu::Emulator;
 
@@ -88,6 +88,8 @@ struct HpcEnd {
     wcs: [WorkCompletion; 16],
     ini_psn: u32,
     tgt_psn: u32,
+    /// The DCI stream of the next WR: perftest's round robin over every stream.
+    next_stream: u16,
 }
 
 fn psn_seed(salt: u32) -> u32 {
@@ -158,6 +160,18 @@ impl HpcEnd {
                 Conn::Xrc => {
                     Initiator::Xrc(XrcSendQp::new(pd, &init).map_err(err("CREATE_QP (XRC send)"))?)
                 }
+                // perftest's DCS: 2^log_dci_streams concurrent streams, none kept in error.
+                _ if cfg.log_dci_streams > 0 => Initiator::Dc(
+                    Dci::with_streams(
+                        pd,
+                        &init,
+                        DciStreams {
+                            log_concurrent: cfg.log_dci_streams as u8,
+                            log_errored: 0,
+                        },
+                    )
+                    .map_err(err("CREATE_QP (DCI with streams)"))?,
+                ),
                 _ => Initiator::Dc(Dci::new(pd, &init).map_err(err("CREATE_QP (DCI)"))?),
             })
         } else {
@@ -202,6 +216,7 @@ impl HpcEnd {
             wcs: [WorkCompletion::default(); 16],
             ini_psn: psn_seed(salt),
             tgt_psn: psn_seed(salt ^ 0x5A5A),
+            next_stream: 0,
         })
     }
 
@@ -352,11 +367,21 @@ impl Side for HpcEnd {
                 let mut x = [DcWr {
                     dest: addr,
                     wr: template,
+                    stream: 0,
                 }; MAX_POST_LIST as usize];
+                // The streams are a power of two: the id wraps with a mask, as perftest's.
+                let mask = (d.streams() - 1) as u16;
                 for (slot, wr) in x.iter_mut().zip(chain) {
                     slot.wr = *wr;
+                    slot.stream = self.next_stream;
+                    self.next_stream = self.next_stream.wrapping_add(1) & mask;
                 }
-                d.post_send(&x[..chain.len()])
+                let r = d.post_send(&x[..chain.len()]);
+                if let Err((i, _)) = r {
+                    // the refused WR and those after it were not posted: their streams again
+                    self.next_stream = x[i].stream;
+                }
+                r
             }
             (None, _) => return Err("this side has only targets: it sends nothing".into()),
             (Some(_), _) => return Err("no destination from the peer yet".into()),

@@ -152,6 +152,15 @@ fn mixed(tool: &str, kind: &str, op: &str, conn: &str, extra: &[&str]) {
             assert_eq!(local.len(), n, "{what}: local address lines\n{both}");
             assert_eq!(local, remote, "{what}: QPNs sent and received\n{both}");
         }
+        if let Some(i) = extra.iter().position(|a| *a == "--log_dci_streams") {
+            // ours makes a DCI with that many streams and says so, as perftest's header
+            let ours_out = if ours_serves { &so } else { &co };
+            let n = extra[i + 1];
+            assert!(
+                ours_out.contains(&format!("DCS num streams : {n}")),
+                "{what}: streams line\n{both}"
+            );
+        }
         if conn == "DC" && ours_serves {
             // our target's number, as sent after RTR, is not 0 (the DCT's first key is)
             assert!(
@@ -176,7 +185,7 @@ fn dc_latency_and_bandwidth_pair_with_perftest_in_both_roles() {
     mixed("ib_write_lat", "lat", "write", "DC", &[]);
     mixed("ib_read_lat", "lat", "read", "DC", &[]);
     mixed("ib_write_bw", "bw", "write", "DC", &[]);
-    // DCI streams on both sides (ours runs its WRs on one stream and says so)
+    // DCI streams on both sides: 4 streams, WRs round-robin over them
     mixed(
         "ib_send_lat",
         "lat",

@@ -23,9 +23,9 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use mlx5::{
-    Access, Ah, AhAttr, ConnectParams, Context, ContextConfig, Cq, CqInit, DcAddr, DcWr, Dci, Dct,
-    Pd, QpInitAttr, QpType, RecvWr, RemoteQp, SendFlags, SendWr, Sge, Srq, UserMemory,
-    WorkCompletion, WrOp, XrcDomain, XrcSendQp, XrcSrq, XrcTgtQp, XrcWr,
+    Access, Ah, AhAttr, ConnectParams, Context, ContextConfig, Cq, CqInit, DcAddr, DcWr, Dci,
+    DciStreams, Dct, Pd, QpInitAttr, QpType, RecvWr, RemoteQp, SendFlags, SendWr, Sge, Srq,
+    UserMemory, WorkCompletion, WrOp, XrcDomain, XrcSendQp, XrcSrq, XrcTgtQp, XrcWr,
 };
 use mlx5_emu::{EmuConfig, Emulator, Fabric, RunMode, WqeRecord};
 
@@ -483,7 +483,13 @@ pub fn run_ours(corpus: &Corpus) -> Result<Run, String> {
     let mut tgt = XrcTgtQp::new(&xrcd).map_err(|e| err("XrcTgtQp", e))?;
     let mut srq = Srq::new(&pd, RECVS, 1).map_err(|e| err("Srq", e))?;
     let mut dct = Dct::new(&pd, &rcq, &srq, DC_KEY).map_err(|e| err("Dct", e))?;
-    let mut dci = Dci::new(&pd, &init(QpType::Dci)).map_err(|e| err("Dci", e))?;
+    // 4 streams, the DC WRs of the run round-robin over them, as the C harness's.
+    let streams = DciStreams {
+        log_concurrent: 2,
+        log_errored: 0,
+    };
+    let mut dci = Dci::with_streams(&pd, &init(QpType::Dci), streams).map_err(|e| err("Dci", e))?;
+    let mut dc_stream = 0u16;
     let ah = Ah::new(
         &pd,
         AhAttr {
@@ -563,7 +569,18 @@ pub fn run_ours(corpus: &Corpus) -> Result<Run, String> {
             let x: Vec<XrcWr<'_>> = wrs.iter().map(|&wr| XrcWr { srqn, wr }).collect();
             ini.post_send(&x)
         } else {
-            let x: Vec<DcWr<'_>> = wrs.iter().map(|&wr| DcWr { dest: &to, wr }).collect();
+            let x: Vec<DcWr<'_>> = wrs
+                .iter()
+                .map(|&wr| {
+                    let stream = dc_stream;
+                    dc_stream = (dc_stream + 1) & 3;
+                    DcWr {
+                        dest: &to,
+                        wr,
+                        stream,
+                    }
+                })
+                .collect();
             dci.post_send(&x)
         };
         posted.map_err(|(i, e)| err(&format!("post {n} WR {i}"), e))?;
