@@ -406,37 +406,22 @@ impl Side for End {
     }
 
     fn arm(&mut self, recv: bool) -> BenchResult<()> {
-        let cq = if recv {
-            &mut self.recv_cq
-        } else {
-            &mut self.send_cq
-        };
-        cq.req_notify(false);
+        arm_cq(&mut self.send_cq, &mut self.recv_cq, recv);
         Ok(())
     }
 
     fn wait_event(&mut self, recv: bool) -> BenchResult<()> {
-        let Some(ch) = &self.channels else {
-            return Err("event mode without completion channels".into());
-        };
-        let (cq, ch) = if recv {
-            (&mut self.recv_cq, &ch[1])
-        } else {
-            (&mut self.send_cq, &ch[0])
-        };
-        match cq.wait(ch, EVENT_TIMEOUT_MS) {
-            Ok(true) => Ok(()),
-            Ok(false) => Err(format!("no completion event within {EVENT_TIMEOUT_MS} ms")),
-            Err(e) => Err(format!("waiting for a completion event: {e}")),
-        }
+        wait_cq_event(
+            &mut self.send_cq,
+            &mut self.recv_cq,
+            self.channels.as_ref(),
+            recv,
+        )
     }
 
     fn read_byte(&self, off: usize) -> u8 {
-        // The device writes the rx area behind the compiler's back: the fence keeps the read
-        // inside the caller's polling loop.
-        fence(Ordering::Acquire);
         let mut b = [0u8];
-        self.buf.read(self.area + off, &mut b);
+        read_area(&self.buf, self.area + off, &mut b);
         b[0]
     }
 
@@ -446,14 +431,47 @@ impl Side for End {
     }
 
     fn read_rx(&self, off: usize, out: &mut [u8]) {
-        // as read_byte: the device wrote the rx area behind the compiler's back
-        fence(Ordering::Acquire);
-        self.buf.read(self.area + off, out);
+        read_area(&self.buf, self.area + off, out);
     }
 
     fn write_rx(&mut self, off: usize, data: &[u8]) {
         self.buf.write(self.area + off, data);
     }
+}
+
+/// An end's `arm`: ask for a completion event on its receive (`recv`) or send CQ.
+pub(crate) fn arm_cq(send_cq: &mut Cq, recv_cq: &mut Cq, recv: bool) {
+    if recv { recv_cq } else { send_cq }.req_notify(false);
+}
+
+/// An end's `wait_event`: the next event of the receive (`recv`) or send CQ on its channel
+/// (`channels`: send, receive), at most [`EVENT_TIMEOUT_MS`].
+pub(crate) fn wait_cq_event(
+    send_cq: &mut Cq,
+    recv_cq: &mut Cq,
+    channels: Option<&[Arc<CompChannel>; 2]>,
+    recv: bool,
+) -> BenchResult<()> {
+    let Some(ch) = channels else {
+        return Err("event mode without completion channels".into());
+    };
+    let (cq, ch) = if recv {
+        (recv_cq, &ch[1])
+    } else {
+        (send_cq, &ch[0])
+    };
+    match cq.wait(ch, EVENT_TIMEOUT_MS) {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(format!("no completion event within {EVENT_TIMEOUT_MS} ms")),
+        Err(e) => Err(format!("waiting for a completion event: {e}")),
+    }
+}
+
+/// Read `out.len()` bytes of `buf` at `at`. The device writes the rx area behind the
+/// compiler's back: the fence keeps the read inside the caller's polling loop.
+pub(crate) fn read_area(buf: &DmaBuf, at: usize, out: &mut [u8]) {
+    fence(Ordering::Acquire);
+    buf.read(at, out);
 }
 
 /// Two connected RC QPs on one device.

@@ -16,7 +16,6 @@
 //! both take them from the peer's last round of keys, as perftest's `ctx_set_send_wqes`.
 
 use std::sync::Arc;
-use std::sync::atomic::{Ordering, fence};
 
 use mlx5::{
     Access, Ah, AhAttr, BfPolicy, CompChannel, ConnectParams, Context, Cq, CqInit, DcAddr, DcWr,
@@ -27,7 +26,9 @@ use mlx5::{
 use mlx5_emu::Emulator;
 
 use crate::app::TestbedConfig;
-use crate::backend::{MAX_POST_LIST, PEER_CYCLE_BUFFER, err, open_device};
+use crate::backend::{
+    MAX_POST_LIST, PEER_CYCLE_BUFFER, arm_cq, err, open_device, read_area, wait_cq_event,
+};
 use crate::bench::{BenchResult, Op, Side, Wr};
 use crate::cli::Conn;
 use crate::exchange::PerftestKey;
@@ -35,9 +36,6 @@ use crate::report::Endpoint;
 
 /// perftest's DC access key (`DC_KEY`), the same on both sides.
 pub const DC_KEY: u64 = 0xffee_ddcc;
-
-/// How long a blocking wait for a completion event may take before the run fails.
-const EVENT_TIMEOUT_MS: i32 = 5000;
 
 /// The sending QP of an end.
 enum Initiator {
@@ -428,36 +426,22 @@ impl Side for HpcEnd {
     }
 
     fn arm(&mut self, recv: bool) -> BenchResult<()> {
-        let cq = if recv {
-            &mut self.recv_cq
-        } else {
-            &mut self.send_cq
-        };
-        cq.req_notify(false);
+        arm_cq(&mut self.send_cq, &mut self.recv_cq, recv);
         Ok(())
     }
 
     fn wait_event(&mut self, recv: bool) -> BenchResult<()> {
-        let Some(ch) = &self.channels else {
-            return Err("event mode without completion channels".into());
-        };
-        let (cq, ch) = if recv {
-            (&mut self.recv_cq, &ch[1])
-        } else {
-            (&mut self.send_cq, &ch[0])
-        };
-        match cq.wait(ch, EVENT_TIMEOUT_MS) {
-            Ok(true) => Ok(()),
-            Ok(false) => Err(format!("no completion event within {EVENT_TIMEOUT_MS} ms")),
-            Err(e) => Err(format!("waiting for a completion event: {e}")),
-        }
+        wait_cq_event(
+            &mut self.send_cq,
+            &mut self.recv_cq,
+            self.channels.as_ref(),
+            recv,
+        )
     }
 
     fn read_byte(&self, off: usize) -> u8 {
-        // the device writes the rx area behind the compiler's back
-        fence(Ordering::Acquire);
         let mut b = [0u8];
-        self.buf.read(self.area + off, &mut b);
+        read_area(&self.buf, self.area + off, &mut b);
         b[0]
     }
 
@@ -467,8 +451,7 @@ impl Side for HpcEnd {
     }
 
     fn read_rx(&self, off: usize, out: &mut [u8]) {
-        fence(Ordering::Acquire);
-        self.buf.read(self.area + off, out);
+        read_area(&self.buf, self.area + off, out);
     }
 
     fn write_rx(&mut self, off: usize, data: &[u8]) {

@@ -7,7 +7,7 @@ use std::process::{Command, Output};
 use serde_json::Value;
 
 mod common;
-use common::{free_port, preload_so};
+use common::{free_port, ours, perftest, preload_so};
 
 fn mlx5(args: &[&str]) -> Output {
     let out = Command::new(env!("CARGO_BIN_EXE_mlx5"))
@@ -483,17 +483,6 @@ fn pcap_capture_of_the_emulated_fabric() {
     assert!(bytes.len() > 24 + 16 * counter(&doc, "packets_sent") as usize);
 }
 
-/// perftest's own binary (Debian package `perftest`) on the emulator through the shim.
-fn perftest(program: &str, args: &[&str]) -> Command {
-    let mut cmd = Command::new(program);
-    cmd.args(args)
-        .env("LD_PRELOAD", preload_so())
-        .env("MLX5_EMU_FABRIC", "udp")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
-    cmd
-}
-
 fn run_pair(server: &mut Command, client: &mut Command) -> (String, String) {
     let _one = common::one_pair_at_a_time();
     let srv = server
@@ -538,14 +527,6 @@ fn run_pair(server: &mut Command, client: &mut Command) -> (String, String) {
         String::from_utf8(srv.stdout).unwrap(),
         String::from_utf8(cli.stdout).unwrap(),
     )
-}
-
-fn ours(args: &[&str]) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_mlx5"));
-    cmd.args(args)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
-    cmd
 }
 
 /// `mlx5 TEST OP --server --emu --bind 127.0.0.1 -p PORT EXTRA...` (see [`ours`]).

@@ -4,29 +4,12 @@
 //! `-q N` runs N QPs per side with one key exchange per QP and the figures summed over them,
 //! as perftest's `ib_write_bw -q 4` and `ib_send_bw -q 2` do.
 
-use std::process::{Command, Output, Stdio};
+use std::process::Command;
 
 use serde_json::Value;
 
 mod common;
-use common::{free_port, preload_so};
-
-/// perftest's binary on the emulator through the shim (cross-process fabric).
-fn perftest(program: &str, args: &[&str]) -> Command {
-    let mut cmd = Command::new(program);
-    cmd.args(args)
-        .env("LD_PRELOAD", preload_so())
-        .env("MLX5_EMU_FABRIC", "udp")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    cmd
-}
-
-fn ours(args: &[&str]) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_mlx5"));
-    cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
-    cmd
-}
+use common::{free_port, ours, perftest, text};
 
 fn ours_server(test: &str, op: &str, port: &str, extra: &[&str]) -> Command {
     let mut cmd = ours(&[
@@ -47,14 +30,6 @@ fn ours_client(test: &str, op: &str, port: &str, extra: &[&str]) -> Command {
     let mut cmd = ours(&[test, op, "127.0.0.1", "--emu", "-p", port]);
     cmd.args(extra);
     cmd
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 /// Runs a server (given `-p PORT`) and then its client; both must succeed. Their stdouts.

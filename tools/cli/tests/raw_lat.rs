@@ -5,10 +5,6 @@
 //! (ours: its report header on stdout, printed after its rule is installed; perftest's: its
 //! emulator's trace of the rule and the QP transitions). Needs `CAP_NET_RAW` (CI runs as root).
 
-#[expect(
-    dead_code,
-    reason = "the shared helpers for TCP peers are not used by raw tools"
-)]
 mod common;
 
 use std::io::{BufRead, BufReader, Read};

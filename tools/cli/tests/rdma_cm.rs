@@ -4,8 +4,6 @@
 //! space (`MLX5_EMU_CM_DIR`); the client starts once the server's rdma_cm port is claimed
 //! (perftest's client does not retry its first connection).
 
-// Shared with the other test files; this one uses part of it.
-#[allow(dead_code)]
 mod common;
 
 use std::path::{Path, PathBuf};

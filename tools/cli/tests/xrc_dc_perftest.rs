@@ -5,37 +5,13 @@
 //! XRC QPs travelled in perftest's key exchange). Then our tool against itself with several
 //! QPs and the other operations, and what is refused.
 
-use std::process::{Command, Output, Stdio};
+use std::process::Command;
 
 mod common;
-use common::{free_port, preload_so};
+use common::{free_port, ours, perftest, text};
 
 /// Iterations of every run.
 const ITERS: &str = "100";
-
-fn perftest(program: &str, args: &[&str]) -> Command {
-    let mut cmd = Command::new(program);
-    cmd.args(args)
-        .env("LD_PRELOAD", preload_so())
-        .env("MLX5_EMU_FABRIC", "udp")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    cmd
-}
-
-fn ours(args: &[&str]) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_mlx5"));
-    cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
-    cmd
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
 
 /// Runs `server` (listening on `port`), then `client`; both must exit 0 within a minute.
 /// Their stdouts.

@@ -1,4 +1,5 @@
 //! Helpers shared by the integration tests that run the `mlx5` binary.
+#![allow(dead_code)] // each test file uses its own subset of the helpers
 
 use std::process::Command;
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -69,4 +70,34 @@ pub fn wait_listening(port: u16, limit: std::time::Duration, server: &str) {
         );
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
+}
+
+/// perftest's own binary (Debian package `perftest`) on the emulator through the shim
+/// (cross-process fabric), its output piped.
+pub fn perftest(program: &str, args: &[&str]) -> Command {
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .env("LD_PRELOAD", preload_so())
+        .env("MLX5_EMU_FABRIC", "udp")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    cmd
+}
+
+/// The `mlx5` binary with `args`, its output piped.
+pub fn ours(args: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_mlx5"));
+    cmd.args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    cmd
+}
+
+/// A finished process's standard output then standard error, as text.
+pub fn text(o: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
 }
