@@ -122,6 +122,11 @@ pub(crate) struct KlmEntry {
     pub(crate) at: u64,
 }
 
+/// What the emulated kernel writes into a new CQ's arm doorbell record (the second word of
+/// its doorbell record): no arm word has its two top bits set (the sequence number is 2 bits
+/// at 28), so the first arm, whose word may be 0, is told from "never armed".
+pub(crate) const ARM_DBR_UNSET: u32 = 0xffff_ffff;
+
 /// A completion queue.
 #[derive(Debug)]
 pub(crate) struct Cq {
@@ -140,6 +145,9 @@ pub(crate) struct Cq {
     pub(crate) armed: Option<bool>,
     pub(crate) armed_sn: u8,
     pub(crate) last_fired_sn: Option<u8>,
+    /// The arm doorbell record's value last taken as an arm (`device/fetch.rs`,
+    /// `arms_from_records`); [`ARM_DBR_UNSET`] until the first.
+    pub(crate) arm_dbr_seen: u32,
     pub(crate) ignore_overrun: bool,
     pub(crate) in_error: bool,
     pub(crate) users: u32,

@@ -598,3 +598,58 @@ fn ud_with_a_global_route_gets_a_grh_in_the_buffer() {
     assert_eq!(grh[24..40], info_b.port_gid, "destination GID");
     assert_eq!(p.mb.0.read(40, 8), b"with grh");
 }
+
+/// Two CQs of one context armed back to back, before the device scans: both arm doorbells go
+/// to the one CQ doorbell register of the UAR page, so the second store overwrites the first
+/// (on hardware each 8-byte MMIO write is its own transaction). The device finds the first
+/// arm in that CQ's arm doorbell record, written just before its doorbell, and both CQs
+/// report their completion event (before: the first CQ's arm was lost, and a program waiting
+/// for its event waited for ever).
+#[test]
+fn two_cqs_armed_between_two_scans_both_report_their_event() {
+    let emu = stepped(1);
+    let mut a = Ctx::open(&emu, 0);
+    let ch1 = a.comp_channel();
+    let ch2 = a.comp_channel();
+    let pd = a.alloc_pd();
+    let mut cq1 = a.create_cq(16, 64, ch1);
+    let mut cq2 = a.create_cq(16, 64, ch2);
+    let q1 = a.create_qp(pd, &cq1, &cq1, RC, 16, 8, None);
+    let q2 = a.create_qp(pd, &cq2, &cq2, RC, 16, 8, None);
+    bring_up(&a, &q1, 1, q2.qpn, Knobs::default());
+    bring_up(&a, &q2, 1, q1.qpn, Knobs::default());
+    let (mut q1, mut q2) = (q1, q2);
+    emu.run_until_idle();
+    // The first arm of each CQ (sequence number 0, consumer index 0): both stores before a scan.
+    a.arm_cq(&mut cq1, false);
+    a.arm_cq(&mut cq2, false);
+    let i = q1.build_send(SendOpcode::NOP, 0, SIG, [0; 4], &[]);
+    q1.ring(&a, i, Ring::Doorbell);
+    let i = q2.build_send(SendOpcode::NOP, 0, SIG, [0; 4], &[]);
+    q2.ring(&a, i, Ring::Doorbell);
+    emu.run_until_idle();
+    for (ch, cq) in [(ch1, &cq1), (ch2, &cq2)] {
+        let mut ev = [0u8; 8];
+        // SAFETY: a non-blocking read of 8 bytes into a local buffer from the channel fd.
+        let n = unsafe {
+            let fl = libc::fcntl(ch, libc::F_GETFL);
+            libc::fcntl(ch, libc::F_SETFL, fl | libc::O_NONBLOCK);
+            libc::read(ch, ev.as_mut_ptr().cast(), 8)
+        };
+        assert_eq!(n, 8, "CQ {:#x}: its completion event", cq.cqn);
+    }
+    assert_eq!(emu.counters(0).comp_events, 2);
+    // The next arms (sequence number 1) of both, again between two scans: both fire again.
+    drain(&mut cq1);
+    drain(&mut cq2);
+    cq1.arm_sn = 1;
+    cq2.arm_sn = 1;
+    a.arm_cq(&mut cq1, false);
+    a.arm_cq(&mut cq2, false);
+    let i = q1.build_send(SendOpcode::NOP, 0, SIG, [0; 4], &[]);
+    q1.ring(&a, i, Ring::Doorbell);
+    let i = q2.build_send(SendOpcode::NOP, 0, SIG, [0; 4], &[]);
+    q2.ring(&a, i, Ring::Doorbell);
+    emu.run_until_idle();
+    assert_eq!(emu.counters(0).comp_events, 4);
+}

@@ -74,9 +74,16 @@ pub(super) fn scan_doorbells(w: &mut World) -> usize {
         }
     }
     let n = found.len();
+    let mut armed_ctx: Option<(usize, u64)> = None;
     for d in found {
         match d {
-            Doorbell::Arm { hca, ctx, word } => cq_arm(w, hca, ctx, word),
+            Doorbell::Arm { hca, ctx, word } => {
+                cq_arm(w, hca, ctx, word);
+                if armed_ctx != Some((hca, ctx)) {
+                    arms_from_records(w, hca, ctx);
+                    armed_ctx = Some((hca, ctx));
+                }
+            }
             Doorbell::Send {
                 hca,
                 ctx,
@@ -191,9 +198,42 @@ pub(super) fn cq_arm(w: &mut World, hca: usize, ctx: u64, word: u64) {
     if w.trace.active() {
         crate::trace::mmio(&mut w.hcas[hca].counters, 8);
     }
+    apply_arm(w, hca, ctx, cqn, arm);
+}
+
+/// The arms of CQs of context `ctx` whose doorbell a later arm overwrote: every CQ's arm
+/// doorbell record is written just before its UAR doorbell (libmlx5's `mlx5_arm_cq`, our
+/// driver's `req_notify`), and all of a context's CQs may ring the one CQ doorbell register of
+/// a UAR page, so two arms between two scans leave only the second word there (on hardware
+/// each 8-byte MMIO write is its own transaction). Run once per scan that found an arm word of
+/// `ctx`: a CQ not armed whose record holds a value not yet taken is armed from it. A record
+/// written before its doorbell is seen early, and the doorbell then repeats it (ignored as
+/// already taken or already fired).
+#[cold]
+fn arms_from_records(w: &mut World, hca: usize, ctx: u64) {
+    let pending: Vec<(u32, u32)> = w.hcas[hca]
+        .cqs
+        .iter()
+        .filter(|(_, c)| c.ctx == ctx && c.armed.is_none() && !c.in_error)
+        .filter_map(|(&cqn, c)| {
+            let mut b = [0u8; 4];
+            mem::read(c.db.wrapping_add(4), &mut b).ok()?;
+            let v = u32::from_be_bytes(b);
+            (v != c.arm_dbr_seen && v >> 30 == 0).then_some((cqn, v))
+        })
+        .collect();
+    for (cqn, v) in pending {
+        apply_arm(w, hca, ctx, cqn, v);
+    }
+}
+
+/// Arm CQ `cqn` of context `ctx` with the arm word `arm` (sequence number, solicited-only
+/// flag, consumer index), from its doorbell or its doorbell record.
+fn apply_arm(w: &mut World, hca: usize, ctx: u64, cqn: u32, arm: u32) {
     let Some(cq) = w.hcas[hca].cqs.get_mut(&cqn).filter(|c| c.ctx == ctx) else {
         return;
     };
+    cq.arm_dbr_seen = arm;
     let (sn, solicited, ci) = mlx5_hw::doorbell::cq_arm_word_fields(arm);
     if cq.last_fired_sn == Some(sn) {
         return; // a repeat of the arm that already fired

@@ -105,6 +105,14 @@ pub(super) fn create_cq(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> {
         r.respond(&o.base)?;
     }
     r.respond_drv(&Mlx5IbCreateCqResp { cqn, reserved: 0 })?;
+    // The arm doorbell record starts as "never armed" (device/fetch.rs, `arms_from_records`:
+    // the device recovers an arm whose doorbell a later arm on the same UAR register
+    // overwrote). Software only writes this word; a record that cannot be written keeps 0,
+    // which only loses that recovery for the CQ's first arm.
+    let _ = crate::mem::write(
+        d.db_addr.wrapping_add(4),
+        &crate::state::ARM_DBR_UNSET.to_be_bytes(),
+    );
     new_handle(w, ctx, Obj::Cq(cqn));
     w.hcas[hca].cqs.insert(
         cqn,
@@ -121,6 +129,7 @@ pub(super) fn create_cq(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> {
             armed: None,
             armed_sn: 0,
             last_fired_sn: None,
+            arm_dbr_seen: crate::state::ARM_DBR_UNSET,
             ignore_overrun: c.flags & IB_UVERBS_CQ_FLAGS_IGNORE_OVERRUN != 0,
             in_error: false,
             users: 0,
