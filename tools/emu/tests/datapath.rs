@@ -630,12 +630,12 @@ fn two_cqs_armed_between_two_scans_both_report_their_event() {
     emu.run_until_idle();
     for (ch, cq) in [(ch1, &cq1), (ch2, &cq2)] {
         let mut ev = [0u8; 8];
-        // SAFETY: a non-blocking read of 8 bytes into a local buffer from the channel fd.
-        let n = unsafe {
-            let fl = libc::fcntl(ch, libc::F_GETFL);
-            libc::fcntl(ch, libc::F_SETFL, fl | libc::O_NONBLOCK);
-            libc::read(ch, ev.as_mut_ptr().cast(), 8)
-        };
+        // SAFETY: fcntl on the channel descriptor this test created; no memory is passed.
+        let fl = unsafe { libc::fcntl(ch, libc::F_GETFL) };
+        // SAFETY: as above: only the descriptor's flags change (non-blocking).
+        unsafe { libc::fcntl(ch, libc::F_SETFL, fl | libc::O_NONBLOCK) };
+        // SAFETY: reads at most 8 bytes into `ev`, a live local buffer of 8 bytes.
+        let n = unsafe { libc::read(ch, ev.as_mut_ptr().cast(), 8) };
         assert_eq!(n, 8, "CQ {:#x}: its completion event", cq.cqn);
     }
     assert_eq!(emu.counters(0).comp_events, 2);
