@@ -148,6 +148,9 @@ pub(crate) struct Cq {
     /// The arm doorbell record's value last taken as an arm (`device/fetch.rs`,
     /// `arms_from_records`); [`ARM_DBR_UNSET`] until the first.
     pub(crate) arm_dbr_seen: u32,
+    /// `arm_dbr_seen` came from the record and its doorbell has not been seen yet (it was
+    /// counted then; the doorbell, if it comes, is not counted again).
+    pub(crate) arm_dbr_unrung: bool,
     pub(crate) ignore_overrun: bool,
     pub(crate) in_error: bool,
     pub(crate) users: u32,

@@ -638,7 +638,8 @@ fn two_cqs_armed_between_two_scans_both_report_their_event() {
         let n = unsafe { libc::read(ch, ev.as_mut_ptr().cast(), 8) };
         assert_eq!(n, 8, "CQ {:#x}: its completion event", cq.cqn);
     }
-    assert_eq!(emu.counters(0).comp_events, 2);
+    let c = emu.counters(0);
+    assert_eq!((c.cq_arms, c.comp_events), (2, 2), "each arm counted once");
     // The next arms (sequence number 1) of both, again between two scans: both fire again.
     drain(&mut cq1);
     drain(&mut cq2);
@@ -651,5 +652,6 @@ fn two_cqs_armed_between_two_scans_both_report_their_event() {
     let i = q2.build_send(SendOpcode::NOP, 0, SIG, [0; 4], &[]);
     q2.ring(&a, i, Ring::Doorbell);
     emu.run_until_idle();
-    assert_eq!(emu.counters(0).comp_events, 4);
+    let c = emu.counters(0);
+    assert_eq!((c.cq_arms, c.comp_events), (4, 4));
 }

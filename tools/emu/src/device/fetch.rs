@@ -194,9 +194,18 @@ pub(super) fn cq_arm(w: &mut World, hca: usize, ctx: u64, word: u64) {
     let b = word.to_ne_bytes();
     let arm = u32::from_be_bytes([b[0], b[1], b[2], b[3]]);
     let cqn = u32::from_be_bytes([b[4], b[5], b[6], b[7]]) & CQ_CI_MASK;
-    w.hcas[hca].counters.cq_arms += 1;
     if w.trace.active() {
         crate::trace::mmio(&mut w.hcas[hca].counters, 8);
+    }
+    // The doorbell of an arm already taken from its record (`arms_from_records`) was counted
+    // then.
+    let mut taken = false;
+    if let Some(c) = w.hcas[hca].cqs.get_mut(&cqn).filter(|c| c.ctx == ctx) {
+        taken = c.arm_dbr_unrung && c.arm_dbr_seen == arm;
+        c.arm_dbr_unrung = false;
+    }
+    if !taken {
+        w.hcas[hca].counters.cq_arms += 1;
     }
     apply_arm(w, hca, ctx, cqn, arm);
 }
@@ -223,7 +232,13 @@ fn arms_from_records(w: &mut World, hca: usize, ctx: u64) {
         })
         .collect();
     for (cqn, v) in pending {
+        // an arm the application made, whose doorbell word was overwritten (or is yet to
+        // land): counted here, once
+        w.hcas[hca].counters.cq_arms += 1;
         apply_arm(w, hca, ctx, cqn, v);
+        if let Some(c) = w.hcas[hca].cqs.get_mut(&cqn) {
+            c.arm_dbr_unrung = true;
+        }
     }
 }
 

@@ -130,6 +130,7 @@ pub(super) fn create_cq(w: &mut World, ctx: u64, r: &Req) -> Result<(), Errno> {
             armed_sn: 0,
             last_fired_sn: None,
             arm_dbr_seen: crate::state::ARM_DBR_UNSET,
+            arm_dbr_unrung: false,
             ignore_overrun: c.flags & IB_UVERBS_CQ_FLAGS_IGNORE_OVERRUN != 0,
             in_error: false,
             users: 0,
