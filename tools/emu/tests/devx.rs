@@ -1010,3 +1010,110 @@ fn forged_mkey_creates_are_refused_and_nested_or_dangling_entries_fail_at_access
         assert_eq!(p.mb.0.read(0, 8), vec![0; 8], "{what}: nothing written");
     }
 }
+
+/// Where byte `o` of an indirect key's space lands in the responder's region (an offset
+/// into it), by an independent model of the entries: KSM entries of `2^log` bytes each,
+/// KLM entries of their own byte counts, in order. `None` past the last entry.
+fn model_offset(entries: &[(u64, u64)], log: Option<u8>, o: u64) -> Option<u64> {
+    if let Some(log) = log {
+        let (at, _) = entries.get((o >> log) as usize)?;
+        return Some(at + (o & ((1 << log) - 1)));
+    }
+    let mut left = o;
+    for &(at, bytes) in entries {
+        if left < bytes {
+            return Some(at + left);
+        }
+        left -= bytes;
+    }
+    None
+}
+
+#[test]
+fn random_klm_and_ksm_keys_put_every_byte_where_an_independent_model_of_the_entries_says() {
+    let mut s = 0x6b6c_6d5f_6b73_6d31u64;
+    for case in 0..24 {
+        let (mut p, pdnb) = devx_responder_pair();
+        let (bb, lb) = (p.mb.0.addr(), p.mb.1);
+        let (ba, la) = (p.ma.0.addr(), p.ma.1);
+        let region = p.mb.0.len as u64;
+        // Entries (offset into the region, bytes); KSM on odd cases, of 64..512-byte
+        // entities. Entries may overlap and come in any order.
+        let log = (case % 2 == 1).then(|| 6 + (rand(&mut s) % 4) as u8);
+        let n = 1 + rand(&mut s) % 6;
+        let entries: Vec<(u64, u64)> = (0..n)
+            .map(|_| {
+                let bytes = match log {
+                    Some(l) => 1 << l,
+                    None => 1 + rand(&mut s) % 700,
+                };
+                (rand(&mut s) % (region - bytes), bytes)
+            })
+            .collect();
+        let len: u64 = entries.iter().map(|e| e.1).sum();
+        let start = 0x7100_0000_0000 + (rand(&mut s) % (1 << 20)) * 8;
+        let wire: Vec<_> = entries
+            .iter()
+            .map(|&(at, bytes)| (lb, bb + at, if log.is_some() { 0 } else { bytes as u32 }))
+            .collect();
+        let (r, out, _h) = obj_create(&p.b, &create_mkey_cmd(pdnb, start, len, log, &wire));
+        assert_eq!(r, Ok(()), "case {case}: status {:#x}", get_status(&out));
+        let key = ((prm::get(&out, mkey::INDEX) as u32) << 8) | 0x5a;
+        let mut model = p.mb.0.read(0, region as usize);
+        // Writes of random ranges of the key's space, each checked byte by byte.
+        for w in 0..4 {
+            let o = rand(&mut s) % len;
+            let l = 1 + rand(&mut s) % (len - o).min(2048);
+            let data: Vec<u8> = (0..l).map(|_| rand(&mut s) as u8 | 1).collect();
+            p.ma.0.write(0, &data);
+            let segs = [
+                RaddrSeg::new(start + o, key).as_bytes(),
+                &dseg(l as u32, la, ba),
+            ]
+            .concat();
+            p.send(SendOpcode::RDMA_WRITE, FM_CE_SE_CQ_UPDATE, [0; 4], &segs);
+            let c = drain(&mut p.cqa);
+            assert_eq!(c[0].syndrome, 0, "case {case} write {w}: {c:?} (entries {entries:?}, log {log:?}, offset {o}, {l} bytes, key length {len})");
+            for (i, &b) in data.iter().enumerate() {
+                let at = model_offset(&entries, log, o + i as u64).expect("inside the key");
+                model[at as usize] = b;
+            }
+            assert!(
+                p.mb.0.read(0, region as usize) == model,
+                "case {case} write {w}: the region differs from the model \
+                 (entries {entries:?}, log {log:?}, offset {o}, {l} bytes)"
+            );
+        }
+        // A READ of a random range gathers what the model says is there.
+        let o = rand(&mut s) % len;
+        let l = 1 + rand(&mut s) % (len - o).min(2048);
+        let segs = [
+            RaddrSeg::new(start + o, key).as_bytes(),
+            &dseg(l as u32, la, ba + 4096),
+        ]
+        .concat();
+        p.send(SendOpcode::RDMA_READ, FM_CE_SE_CQ_UPDATE, [0; 4], &segs);
+        assert_eq!(drain(&mut p.cqa)[0].syndrome, 0, "case {case} read");
+        let want: Vec<u8> = (0..l)
+            .map(|i| model[model_offset(&entries, log, o + i).unwrap() as usize])
+            .collect();
+        assert_eq!(p.ma.0.read(4096, l as usize), want, "case {case} read");
+        // A write that runs past the key's end: a remote access error, not one byte
+        // written anywhere in the region.
+        let o = len - 1 - rand(&mut s) % len.min(64);
+        let l = len - o + 1 + rand(&mut s) % 64;
+        p.ma.0.write(0, &vec![0xee; l as usize]);
+        let segs = [
+            RaddrSeg::new(start + o, key).as_bytes(),
+            &dseg(l as u32, la, ba),
+        ]
+        .concat();
+        p.send(SendOpcode::RDMA_WRITE, FM_CE_SE_CQ_UPDATE, [0; 4], &segs);
+        let c = drain(&mut p.cqa);
+        assert_eq!(c[0].syndrome, Syndrome::REMOTE_ACCESS.0, "case {case}: {c:?}");
+        assert!(
+            p.mb.0.read(0, region as usize) == model,
+            "case {case}: a refused write changed the region"
+        );
+    }
+}

@@ -76,12 +76,11 @@ pub(super) fn check_key(
 }
 
 /// Translate `[off, off+len)` of an indirect key's space (DEVX CREATE_MKEY, KLM or KSM)
-/// through its entries. Each piece must lie inside its entry's key, a direct key of the same
-/// PD (an entry naming an indirect key is refused: this device nests no translations); the
-/// pieces must be adjacent in process memory, because the device copies one contiguous range
-/// (UCX's keys, one entry per 2 GiB of one region, always are; a key whose entries scatter one
-/// access is refused as a range error, a limit of the emulator). KSM finds the first entry by
-/// a shift, KLM by a binary search over the entries' offsets.
+/// through its entries into one process address. Each piece must lie inside its entry's
+/// key, a direct key of the same PD (an entry naming an indirect key is refused: this device
+/// nests no translations). When the pieces are not adjacent in process memory the access is
+/// refused here as a range error, and the WRITE and READ responders, which can place and
+/// gather a scatter list, take it again through [`indirect_pieces`].
 #[cold]
 fn through_entries(
     w: &World,
@@ -91,9 +90,38 @@ fn through_entries(
     off: u64,
     len: u64,
 ) -> Result<u64, KeyFault> {
-    if len == 0 {
-        return Ok(0);
-    }
+    let mut first: Option<u64> = None;
+    let mut next = 0u64;
+    entry_pieces(w, hca, ind, pdn, off, len, |key, va, a, piece| match first {
+        Some(_) if a != next => Err(KeyFault::Range {
+            key,
+            va,
+            len: piece,
+            start: va,
+            end: va.saturating_add(piece),
+        }),
+        _ => {
+            first.get_or_insert(a);
+            next = a.wrapping_add(piece);
+            Ok(())
+        }
+    })
+    .inspect_err(|f| w.checks.last.set(Some(*f)))?;
+    Ok(first.unwrap_or(0))
+}
+
+/// Walk `[off, off+len)` of an indirect key's space entry by entry, calling `each` with
+/// (entry key, address under it, process address, bytes) for every piece. KSM finds the
+/// first entry by a shift, KLM by a binary search over the entries' offsets.
+fn entry_pieces(
+    w: &World,
+    hca: usize,
+    ind: &crate::state::Indirect,
+    pdn: u32,
+    off: u64,
+    len: u64,
+    mut each: impl FnMut(u32, u64, u64, u64) -> Result<(), KeyFault>,
+) -> Result<(), KeyFault> {
     let mut i = match ind.ksm_log {
         Some(log) => usize::try_from(off >> log).unwrap_or(usize::MAX),
         None => ind
@@ -101,24 +129,20 @@ fn through_entries(
             .partition_point(|e| e.at <= off)
             .saturating_sub(1),
     };
-    let (mut at, end) = (off, off + len);
-    let mut first: Option<u64> = None;
-    let mut next = 0u64;
+    let (mut at, end) = (off, off.saturating_add(len));
     while at < end {
         let Some(e) = ind
             .entries
             .get(i)
             .filter(|e| at >= e.at && at - e.at < e.len)
         else {
-            let f = KeyFault::Range {
+            return Err(KeyFault::Range {
                 key: 0,
                 va: off,
                 len,
                 start: 0,
                 end: ind.entries.last().map_or(0, |e| e.at.saturating_add(e.len)),
-            };
-            w.checks.last.set(Some(f));
-            return Err(f);
+            });
         };
         let piece = (end - at).min(e.len - (at - e.at));
         let direct = w.hcas[hca]
@@ -126,32 +150,50 @@ fn through_entries(
             .get(&(e.key >> 8))
             .is_some_and(|m| m.key == e.key && m.indirect.is_none());
         if !direct {
-            let f = KeyFault::Unknown { key: e.key };
-            w.checks.last.set(Some(f));
-            return Err(f);
+            return Err(KeyFault::Unknown { key: e.key });
         }
         // The indirect key's own rights were checked; the entry's key only translates.
-        let a = check_key(w, hca, e.key, pdn, e.addr.wrapping_add(at - e.at), piece, 0)?;
-        match first {
-            None => first = Some(a),
-            Some(_) if a != next => {
-                let f = KeyFault::Range {
-                    key: e.key,
-                    va: e.addr.wrapping_add(at - e.at),
-                    len: piece,
-                    start: e.addr,
-                    end: e.addr.saturating_add(e.len),
-                };
-                w.checks.last.set(Some(f));
-                return Err(f);
-            }
-            Some(_) => {}
-        }
-        next = a.wrapping_add(piece);
+        let va = e.addr.wrapping_add(at - e.at);
+        let a = check_key(w, hca, e.key, pdn, va, piece, 0)?;
+        each(e.key, va, a, piece)?;
         at += piece;
         i += 1;
     }
-    Ok(first.unwrap_or(0))
+    Ok(())
+}
+
+/// A remote access of `r` under an indirect key whose entries scatter it (the case
+/// [`check_key`] refuses as a range error): the pieces in process memory, in order, after
+/// every check [`remote_reth`] makes. None if the key is not indirect or any check fails
+/// (the fault [`remote_reth`] found then stands).
+#[cold]
+pub(super) fn indirect_pieces(
+    w: &World,
+    hca: usize,
+    pdn: u32,
+    qacc: u32,
+    r: Reth,
+    need: u32,
+) -> Option<Sgl> {
+    let mr = w.hcas[hca].mrs.get(&(r.rkey >> 8))?;
+    let ind = mr.indirect.as_ref()?;
+    let len = u64::from(r.len);
+    let base = if mr.access & access::ZERO_BASED != 0 { 0 } else { mr.iova };
+    let off = r.va.checked_sub(base)?;
+    let inside = off.checked_add(len).is_some_and(|e| e <= mr.length);
+    if mr.key != r.rkey || mr.pdn != pdn || mr.access & need != need || qacc & need == 0 || !inside
+    {
+        return None;
+    }
+    let mut out = Sgl::default();
+    let walked = entry_pieces(w, hca, ind, pdn, off, len, |_, _, a, piece| {
+        // a piece lies inside one direct key: below 2^31 bytes, as `r.len` is
+        out.push((a, piece as u32));
+        Ok(())
+    });
+    walked.ok()?;
+    w.checks.last.take();
+    Some(out)
 }
 
 /// [`check_key`] without the reason.

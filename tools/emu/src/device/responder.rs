@@ -452,9 +452,15 @@ pub(super) fn read_response(
     let q = &w.hcas[hca].qps[&qpn];
     let (pdn, qacc, mtu) = (q.pdn, q.access, transport::mtu_bytes(q.path_mtu) as usize);
     let r = req.reth.unwrap_or_default();
-    let addr = match remote_reth(w, hca, pdn, qacc, r, access::REMOTE_READ) {
-        Ok(a) => a,
-        Err(f) => {
+    let found = remote_reth(w, hca, pdn, qacc, r, access::REMOTE_READ);
+    let pieces = match found {
+        Err(KeyFault::Range { .. }) => indirect_pieces(w, hca, pdn, qacc, r, access::REMOTE_READ),
+        _ => None,
+    };
+    let addr = match (found, &pieces) {
+        (_, Some(sgl)) => sgl.first().map_or(0, |p| p.0),
+        (Ok(a), None) => a,
+        (Err(f), None) => {
             remote_refused(w, hca, qpn, "READ", f);
             return Err(RespErr::Nak(aeth::NAK_REM_ACCESS, ev::QP_ACCESS_ERR));
         }
@@ -474,8 +480,11 @@ pub(super) fn read_response(
             )
         },
     );
-    let data = Payload::build(r.len as usize, |buf| mem::read(addr, buf))
-        .map_err(|_| RespErr::Nak(aeth::NAK_REM_OP, ev::QP_FATAL))?;
+    let data = match &pieces {
+        Some(sgl) => gather(sgl).ok(),
+        None => Payload::build(r.len as usize, |buf| mem::read(addr, buf)).ok(),
+    }
+    .ok_or(RespErr::Nak(aeth::NAK_REM_OP, ev::QP_FATAL))?;
     if r.len > 0 {
         note_read(w, hca, qpn, addr, r.va, r.rkey, r.len, "read response");
     }
@@ -637,9 +646,16 @@ pub(super) fn execute_request(
                     },
                 );
             }
-            let addr = match found {
-                Ok(a) => a,
-                Err(f) => {
+            let pieces = match found {
+                Err(KeyFault::Range { .. }) => {
+                    indirect_pieces(w, hca, pdn, qacc, r, access::REMOTE_WRITE)
+                }
+                _ => None,
+            };
+            let (addr, scattered, sgl) = match (found, pieces) {
+                (_, Some(sgl)) => (0, true, sgl),
+                (Ok(a), None) => (a, false, Sgl::default()),
+                (Err(f), None) => {
                     remote_refused(w, hca, qpn, "WRITE", f);
                     // A WRITE with immediate consumes a receive WQE even when its rkey check
                     // fails: that WQE completes with a local access error.
@@ -661,6 +677,8 @@ pub(super) fn execute_request(
             RxMsg {
                 write: true,
                 addr,
+                scattered,
+                sgl,
                 total: u64::from(r.len),
                 ..Default::default()
             }
@@ -753,7 +771,14 @@ pub(super) fn execute_request(
         if msg.offset + pkt.payload.len() as u64 > msg.total {
             return Err(inv(qt));
         }
-        if !pkt.payload.is_empty() && mem::write(msg.addr + msg.offset, &pkt.payload).is_err() {
+        let placed = if pkt.payload.is_empty() {
+            Ok(())
+        } else if msg.scattered {
+            scatter_at(&msg.sgl, msg.offset, &pkt.payload).map_err(|_| ())
+        } else {
+            mem::write(msg.addr + msg.offset, &pkt.payload).map_err(|_| ())
+        };
+        if placed.is_err() {
             return Err(RespErr::Nak(aeth::NAK_REM_OP, ev::QP_FATAL));
         }
         if w.trace.active() && !pkt.payload.is_empty() {

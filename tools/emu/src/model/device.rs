@@ -113,6 +113,9 @@ pub(crate) struct RxMsg {
     pub(crate) offset: u64,
     /// WRITE: translated start address and RETH length.
     pub(crate) addr: u64,
+    /// WRITE under an indirect key whose entries scatter it: `sgl` holds the pieces and
+    /// `addr` is unused.
+    pub(crate) scattered: bool,
     pub(crate) total: u64,
 }
 
