@@ -416,6 +416,46 @@ fn completion_event_after_arm_and_sn_repeat_is_ignored() {
     assert_eq!(emu.counters(0).comp_events, 2);
 }
 
+/// The arm's consumer index decides: a CQ armed while a CQE it has not consumed is in the
+/// ring fires at once (the kernel's mlx5 netdev and mlx5_ib's `arm_cq` rely on it: neither
+/// polls again after arming), one armed with every CQE consumed waits for the next. This is
+/// what an unmodified `ib_send_lat -e` trips on (docs/emulator-wake.md).
+#[test]
+fn an_arm_behind_an_unconsumed_cqe_fires_at_once_and_one_after_all_waits() {
+    let emu = stepped(1);
+    let mut a = Ctx::open(&emu, 0);
+    let ch = a.comp_channel();
+    let pd = a.alloc_pd();
+    let mut cq = a.create_cq(16, 64, ch);
+    let q1 = a.create_qp(pd, &cq, &cq, RC, 16, 8, None);
+    let q2 = a.create_qp(pd, &cq, &cq, RC, 16, 8, None);
+    bring_up(&a, &q1, 1, q2.qpn, Knobs::default());
+    bring_up(&a, &q2, 1, q1.qpn, Knobs::default());
+    let mut q1 = q1;
+    // A CQE written while the CQ is not armed, left in the ring.
+    let i = q1.build_send(SendOpcode::NOP, 0, SIG, [0; 4], &[]);
+    q1.ring(&a, i, Ring::Doorbell);
+    emu.run_until_idle();
+    assert_eq!(emu.counters(0).comp_events, 0, "not armed: no event");
+    a.arm_cq(&mut cq, false);
+    emu.run_until_idle();
+    assert_eq!(
+        emu.counters(0).comp_events,
+        1,
+        "armed behind an unconsumed CQE: the event comes at once"
+    );
+    // Consume it, arm with the next sequence number: nothing until a new CQE.
+    assert_eq!(drain(&mut cq).len(), 1);
+    cq.arm_sn = 1;
+    a.arm_cq(&mut cq, false);
+    emu.run_until_idle();
+    assert_eq!(emu.counters(0).comp_events, 1, "all consumed: the arm waits");
+    let i = q1.build_send(SendOpcode::NOP, 0, SIG, [0; 4], &[]);
+    q1.ring(&a, i, Ring::Doorbell);
+    emu.run_until_idle();
+    assert_eq!(emu.counters(0).comp_events, 2, "the next CQE fires it");
+}
+
 #[test]
 fn sq_drain_stops_new_work_and_reports_sq_drained() {
     let mut p = pair(RC, Knobs::default());
