@@ -375,18 +375,24 @@ fn cqe_128_bytes_and_scatter_into_cqe_format_bits() {
     assert!(p.cqa.poll().is_some());
 }
 
-#[test]
-fn completion_event_after_arm_and_sn_repeat_is_ignored() {
+/// One context on a stepped emulator: a CQ on a completion channel and an RC QP connected
+/// to a second QP of the same context, both on that CQ.
+fn one_cq_with_a_channel() -> (mlx5_emu::Emulator, Ctx, i32, Cq, Qp) {
     let emu = stepped(1);
     let mut a = Ctx::open(&emu, 0);
     let ch = a.comp_channel();
     let pd = a.alloc_pd();
-    let mut cq = a.create_cq(16, 64, ch);
+    let cq = a.create_cq(16, 64, ch);
     let q1 = a.create_qp(pd, &cq, &cq, RC, 16, 8, None);
     let q2 = a.create_qp(pd, &cq, &cq, RC, 16, 8, None);
     bring_up(&a, &q1, 1, q2.qpn, Knobs::default());
     bring_up(&a, &q2, 1, q1.qpn, Knobs::default());
-    let mut q1 = q1;
+    (emu, a, ch, cq, q1)
+}
+
+#[test]
+fn completion_event_after_arm_and_sn_repeat_is_ignored() {
+    let (emu, a, ch, mut cq, mut q1) = one_cq_with_a_channel();
     a.arm_cq(&mut cq, false);
     emu.run_until_idle();
     let i = q1.build_send(SendOpcode::NOP, 0, SIG, [0; 4], &[]);
@@ -422,16 +428,7 @@ fn completion_event_after_arm_and_sn_repeat_is_ignored() {
 /// what an unmodified `ib_send_lat -e` trips on (docs/emulator-wake.md).
 #[test]
 fn an_arm_behind_an_unconsumed_cqe_fires_at_once_and_one_after_all_waits() {
-    let emu = stepped(1);
-    let mut a = Ctx::open(&emu, 0);
-    let ch = a.comp_channel();
-    let pd = a.alloc_pd();
-    let mut cq = a.create_cq(16, 64, ch);
-    let q1 = a.create_qp(pd, &cq, &cq, RC, 16, 8, None);
-    let q2 = a.create_qp(pd, &cq, &cq, RC, 16, 8, None);
-    bring_up(&a, &q1, 1, q2.qpn, Knobs::default());
-    bring_up(&a, &q2, 1, q1.qpn, Knobs::default());
-    let mut q1 = q1;
+    let (emu, a, _, mut cq, mut q1) = one_cq_with_a_channel();
     // A CQE written while the CQ is not armed, left in the ring.
     let i = q1.build_send(SendOpcode::NOP, 0, SIG, [0; 4], &[]);
     q1.ring(&a, i, Ring::Doorbell);
