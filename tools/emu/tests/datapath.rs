@@ -446,7 +446,11 @@ fn an_arm_behind_an_unconsumed_cqe_fires_at_once_and_one_after_all_waits() {
     cq.arm_sn = 1;
     a.arm_cq(&mut cq, false);
     emu.run_until_idle();
-    assert_eq!(emu.counters(0).comp_events, 1, "all consumed: the arm waits");
+    assert_eq!(
+        emu.counters(0).comp_events,
+        1,
+        "all consumed: the arm waits"
+    );
     let i = q1.build_send(SendOpcode::NOP, 0, SIG, [0; 4], &[]);
     q1.ring(&a, i, Ring::Doorbell);
     emu.run_until_idle();

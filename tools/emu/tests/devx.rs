@@ -1073,7 +1073,10 @@ fn random_klm_and_ksm_keys_put_every_byte_where_an_independent_model_of_the_entr
             .concat();
             p.send(SendOpcode::RDMA_WRITE, FM_CE_SE_CQ_UPDATE, [0; 4], &segs);
             let c = drain(&mut p.cqa);
-            assert_eq!(c[0].syndrome, 0, "case {case} write {w}: {c:?} (entries {entries:?}, log {log:?}, offset {o}, {l} bytes, key length {len})");
+            assert_eq!(
+                c[0].syndrome, 0,
+                "case {case} write {w}: {c:?} (entries {entries:?}, log {log:?}, offset {o}, {l} bytes, key length {len})"
+            );
             for (i, &b) in data.iter().enumerate() {
                 let at = model_offset(&entries, log, o + i as u64).expect("inside the key");
                 model[at as usize] = b;
@@ -1110,7 +1113,11 @@ fn random_klm_and_ksm_keys_put_every_byte_where_an_independent_model_of_the_entr
         .concat();
         p.send(SendOpcode::RDMA_WRITE, FM_CE_SE_CQ_UPDATE, [0; 4], &segs);
         let c = drain(&mut p.cqa);
-        assert_eq!(c[0].syndrome, Syndrome::REMOTE_ACCESS.0, "case {case}: {c:?}");
+        assert_eq!(
+            c[0].syndrome,
+            Syndrome::REMOTE_ACCESS.0,
+            "case {case}: {c:?}"
+        );
         assert!(
             p.mb.0.read(0, region as usize) == model,
             "case {case}: a refused write changed the region"

@@ -92,20 +92,28 @@ fn through_entries(
 ) -> Result<u64, KeyFault> {
     let mut first: Option<u64> = None;
     let mut next = 0u64;
-    entry_pieces(w, hca, ind, pdn, off, len, |key, va, a, piece| match first {
-        Some(_) if a != next => Err(KeyFault::Range {
-            key,
-            va,
-            len: piece,
-            start: va,
-            end: va.saturating_add(piece),
-        }),
-        _ => {
-            first.get_or_insert(a);
-            next = a.wrapping_add(piece);
-            Ok(())
-        }
-    })
+    entry_pieces(
+        w,
+        hca,
+        ind,
+        pdn,
+        off,
+        len,
+        |key, va, a, piece| match first {
+            Some(_) if a != next => Err(KeyFault::Range {
+                key,
+                va,
+                len: piece,
+                start: va,
+                end: va.saturating_add(piece),
+            }),
+            _ => {
+                first.get_or_insert(a);
+                next = a.wrapping_add(piece);
+                Ok(())
+            }
+        },
+    )
     .inspect_err(|f| w.checks.last.set(Some(*f)))?;
     Ok(first.unwrap_or(0))
 }
@@ -178,7 +186,11 @@ pub(super) fn indirect_pieces(
     let mr = w.hcas[hca].mrs.get(&(r.rkey >> 8))?;
     let ind = mr.indirect.as_ref()?;
     let len = u64::from(r.len);
-    let base = if mr.access & access::ZERO_BASED != 0 { 0 } else { mr.iova };
+    let base = if mr.access & access::ZERO_BASED != 0 {
+        0
+    } else {
+        mr.iova
+    };
     let off = r.va.checked_sub(base)?;
     let inside = off.checked_add(len).is_some_and(|e| e <= mr.length);
     if mr.key != r.rkey || mr.pdn != pdn || mr.access & need != need || qacc & need == 0 || !inside
