@@ -65,6 +65,7 @@ mod record;
 mod roce;
 mod shared;
 mod state;
+mod store;
 pub mod trace;
 mod transport;
 mod uar;
@@ -296,6 +297,20 @@ impl Emulator {
             thread: Mutex::new(None),
             world: Arc::downgrade(&shared),
         });
+        if let Some(wk) = &shared.wake {
+            // The ringing thread runs the device itself when its doorbell store is emulated
+            // (`watch.rs`; `MLX5_EMU_RING=device`: it never does, the device thread is woken).
+            if let Ok(v) = std::env::var("MLX5_EMU_RING") {
+                watch::set_emulate(v.trim() != "device");
+            }
+            let bf = shared.lock_quiet().cfg.bf_reg_size;
+            wk.half
+                .store(device::bf_half_of(bf), std::sync::atomic::Ordering::Relaxed);
+            let weak = Arc::downgrade(&shared);
+            let _ = wk
+                .runner
+                .set(Box::new(move || run_in_ringing_thread(&weak)));
+        }
         if mode == RunMode::Threaded {
             let weak = Arc::downgrade(&shared);
             let handle = std::thread::Builder::new()
@@ -325,6 +340,22 @@ impl Emulator {
             self.owner.clone(),
             hca,
         )))
+    }
+
+    /// Whether doorbell stores that fault are emulated and run by the ringing thread
+    /// (`true`, the default) or open the page and wake the device thread (`false`, as
+    /// `MLX5_EMU_RING=device`), process-wide, for the emulators created from now on and the
+    /// pages they map. `docs/emulator-wake.md`, *Doorbell stores emulated in the ringing
+    /// thread*.
+    pub fn set_ring_in_thread(on: bool) {
+        watch::set_emulate(on);
+    }
+
+    /// In this process so far: doorbell stores that the fault handler emulated, and how
+    /// many of them the ringing thread ran the device for itself (the others woke the device
+    /// thread). See `docs/emulator-wake.md`, *Doorbell stores emulated in the ringing thread*.
+    pub fn ringing_thread_counts() -> (u64, u64) {
+        watch::emulation_counts()
     }
 
     /// Number of HCAs.
@@ -503,6 +534,33 @@ fn spin_window() -> Duration {
 /// a little longer (an adaptive window, see [`DEFAULT_SPIN`]); then drain the eventfd,
 /// re-protect the UAR pages, scan once more and block on the eventfd, the UDP sockets and
 /// the next timer deadline.
+/// Steps one ringing thread may run of the device before it returns to its program.
+const RING_STEPS: usize = 8;
+
+/// The device's work for a doorbell store that the fault handler emulated
+/// (`watch::Runner`): the steps it brings, in the ringing thread, if the world is free; then
+/// a poke if they set a deadline earlier than the one the blocked device thread waits for.
+/// Runs in a SIGSEGV handler: `try_lock`, never a blocking lock.
+fn run_in_ringing_thread(weak: &Weak<Shared>) -> bool {
+    let Some(shared) = weak.upgrade() else {
+        return false;
+    };
+    let Ok(mut w) = shared.world.try_lock() else {
+        return false;
+    };
+    for _ in 0..RING_STEPS {
+        if device::step(&mut w) == 0 {
+            break;
+        }
+    }
+    if let (Some(d), Some(wk)) = (device::next_deadline(&w), shared.wake.as_deref()) {
+        if d < wk.sleep_until.load(std::sync::atomic::Ordering::SeqCst) {
+            wk.poke();
+        }
+    }
+    true
+}
+
 fn wake_thread(weak: Weak<Shared>, wake: Arc<watch::Wake>) {
     use std::time::Instant;
     short_slice();
@@ -517,6 +575,11 @@ fn wake_thread(weak: Weak<Shared>, wake: Arc<watch::Wake>) {
     }
     // `MLX5_EMU_AVOID=0`: leave the device thread's CPUs alone (see `Sched::place`).
     let avoid = std::env::var("MLX5_EMU_AVOID").map_or(true, |v| v.trim() != "0");
+    // Where the thread waits (`Sched::place`): by default, when doorbells are run by the
+    // ringing threads (`watch.rs`), on the ringing CPU: the device then only ever waits for
+    // packets and timers, which its own application, polling for them, can give its CPU up
+    // for; otherwise (`MLX5_EMU_RING=device`, lending) by the rule of `Place::Rule`.
+    // `MLX5_EMU_PLACE=on|off|rule` chooses one for comparison.
     // Lending (`watch.rs`; `MLX5_EMU_LEND=1`, a real-time device only; off by default, see
     // `docs/emulator-wake.md`, *Lending*): a thread whose doorbell store faults waits for
     // this thread, which takes the doorbell from the record and runs on the CPU the waiting
@@ -527,6 +590,13 @@ fn wake_thread(weak: Weak<Shared>, wake: Arc<watch::Wake>) {
     if lend {
         watch::set_lend(true);
     }
+    let place = match std::env::var("MLX5_EMU_PLACE").as_deref().map(str::trim) {
+        Ok("off") => Place::Off,
+        Ok("on") => Place::On,
+        Ok("rule") => Place::Rule,
+        _ if watch::emulating() && !lend => Place::On,
+        _ => Place::Rule,
+    };
     let mut wqes_before: u64 = 0;
     // A WQE ran on a device with a UDP fabric since the last wake-up that was not a
     // timeout: the answer from another process is what comes next (see `Sched::place`).
@@ -587,7 +657,7 @@ fn wake_thread(weak: Weak<Shared>, wake: Arc<watch::Wake>) {
         // after the drain, so the wait below returns at once.
         wake.drain();
         let pending = watch::protect_pages(&wake);
-        let (n, deadline, clock) = {
+        let (n, deadline, clock, now_ns) = {
             let mut w = shared.lock_quiet();
             let n = device::step(&mut w);
             let now_ns = w.now();
@@ -599,7 +669,7 @@ fn wake_thread(weak: Weak<Shared>, wake: Arc<watch::Wake>) {
                 awaiting = true;
             }
             wqes_before = wqes;
-            (n, deadline, !w.contexts.is_empty())
+            (n, deadline, !w.contexts.is_empty(), now_ns)
         };
         if n > 0 {
             idle_since = None;
@@ -651,12 +721,26 @@ fn wake_thread(weak: Weak<Shared>, wake: Arc<watch::Wake>) {
             // turn would make the device chase them (and scan each one's BlueFlame copy
             // from the other CPU while it is being written, see `tests/wake.rs`).
             let c = watch::fault_cpu();
-            if awaiting || c == last_fault_cpu {
-                sched.place(c, awaiting || lend);
+            match place {
+                Place::Off => sched.place(c, false),
+                Place::On => sched.place(c, true),
+                Place::Rule => {
+                    if awaiting || c == last_fault_cpu {
+                        sched.place(c, awaiting || lend);
+                    }
+                }
             }
             last_fault_cpu = c;
         }
-        if wait(wake.fd(), &fds, timeout) {
+        // From here a doorbell store is run by the ringing thread (`run_in_ringing_thread`),
+        // which pokes us if it sets an earlier deadline than the one we sleep until.
+        let until = timeout.map_or(u64::MAX, |t| now_ns.saturating_add(t.as_nanos() as u64));
+        wake.sleep_until
+            .store(until, std::sync::atomic::Ordering::SeqCst);
+        wake.awake.store(false, std::sync::atomic::Ordering::SeqCst);
+        let woken = wait(wake.fd(), &fds, timeout);
+        wake.awake.store(true, std::sync::atomic::Ordering::SeqCst);
+        if woken {
             // A packet (the answer, or something else) or a doorbell: either way, what
             // comes next is decided again before the next wait.
             awaiting = false;
@@ -665,6 +749,18 @@ fn wake_thread(weak: Weak<Shared>, wake: Arc<watch::Wake>) {
         last_iter = Instant::now();
         woke = last_iter;
     }
+}
+
+/// Where the waking device thread waits relative to the CPU of the last doorbell fault.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Place {
+    /// On that CPU (the default while doorbells run in the ringing thread).
+    On,
+    /// Off it.
+    Off,
+    /// On it while the answer to a request is awaited (or the ringing thread lends its CPU),
+    /// else off it once it rang twice in a row (`docs/emulator-wake.md`, *Scheduling*).
+    Rule,
 }
 
 /// The waking device thread's scheduling class: `SCHED_FIFO` at a low priority

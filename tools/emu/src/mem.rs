@@ -91,6 +91,32 @@ pub(crate) fn read(addr: u64, buf: &mut [u8]) -> Result<(), Errno> {
 }
 
 /// Copy `data` to user address `addr`.
+/// Read `buf.len()` bytes at `addr` from a signal handler: false if they are not all
+/// readable. Only the fault-catching copy (once chosen) or `process_vm_readv`, both
+/// async-signal-safe; nothing is allocated and no decision is made here.
+pub(crate) fn read_in_handler(addr: u64, buf: &mut [u8]) -> bool {
+    if direct::chosen_direct() {
+        // SAFETY: the direct copy is enabled; `buf` is our own exclusive slice, the source
+        // is user memory whose faults the copy catches.
+        return unsafe { direct::copy(buf.as_mut_ptr(), addr as usize as *const u8, buf.len()) }
+            .is_ok();
+    }
+    let local = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    let remote = libc::iovec {
+        iov_base: addr as usize as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
+    // process_vm_readv from our own process into our own live buffer reports a bad remote
+    // range as an error instead of faulting.
+    let pid = std::process::id() as libc::pid_t;
+    // SAFETY: as above.
+    let n = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
+    n == buf.len() as isize
+}
+
 pub(crate) fn write(addr: u64, data: &[u8]) -> Result<(), Errno> {
     if data.is_empty() {
         return Ok(());

@@ -203,7 +203,95 @@ pub(crate) fn take_word(w: &AtomicU64) -> u64 {
 
 impl Drop for UarRegion {
     fn drop(&mut self) {
+        // User mappings that outlive us stop being emulated into our mapping first.
+        crate::watch::detach(self.base as usize, self.pages * PAGE);
         // SAFETY: `base`/len is exactly the mapping created in `new`, unused after this.
         unsafe { libc::munmap(self.base.cast(), self.pages * PAGE) };
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64", target_os = "linux"))]
+mod tests {
+    use super::*;
+
+    /// A small xorshift for the test's choices.
+    fn next(s: &mut u64) -> u64 {
+        *s ^= *s << 13;
+        *s ^= *s >> 7;
+        *s ^= *s << 17;
+        *s
+    }
+
+    /// Whatever instructions glibc's `memcpy` picks on this CPU, and plain 8-byte stores:
+    /// every byte copied into a protected, watched page arrives in the device's mapping
+    /// exactly, whether the handler emulated the stores or (an instruction it declines)
+    /// opened the page and let the CPU retry; and the handler did emulate.
+    #[test]
+    fn stores_into_a_watched_page_land_exactly_emulated_or_not() {
+        assert!(crate::mem::install_fault_handler());
+        let wake = Wake::new().expect("eventfd");
+        wake.half.store(256, Ordering::Relaxed);
+        let mut region = UarRegion::new(1).expect("region");
+        region.set_wake(Some(wake.clone()));
+        let user = region
+            .map_user(0, PAGE, libc::PROT_READ | libc::PROT_WRITE)
+            .expect("map");
+        let words = region.page_words(0).expect("page");
+        let (before, _) = crate::watch::emulation_counts();
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let src: Vec<u8> = (0..PAGE).map(|i| (i * 7 + 3) as u8).collect();
+        for round in 0..300 {
+            // As the device does before it sleeps: re-arm (past the grace period) and clear.
+            std::thread::sleep(crate::watch::GRACE + std::time::Duration::from_micros(5));
+            crate::watch::protect_pages(&wake);
+            for w in words {
+                w.store(0, Ordering::Relaxed);
+            }
+            // Awake or not decides the path: mostly emulated, sometimes the old one.
+            wake.awake.store(round % 10 == 9, Ordering::SeqCst);
+            let r = next(&mut seed);
+            let len = 8 * (1 + (r % 64) as usize);
+            let off = 8 * ((r >> 8) as usize % ((PAGE - len) / 8 + 1));
+            let from = (r >> 20) as usize % (PAGE - len);
+            let dst = user.as_ptr().wrapping_add(off);
+            if round % 3 == 0 {
+                // 8-byte stores, one at a time.
+                for i in 0..len / 8 {
+                    let v =
+                        u64::from_ne_bytes(src[from + 8 * i..from + 8 * i + 8].try_into().unwrap());
+                    // The mapping is page-aligned, so its u64 view is aligned.
+                    #[allow(clippy::cast_ptr_alignment)]
+                    let p = user.as_ptr().cast::<u64>().wrapping_add(off / 8 + i);
+                    // SAFETY: `p` is 8-aligned (a page plus a multiple of 8) within our
+                    // one-page user mapping.
+                    unsafe { p.write_volatile(v) };
+                }
+            } else {
+                let from = &src[from..from + len];
+                // SAFETY: `len` bytes within our one-page user mapping, from a live slice.
+                unsafe { std::ptr::copy_nonoverlapping(from.as_ptr(), dst, len) };
+            }
+            let mut got = vec![0u8; PAGE];
+            for (i, w) in words.iter().enumerate() {
+                got[8 * i..8 * i + 8].copy_from_slice(&w.load(Ordering::Relaxed).to_ne_bytes());
+            }
+            assert_eq!(
+                &got[off..off + len],
+                &src[from..from + len],
+                "round {round}: {len} bytes at {off:#x}"
+            );
+            assert!(
+                got[..off].iter().chain(&got[off + len..]).all(|&b| b == 0),
+                "round {round}: outside"
+            );
+        }
+        let (after, _) = crate::watch::emulation_counts();
+        assert!(
+            after - before >= 100,
+            "emulated {} of 300 rounds",
+            after - before
+        );
+        // SAFETY: our mapping from `map_user`, unused from here.
+        unsafe { unmap_user(user.as_ptr().cast(), PAGE) };
     }
 }

@@ -2,7 +2,9 @@
 //! (`MLX5_EMU_AVOID`, on by default; `docs/emulator-wake.md`, *Scheduling*): on it while the
 //! answer to a request sent over the UDP fabric comes next; while a doorbell comes next, on
 //! it too when the ringing thread lends its CPU (a real-time device, `MLX5_EMU_LEND=1`:
-//! the thread waits for the device in its fault handler, *Lending*), else off it. In its own test binary: the CPU of the last doorbell fault is process-wide, and
+//! the thread waits for the device in its fault handler, *Lending*), else off it; and always
+//! on it while the ringing threads run their doorbells themselves (the default, *Doorbell
+//! stores emulated in the ringing thread*). In its own test binary: the CPU of the last doorbell fault is process-wide, and
 //! other tests ringing from other CPUs would move it. The two tests run one after the other
 //! (a lock), as each pins its thread and rings from it.
 
@@ -60,6 +62,14 @@ fn device_tid(emu: &Emulator) -> i32 {
 fn lends(emu: &Emulator) -> bool {
     matches!(emu.device_sched(), mlx5_emu::DeviceSched::RealTime(_))
         && std::env::var("MLX5_EMU_LEND").is_ok_and(|v| v.trim() == "1")
+}
+
+/// Whether doorbells are run by the ringing thread (the default; `MLX5_EMU_RING=device`
+/// wakes the device thread for them): the device then waits on the ringing CPU for
+/// everything, as it only ever waits for packets and timers.
+fn rings_here() -> bool {
+    std::env::var("MLX5_EMU_RING").map_or(true, |v| v.trim() != "device")
+        && !std::env::var("MLX5_EMU_LEND").is_ok_and(|v| v.trim() == "1")
 }
 
 /// One test at a time: each pins its thread and expects the last fault to be its own.
@@ -134,8 +144,12 @@ fn the_device_waits_for_a_doorbell_relative_to_the_cpu_of_the_thread_that_rang()
     }
     std::thread::sleep(Duration::from_millis(20));
     let device = affinity(tid);
-    if avoid && allowed.len() > 1 && lends(&emu) {
-        assert_eq!(device, [ringer], "lending: on the ringing thread's CPU");
+    if avoid && allowed.len() > 1 && (lends(&emu) || rings_here()) {
+        assert_eq!(
+            device,
+            [ringer],
+            "lending or ringing here: on the ringing CPU"
+        );
     } else if avoid && allowed.len() > 1 {
         assert!(
             !device.contains(&ringer),
@@ -224,8 +238,9 @@ fn the_device_waits_for_an_answer_on_the_ringing_cpu_and_for_a_doorbell_by_the_r
             cqb.poll().is_some(),
             "round {round}: b's receive completion"
         );
-        if two && lends(&ea) {
-            // Nothing awaited, but the ringing thread lends its CPU: a waits on it.
+        if two && (lends(&ea) || rings_here()) {
+            // Nothing awaited, but the ringing thread lends its CPU or runs the doorbell
+            // itself: a waits on it.
             std::thread::sleep(Duration::from_millis(25));
             assert_eq!(
                 affinity(tid),

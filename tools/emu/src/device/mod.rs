@@ -67,6 +67,15 @@ use xrc::*;
 use crate::model::checks::{FAILED_CHECKS_KEPT, FailedCheck, KeyFault};
 use crate::model::device::{Outgoing, Outstanding, RxMsg};
 pub(crate) use timers::next_deadline;
+
+/// The BlueFlame half size of a UAR page for `bf_reg_size` (`fetch.rs`).
+pub(crate) fn bf_half_of(bf_reg_size: u32) -> usize {
+    if bf_reg_size == 0 {
+        0
+    } else {
+        fetch::bf_half(bf_reg_size)
+    }
+}
 /// The CM's MADs leave through the same wire (`kernel/ucma.rs`).
 pub(crate) use wire::send_packet as send_gsi;
 

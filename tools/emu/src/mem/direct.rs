@@ -47,6 +47,11 @@ pub(crate) fn enabled() -> bool {
     }
 }
 
+/// True if the direct copy has been chosen already (never decides: for a signal handler).
+pub(crate) fn chosen_direct() -> bool {
+    PATH.load(Ordering::Relaxed) == DIRECT
+}
+
 #[cold]
 fn decide() -> DmaPath {
     let want_syscall = std::env::var_os("MLX5_EMU_DMA").is_some_and(|v| v == "syscall");
@@ -250,7 +255,7 @@ pub(crate) mod handler {
             let info_ref = unsafe { &*info };
             // SAFETY: for SIGSEGV the kernel fills si_addr with the faulting address.
             let addr = unsafe { info_ref.si_addr() } as usize;
-            let handled = crate::watch::on_write_fault(addr);
+            let handled = crate::watch::on_write_fault(addr, ctx, crate::mem::read_in_handler);
             // SAFETY: as above.
             unsafe { *slot = errno };
             if handled {
