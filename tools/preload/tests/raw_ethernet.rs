@@ -178,20 +178,24 @@ fn pair(program: &str, s: u16, extra: &[&str], ready: &[&str]) -> (String, Strin
     (so, co)
 }
 
-/// The numbers of the result line that follows the header containing `header`.
+/// The numbers of the result line that follows the (last) header containing `header`.
+/// perftest may dump every sample's cycle count ("#, cycles", then "i, n" lines) after a
+/// header and print the header again before the row: the row is the first line made of
+/// numbers only after the last header.
 fn result_row(out: &str, header: &str) -> Vec<f64> {
-    let mut lines = out.lines();
-    lines
-        .by_ref()
-        .find(|l| l.contains(header))
+    let lines: Vec<&str> = out.lines().collect();
+    let at = lines
+        .iter()
+        .rposition(|l| l.contains(header))
         .unwrap_or_else(|| panic!("no {header:?} header in:\n{out}"));
-    let row = lines.next().expect("a result row");
-    row.split_whitespace()
-        .map(|w| {
-            w.parse::<f64>()
-                .unwrap_or_else(|_| panic!("bad row {row:?}"))
-        })
-        .collect()
+    let numbers = |l: &str| -> Option<Vec<f64>> {
+        let v: Option<Vec<f64>> = l.split_whitespace().map(|w| w.parse().ok()).collect();
+        v.filter(|v| !v.is_empty())
+    };
+    lines[at + 1..]
+        .iter()
+        .find_map(|l| numbers(l))
+        .unwrap_or_else(|| panic!("no result row after {header:?} in:\n{out}"))
 }
 
 const IP_UDP: &[&str] = &[
