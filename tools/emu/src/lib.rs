@@ -253,6 +253,7 @@ impl Emulator {
             None => (None, None),
         };
         let mode = cfg.mode;
+        device::read_ack_delay();
         // The wake path needs the fault handler; without it (or without an eventfd) the
         // device polls as before.
         let wake = (mode == RunMode::Threaded && wake == WakeMode::Fault)
@@ -303,6 +304,12 @@ impl Emulator {
             if let Ok(v) = std::env::var("MLX5_EMU_RING") {
                 watch::set_emulate(v.trim() != "device");
             }
+            // Only between processes (a UDP fabric): in one process the device thread's
+            // spin takes a ping-pong's doorbells without a fault, which is cheaper.
+            wk.ring_here.store(
+                watch::emulating() && !shared.udp_fds.is_empty(),
+                std::sync::atomic::Ordering::Relaxed,
+            );
             let bf = shared.lock_quiet().cfg.bf_reg_size;
             wk.half
                 .store(device::bf_half_of(bf), std::sync::atomic::Ordering::Relaxed);
@@ -530,10 +537,6 @@ fn spin_window() -> Duration {
         .map_or(DEFAULT_SPIN, Duration::from_micros)
 }
 
-/// The waking device thread ([`WakeMode::Fault`]): step while there is work; keep scanning
-/// a little longer (an adaptive window, see [`DEFAULT_SPIN`]); then drain the eventfd,
-/// re-protect the UAR pages, scan once more and block on the eventfd, the UDP sockets and
-/// the next timer deadline.
 /// Steps one ringing thread may run of the device before it returns to its program.
 const RING_STEPS: usize = 8;
 
@@ -553,14 +556,17 @@ fn run_in_ringing_thread(weak: &Weak<Shared>) -> bool {
             break;
         }
     }
-    if let (Some(d), Some(wk)) = (device::next_deadline(&w), shared.wake.as_deref()) {
-        if d < wk.sleep_until.load(std::sync::atomic::Ordering::SeqCst) {
-            wk.poke();
-        }
+    if let Some(wk) = shared.wake.as_deref() {
+        let now = w.now();
+        wk.arm(device::next_deadline(&w).map(|d| d.saturating_sub(now)));
     }
     true
 }
 
+/// The waking device thread ([`WakeMode::Fault`]): step while there is work; keep scanning
+/// a little longer (an adaptive window, see [`DEFAULT_SPIN`]); then drain the eventfd,
+/// re-protect the UAR pages, scan once more and block on the eventfd, the UDP sockets and
+/// the next timer deadline.
 fn wake_thread(weak: Weak<Shared>, wake: Arc<watch::Wake>) {
     use std::time::Instant;
     short_slice();
@@ -594,7 +600,7 @@ fn wake_thread(weak: Weak<Shared>, wake: Arc<watch::Wake>) {
         Ok("off") => Place::Off,
         Ok("on") => Place::On,
         Ok("rule") => Place::Rule,
-        _ if watch::emulating() && !lend => Place::On,
+        _ if wake.ring_here.load(std::sync::atomic::Ordering::Relaxed) && !lend => Place::On,
         _ => Place::Rule,
     };
     let mut wqes_before: u64 = 0;
@@ -603,7 +609,14 @@ fn wake_thread(weak: Weak<Shared>, wake: Arc<watch::Wake>) {
     let mut awaiting = false;
     // The ringing CPU at the previous wait.
     let mut last_fault_cpu = -1;
-    let max_spin = spin_window();
+    // A device whose doorbells the ringing threads run waits on their CPU for packets: its
+    // spin would only keep its own application, polling for what the device brings, off
+    // the CPU (`MLX5_EMU_SPIN_US` still chooses).
+    let ring_here = wake.ring_here.load(std::sync::atomic::Ordering::Relaxed);
+    let max_spin = match std::env::var("MLX5_EMU_SPIN_US") {
+        Err(_) if ring_here && !lend => Duration::ZERO,
+        _ => spin_window(),
+    };
     let mut spin = max_spin;
     let mut sleeps: u32 = 0;
     // When the device last ran out of work (None: it has work, or it just woke up).
@@ -657,11 +670,15 @@ fn wake_thread(weak: Weak<Shared>, wake: Arc<watch::Wake>) {
         // after the drain, so the wait below returns at once.
         wake.drain();
         let pending = watch::protect_pages(&wake);
-        let (n, deadline, clock, now_ns) = {
+        let (n, deadline, clock) = {
             let mut w = shared.lock_quiet();
             let n = device::step(&mut w);
             let now_ns = w.now();
             let deadline = device::next_deadline(&w).map(|t| t.saturating_sub(now_ns));
+            // Under the world lock, so the last to run the device arms the timer: a ringing
+            // thread that runs it after us moves the deadline itself.
+            wake.arm(deadline);
+            let deadline = deadline.filter(|_| wake.timer_fd().is_none());
             let wqes: u64 = w.hcas.iter().map(|h| h.counters.wqes_executed).sum();
             // A request went out on the UDP fabric since the last wait: its answer, a
             // packet, is what comes next.
@@ -669,7 +686,7 @@ fn wake_thread(weak: Weak<Shared>, wake: Arc<watch::Wake>) {
                 awaiting = true;
             }
             wqes_before = wqes;
-            (n, deadline, !w.contexts.is_empty(), now_ns)
+            (n, deadline, !w.contexts.is_empty())
         };
         if n > 0 {
             idle_since = None;
@@ -732,14 +749,8 @@ fn wake_thread(weak: Weak<Shared>, wake: Arc<watch::Wake>) {
             }
             last_fault_cpu = c;
         }
-        // From here a doorbell store is run by the ringing thread (`run_in_ringing_thread`),
-        // which pokes us if it sets an earlier deadline than the one we sleep until.
-        let until = timeout.map_or(u64::MAX, |t| now_ns.saturating_add(t.as_nanos() as u64));
-        wake.sleep_until
-            .store(until, std::sync::atomic::Ordering::SeqCst);
-        wake.awake.store(false, std::sync::atomic::Ordering::SeqCst);
-        let woken = wait(wake.fd(), &fds, timeout);
-        wake.awake.store(true, std::sync::atomic::Ordering::SeqCst);
+        let woken = wait(wake.fd(), wake.timer_fd(), &fds, timeout);
+        wake.drain_timer();
         if woken {
             // A packet (the answer, or something else) or a doorbell: either way, what
             // comes next is decided again before the next wait.
@@ -959,11 +970,13 @@ fn short_slice() {
     unsafe { libc::syscall(libc::SYS_sched_setattr, 0, &raw const attr, 0) };
 }
 
-/// Block until `efd` or one of `fds` is readable, or `timeout` passes (`None`: forever).
-/// Returns whether something became readable (false: the timeout, or an interruption).
-fn wait(efd: i32, fds: &[i32], timeout: Option<Duration>) -> bool {
+/// Block until `efd` or one of `fds` is readable, or `timeout` passes (`None`: forever),
+/// or the deadline `timer` (a timerfd) expires. Returns whether `efd` or a socket became
+/// readable (false: the timeout, the timer, or an interruption).
+fn wait(efd: i32, timer: Option<i32>, fds: &[i32], timeout: Option<Duration>) -> bool {
     let mut pfds: Vec<libc::pollfd> = std::iter::once(efd)
         .chain(fds.iter().copied())
+        .chain(timer)
         .map(|fd| libc::pollfd {
             fd,
             events: libc::POLLIN,
@@ -988,5 +1001,6 @@ fn wait(efd: i32, fds: &[i32], timeout: Option<Duration>) -> bool {
             std::ptr::null(),
         )
     };
-    n > 0
+    // The deadline timer is a timeout, not an event: true only for the eventfd or a socket.
+    n > 0 && pfds.iter().take(1 + fds.len()).any(|p| p.revents != 0)
 }

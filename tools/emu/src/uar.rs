@@ -247,8 +247,8 @@ mod tests {
             for w in words {
                 w.store(0, Ordering::Relaxed);
             }
-            // Awake or not decides the path: mostly emulated, sometimes the old one.
-            wake.awake.store(round % 10 == 9, Ordering::SeqCst);
+            // Mostly emulated, sometimes the old path (the page opened, the store retried).
+            wake.ring_here.store(round % 10 != 9, Ordering::SeqCst);
             let r = next(&mut seed);
             let len = 8 * (1 + (r % 64) as usize);
             let off = 8 * ((r >> 8) as usize % ((PAGE - len) / 8 + 1));

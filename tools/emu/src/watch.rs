@@ -23,12 +23,17 @@ pub(crate) struct Wake {
     fd: OwnedFd,
     /// A watched page could not be entered in the fault table: the device must poll.
     pub(crate) unwatched: std::sync::atomic::AtomicBool,
-    /// The device thread is not blocked (it works, spins or is about to block): a doorbell
-    /// store is left to it (the page is opened, as before), not run by the ringing thread.
-    pub(crate) awake: AtomicBool,
-    /// When the blocked device thread wakes by itself at the latest (world nanoseconds):
-    /// a ringing thread that sets an earlier deadline (a retransmission timer) pokes it.
-    pub(crate) sleep_until: AtomicU64,
+    /// Doorbell stores to this emulator's pages are emulated and run by the ringing thread
+    /// (set at the start when [`emulating`] and the fabric is UDP); else the page is opened
+    /// and the device thread woken.
+    pub(crate) ring_here: AtomicBool,
+    /// The device's next deadline (a timer, a held datagram): a `CLOCK_MONOTONIC` timerfd
+    /// the device thread waits on beside the eventfd, re-armed by whoever ran the device
+    /// last (the device thread before it blocks, a ringing thread after its run), so a
+    /// deadline a ringing thread sets or removes moves the wake-up without a poke.
+    timer: Option<OwnedFd>,
+    /// The deadline the timer is armed for (`CLOCK_MONOTONIC` ns; 0: disarmed).
+    armed: AtomicU64,
     /// The BlueFlame half size of the device's UAR pages (bytes; 0: no BlueFlame).
     pub(crate) half: AtomicUsize,
     /// Runs the device in the ringing thread (set once by the emulator, see [`Runner`]).
@@ -46,7 +51,7 @@ impl std::fmt::Debug for Wake {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Wake")
             .field("fd", &self.fd)
-            .field("awake", &self.awake)
+            .field("ring_here", &self.ring_here)
             .field("runner", &self.runner.get().is_some())
             .finish_non_exhaustive()
     }
@@ -64,8 +69,9 @@ impl Wake {
             // SAFETY: eventfd returned a fresh descriptor owned by nobody else.
             fd: unsafe { OwnedFd::from_raw_fd(raw) },
             unwatched: std::sync::atomic::AtomicBool::new(false),
-            awake: AtomicBool::new(true),
-            sleep_until: AtomicU64::new(0),
+            ring_here: AtomicBool::new(false),
+            timer: timerfd(),
+            armed: AtomicU64::new(0),
             half: AtomicUsize::new(0),
             runner: std::sync::OnceLock::new(),
         }))
@@ -74,6 +80,52 @@ impl Wake {
     /// The descriptor to poll for POLLIN.
     pub(crate) fn fd(&self) -> i32 {
         self.fd.as_raw_fd()
+    }
+
+    /// The deadline timer's descriptor to poll for POLLIN (None: no timerfd, the device
+    /// thread then waits with a timeout).
+    pub(crate) fn timer_fd(&self) -> Option<i32> {
+        self.timer.as_ref().map(AsRawFd::as_raw_fd)
+    }
+
+    /// Arm the deadline timer `in_ns` from now (None: disarm). One `timerfd_settime` when
+    /// the deadline moves by more than a microsecond; async-signal-safe.
+    pub(crate) fn arm(&self, in_ns: Option<u64>) {
+        let Some(t) = &self.timer else { return };
+        let at = in_ns.map_or(0, |d| mono_ns().saturating_add(d).max(1));
+        let was = self.armed.load(Ordering::Relaxed);
+        if at.abs_diff(was) < 1_000 && (at == 0) == (was == 0) {
+            return;
+        }
+        self.armed.store(at, Ordering::Relaxed);
+        let spec = libc::itimerspec {
+            it_interval: libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            it_value: libc::timespec {
+                tv_sec: (at / 1_000_000_000) as libc::time_t,
+                tv_nsec: (at % 1_000_000_000) as libc::c_long,
+            },
+        };
+        // SAFETY: timerfd_settime on our own timerfd with a live itimerspec; an all-zero
+        // value disarms it.
+        unsafe {
+            libc::timerfd_settime(
+                t.as_raw_fd(),
+                libc::TFD_TIMER_ABSTIME,
+                &raw const spec,
+                std::ptr::null_mut(),
+            )
+        };
+    }
+
+    /// Consume an expiry of the deadline timer (the device thread, after its wait).
+    pub(crate) fn drain_timer(&self) {
+        let Some(t) = &self.timer else { return };
+        let mut v = 0u64;
+        // SAFETY: reads 8 bytes into our own u64 from our non-blocking timerfd.
+        unsafe { libc::read(t.as_raw_fd(), (&raw mut v).cast(), 8) };
     }
 
     /// Wake the device thread (from any thread, or a signal handler).
@@ -87,6 +139,19 @@ impl Wake {
         // SAFETY: reads 8 bytes into our own u64 from our non-blocking eventfd.
         unsafe { libc::read(self.fd.as_raw_fd(), (&raw mut v).cast(), 8) };
     }
+}
+
+/// A non-blocking `CLOCK_MONOTONIC` timerfd (None if the process has none left).
+fn timerfd() -> Option<OwnedFd> {
+    // SAFETY: timerfd_create with no pointer arguments.
+    let raw = unsafe {
+        libc::timerfd_create(
+            libc::CLOCK_MONOTONIC,
+            libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
+        )
+    };
+    // SAFETY: timerfd_create returned a fresh descriptor owned by nobody else.
+    (raw >= 0).then(|| unsafe { OwnedFd::from_raw_fd(raw) })
 }
 
 fn poke_fd(fd: i32) {
@@ -437,8 +502,8 @@ pub(crate) fn emulation_counts() -> (u64, u64) {
 }
 
 /// Emulate the faulting store on slot `s`'s page and run or poke the device; false: not
-/// done (lending, the device is awake, an instruction we do not decode, the page's region
-/// is going), the caller opens the page.
+/// done (lending, an emulator that does not ring here, an instruction we do not decode, the
+/// page's region is going), the caller opens the page.
 /// Reads `buf.len()` bytes at an address from a signal handler, false if not all readable
 /// (`mem::read_in_handler`, given by the handler: the memory room is above this one).
 pub(crate) type Reader = fn(u64, &mut [u8]) -> bool;
@@ -462,7 +527,7 @@ fn emulated_busy(s: &Slot, page: usize, ctx: *mut libc::c_void, read: Reader) ->
     // SAFETY: `wake` is the Wake of the region that owns `key`; it stays alive until
     // `detach` has seen `busy` at 0, and we hold `busy` (incremented before `key` was read).
     let wake = unsafe { &*wake };
-    if wake.awake.load(Ordering::SeqCst) {
+    if !wake.ring_here.load(Ordering::Relaxed) {
         return false;
     }
     let half = wake.half.load(Ordering::Relaxed);

@@ -67,6 +67,7 @@ use xrc::*;
 use crate::model::checks::{FAILED_CHECKS_KEPT, FailedCheck, KeyFault};
 use crate::model::device::{Outgoing, Outstanding, RxMsg};
 pub(crate) use timers::next_deadline;
+pub(crate) use wire::read_ack_delay;
 
 /// The BlueFlame half size of a UAR page for `bf_reg_size` (`fetch.rs`).
 pub(crate) fn bf_half_of(bf_reg_size: u32) -> usize {

@@ -90,9 +90,22 @@ pub(crate) fn send_packet(w: &mut World, mut pkt: Packet) {
             // comes, for REORDER_HOLD_NS).
             let to = std::net::SocketAddrV4::new(dip.into(), ROCE_PORT);
             let at = now + f.delay_ns;
+            // A plain ACK waits a little for a datagram to the same node to go out with
+            // (the responder's own answer, in a ping-pong): the requester's device then
+            // wakes once for both (`ACK_DELAY`).
+            let ack = pkt.opcode == op::RC_ACK
+                && pkt.atomic_ack.is_none()
+                && pkt.aeth.is_some_and(|(s, _)| s & 0xe0 == aeth::ACK)
+                && w.cfg.mode == RunMode::Threaded;
+            let hold_ack = if ack { ack_delay_ns() } else { 0 };
             let out = |held: bool, bytes: Vec<u8>| Outgoing {
-                due: if held { at + REORDER_HOLD_NS } else { at },
+                due: if held {
+                    at + REORDER_HOLD_NS
+                } else {
+                    at + hold_ack
+                },
                 held,
+                ack: hold_ack > 0,
                 src,
                 to,
                 bytes,
@@ -126,6 +139,29 @@ pub(crate) fn send_packet(w: &mut World, mut pkt: Packet) {
     }
 }
 
+/// How long a plain RC ACK to another process may wait for a datagram to the same node
+/// (`MLX5_EMU_ACK_DELAY_US`, default 50; 0: never), far below any ACK timeout. Read once
+/// when the first emulator starts ([`read_ack_delay`]): the device also runs in signal
+/// handlers, which must not read the environment.
+static ACK_DELAY_NS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(50_000);
+
+fn ack_delay_ns() -> u64 {
+    ACK_DELAY_NS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Take `MLX5_EMU_ACK_DELAY_US` from the environment (an emulator being created).
+pub(crate) fn read_ack_delay() {
+    if let Some(us) = std::env::var("MLX5_EMU_ACK_DELAY_US")
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+    {
+        ACK_DELAY_NS.store(
+            us.saturating_mul(1000),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+}
+
 /// How long a datagram held back for reordering waits for a successor before it goes out
 /// anyway (virtual time in stepped mode). Far below the shortest useful ACK timeout.
 pub(super) const REORDER_HOLD_NS: u64 = 20_000;
@@ -133,6 +169,15 @@ pub(super) const REORDER_HOLD_NS: u64 = 20_000;
 /// Queue a datagram for another process. A datagram that is not itself held back releases
 /// the held ones before it: they now go out right after it.
 pub(super) fn queue_udp(w: &mut World, out: Outgoing) {
+    if !out.ack {
+        // A held ACK to the same node goes out with this datagram, before it.
+        for o in w.outbox.iter_mut() {
+            if o.ack && o.src == out.src && o.to == out.to {
+                o.due = o.due.min(out.due);
+                o.ack = false;
+            }
+        }
+    }
     if out.held || !w.outbox.iter().any(|o| o.held) {
         w.outbox.push_back(out);
         return;

@@ -147,6 +147,9 @@ pub(crate) struct Outgoing {
     /// Held back by reorder fault injection: goes out after the next datagram queued
     /// behind it, or at `due` if none comes.
     pub(crate) held: bool,
+    /// A plain RC ACK held back for coalescing (`wire.rs`, `ACK_DELAY`): goes out with the
+    /// next datagram queued to the same destination, or at `due`.
+    pub(crate) ack: bool,
     /// The sending HCA.
     pub(crate) src: usize,
     /// Destination `127.1.0.<lid>:4791`.
