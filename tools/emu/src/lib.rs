@@ -669,10 +669,13 @@ fn wake_thread(weak: Weak<Shared>, wake: Arc<watch::Wake>) {
         // the protection is seen by the scan; a later one faults and pokes the eventfd
         // after the drain, so the wait below returns at once.
         wake.drain();
-        let pending = watch::protect_pages(&wake);
+        let (pending, opened) = watch::protect_pages(&wake);
+        // With no page open since the last scan every store faulted (and was run or poked),
+        // so the scan after the protection is needed only if one was (or pages are polled).
+        let rescan = opened || wake.unwatched.load(std::sync::atomic::Ordering::Relaxed);
         let (n, deadline, clock) = {
             let mut w = shared.lock_quiet();
-            let n = device::step(&mut w);
+            let n = if rescan { device::step(&mut w) } else { 0 };
             let now_ns = w.now();
             let deadline = device::next_deadline(&w).map(|t| t.saturating_sub(now_ns));
             // Under the world lock, so the last to run the device arms the timer: a ringing

@@ -307,15 +307,18 @@ fn mono_ns() -> u64 {
 
 /// Re-arm every page of `wake` that the fault handler opened at least [`GRACE`] ago.
 /// Returns how long until the youngest of the pages left open may be re-armed (`None`: no
-/// page is left open); the device must look again by then. The state is set before the
+/// page is left open), which the device must look again by, and whether any page was open
+/// at all (if none was, every store since the last call faulted, and the scan after the
+/// protection has nothing to find). The state is set before the
 /// protection changes, so a fault racing with us (its handler opens the page after our
 /// mprotect) leaves the slot `OPEN` for the next call, never `ARMED` on a writable page.
-pub(crate) fn protect_pages(wake: &Wake) -> Option<std::time::Duration> {
+pub(crate) fn protect_pages(wake: &Wake) -> (Option<std::time::Duration>, bool) {
     let fd = wake.fd();
     let _g = edit();
     let now = mono_ns();
     let grace = GRACE.as_nanos() as u64;
     let mut left: Option<u64> = None;
+    let mut any = false;
     for s in &TABLE[..HIGH.load(Ordering::Acquire)] {
         if s.state.load(Ordering::Acquire) != OPEN || s.efd.load(Ordering::Relaxed) != fd {
             continue;
@@ -324,6 +327,7 @@ pub(crate) fn protect_pages(wake: &Wake) -> Option<std::time::Duration> {
         if p == 0 {
             continue;
         }
+        any = true;
         let age = now.saturating_sub(s.opened.load(Ordering::Relaxed));
         if age < grace {
             left = Some(left.map_or(grace - age, |l| l.min(grace - age)));
@@ -334,7 +338,7 @@ pub(crate) fn protect_pages(wake: &Wake) -> Option<std::time::Duration> {
         // table (under EDIT, which we hold) before their page is unmapped.
         unsafe { libc::mprotect(p as *mut libc::c_void, PAGE, PROTECTED) };
     }
-    left.map(std::time::Duration::from_nanos)
+    (left.map(std::time::Duration::from_nanos), any)
 }
 
 /// The CPU the last doorbell fault was taken on (-1: none yet): where the ringing thread
