@@ -101,20 +101,13 @@ pub(crate) fn read_in_handler(addr: u64, buf: &mut [u8]) -> bool {
         return unsafe { direct::copy(buf.as_mut_ptr(), addr as usize as *const u8, buf.len()) }
             .is_ok();
     }
-    let local = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: buf.len(),
+    // The cached pid if there is one (`pid` may register its fork handler on first use,
+    // which a signal handler must not), else getpid's.
+    let pid = match PID.load(Ordering::Relaxed) {
+        0 => std::process::id() as libc::pid_t,
+        p => p,
     };
-    let remote = libc::iovec {
-        iov_base: addr as usize as *mut libc::c_void,
-        iov_len: buf.len(),
-    };
-    // process_vm_readv from our own process into our own live buffer reports a bad remote
-    // range as an error instead of faulting.
-    let pid = std::process::id() as libc::pid_t;
-    // SAFETY: as above.
-    let n = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
-    n == buf.len() as isize
+    vm_read(pid, addr, buf).is_ok()
 }
 
 pub(crate) fn write(addr: u64, data: &[u8]) -> Result<(), Errno> {
@@ -149,14 +142,9 @@ pub(crate) fn write_last_byte_last(addr: u64, data: &[u8]) -> Result<(), Errno> 
     sys_write_last_byte_last(addr, data)
 }
 
-/// [`read`] through `process_vm_readv`.
-fn sys_read(addr: u64, buf: &mut [u8]) -> Result<(), Errno> {
-    if buf.is_empty() {
-        return Ok(());
-    }
-    if addr == 0 || addr.checked_add(buf.len() as u64).is_none() {
-        return Err(Errno(libc::EFAULT));
-    }
+/// `process_vm_readv` of `buf.len()` bytes at `addr` of process `pid` (ours), then an
+/// acquire fence; EFAULT unless all were read. Async-signal-safe.
+fn vm_read(pid: libc::pid_t, addr: u64, buf: &mut [u8]) -> Result<(), Errno> {
     let local = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: buf.len(),
@@ -168,12 +156,23 @@ fn sys_read(addr: u64, buf: &mut [u8]) -> Result<(), Errno> {
     // SAFETY: `local` describes `buf`, which we own mutably for the call; `remote` is only
     // interpreted by the kernel, which checks it against our address space and fails with
     // EFAULT instead of faulting.
-    let n = unsafe { libc::process_vm_readv(pid(), &local, 1, &remote, 1, 0) };
+    let n = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
     if n < 0 || n as usize != buf.len() {
         return Err(Errno(libc::EFAULT));
     }
     fence(Ordering::Acquire);
     Ok(())
+}
+
+/// [`read`] through `process_vm_readv`.
+fn sys_read(addr: u64, buf: &mut [u8]) -> Result<(), Errno> {
+    if buf.is_empty() {
+        return Ok(());
+    }
+    if addr == 0 || addr.checked_add(buf.len() as u64).is_none() {
+        return Err(Errno(libc::EFAULT));
+    }
+    vm_read(pid(), addr, buf)
 }
 
 /// [`write`] through `process_vm_writev`.
