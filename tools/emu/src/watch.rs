@@ -262,7 +262,11 @@ pub(crate) unsafe fn unmap_user(addr: *mut libc::c_void, len: usize) -> i32 {
     for s in &TABLE[..HIGH.load(Ordering::Acquire)] {
         let p = s.page.load(Ordering::Relaxed);
         if p != 0 && p >= lo && p < hi {
-            s.page.store(0, Ordering::Release);
+            s.page.store(0, Ordering::SeqCst);
+            // A fault handler emulating a store into this page finishes first.
+            while s.busy.load(Ordering::SeqCst) != 0 {
+                std::hint::spin_loop();
+            }
             s.state.store(FREE, Ordering::Relaxed);
         }
     }
@@ -505,18 +509,25 @@ pub(crate) fn emulation_counts() -> (u64, u64) {
     )
 }
 
-/// Emulate the faulting store on slot `s`'s page and run or poke the device; false: not
-/// done (lending, an emulator that does not ring here, an instruction we do not decode, the
-/// page's region is going), the caller opens the page.
 /// Reads `buf.len()` bytes at an address from a signal handler, false if not all readable
 /// (`mem::read_in_handler`, given by the handler: the memory room is above this one).
 pub(crate) type Reader = fn(u64, &mut [u8]) -> bool;
 
+/// Emulate the faulting store on slot `s`'s page and run or poke the device; false: not
+/// done (lending, an emulator that does not ring here, an instruction we do not decode, the
+/// page's region is going, the page was unmapped meanwhile), the caller opens the page.
 fn emulated(s: &Slot, page: usize, ctx: *mut libc::c_void, read: Reader) -> bool {
     if !EMULATE.load(Ordering::Relaxed) || LEND.load(Ordering::Relaxed) || ctx.is_null() {
         return false;
     }
     s.busy.fetch_add(1, Ordering::SeqCst);
+    // Still our page, now that we are busy: `unmap_user` clears the page before it waits
+    // for no handler to be busy, so either we see it cleared or it waits for us (both
+    // SeqCst), and the slot cannot be given to another page under us.
+    if s.page.load(Ordering::SeqCst) != page {
+        s.busy.fetch_sub(1, Ordering::SeqCst);
+        return false;
+    }
     let done = emulated_busy(s, page, ctx, read);
     s.busy.fetch_sub(1, Ordering::SeqCst);
     done
