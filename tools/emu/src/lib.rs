@@ -65,6 +65,7 @@ mod record;
 mod roce;
 mod shared;
 mod state;
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 mod store;
 pub mod trace;
 mod transport;
@@ -542,7 +543,7 @@ const RING_STEPS: usize = 8;
 
 /// The device's work for a doorbell store that the fault handler emulated
 /// (`watch::Runner`): the steps it brings, in the ringing thread, if the world is free; then
-/// a poke if they set a deadline earlier than the one the blocked device thread waits for.
+/// the deadline timer re-armed for what they scheduled, and a poke if work is left.
 /// Runs in a SIGSEGV handler: `try_lock`, never a blocking lock.
 fn run_in_ringing_thread(weak: &Weak<Shared>) -> bool {
     let Some(shared) = weak.upgrade() else {
@@ -551,14 +552,20 @@ fn run_in_ringing_thread(weak: &Weak<Shared>) -> bool {
     let Ok(mut w) = shared.world.try_lock() else {
         return false;
     };
+    let mut more = true;
     for _ in 0..RING_STEPS {
         if device::step(&mut w) == 0 {
+            more = false;
             break;
         }
     }
     if let Some(wk) = shared.wake.as_deref() {
         let now = w.now();
         wk.arm(device::next_deadline(&w).map(|d| d.saturating_sub(now)));
+        if more {
+            // Work left after our steps (a long chain of WQEs): the device thread goes on.
+            wk.poke();
+        }
     }
     true
 }

@@ -533,6 +533,13 @@ fn emulated(s: &Slot, page: usize, ctx: *mut libc::c_void, read: Reader) -> bool
     done
 }
 
+/// Elsewhere than x86-64 Linux no store is decoded: the page is opened, as before.
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+fn emulated_busy(_: &Slot, _: usize, _: *mut libc::c_void, _: Reader) -> bool {
+    false
+}
+
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 fn emulated_busy(s: &Slot, page: usize, ctx: *mut libc::c_void, read: Reader) -> bool {
     let key = s.key.load(Ordering::SeqCst);
     let wake = s.wake.load(Ordering::SeqCst);
@@ -569,7 +576,8 @@ fn emulated_busy(s: &Slot, page: usize, ctx: *mut libc::c_void, read: Reader) ->
     true
 }
 
-/// The interrupted thread's registers and memory, for `store::run`.
+/// The interrupted thread's registers and memory, for `store::run` (x86-64 Linux).
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 mod sig {
     use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
@@ -630,18 +638,6 @@ mod sig {
                 tails,
                 heads: 0,
             })
-        }
-
-        #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
-        pub(super) fn new(
-            _: *mut libc::c_void,
-            _: usize,
-            _: usize,
-            _: usize,
-            _: super::Reader,
-            _: &'a AtomicU32,
-        ) -> Option<Self> {
-            None
         }
 
         /// The 512-byte FXSAVE area of the interrupted context (None: the kernel gave none).
@@ -829,11 +825,6 @@ mod sig {
             );
         }
         call.ran
-    }
-
-    #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
-    pub(super) fn on_thread_stack(_: *mut libc::c_void, f: &dyn Fn() -> bool) -> bool {
-        f()
     }
 
     impl Context<'_> {
