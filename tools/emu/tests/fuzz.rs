@@ -4,8 +4,9 @@
 //! `MLX5_EMU_FUZZ_ITERS` sets the number of mutated commands (default 1,000,000 in a release
 //! build, 100,000 in a debug build, where every integer overflow would panic: the emulated
 //! kernel must not have any).
-//! Pointer fields that the kernel *writes through* (responses) are only ever mutated to a
-//! valid scratch area, NULL or an unmapped address, so the harness cannot corrupt itself;
+//! Pointer fields that the kernel *writes through* (responses, and a new CQ's doorbell record,
+//! whose arm word the emulated kernel initializes) are only ever mutated to a valid scratch
+//! area, NULL or an unmapped address, so the harness cannot corrupt itself;
 //! everything else (sizes, handles, flags, masks, read-only pointers) is mutated freely.
 //! Commands that hand out file descriptors (GET_CONTEXT, CREATE_COMP_CHANNEL) are not sent
 //! after mutation, so the harness does not run out of descriptors.
@@ -96,24 +97,32 @@ fn templates(ctx: &mut Ctx, scratch: u64, mem: &Buf) -> Vec<Template> {
             0,
             scratch,
         ),
-        legacy(
-            IB_USER_VERBS_CMD_CREATE_CQ,
-            IbUverbsCreateCq {
-                cqe: 7,
-                comp_channel: -1,
-                ..Default::default()
-            }
-            .as_bytes(),
-            Mlx5IbCreateCq {
-                buf_addr: mem.addr(),
-                db_addr: db,
-                cqe_size: 64,
-                ..Default::default()
-            }
-            .as_bytes(),
-            16,
-            scratch,
-        ),
+        {
+            let mut t = legacy(
+                IB_USER_VERBS_CMD_CREATE_CQ,
+                IbUverbsCreateCq {
+                    cqe: 7,
+                    comp_channel: -1,
+                    ..Default::default()
+                }
+                .as_bytes(),
+                Mlx5IbCreateCq {
+                    buf_addr: mem.addr(),
+                    db_addr: db,
+                    cqe_size: 64,
+                    ..Default::default()
+                }
+                .as_bytes(),
+                16,
+                scratch,
+            );
+            // The emulated kernel writes the new CQ's arm record (db_addr + 4, kernel/cq.rs):
+            // db_addr is a pointer the kernel writes through (a bit flip of it once pointed
+            // into this harness's heap, 1 run in ~60: the crash was the harness's own).
+            t.out_ptrs
+                .push(size_of::<IbUverbsCmdHdr>() + size_of::<IbUverbsCreateCq>() + 8);
+            t
+        },
         legacy(
             IB_USER_VERBS_CMD_DESTROY_CQ,
             IbUverbsDestroyCq {
