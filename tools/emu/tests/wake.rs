@@ -468,3 +468,116 @@ fn the_waking_device_blocks_as_a_real_time_thread_and_stays_fair_when_denied() {
     assert_eq!(stepped.device_sched(), DeviceSched::Unknown);
     assert_eq!(stepped.device_thread_id(), None);
 }
+
+/// Between two nodes of a UDP fabric (as between processes) the ringing threads emulate
+/// their doorbell stores and run the device themselves (`docs/emulator-wake.md`, *Doorbell
+/// stores emulated in the ringing thread*). Two threads ring QPs on one UAR page of node a,
+/// each SEND checked on node b; one round in eight sleeps first, so the device thread blocks
+/// and wakes, the two threads contend for the world (one runs, the other pokes) and race
+/// with the device thread's packets: every WQE runs exactly once, in order, its payload
+/// arrives, and the counters are exact.
+#[test]
+fn no_doorbell_is_lost_when_two_threads_run_the_device_between_nodes() {
+    const N: u64 = 3_000;
+    let node = || {
+        Emulator::new(EmuConfig {
+            mode: RunMode::Threaded,
+            fabric: mlx5_emu::Fabric::Udp,
+            ..EmuConfig::default()
+        })
+    };
+    let (ea, eb) = (node(), node());
+    let (ia, ib) = (ea.hca_info(0).expect("a"), eb.hca_info(0).expect("b"));
+    let mut a = Ctx::open(&ea, 0);
+    let mut b = Ctx::open(&eb, 0);
+    let (pda, pdb) = (a.alloc_pd(), b.alloc_pd());
+    let mut lane = |a: &mut Ctx, b: &mut Ctx| {
+        let cq = a.create_cq(256, 64, -1);
+        let cqb = b.create_cq(256, 64, -1);
+        let tx = a.create_qp(pda, &cq, &cq, RC, 64, 64, None);
+        let rx = b.create_qp(pdb, &cqb, &cqb, RC, 64, 64, None);
+        bring_up(a, &tx, ib.lid, rx.qpn, Knobs::default());
+        bring_up(b, &rx, ia.lid, tx.qpn, Knobs::default());
+        let (buf, bufb) = (Buf::new(4096), Buf::new(4096));
+        let (_, lkey, _) = a.reg_mr(pda, buf.addr(), 4096, ALL_ACCESS).expect("mr a");
+        let (_, lkeyb, _) = b.reg_mr(pdb, bufb.addr(), 4096, ALL_ACCESS).expect("mr b");
+        (tx, cq, buf, lkey, rx, cqb, bufb, lkeyb)
+    };
+    let mut l1 = lane(&mut a, &mut b);
+    let mut l2 = lane(&mut a, &mut b);
+    // Both senders ring registers of one UAR page.
+    l2.0.bfreg = l1.0.bfreg ^ 1;
+    let before = ea.counters(0);
+    let (_, r0) = Emulator::ringing_thread_counts();
+    let shared = Shared(a);
+    let sh = &shared;
+    let run = |l: &mut (Qp, Cq, Buf, u32, Qp, Cq, Buf, u32), seed: u64| -> u64 {
+        let (tx, cq, buf, lkey, rx, cqb, bufb, lkeyb) = l;
+        let mut rng = Rng(seed);
+        let mut bf = 0;
+        for seq in 0..N {
+            rx.post_recv(&[(bufb.addr(), 64, *lkeyb)]);
+            buf.write(0, &(seed << 32 | seq).to_le_bytes());
+            if rng.below(8) == 0 {
+                std::thread::sleep(Duration::from_micros(300));
+            }
+            let seg = DataSeg::new(8, *lkey, buf.addr());
+            let i = tx.build_send(
+                SendOpcode::SEND,
+                0,
+                FM_CE_SE_CQ_UPDATE,
+                [0; 4],
+                seg.as_bytes(),
+            );
+            let ring = if rng.below(2) == 0 {
+                Ring::Doorbell
+            } else {
+                bf += 1;
+                Ring::BlueFlame
+            };
+            tx.ring(&sh.0, i, ring);
+            assert_eq!(wait_cqe(cq, "send").opcode, 0, "seq {seq}: a send CQE");
+            assert_eq!(
+                wait_cqe(cqb, "receive").opcode,
+                2,
+                "seq {seq}: a receive CQE"
+            );
+            let got = u64::from_le_bytes(bufb.read(0, 8).try_into().expect("8"));
+            assert_eq!(got, seed << 32 | seq, "payload of SEND {seq}");
+            assert!(
+                cq.poll().is_none() && cqb.poll().is_none(),
+                "seq {seq}: an extra CQE"
+            );
+        }
+        bf
+    };
+    let (bf1, bf2) = std::thread::scope(|s| {
+        let h1 = s.spawn(|| run(&mut l1, 1));
+        let h2 = s.spawn(|| run(&mut l2, 2));
+        (h1.join().expect("lane 1"), h2.join().expect("lane 2"))
+    });
+    let c = ea.counters(0);
+    let (_, r1) = Emulator::ringing_thread_counts();
+    println!("{c:?}; device runs in the ringing threads: {}", r1 - r0);
+    assert_eq!(c.doorbells - before.doorbells, 2 * N, "doorbells");
+    assert_eq!(c.doorbell_drops, 0);
+    assert_eq!(
+        c.wqes_executed - before.wqes_executed,
+        2 * N,
+        "WQEs executed"
+    );
+    assert_eq!(c.cqes_written - before.cqes_written, 2 * N, "send CQEs");
+    let bf = c.bf_writes - before.bf_writes;
+    let written = bf1 + bf2;
+    // As in the test above: a copy torn by a device thread's scan may count either way.
+    assert!(
+        bf.abs_diff(written) <= written / 2000,
+        "BlueFlame copies: {bf} counted of {written}"
+    );
+    let here = std::env::var("MLX5_EMU_RING").map_or(true, |v| v.trim() != "device")
+        && !std::env::var("MLX5_EMU_LEND").is_ok_and(|v| v.trim() == "1")
+        && cfg!(target_arch = "x86_64");
+    if here {
+        assert!(r1 > r0, "no doorbell was run by a ringing thread");
+    }
+}
