@@ -360,7 +360,12 @@ pub(crate) fn fault_cpu() -> i32 {
 /// return true. `ctx` is the handler's `ucontext_t`. Async-signal-safe: atomics, `mprotect`,
 /// `write`, `futex` and a `try_lock`, no blocking lock.
 /// `read` reads ordinary memory without faulting (for the loads of an emulated run).
-pub(crate) fn on_write_fault(addr: usize, ctx: *mut libc::c_void, read: Reader) -> bool {
+///
+/// # Safety
+/// Called only from a SIGSEGV handler installed with `SA_SIGINFO`, for the fault it is
+/// handling: `ctx` is null or the `ucontext_t` the kernel passed to it, valid and this
+/// thread's alone until the handler returns, and the interrupted thread resumes from it.
+pub(crate) unsafe fn on_write_fault(addr: usize, ctx: *mut libc::c_void, read: Reader) -> bool {
     let page = addr & !(PAGE - 1);
     if page == 0 {
         return false;
@@ -369,7 +374,8 @@ pub(crate) fn on_write_fault(addr: usize, ctx: *mut libc::c_void, read: Reader) 
         if s.page.load(Ordering::Acquire) != page {
             continue;
         }
-        if emulated(s, page, ctx, read) {
+        // SAFETY: forwarded contract (`ctx` is the handler's context).
+        if unsafe { emulated(s, page, ctx, read) } {
             return true;
         }
         let prot = s.prot.load(Ordering::Relaxed);
@@ -516,7 +522,10 @@ pub(crate) type Reader = fn(u64, &mut [u8]) -> bool;
 /// Emulate the faulting store on slot `s`'s page and run or poke the device; false: not
 /// done (lending, an emulator that does not ring here, an instruction we do not decode, the
 /// page's region is going, the page was unmapped meanwhile), the caller opens the page.
-fn emulated(s: &Slot, page: usize, ctx: *mut libc::c_void, read: Reader) -> bool {
+///
+/// # Safety
+/// As [`on_write_fault`]'s: `ctx` is null or the running SIGSEGV handler's context.
+unsafe fn emulated(s: &Slot, page: usize, ctx: *mut libc::c_void, read: Reader) -> bool {
     if !EMULATE.load(Ordering::Relaxed) || LEND.load(Ordering::Relaxed) || ctx.is_null() {
         return false;
     }
@@ -528,19 +537,22 @@ fn emulated(s: &Slot, page: usize, ctx: *mut libc::c_void, read: Reader) -> bool
         s.busy.fetch_sub(1, Ordering::SeqCst);
         return false;
     }
-    let done = emulated_busy(s, page, ctx, read);
+    // SAFETY: forwarded contract; `ctx` is not null (checked above).
+    let done = unsafe { emulated_busy(s, page, ctx, read) };
     s.busy.fetch_sub(1, Ordering::SeqCst);
     done
 }
 
 /// Elsewhere than x86-64 Linux no store is decoded: the page is opened, as before.
 #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
-fn emulated_busy(_: &Slot, _: usize, _: *mut libc::c_void, _: Reader) -> bool {
+unsafe fn emulated_busy(_: &Slot, _: usize, _: *mut libc::c_void, _: Reader) -> bool {
     false
 }
 
+/// # Safety
+/// `ctx` is the running SIGSEGV handler's context (not null), as for [`on_write_fault`].
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-fn emulated_busy(s: &Slot, page: usize, ctx: *mut libc::c_void, read: Reader) -> bool {
+unsafe fn emulated_busy(s: &Slot, page: usize, ctx: *mut libc::c_void, read: Reader) -> bool {
     let key = s.key.load(Ordering::SeqCst);
     let wake = s.wake.load(Ordering::SeqCst);
     if key == 0 || wake.is_null() {
@@ -553,7 +565,9 @@ fn emulated_busy(s: &Slot, page: usize, ctx: *mut libc::c_void, read: Reader) ->
         return false;
     }
     let half = wake.half.load(Ordering::Relaxed);
-    let Some(mut m) = sig::Context::new(ctx, page, key, half, read, &s.tails) else {
+    // SAFETY: `ctx` is the handler's context (this function's contract); `key` is the
+    // device's live mapping of `page` while we are busy (checked above).
+    let Some(mut m) = (unsafe { sig::Context::new(ctx, page, key, half, read, &s.tails) }) else {
         return false;
     };
     let ran = crate::store::run(&mut m, page as u64);
@@ -566,7 +580,8 @@ fn emulated_busy(s: &Slot, page: usize, ctx: *mut libc::c_void, read: Reader) ->
     let here = wake
         .runner
         .get()
-        .is_some_and(|r| sig::on_thread_stack(ctx, &|| r()));
+        // SAFETY: `ctx` is the handler's context (this function's contract).
+        .is_some_and(|r| unsafe { sig::on_thread_stack(ctx, &|| r()) });
     if here {
         RAN_HERE.fetch_add(1, Ordering::Relaxed);
         m.mark_taken_tails();
@@ -620,8 +635,13 @@ mod sig {
     ];
 
     impl<'a> Context<'a> {
+        /// # Safety
+        /// `ctx` is the running signal handler's `ucontext_t` (not null), which the
+        /// context's methods read and edit until it is dropped, before the handler
+        /// returns; `key` is the device's mapping of the user page `page`, live while the
+        /// context is.
         #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-        pub(super) fn new(
+        pub(super) unsafe fn new(
             ctx: *mut libc::c_void,
             page: usize,
             key: usize,
@@ -778,8 +798,12 @@ mod sig {
     /// the stack pointer is moved to 256 bytes below the interrupted one (past the
     /// red zone) for the call. A stack too short for `f` there overflows as the program
     /// itself would, into its guard page.
+    ///
+    /// # Safety
+    /// `ctx` is the running signal handler's `ucontext_t` (not null), whose saved stack
+    /// pointer is the interrupted thread's.
     #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-    pub(super) fn on_thread_stack(ctx: *mut libc::c_void, f: &dyn Fn() -> bool) -> bool {
+    pub(super) unsafe fn on_thread_stack(ctx: *mut libc::c_void, f: &dyn Fn() -> bool) -> bool {
         let uc = ctx.cast::<libc::ucontext_t>();
         // SAFETY: `uc` is the ucontext the kernel passed to the handler, valid for the call.
         let rsp = unsafe { (*uc).uc_mcontext.gregs[libc::REG_RSP as usize] } as usize;
@@ -874,7 +898,8 @@ mod tests {
         }
         extern "C" fn on_usr1(_: libc::c_int, _: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
             let f: fn() -> bool = std::hint::black_box(deep);
-            let ok = sig::on_thread_stack(ctx, &|| f());
+            // SAFETY: `ctx` is this handler's context, from the kernel.
+            let ok = unsafe { sig::on_thread_stack(ctx, &|| f()) };
             RAN.store(ok, Ordering::SeqCst);
         }
         std::thread::Builder::new()

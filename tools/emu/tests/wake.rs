@@ -491,7 +491,7 @@ fn no_doorbell_is_lost_when_two_threads_run_the_device_between_nodes() {
     let mut a = Ctx::open(&ea, 0);
     let mut b = Ctx::open(&eb, 0);
     let (pda, pdb) = (a.alloc_pd(), b.alloc_pd());
-    let mut lane = |a: &mut Ctx, b: &mut Ctx| {
+    let lane = |a: &mut Ctx, b: &mut Ctx| {
         let cq = a.create_cq(256, 64, -1);
         let cqb = b.create_cq(256, 64, -1);
         let tx = a.create_qp(pda, &cq, &cq, RC, 64, 64, None);

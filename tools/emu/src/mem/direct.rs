@@ -255,7 +255,10 @@ pub(crate) mod handler {
             let info_ref = unsafe { &*info };
             // SAFETY: for SIGSEGV the kernel fills si_addr with the faulting address.
             let addr = unsafe { info_ref.si_addr() } as usize;
-            let handled = crate::watch::on_write_fault(addr, ctx, crate::mem::read_in_handler);
+            // SAFETY: this is the SA_SIGINFO SIGSEGV handler for the fault at hand and `ctx`
+            // the context the kernel passed it.
+            let handled =
+                unsafe { crate::watch::on_write_fault(addr, ctx, crate::mem::read_in_handler) };
             // SAFETY: as above.
             unsafe { *slot = errno };
             if handled {
